@@ -1,0 +1,241 @@
+/* HTTP server probes on syscall tracepoints (this kernel has no kprobes, and
+ * tracepoints see every language's socket I/O, libc or not). Connections are
+ * tracked from accept() so only server sockets are ever copied; reads and writes
+ * are copied only for traced processes. User space parses the bytes. */
+#include "maps.h"
+
+#define CONN_UNKNOWN 0
+#define CONN_HTTP 1
+#define CONN_OTHER 2   /* first bytes were not an HTTP/1.x request: ignored */
+
+struct conn_key {
+    u32 tgid;
+    s32 fd;
+};
+
+struct conn_state {
+    u32 state;
+    u32 requests;  /* non-zero once the connection counted in http_active */
+};
+
+/* Accepted TCP connections of every process (so a process that becomes traced
+ * later keeps its open connections); LRU bounds the cost of untraced ones. */
+BPF_TABLE("lru_hash", struct conn_key, struct conn_state, conns, MAX_CONNS);
+
+struct pending_accept {
+    s32 listen_fd;
+    u32 pad;
+    u64 addr;      /* struct sockaddr __user * */
+};
+BPF_HASH(accepting, u64, struct pending_accept, 4096);
+
+struct pending_io {
+    s32 fd;
+    u32 is_iov;    /* buf points at a struct iovec array */
+    u64 buf;
+};
+BPF_HASH(reading, u64, struct pending_io, 4096);
+BPF_HASH(writing, u64, struct pending_io, 4096);
+
+/* Per-CPU scratch: a sock_io_event is too large for the 512-byte BPF stack. */
+BPF_PERCPU_ARRAY(io_scratch, struct sock_io_event, 1);
+
+static __always_inline void accept_enter(s32 listen_fd, void *addr)
+{
+    u64 id = bpf_get_current_pid_tgid();
+    struct pending_accept p = {.listen_fd = listen_fd, .addr = (u64)addr};
+    accepting.update(&id, &p);
+}
+
+static __always_inline void accept_exit(long ret)
+{
+    u64 id = bpf_get_current_pid_tgid();
+    struct pending_accept *p = accepting.lookup(&id);
+    if (!p)
+        return;
+    struct pending_accept pa = *p;
+    accepting.delete(&id);
+    if (ret < 0)
+        return;
+    struct conn_key key = {.tgid = id >> 32, .fd = (s32)ret};
+    struct conn_state st = {};
+    if (conns.update(&key, &st) != 0)
+        count(CNT_CONN_TABLE_FULL);
+    if (!is_traced(key.tgid))
+        return;
+    struct accept_event e = {};
+    fill_header(&e.h, EV_ACCEPT, id);
+    e.fd = (s32)ret;
+    e.listen_fd = pa.listen_fd;
+    if (pa.addr) {
+        bpf_probe_read_user(&e.family, sizeof(e.family), (void *)pa.addr);
+        bpf_probe_read_user(&e.peer_port, sizeof(e.peer_port), (void *)(pa.addr + 2));
+        if (e.family == 2 /* AF_INET */)
+            bpf_probe_read_user(e.peer_addr, 4, (void *)(pa.addr + 4));
+        else if (e.family == 10 /* AF_INET6 */)
+            bpf_probe_read_user(e.peer_addr, 16, (void *)(pa.addr + 8));
+    }
+    submit(&e, sizeof(e));
+}
+
+TRACEPOINT_PROBE(syscalls, sys_enter_accept4) { accept_enter(args->fd, args->upeer_sockaddr); return 0; }
+TRACEPOINT_PROBE(syscalls, sys_exit_accept4) { accept_exit(args->ret); return 0; }
+TRACEPOINT_PROBE(syscalls, sys_enter_accept) { accept_enter(args->fd, args->upeer_sockaddr); return 0; }
+TRACEPOINT_PROBE(syscalls, sys_exit_accept) { accept_exit(args->ret); return 0; }
+
+/* Returns 1 when the first bytes are an HTTP/1.x request method. */
+static __always_inline int looks_like_request(const u8 *b)
+{
+    u32 w = b[0] | b[1] << 8 | b[2] << 16 | (u32)b[3] << 24;
+#define W(a, b_, c, d) ((u32)(a) | (u32)(b_) << 8 | (u32)(c) << 16 | (u32)(d) << 24)
+    return w == W('G', 'E', 'T', ' ') || w == W('P', 'O', 'S', 'T') || w == W('P', 'U', 'T', ' ') ||
+           w == W('H', 'E', 'A', 'D') || w == W('D', 'E', 'L', 'E') || w == W('P', 'A', 'T', 'C') ||
+           w == W('O', 'P', 'T', 'I') || w == W('T', 'R', 'A', 'C') || w == W('C', 'O', 'N', 'N');
+#undef W
+}
+
+static __always_inline void io_enter(u8 kind, s32 fd, u64 buf, u32 is_iov)
+{
+    u64 id = bpf_get_current_pid_tgid();
+    u32 tgid = id >> 32;
+    if (!is_traced(tgid))
+        return;
+    struct conn_key key = {.tgid = tgid, .fd = fd};
+    struct conn_state *st = conns.lookup(&key);
+    if (!st || st->state == CONN_OTHER)
+        return;
+    struct pending_io p = {.fd = fd, .is_iov = is_iov, .buf = buf};
+    /* bcc maps cannot be passed by pointer: pick by kind. */
+    if (kind == EV_SOCK_READ)
+        reading.update(&id, &p);
+    else
+        writing.update(&id, &p);
+}
+
+static __always_inline void io_exit(u8 kind, long ret)
+{
+    u64 id = bpf_get_current_pid_tgid();
+    struct pending_io *pp = kind == EV_SOCK_READ ? reading.lookup(&id) : writing.lookup(&id);
+    if (!pp)
+        return;
+    struct pending_io p = *pp;
+    if (kind == EV_SOCK_READ)
+        reading.delete(&id);
+    else
+        writing.delete(&id);
+    if (ret <= 0)
+        return;
+    u64 buf = p.buf;
+    if (p.is_iov) /* first iovec only: struct iovec { void *base; size_t len; } */
+        bpf_probe_read_user(&buf, sizeof(buf), (void *)buf);
+    u32 zero = 0;
+    struct sock_io_event *e = io_scratch.lookup(&zero);
+    if (!e)
+        return;
+    struct conn_key key = {.tgid = id >> 32, .fd = p.fd};
+    struct conn_state *st = conns.lookup(&key);
+    if (!st)
+        return;
+    u32 len = ret < HTTP_DATA_CAP ? (u32)ret : HTTP_DATA_CAP;
+    if (len > HTTP_DATA_CAP || len == 0) /* keeps the verifier's bounds explicit */
+        return;
+    if (bpf_probe_read_user(e->data, len, (void *)buf) != 0)
+        return;
+    if (kind == EV_SOCK_READ && st->state == CONN_UNKNOWN) {
+        /* The first read decides: HTTP/1.x, or ignored from now on (user space
+         * still gets this one read, to count the drop). */
+        if (len >= 4 && !looks_like_request(e->data)) {
+            st->state = CONN_OTHER;
+        } else {
+            st->state = CONN_HTTP;
+            st->requests = 1;
+            u32 tgid = key.tgid;
+            s64 one = 1, *n = http_active.lookup(&tgid);
+            if (n)
+                __sync_fetch_and_add(n, 1);
+            else
+                http_active.update(&tgid, &one);
+        }
+    } else if (kind == EV_SOCK_WRITE && st->state != CONN_HTTP) {
+        return;
+    }
+    fill_header(&e->h, kind, id);
+    e->fd = p.fd;
+    e->ret = ret;
+    e->data_len = len;
+    e->tail_len = 0;
+    if (kind == EV_SOCK_WRITE && p.is_iov == 0 && ret >= HTTP_TAIL_CAP) {
+        bpf_probe_read_user(e->tail, HTTP_TAIL_CAP, (void *)(buf + ret - HTTP_TAIL_CAP));
+        e->tail_len = HTTP_TAIL_CAP;
+    }
+    u32 size = offsetof(struct sock_io_event, data) + len;
+    if (size > sizeof(*e))
+        return;
+    submit(e, size);
+}
+
+TRACEPOINT_PROBE(syscalls, sys_enter_read) { io_enter(EV_SOCK_READ, args->fd, (u64)args->buf, 0); return 0; }
+TRACEPOINT_PROBE(syscalls, sys_exit_read) { io_exit(EV_SOCK_READ, args->ret); return 0; }
+TRACEPOINT_PROBE(syscalls, sys_enter_recvfrom) { io_enter(EV_SOCK_READ, args->fd, (u64)args->ubuf, 0); return 0; }
+TRACEPOINT_PROBE(syscalls, sys_exit_recvfrom) { io_exit(EV_SOCK_READ, args->ret); return 0; }
+TRACEPOINT_PROBE(syscalls, sys_enter_readv) { io_enter(EV_SOCK_READ, args->fd, (u64)args->vec, 1); return 0; }
+TRACEPOINT_PROBE(syscalls, sys_exit_readv) { io_exit(EV_SOCK_READ, args->ret); return 0; }
+TRACEPOINT_PROBE(syscalls, sys_enter_write) { io_enter(EV_SOCK_WRITE, args->fd, (u64)args->buf, 0); return 0; }
+TRACEPOINT_PROBE(syscalls, sys_exit_write) { io_exit(EV_SOCK_WRITE, args->ret); return 0; }
+TRACEPOINT_PROBE(syscalls, sys_enter_sendto) { io_enter(EV_SOCK_WRITE, args->fd, (u64)args->buff, 0); return 0; }
+TRACEPOINT_PROBE(syscalls, sys_exit_sendto) { io_exit(EV_SOCK_WRITE, args->ret); return 0; }
+TRACEPOINT_PROBE(syscalls, sys_enter_writev) { io_enter(EV_SOCK_WRITE, args->fd, (u64)args->vec, 1); return 0; }
+TRACEPOINT_PROBE(syscalls, sys_exit_writev) { io_exit(EV_SOCK_WRITE, args->ret); return 0; }
+
+/* recvmsg/sendmsg: struct user_msghdr { name; namelen(+pad); msg_iov @16; ... } */
+static __always_inline u64 msg_iov(u64 msg)
+{
+    u64 iov = 0;
+    bpf_probe_read_user(&iov, sizeof(iov), (void *)(msg + 16));
+    return iov;
+}
+TRACEPOINT_PROBE(syscalls, sys_enter_recvmsg) { io_enter(EV_SOCK_READ, args->fd, msg_iov((u64)args->msg), 1); return 0; }
+TRACEPOINT_PROBE(syscalls, sys_exit_recvmsg) { io_exit(EV_SOCK_READ, args->ret); return 0; }
+TRACEPOINT_PROBE(syscalls, sys_enter_sendmsg) { io_enter(EV_SOCK_WRITE, args->fd, msg_iov((u64)args->msg), 1); return 0; }
+TRACEPOINT_PROBE(syscalls, sys_exit_sendmsg) { io_exit(EV_SOCK_WRITE, args->ret); return 0; }
+
+static __always_inline void forget_conn(u64 id, struct conn_key *key, struct conn_state *st)
+{
+    if (st->requests) {
+        s64 *n = http_active.lookup(&key->tgid);
+        if (n)
+            __sync_fetch_and_add(n, -1);
+    }
+    conns.delete(key);
+}
+
+TRACEPOINT_PROBE(syscalls, sys_enter_close)
+{
+    u64 id = bpf_get_current_pid_tgid();
+    struct conn_key key = {.tgid = id >> 32, .fd = args->fd};
+    struct conn_state *st = conns.lookup(&key);
+    if (!st)
+        return 0;
+    int report = st->state == CONN_HTTP && is_traced(key.tgid);
+    forget_conn(id, &key, st);
+    if (report) {
+        struct close_event e = {};
+        fill_header(&e.h, EV_SOCK_CLOSE, id);
+        e.fd = key.fd;
+        submit(&e, sizeof(e));
+    }
+    return 0;
+}
+
+TRACEPOINT_PROBE(sched, sched_process_exit)
+{
+    u64 id = bpf_get_current_pid_tgid();
+    u32 tgid = id >> 32;
+    if ((u32)id != tgid || !is_traced(tgid))
+        return 0; /* a thread, or untraced */
+    /* User space drops this process's connections and rollups when it sees this. */
+    struct proc_exit_event e = {};
+    fill_header(&e.h, EV_PROC_EXIT, id);
+    submit(&e, sizeof(e));
+    return 0;
+}

@@ -1,0 +1,63 @@
+"""Counters plus log lines that cannot flood: one line per kind of problem per interval.
+
+A collector that sees a bad /proc entry sees it for every span of that process; the
+count goes up every time, the log line says it once and how many were folded in.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Callable, Dict
+
+
+class Stats:
+    """Thread-safe named counters; `snapshot()` is what callers expose as `stats`."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._counts: Dict[str, int] = {}
+
+    def add(self, name: str, amount: int = 1) -> None:
+        with self._lock:
+            self._counts[name] = self._counts.get(name, 0) + amount
+
+    def snapshot(self) -> Dict[str, int]:
+        with self._lock:
+            return dict(self._counts)
+
+
+class RateLimitedLog:
+    """Logs each key at most once per `interval_s`, counting every occurrence in `stats`."""
+
+    def __init__(
+        self,
+        logger: logging.Logger,
+        stats: Stats,
+        interval_s: float = 60.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._logger = logger
+        self._stats = stats
+        self._interval_s = interval_s
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._last: Dict[str, float] = {}
+        self._suppressed: Dict[str, int] = {}
+
+    def event(self, key: str, level: int, message: str, *args: object) -> None:
+        """Counts `key` and logs `message % args` unless `key` was logged recently."""
+        self._stats.add(key)
+        now = self._clock()
+        with self._lock:
+            last = self._last.get(key)
+            if last is not None and now - last < self._interval_s:
+                self._suppressed[key] = self._suppressed.get(key, 0) + 1
+                return
+            self._last[key] = now
+            folded = self._suppressed.pop(key, 0)
+        if folded:
+            message += " (%d more like this since the last report)"
+            args = args + (folded,)
+        self._logger.log(level, message, *args)

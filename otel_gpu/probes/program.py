@@ -1,0 +1,68 @@
+"""Compiles and loads bpf/otel_gpu.bpf.c with bcc. Tunables go in as -D cflags."""
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+MERGED_HEADERS = Path("/var/lib/otel-gpu/kernel-headers")
+
+
+def bpf_dir() -> Path:
+    """bpf/ next to the package (source checkout or image), or OTEL_GPU_BPF_DIR."""
+    env = os.environ.get("OTEL_GPU_BPF_DIR")
+    if env:
+        return Path(env)
+    return Path(__file__).resolve().parents[2] / "bpf"
+
+
+@dataclass(frozen=True)
+class ProgramOptions:
+    trace_all: bool = True      # False with --pid/--exe filters
+    ringbuf_pages: int = 2048   # 8 MiB; a power of two
+    max_procs: int = 4096
+    max_conns: int = 65536
+
+    def cflags(self) -> list[str]:
+        if self.ringbuf_pages & (self.ringbuf_pages - 1):
+            raise ValueError("ringbuf_pages must be a power of two")
+        return [
+            f"-I{bpf_dir()}",
+            "-DOTEL_GPU_BPF=1",
+            f"-DTRACE_ALL={int(self.trace_all)}",
+            f"-DRINGBUF_PAGES={self.ringbuf_pages}",
+            f"-DMAX_PROCS={self.max_procs}",
+            f"-DMAX_CONNS={self.max_conns}",
+        ]
+
+
+def kernel_headers_hint() -> None:
+    """Point bcc at the merged header tree scripts/setup.sh builds when the running
+    kernel ships none (bcc needs one directory; Debian splits it in two)."""
+    if os.environ.get("BCC_KERNEL_SOURCE"):
+        return
+    if not Path(f"/lib/modules/{os.uname().release}/build").exists() and MERGED_HEADERS.is_dir():
+        os.environ["BCC_KERNEL_SOURCE"] = str(MERGED_HEADERS)
+
+
+# bcc rewrites map calls (`m.lookup()`) and generates tracepoint argument structs
+# only in the main source text, never in #included files; so the program is these
+# files joined. Their own `#include "maps.h"` lines are then no-ops (include guard).
+PROGRAM_FILES = ("maps.h", "http_probes.c", "cuda_probes.c")
+
+
+def source_text() -> str:
+    """The C that is compiled (printed by `otel-gpu run --ebpf`)."""
+    return "\n".join((bpf_dir() / name).read_text() for name in PROGRAM_FILES)
+
+
+def load(options: ProgramOptions):
+    """Compile and load; bcc attaches the TRACEPOINT_PROBE functions itself."""
+    kernel_headers_hint()
+    from bcc import BPF  # imported late: the unit tier runs without bcc
+
+    log.debug("compiling %s with %s", PROGRAM_FILES, options.cflags())
+    return BPF(text=source_text().encode(), cflags=options.cflags())

@@ -1,0 +1,73 @@
+"""Every attribute name otel-gpu exports, in one place (tests/unit/test_semconv.py pins them).
+
+Standard names follow the OpenTelemetry semantic conventions; ours live under `gpu.`
+and `otel_gpu.` and are documented in the README.
+"""
+
+# HTTP server spans (semconv, stable HTTP conventions).
+HTTP_REQUEST_METHOD = "http.request.method"
+HTTP_ROUTE = "http.route"
+HTTP_RESPONSE_STATUS_CODE = "http.response.status_code"
+URL_PATH = "url.path"
+URL_QUERY = "url.query"  # exported only when configured (privacy by default)
+URL_SCHEME = "url.scheme"
+SERVER_PORT = "server.port"
+CLIENT_ADDRESS = "client.address"
+CLIENT_PORT = "client.port"
+NETWORK_PROTOCOL_VERSION = "network.protocol.version"
+ERROR_TYPE = "error.type"
+
+# Process and thread (semconv).
+PROCESS_PID = "process.pid"
+PROCESS_EXECUTABLE_NAME = "process.executable.name"
+PROCESS_EXECUTABLE_PATH = "process.executable.path"
+PROCESS_COMMAND_LINE = "process.command_line"
+THREAD_ID = "thread.id"
+SERVICE_NAME = "service.name"
+HOST_NAME = "host.name"
+
+# Kubernetes and containers (semconv resource attributes).
+CONTAINER_ID = "container.id"
+K8S_POD_NAME = "k8s.pod.name"
+K8S_POD_UID = "k8s.pod.uid"
+K8S_NAMESPACE_NAME = "k8s.namespace.name"
+K8S_CONTAINER_NAME = "k8s.container.name"
+K8S_NODE_NAME = "k8s.node.name"
+K8S_DEPLOYMENT_NAME = "k8s.deployment.name"
+K8S_REPLICASET_NAME = "k8s.replicaset.name"
+K8S_STATEFULSET_NAME = "k8s.statefulset.name"
+K8S_DAEMONSET_NAME = "k8s.daemonset.name"
+K8S_JOB_NAME = "k8s.job.name"
+
+# CUDA call spans (ours).
+GPU_CUDA_CALL = "gpu.cuda.call"  # e.g. cudaLaunchKernel
+GPU_CUDA_RETURN_CODE = "gpu.cuda.return_code"
+GPU_KERNEL_NAME = "gpu.kernel.name"
+GPU_KERNEL_FUNC = "gpu.kernel.func"  # raw function pointer/handle, hex
+GPU_GRID = "gpu.grid"  # [x, y, z]
+GPU_BLOCK = "gpu.block"
+GPU_SHARED_MEMORY_BYTES = "gpu.shared_memory.bytes"
+GPU_STREAM = "gpu.stream"
+GPU_MEMCPY_BYTES = "gpu.memcpy.bytes"
+GPU_MEMCPY_DIRECTION = "gpu.memcpy.direction"  # h2h, h2d, d2h, d2d, default
+GPU_ALLOC_BYTES = "gpu.alloc.bytes"
+GPU_ROLLUP_COUNT = "gpu.rollup.count"  # calls folded into one rollup child
+GPU_ROLLUP_BYTES = "gpu.rollup.bytes"
+GPU_ROLLUP_DURATION_NS = "gpu.rollup.duration_ns"
+GPU_TIMING = "gpu.timing"  # always "host_enqueue": spans show host-side call time
+
+# How a CUDA call was tied to a request: thread, process, ambiguous, outside.
+GPU_ATTRIBUTION = "otel_gpu.attribution"
+GPU_CANDIDATE_REQUESTS = "otel_gpu.candidate_requests"
+
+# GPU summary on the server span (ours).
+GPU_LAUNCHES = "gpu.launches"
+GPU_MEMCPY_H2D_BYTES = "gpu.memcpy.h2d.bytes"
+GPU_MEMCPY_D2H_BYTES = "gpu.memcpy.d2h.bytes"
+GPU_MEMCPY_D2D_BYTES = "gpu.memcpy.d2d.bytes"
+GPU_MEMCPY_OTHER_BYTES = "gpu.memcpy.other.bytes"
+GPU_SYNC_DURATION_NS = "gpu.sync.duration_ns"
+GPU_DISTINCT_KERNELS = "gpu.kernels.distinct"
+GPU_CALLS = "gpu.calls"
+GPU_CALLS_AMBIGUOUS = "otel_gpu.calls.ambiguous"
+GPU_SPANS_DROPPED = "otel_gpu.spans.rolled_up"  # calls beyond the span budget

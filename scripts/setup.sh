@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# Installs everything otel-gpu needs on a Debian host, from nothing. Idempotent:
+# each step checks first, so a second run takes seconds.
+#   - apt: python3-bpfcc (bcc is not on PyPI), kernel headers, bpftrace (benchmarks)
+#   - a merged kernel-header tree when the running kernel ships none
+#   - tracefs mounted
+#   - .venv that can import bcc, with the package and its dependencies
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+VENV=$ROOT/.venv
+HEADERS_DIR=/var/lib/otel-gpu/kernel-headers
+
+log() { echo "setup: $*" >&2; }
+as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
+
+# 1. Debian packages.
+need=()
+for pkg in python3-bpfcc linux-headers-amd64 bpftrace make gcc; do
+  dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || need+=("$pkg")
+done
+if [ ${#need[@]} -gt 0 ]; then
+  log "installing apt packages: ${need[*]}"
+  as_root apt-get update -qq
+  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
+fi
+
+# 2. Kernel headers: bcc needs one directory; Debian splits it into -common and -amd64.
+if [ ! -d "/lib/modules/$(uname -r)/build" ] && [ ! -f "$HEADERS_DIR/.complete" ]; then
+  common=$(ls -d /usr/src/linux-headers-*-common 2>/dev/null | sort -V | tail -n1)
+  arch=$(ls -d /usr/src/linux-headers-*-amd64 2>/dev/null | sort -V | tail -n1)
+  if [ -z "$common" ] || [ -z "$arch" ]; then
+    log "no kernel headers under /usr/src; install linux-headers-amd64"; exit 1
+  fi
+  log "merging $common and $arch into $HEADERS_DIR"
+  as_root rm -rf "$HEADERS_DIR"
+  as_root mkdir -p "$HEADERS_DIR"
+  as_root cp -as "$common/." "$HEADERS_DIR/"
+  as_root cp -asf "$arch/." "$HEADERS_DIR/"
+  as_root touch "$HEADERS_DIR/.complete"
+fi
+
+# 3. tracefs. bcc 0.26 reads tracepoint formats under /sys/kernel/debug/tracing,
+#    so debugfs must be mounted too, not only /sys/kernel/tracing.
+if [ ! -e /sys/kernel/debug/tracing/uprobe_events ]; then
+  log "mounting debugfs (and tracefs under it)"
+  as_root mount -t debugfs debugfs /sys/kernel/debug 2>/dev/null || log "could not mount debugfs"
+fi
+if [ ! -e /sys/kernel/tracing/uprobe_events ]; then
+  as_root mount -t tracefs tracefs /sys/kernel/tracing 2>/dev/null || log "could not mount tracefs"
+fi
+
+# 4. The virtual environment. bcc's Python module is pure Python over libbcc.so,
+#    so linking Debian's copy into the venv works for any CPython 3.
+PY=${PYTHON:-python3}
+if [ ! -x "$VENV/bin/python" ]; then
+  log "creating $VENV"
+  "$PY" -m venv "$VENV"
+fi
+SITE=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+[ -e "$SITE/bcc" ] || ln -s /usr/lib/python3/dist-packages/bcc "$SITE/bcc"
+
+stamp=$VENV/.installed
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+  log "installing otel-gpu and its dependencies into $VENV"
+  "$VENV/bin/pip" install -q --disable-pip-version-check -e ".[test]"
+  touch "$stamp"
+fi
+"$VENV/bin/python" -c 'import bcc, opentelemetry.sdk' || { log "venv cannot import bcc"; exit 1; }
+log "ok"
