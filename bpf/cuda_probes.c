@@ -48,7 +48,9 @@ static __always_inline void cuda_emit(struct cuda_event *e)
         return;
     }
     count(CNT_CUDA_ROLLED_UP);
-    struct rollup_key k = {.tgid = tgid, .call = e->call, .func = e->func};
+    /* memcpy has no function: its direction takes that slot in the key. */
+    u64 func = (e->call == CALL_MEMCPY || e->call == CALL_MEMCPY_ASYNC) ? e->kind : e->func;
+    struct rollup_key k = {.tgid = tgid, .call = e->call, .func = func};
     struct rollup_value *v = rollup.lookup(&k);
     if (v) {
         __sync_fetch_and_add(&v->count, 1);

@@ -107,7 +107,7 @@ struct proc_exit_event {
 struct rollup_key {
     u32 tgid;
     u32 call;
-    u64 func;
+    u64 func;   /* kernel function; for memcpy calls, the direction */
 };
 
 struct rollup_value {

@@ -1,0 +1,117 @@
+"""otel-gpu command line: `run` (the collector) and `demo`."""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+import threading
+
+from .config import Config, ConfigError, env_list
+
+log = logging.getLogger("otel_gpu")
+
+
+def _run_parser(sub) -> None:
+    p = sub.add_parser("run", help="attach the probes and export traces until SIGINT/SIGTERM")
+    p.add_argument("--pid", type=int, action="append", default=[], help="trace only this process (repeatable)")
+    p.add_argument("--exe", action="append", default=[], help="trace only processes with this comm/executable name (repeatable)")
+    p.add_argument("--span-budget", type=int, default=int(os.environ.get("OTEL_GPU_SPAN_BUDGET", 256)),
+                   help="CUDA call spans per request before rolling up (default 256)")
+    p.add_argument("--console", dest="console", action="store_true", default=None,
+                   help="print trace trees (default: on when no OTLP endpoint is set)")
+    p.add_argument("--no-console", dest="console", action="store_false")
+    p.add_argument("--route", action="append", default=env_list("OTEL_GPU_ROUTES"),
+                   help="explicit route pattern such as /v1/models/{model}/infer (repeatable)")
+    p.add_argument("--export-query", action="store_true",
+                   default=os.environ.get("OTEL_GPU_EXPORT_QUERY") == "true",
+                   help="export url.query (off by default: query strings may hold secrets)")
+    p.add_argument("--export-header", action="append", default=env_list("OTEL_GPU_EXPORT_HEADERS"),
+                   help="request header whose value may be exported (repeatable; none by default)")
+    p.add_argument("--ebpf", action="store_true", help="print the BPF C program and exit")
+    p.add_argument("--log-level", default=os.environ.get("OTEL_GPU_LOG_LEVEL", "info"))
+
+
+def build_config(args) -> Config:
+    return Config(pids=args.pid, exes=args.exe, span_budget=args.span_budget, console=args.console,
+                  route_patterns=args.route, export_query=args.export_query,
+                  export_headers=frozenset(h.lower() for h in args.export_header),
+                  health_file=os.environ.get("OTEL_GPU_HEALTH_FILE")).validate()
+
+
+def preflight() -> None:
+    """Fails early with one line that names the fix."""
+    if os.geteuid() != 0:
+        raise SystemExit("otel-gpu: needs root (eBPF needs CAP_BPF, CAP_PERFMON and CAP_SYS_ADMIN): run it with sudo")
+    if not (os.path.exists("/sys/kernel/debug/tracing/uprobe_events")
+            or os.path.exists("/sys/kernel/tracing/uprobe_events")):
+        raise SystemExit("otel-gpu: tracefs is not mounted: mount -t debugfs debugfs /sys/kernel/debug "
+                         "(scripts/setup.sh does this)")
+    try:
+        import bcc  # noqa: F401
+    except ImportError:
+        raise SystemExit("otel-gpu: cannot import bcc: apt-get install python3-bpfcc and run scripts/setup.sh")
+    from .probes.program import MERGED_HEADERS
+    if not (os.environ.get("BCC_KERNEL_SOURCE") or os.path.exists(f"/lib/modules/{os.uname().release}/build")
+            or MERGED_HEADERS.is_dir()):
+        raise SystemExit("otel-gpu: no kernel headers for this kernel: install linux-headers "
+                         "(scripts/setup.sh merges Debian's into /var/lib/otel-gpu/kernel-headers)")
+
+
+def cmd_run(args) -> int:
+    from .probes.program import source_text
+    if args.ebpf:
+        print(source_text())
+        return 0
+    try:
+        config = build_config(args)
+        from .export.sink import SpanSink, make_otlp_exporter, otlp_configured
+        otlp = make_otlp_exporter() if otlp_configured() else None
+    except (ConfigError, ValueError) as e:
+        print(f"otel-gpu: {e}", file=sys.stderr)
+        return 2
+    preflight()
+    from .collector import Collector
+    console = config.console if config.console is not None else otlp is None
+    sink = SpanSink(otlp, console)
+    k8s = None
+    try:
+        from .k8s import K8sResolver
+        k8s = K8sResolver.from_environment(config.proc_root)
+    except Exception as e:  # never fatal: spans flow without pod attributes
+        log.warning("kubernetes attributes disabled: %s", e)
+    collector = Collector(config, sink, k8s=k8s)
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    try:
+        collector.start()
+        collector.run(stop)
+    except Exception as e:
+        log.error("collector failed: %s", e)
+        collector.shutdown()
+        return 1
+    collector.shutdown()
+    if k8s is not None:
+        k8s.stop()
+    return 0
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="otel-gpu", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    _run_parser(sub)
+    d = sub.add_parser("demo", help="run the collector on a bundled CUDA HTTP service and print traces")
+    d.add_argument("--requests", type=int, default=3, help="requests per route")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=getattr(args, "log_level", "info").upper(), stream=sys.stderr,
+                        format="%(asctime)s otel-gpu %(levelname)s %(message)s")
+    if args.command == "run":
+        return cmd_run(args)
+    from .demo.runner import run_demo
+    return run_demo(args.requests)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,182 @@
+"""The running collector: probes -> reader -> stitcher -> enrich -> export, wired here."""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from pathlib import Path
+from typing import Optional
+
+from .clock import BpfClock
+from .config import Config, base_resource_attributes
+from .export.sink import SpanSink
+from .export.spans import SpanBuilder
+from .pipeline.enrich import ProcessCatalog
+from .pipeline.model import ProcessGone, ProcessWindow, Request
+from .pipeline.routes import RouteTemplater
+from .pipeline.sockets import PortCache
+from .pipeline.stitcher import Stitcher
+from .pipeline.symbols import KernelNames
+from .probes.attacher import Attacher
+from .probes.discovery import Discovery
+from .probes.program import ProgramOptions, load
+from .ratelimit import Stats
+
+log = logging.getLogger("otel_gpu")
+
+
+class ExportStage:
+    """Builds spans for finished requests and windows and hands them to the sink."""
+
+    def __init__(self, builder: SpanBuilder, sink: SpanSink) -> None:
+        self.builder = builder
+        self.sink = sink
+
+    def process(self, records: list) -> list:
+        for r in records:
+            if isinstance(r, (Request, ProcessWindow)):
+                self.sink.emit(self.builder.build(r))
+        return records
+
+
+class Pipeline:
+    """Stages with one shape: process(batch) -> batch. Optional stages are left out."""
+
+    def __init__(self, stages: list) -> None:
+        self.stages = stages
+
+    def push(self, batch: list) -> list:
+        for stage in self.stages:
+            if not batch:
+                break
+            batch = stage.process(batch)
+        return batch
+
+
+class Collector:
+    def __init__(self, config: Config, sink: SpanSink, k8s=None, extra_stages: Optional[list] = None) -> None:
+        self.config = config
+        self.stats = Stats()
+        self.clock = BpfClock()
+        self.sink = sink
+        self.ports = PortCache(config.proc_root)
+        self.kernel_names = KernelNames()
+        self.stitcher = Stitcher(config.span_budget, config.export_headers, self.stats, port_of=self.ports.port)
+        self.catalog = ProcessCatalog(config.proc_root, k8s, base_resource_attributes(), self.stats)
+        builder = SpanBuilder(self.clock, RouteTemplater(config.route_patterns), self.catalog.resource,
+                              self.kernel_names, config.export_query, config.export_headers)
+        self.pipeline = Pipeline([self.stitcher, self.catalog, ExportStage(builder, sink),
+                                  *(extra_stages or []), self])
+        self.discovery = Discovery(config.proc_root, None if config.trace_all else self._wanted)
+        self.bpf = None
+        self._exited: list[int] = []
+        self._traced_pids: set[int] = set()
+
+    # Last stage: bookkeeping for processes that are gone.
+    def process(self, records: list) -> list:
+        for r in records:
+            if isinstance(r, ProcessGone):
+                self._exited.append(r.tgid)
+        return records
+
+    def _wanted(self, pid: int) -> bool:
+        if pid in self.config.pids:
+            return True
+        if self.config.exes:
+            try:
+                comm = Path(f"{self.config.proc_root}/{pid}/comm").read_text().strip()
+                exe = Path(f"{self.config.proc_root}/{pid}/exe").resolve().name
+            except OSError:
+                return False
+            return comm in self.config.exes or exe in self.config.exes
+        return False
+
+    def start(self) -> None:
+        t0 = time.monotonic()
+        self.bpf = load(ProgramOptions(trace_all=self.config.trace_all, ringbuf_pages=self.config.ringbuf_pages))
+        from .pipeline.reader import RingReader, RollupReader
+        self.reader = RingReader(self.bpf, self.stats)
+        self.rollups = RollupReader(self.bpf)
+        self.attacher = Attacher(self.bpf)
+        self._scan()
+        self.clock.resync()
+        log.info("ready: %d tracepoints, %d CUDA probes on %d files, %d processes traced (%.1f s)",
+                 self.bpf.num_open_tracepoints(), self.attacher.probe_count,
+                 len(self.attacher.attached), len(self.bpf["traced"]), time.monotonic() - t0)
+        if self.config.health_file:
+            Path(self.config.health_file).write_text("ready\n")
+
+    def _scan(self) -> None:
+        import ctypes as ct
+        found = self.discovery.scan()
+        for target in found.targets:
+            self.attacher.attach(target)
+        traced = self.bpf["traced"]
+        for pid in found.cuda_pids - self._traced_pids:
+            traced[ct.c_uint32(pid)] = ct.c_uint32(1)
+            log.info("tracing pid %d", pid)
+        self._traced_pids = found.cuda_pids
+
+    def run(self, stop: threading.Event) -> None:
+        next_scan = next_flush = time.monotonic()
+        while not stop.is_set():
+            self.pipeline.push(self.reader.poll(100))
+            now = time.monotonic()
+            if now >= next_scan:
+                self._scan()
+                next_scan = now + self.config.scan_interval_s
+            if now >= next_flush:
+                self.flush()
+                next_flush = now + self.config.flush_interval_s
+
+    def flush(self) -> None:
+        """Per interval: in-kernel rollups, ambiguous/outside windows, exited processes."""
+        self.stitcher.add_kernel_rollups(self.rollups.deltas(), time.monotonic_ns())
+        self.pipeline.push(self.stitcher.flush_windows())
+        self._forget_exited()
+        lost = self.reader.counters()["ringbuf_full"]
+        if lost > self.stats.snapshot().get("lost_events", 0):
+            log.warning("ring buffer full: %d events lost so far", lost)
+            self.stats.add("lost_events", lost - self.stats.snapshot().get("lost_events", 0))
+
+    def _forget_exited(self) -> None:
+        import ctypes as ct
+        for tgid in self._exited:
+            self.rollups.forget(tgid)
+            self.kernel_names.forget(tgid)
+            self.ports.forget(tgid)
+            for name in ("traced", "http_active"):
+                try:
+                    del self.bpf[name][ct.c_uint32(tgid)]
+                except KeyError:
+                    pass
+            conns = self.bpf["conns"]
+            for k in [k for k in conns.keys() if k.tgid == tgid]:
+                try:
+                    del conns[k]
+                except KeyError:
+                    pass
+        self._exited.clear()
+
+    def shutdown(self) -> None:
+        """Drain what is left, close open requests, flush exporters, detach probes."""
+        try:
+            if self.bpf is not None:
+                self.pipeline.push(self.reader.poll(0))
+                self.stitcher.add_kernel_rollups(self.rollups.deltas(), time.monotonic_ns())
+                self.pipeline.push(self.stitcher.close_all(time.monotonic_ns(), "collector stopped"))
+        finally:
+            self.sink.shutdown()
+            if self.bpf is not None:
+                self.attacher.detach_all()
+                self.bpf = None
+            if self.config.health_file:
+                Path(self.config.health_file).unlink(missing_ok=True)
+        log.info("stopped: %s", self.summary())
+
+    def summary(self) -> str:
+        s = self.stats.snapshot()
+        a = self.stitcher.attributed
+        return (f"{s.get('requests_finished', 0)} requests, {self.sink.spans_out} spans; CUDA calls by "
+                f"attribution: thread={a['thread']} process={a['process']} ambiguous={a['ambiguous']} "
+                f"outside={a['outside']}; dropped: {', '.join(f'{k}={v}' for k, v in sorted(s.items()) if k not in ('requests_finished',)) or 'none'}")

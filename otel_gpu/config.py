@@ -1,0 +1,65 @@
+"""Collector configuration: CLI flags and environment, validated up front so a bad
+value gives one clear error naming the field."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Optional
+
+
+class ConfigError(ValueError):
+    def __init__(self, field_name: str, message: str) -> None:
+        super().__init__(f"invalid configuration: {field_name}: {message}")
+        self.field = field_name
+
+
+@dataclass
+class Config:
+    pids: list[int] = field(default_factory=list)
+    exes: list[str] = field(default_factory=list)
+    span_budget: int = 256
+    console: Optional[bool] = None   # None: on when no OTLP endpoint is configured
+    route_patterns: list[str] = field(default_factory=list)
+    export_query: bool = False
+    export_headers: frozenset = frozenset()  # request header names whose values may be exported
+    scan_interval_s: float = 2.0
+    flush_interval_s: float = 5.0
+    ringbuf_pages: int = 2048
+    health_file: Optional[str] = None
+    proc_root: str = "/proc"
+
+    def validate(self) -> "Config":
+        if self.span_budget < 0 or self.span_budget > 100_000:
+            raise ConfigError("span_budget", f"{self.span_budget} is not within 0..100000")
+        for pid in self.pids:
+            if pid <= 0:
+                raise ConfigError("pid", f"{pid} is not a process id")
+        if self.ringbuf_pages <= 0 or self.ringbuf_pages & (self.ringbuf_pages - 1):
+            raise ConfigError("ringbuf_pages", f"{self.ringbuf_pages} is not a power of two")
+        for p in self.route_patterns:
+            if not p.startswith("/"):
+                raise ConfigError("route", f"pattern {p!r} must start with '/'")
+        if self.scan_interval_s <= 0 or self.flush_interval_s <= 0:
+            raise ConfigError("interval", "scan and flush intervals must be positive")
+        return self
+
+    @property
+    def trace_all(self) -> bool:
+        return not (self.pids or self.exes)
+
+
+def env_list(name: str) -> list[str]:
+    return [x.strip() for x in os.environ.get(name, "").split(",") if x.strip()]
+
+
+def base_resource_attributes(env=os.environ) -> dict:
+    """The collector's own OTEL_RESOURCE_ATTRIBUTES, added to every exported resource."""
+    attrs = {}
+    for pair in env.get("OTEL_RESOURCE_ATTRIBUTES", "").split(","):
+        k, sep, v = pair.partition("=")
+        if not sep or not k.strip():
+            if pair.strip():
+                raise ConfigError("OTEL_RESOURCE_ATTRIBUTES", f"{pair.strip()!r} is not key=value")
+            continue
+        attrs[k.strip()] = v.strip()
+    return attrs

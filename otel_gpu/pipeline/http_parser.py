@@ -1,0 +1,215 @@
+"""HTTP/1.x framing from what the socket probes see: the first HTTP_DATA_CAP bytes
+of each read/write and its full length. Requests and responses are framed by
+byte counts (Content-Length, chunked terminator, close), so bodies larger than
+what was copied are still skipped exactly."""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Optional
+
+METHODS = frozenset({b"GET", b"POST", b"PUT", b"HEAD", b"DELETE", b"PATCH", b"OPTIONS",
+                     b"TRACE", b"CONNECT"})
+_REQUEST_LINE = re.compile(rb"^([A-Z]{3,7}) (\S{1,8192}) HTTP/(1\.[01])$")
+_STATUS_LINE = re.compile(rb"^HTTP/(1\.[01]) (\d{3})(?: .*)?$")
+# Headers the collector reads; others are never kept (privacy by default).
+_KEPT_HEADERS = frozenset({"content-length", "transfer-encoding", "connection",
+                           "traceparent", "tracestate"})
+MAX_HEAD = 64 * 1024  # a request head beyond this is dropped as malformed
+
+
+class HttpParseError(ValueError):
+    """Bytes that are not HTTP/1.x: the connection is dropped and counted."""
+
+
+@dataclass
+class RequestHead:
+    method: str
+    target: str
+    version: str
+    headers: dict = field(default_factory=dict)  # lower-cased names, _KEPT_HEADERS + configured
+    truncated: bool = False  # some head bytes were not copied by the probe
+
+    @property
+    def path(self) -> str:
+        return self.target.split("?", 1)[0].split("#", 1)[0] or "/"
+
+    @property
+    def query(self) -> Optional[str]:
+        return self.target.split("?", 1)[1] if "?" in self.target else None
+
+    @property
+    def keep_alive(self) -> bool:
+        conn = self.headers.get("connection", "").lower()
+        return conn != "close" if self.version == "1.1" else conn == "keep-alive"
+
+
+def _parse_headers(lines: list[bytes], extra: frozenset) -> dict:
+    headers = {}
+    for line in lines:
+        name, sep, value = line.partition(b":")
+        if not sep or not name or name != name.strip():
+            raise HttpParseError(f"bad header line {line[:40]!r}")
+        key = name.decode("latin-1").lower()
+        if key in _KEPT_HEADERS or key in extra:
+            headers[key] = value.strip().decode("latin-1")
+    return headers
+
+
+def _body_length(headers: dict) -> Optional[int]:
+    """Declared body length; None for chunked (framed by its terminator)."""
+    if "chunked" in headers.get("transfer-encoding", "").lower():
+        return None
+    raw = headers.get("content-length", "0")
+    if not raw.isdigit():
+        raise HttpParseError(f"bad content-length {raw[:20]!r}")
+    return int(raw)
+
+
+class RequestStream:
+    """Splits the inbound byte stream of one connection into request heads.
+
+    feed() takes one read (copied bytes, full length) and returns the heads that
+    completed in it. Bodies are skipped by Content-Length. When framing is lost
+    (a head whose end was not copied, a chunked body), the stream resynchronises
+    on the next read that starts with a method: how the BPF side decides too."""
+
+    def __init__(self, extra_headers: frozenset = frozenset()) -> None:
+        self.extra_headers = extra_headers
+        self._head = b""
+        self._body_left = 0
+        self._resync = False
+
+    def feed(self, data: bytes, length: int) -> list[RequestHead]:
+        heads: list[RequestHead] = []
+        missing = max(0, length - len(data))  # bytes read but not copied
+        if self._resync:
+            if not _starts_with_method(data):
+                return heads
+            self._resync, self._head, self._body_left = False, b"", 0
+        pos = 0
+        while True:
+            if self._body_left:
+                copied = min(self._body_left, len(data) - pos)
+                pos += copied
+                self._body_left -= copied
+                uncopied = min(self._body_left, missing)
+                missing -= uncopied
+                self._body_left -= uncopied
+            if pos >= len(data):
+                if missing and not self._body_left:
+                    if self._head:
+                        heads.append(self._finish_head(self._head, truncated=True))
+                    elif length:
+                        raise HttpParseError("request bytes beyond the probe's copy")
+                    self._resync = True
+                return heads
+            chunk = self._head + data[pos:]
+            end = chunk.find(b"\r\n\r\n")
+            if end < 0:
+                if len(chunk) + missing > MAX_HEAD:
+                    raise HttpParseError("request head larger than 64 KiB")
+                _check_start(chunk)
+                self._head, pos = chunk, len(data)
+                continue
+            consumed = end + 4 - len(self._head)
+            self._head = b""
+            head = self._finish_head(chunk[:end], truncated=False)
+            heads.append(head)
+            pos += consumed
+            body = _body_length(head.headers)
+            if body is None:  # chunked request body: framing by terminator is not tracked
+                self._resync = True
+                return heads
+            self._body_left = body
+
+    def _finish_head(self, head_bytes: bytes, truncated: bool) -> RequestHead:
+        lines = head_bytes.split(b"\r\n")
+        m = _REQUEST_LINE.match(lines[0])
+        if not m or m.group(1) not in METHODS:
+            raise HttpParseError(f"bad request line {lines[0][:60]!r}")
+        if truncated and len(lines) == 1:
+            raise HttpParseError("request line longer than the probe's copy")
+        # A cut-short head's last line may be partial: not trusted.
+        complete_lines = lines[1:-1] if truncated else lines[1:]
+        headers = _parse_headers(complete_lines, self.extra_headers)
+        return RequestHead(m.group(1).decode(), m.group(2).decode("latin-1"), m.group(3).decode(),
+                           headers, truncated)
+
+
+def _starts_with_method(data: bytes) -> bool:
+    return data.split(b" ", 1)[0] in METHODS
+
+
+def _check_start(chunk: bytes) -> None:
+    """Rejects a head-to-be as soon as its first token cannot be a method."""
+    token = chunk.split(b" ", 1)[0]
+    if (b" " in chunk[:9] or len(chunk) >= 8) and token not in METHODS:
+        raise HttpParseError(f"not an HTTP/1.x request: {chunk[:16]!r}")
+
+
+@dataclass
+class ResponseState:
+    status: Optional[int] = None
+    version: Optional[str] = None
+    body_left: Optional[int] = None  # None: until chunked terminator or close
+    chunked: bool = False
+    complete: bool = False
+
+
+class ResponseStream:
+    """Tracks the outbound byte stream of one connection: when the current response
+    has been written completely (Content-Length bytes, chunked terminator, or the
+    connection closing)."""
+
+    def __init__(self) -> None:
+        self.current: Optional[ResponseState] = None
+        self._head = b""
+
+    def start(self) -> None:
+        self.current = ResponseState()
+        self._head = b""
+
+    def feed(self, data: bytes, length: int, tail: bytes, request_method: str) -> Optional[ResponseState]:
+        """Feed one write; returns the response state once it is complete."""
+        r = self.current
+        if r is None:
+            return None  # bytes with no request waiting (e.g. after an error): ignored
+        if r.status is None:
+            chunk = self._head + data
+            end = chunk.find(b"\r\n\r\n")
+            if end < 0:
+                if not chunk.startswith(b"HTTP/"[: len(chunk)]):
+                    raise HttpParseError(f"not an HTTP/1.x response: {chunk[:16]!r}")
+                self._head = chunk
+                return None
+            lines = chunk[:end].split(b"\r\n")
+            m = _STATUS_LINE.match(lines[0])
+            if not m:
+                raise HttpParseError(f"bad status line {lines[0][:60]!r}")
+            status = int(m.group(2))
+            headers = _parse_headers(lines[1:], frozenset())
+            head_len = end + 4 - len(self._head)
+            self._head = b""
+            if 100 <= status < 200:  # interim response: the real one follows
+                return self.feed(data[head_len:], length - head_len, tail, request_method) \
+                    if length > head_len else None
+            r.status, r.version = status, m.group(1).decode()
+            if request_method == "HEAD" or status in (204, 304):
+                r.body_left = 0
+            else:
+                declared = _body_length(headers) if ("content-length" in headers or
+                                                     "transfer-encoding" in headers) else None
+                r.chunked = "chunked" in headers.get("transfer-encoding", "").lower()
+                r.body_left = declared
+            length -= head_len
+        if r.chunked:
+            if length > 0 and tail.endswith(b"0\r\n\r\n"):
+                r.body_left = 0
+        elif r.body_left is not None:
+            r.body_left = max(0, r.body_left - max(0, length))
+        if r.body_left == 0:
+            r.complete = True
+            self.current = None
+            return r
+        return None

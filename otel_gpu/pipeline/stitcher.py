@@ -1,0 +1,296 @@
+"""Stitches socket and CUDA events into requests, by process and thread.
+
+A request opens when its head is read (or, pipelined, when the response before it
+completes) and closes when its response has been written completely or the
+connection goes away. A CUDA call is attributed (see model.ATTRIBUTIONS):
+  - to the one open request read by the calling thread       -> thread
+  - else to the only open request of the process             -> process
+  - else, with several candidates, to nobody: counted         -> ambiguous
+  - with nothing open: counted in the process rollup          -> outside
+A call is never guessed onto a request."""
+from __future__ import annotations
+
+import logging
+import random
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Optional
+
+from ..ratelimit import RateLimitedLog, Stats
+from .events import (Accept, CALL_SET_DEVICE, CudaCall, EV_SOCK_READ, ProcExit, SockClose,
+                     SockIo)
+from .http_parser import HttpParseError, RequestStream, ResponseStream
+from .model import (AMBIGUOUS, OUTSIDE, PROCESS, THREAD, CallSink, ProcessGone,
+                    ProcessSeen, ProcessWindow, Request)
+from .traceparent import parse_traceparent
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Conn:
+    fd: int
+    peer_addr: Optional[str] = None
+    peer_port: Optional[int] = None
+    listen_fd: int = -1
+    requests: RequestStream = None
+    responses: ResponseStream = field(default_factory=ResponseStream)
+    active: Optional[Request] = None
+    queued: deque = field(default_factory=deque)  # pipelined requests read ahead
+    head_start_ns: int = 0  # first read of the head being assembled
+    head_tid: int = 0
+    server_port: Optional[int] = None
+    broken: bool = False    # not HTTP/1.x: ignored until closed
+
+
+@dataclass
+class Proc:
+    tgid: int
+    conns: dict = field(default_factory=dict)   # fd -> Conn
+    open: list = field(default_factory=list)    # open Requests
+    ambiguous: Optional[ProcessWindow] = None
+    outside: Optional[ProcessWindow] = None
+    device_by_tid: dict = field(default_factory=dict)
+
+
+class Stitcher:
+    def __init__(self, span_budget: int = 256, extra_headers: frozenset = frozenset(),
+                 stats: Optional[Stats] = None, rng: Optional[random.Random] = None,
+                 port_of=None) -> None:
+        self.span_budget = span_budget
+        self.extra_headers = extra_headers
+        self.stats = stats or Stats()
+        self._log = RateLimitedLog(log, self.stats, interval_s=30.0)
+        self._rng = rng or random.Random()
+        self._port_of = port_of  # (pid, listen_fd, conn_fd) -> server port, or None
+        self.procs: dict[int, Proc] = {}
+        self.attributed = {THREAD: 0, PROCESS: 0, AMBIGUOUS: 0, OUTSIDE: 0}
+
+    # --- stage interface -------------------------------------------------------
+    def process(self, events: list) -> list:
+        out: list = []
+        for ev in events:
+            if isinstance(ev, CudaCall):
+                self._on_cuda(ev, out)
+            elif isinstance(ev, SockIo):
+                if ev.kind == EV_SOCK_READ:
+                    self._on_read(ev, out)
+                else:
+                    self._on_write(ev, out)
+            elif isinstance(ev, Accept):
+                self._on_accept(ev, out)
+            elif isinstance(ev, SockClose):
+                self._on_close(ev.tgid, ev.fd, ev.ts_ns, out)
+            elif isinstance(ev, ProcExit):
+                self._on_exit(ev, out)
+        return out
+
+    def add_kernel_rollups(self, deltas: list, now_ns: int) -> None:
+        """Calls the BPF side counted while no request could be open (rollup map)."""
+        for tgid, call, func, count, nbytes, duration_ns in deltas:
+            p = self.procs.get(tgid) or self.procs.setdefault(tgid, Proc(tgid))
+            self.attributed[OUTSIDE] += count
+            w = self._window(p, OUTSIDE, now_ns)
+            w.sink.add_aggregate(call, func, count, nbytes, duration_ns, now_ns)
+            w.end_ns = max(w.end_ns, now_ns)
+
+    def flush_windows(self) -> list:
+        """Hands on the ambiguous/outside windows collected so far (called per interval)."""
+        out = []
+        for p in self.procs.values():
+            for attr in ("ambiguous", "outside"):
+                w = getattr(p, attr)
+                if w is not None:
+                    out.append(w)
+                    setattr(p, attr, None)
+        return out
+
+    def close_all(self, now_ns: int, reason: str) -> list:
+        """Collector stopping: every open request is finished with an error."""
+        out: list = []
+        for p in list(self.procs.values()):
+            for conn in list(p.conns.values()):
+                self._drop_conn(p, conn, now_ns, reason, out)
+        return out + self.flush_windows()
+
+    # --- processes and connections ----------------------------------------------
+    def _proc(self, tgid: int, out: list) -> Proc:
+        p = self.procs.get(tgid)
+        if p is None:
+            p = self.procs[tgid] = Proc(tgid)
+            out.append(ProcessSeen(tgid))
+        return p
+
+    def _conn(self, p: Proc, fd: int) -> Conn:
+        c = p.conns.get(fd)
+        if c is None:  # accepted before the collector saw it: peer unknown
+            c = p.conns[fd] = Conn(fd, requests=RequestStream(self.extra_headers))
+            c.server_port = self._port_of(p.tgid, -1, fd) if self._port_of else None
+        return c
+
+    def _on_accept(self, ev: Accept, out: list) -> None:
+        p = self._proc(ev.tgid, out)
+        if ev.fd in p.conns:  # the old connection's close was not seen
+            self._drop_conn(p, p.conns[ev.fd], ev.ts_ns, "connection replaced", out)
+        c = p.conns[ev.fd] = Conn(ev.fd, ev.peer_addr, ev.peer_port, ev.listen_fd,
+                                  RequestStream(self.extra_headers))
+        c.server_port = self._port_of(ev.tgid, ev.listen_fd, ev.fd) if self._port_of else None
+
+    def _on_read(self, ev: SockIo, out: list) -> None:
+        p = self._proc(ev.tgid, out)
+        c = self._conn(p, ev.fd)
+        if c.broken:
+            return
+        if not c.requests._head:
+            c.head_start_ns, c.head_tid = ev.ts_ns, ev.tid
+        try:
+            heads = c.requests.feed(ev.data, ev.ret)
+        except HttpParseError as e:
+            self._log.event("http_parse_errors", logging.WARNING,
+                            "pid %d fd %d: dropping connection that is not HTTP/1.x (%s)",
+                            ev.tgid, ev.fd, e)
+            c.broken = True
+            self._drop_requests(p, c, ev.ts_ns, "malformed HTTP", out)
+            return
+        for head in heads:
+            req = self._new_request(p, c, head, c.head_start_ns or ev.ts_ns, c.head_tid or ev.tid)
+            if c.active is None:
+                self._activate(p, c, req, req.start_ns)
+            else:
+                c.queued.append(req)
+            c.head_start_ns, c.head_tid = ev.ts_ns, ev.tid  # next pipelined head
+        if not c.requests._head:
+            c.head_start_ns = 0
+
+    def _new_request(self, p: Proc, c: Conn, head, start_ns: int, tid: int) -> Request:
+        req = Request(p.tgid, tid, c.fd, head, start_ns,
+                      trace_id=self._rng.getrandbits(128) or 1,
+                      span_id=self._rng.getrandbits(64) or 1,
+                      sink=CallSink(self.span_budget), peer_addr=c.peer_addr,
+                      peer_port=c.peer_port, listen_fd=c.listen_fd, server_port=c.server_port)
+        parent = parse_traceparent(head.headers.get("traceparent"))
+        if parent:
+            req.trace_id, req.parent_span_id = parent
+            req.parent_trace_id = parent[0]
+        return req
+
+    def _activate(self, p: Proc, c: Conn, req: Request, start_ns: int) -> None:
+        req.start_ns = start_ns
+        c.active = req
+        c.responses.start()
+        p.open.append(req)
+
+    def _on_write(self, ev: SockIo, out: list) -> None:
+        p = self._proc(ev.tgid, out)
+        c = p.conns.get(ev.fd)
+        if c is None or c.broken:
+            return
+        req = c.active
+        if req is None:
+            self.stats.add("writes_without_request")
+            return
+        try:
+            done = c.responses.feed(ev.data, ev.ret, ev.tail, req.head.method)
+        except HttpParseError as e:
+            self._log.event("http_response_errors", logging.WARNING,
+                            "pid %d fd %d: response is not HTTP/1.x (%s)", ev.tgid, ev.fd, e)
+            c.broken = True
+            self._drop_requests(p, c, ev.ts_ns, "malformed HTTP response", out)
+            return
+        if done is None:
+            req.status = c.responses.current.status if c.responses.current else req.status
+            return
+        req.status = done.status
+        self._finish(p, c, req, ev.ts_ns, None, out)
+        if c.queued:
+            self._activate(p, c, c.queued.popleft(), ev.ts_ns)
+
+    def _on_close(self, tgid: int, fd: int, ts: int, out: list) -> None:
+        p = self.procs.get(tgid)
+        c = p.conns.get(fd) if p else None
+        if c is None:
+            return
+        req = c.active
+        if req is not None and req.status is not None and c.responses.current is not None \
+                and c.responses.current.body_left is None:
+            # Close-delimited body (no Content-Length, not chunked): complete now.
+            self._finish(p, c, req, ts, None, out)
+        self._drop_conn(p, c, ts, "connection closed before the response completed", out)
+
+    def _drop_conn(self, p: Proc, c: Conn, ts: int, reason: str, out: list) -> None:
+        self._drop_requests(p, c, ts, reason, out)
+        p.conns.pop(c.fd, None)
+
+    def _drop_requests(self, p: Proc, c: Conn, ts: int, reason: str, out: list) -> None:
+        if c.active is not None:
+            self.stats.add("requests_incomplete")
+            self._finish(p, c, c.active, ts, reason, out)
+        if c.queued:
+            self._log.event("pipelined_requests_dropped", logging.INFO,
+                            "pid %d fd %d: %d pipelined request(s) never answered",
+                            p.tgid, c.fd, len(c.queued))
+            self.stats.add("pipelined_requests_dropped", len(c.queued) - 1)
+            c.queued.clear()
+
+    def _finish(self, p: Proc, c: Conn, req: Request, ts: int, error: Optional[str], out: list) -> None:
+        req.end_ns = max(ts, req.start_ns)
+        req.error = error
+        c.active = None
+        if req in p.open:
+            p.open.remove(req)
+        self.stats.add("requests_finished")
+        out.append(req)
+
+    def _on_exit(self, ev: ProcExit, out: list) -> None:
+        p = self.procs.get(ev.tgid)
+        if p is None:
+            return
+        for c in list(p.conns.values()):
+            self._drop_conn(p, c, ev.ts_ns, "process exited", out)
+        for attr in ("ambiguous", "outside"):
+            if getattr(p, attr) is not None:
+                out.append(getattr(p, attr))
+        del self.procs[ev.tgid]
+        out.append(ProcessGone(ev.tgid))
+
+    # --- CUDA ------------------------------------------------------------------
+    def _on_cuda(self, ev: CudaCall, out: list) -> None:
+        p = self._proc(ev.tgid, out)
+        if ev.call == CALL_SET_DEVICE:
+            p.device_by_tid[ev.tid] = ev.bytes
+            return
+        attribution, target = attribute(p.open, ev.tid)
+        self.attributed[attribution] += 1
+        if attribution in (THREAD, PROCESS):
+            target.sink.add(ev, attribution)
+            return
+        window = self._window(p, attribution, ev.ts_ns)
+        window.sink.add(ev, attribution)
+        window.end_ns = max(window.end_ns, ev.ts_ns + ev.duration_ns)
+        if attribution == AMBIGUOUS:
+            for r in target:
+                r.sink.summary.ambiguous += 1
+                ids = (r.trace_id, r.span_id)
+                if ids not in window.candidates:
+                    window.candidates.append(ids)
+
+    def _window(self, p: Proc, attribution: str, ts: int) -> ProcessWindow:
+        w = getattr(p, attribution)
+        if w is None:
+            w = ProcessWindow(p.tgid, attribution, ts, ts, CallSink(self.span_budget))
+            setattr(p, attribution, w)
+        return w
+
+
+def attribute(open_requests: list, tid: int):
+    """(attribution, request or candidate list or None) for a call on thread `tid`."""
+    if not open_requests:
+        return OUTSIDE, None
+    on_thread = [r for r in open_requests if r.tid == tid]
+    if len(on_thread) == 1:
+        return THREAD, on_thread[0]
+    if on_thread:
+        return AMBIGUOUS, on_thread
+    if len(open_requests) == 1:
+        return PROCESS, open_requests[0]
+    return AMBIGUOUS, list(open_requests)

@@ -1,0 +1,133 @@
+"""Finds CUDA processes and the files to probe, through /proc: libcudart under any
+name and path (wheels, toolkit, libcudart-<hash>.so.11.0), libcuda, and
+executables with cudart linked in statically (nvcc's default). Re-run every few
+seconds, so processes that start or dlopen CUDA later are picked up."""
+from __future__ import annotations
+
+import logging
+import os
+import re
+from dataclasses import dataclass
+from typing import Callable, Iterable, Optional
+
+from .table import DRIVER, RUNTIME
+
+log = logging.getLogger(__name__)
+
+CUDART_RE = re.compile(r"/libcudart(?:[-.][^/]*)?\.so(?:\.[^/]*)?$")
+DRIVER_RE = re.compile(r"/libcuda\.so(?:\.[^/]*)?$")
+
+
+@dataclass(frozen=True)
+class ProbeTarget:
+    """A file to attach uprobes to; one attach covers every process mapping it."""
+    kind: str          # RUNTIME or DRIVER
+    path: str          # openable from here (through /proc/<pid>/root for containers)
+    key: tuple         # (st_dev, st_ino): the same file seen from several processes
+
+
+@dataclass
+class ScanResult:
+    cuda_pids: set
+    targets: list
+
+
+def libraries_in_maps(maps_text: str) -> list[tuple[str, str]]:
+    """(kind, path) of the CUDA libraries mapped, from /proc/<pid>/maps text."""
+    found = {}
+    for line in maps_text.splitlines():
+        parts = line.split(None, 5)
+        if len(parts) < 6 or not parts[5].startswith("/"):
+            continue
+        path = parts[5].removesuffix(" (deleted)")
+        if CUDART_RE.search(path):
+            found[path] = RUNTIME
+        elif DRIVER_RE.search(path):
+            found[path] = DRIVER
+    return [(kind, path) for path, kind in found.items()]
+
+
+class Discovery:
+    def __init__(self, proc_root: str = "/proc", pid_filter: Optional[Callable[[int], bool]] = None,
+                 has_static_cudart: Optional[Callable[[str], bool]] = None) -> None:
+        self.proc_root = proc_root
+        self.pid_filter = pid_filter
+        self._has_static = has_static_cudart or _elf_defines_cuda_launch
+        self._static_cache: dict[tuple, bool] = {}
+        self._known: dict[int, int] = {}  # pid -> start time, once found to use CUDA
+        self.self_pid = os.getpid()
+
+    def scan(self) -> ScanResult:
+        result = ScanResult(set(), [])
+        seen_keys = set()
+        for pid in self._pids():
+            if pid == self.self_pid or (self.pid_filter and not self.pid_filter(pid)):
+                continue
+            targets = self._targets_of(pid)
+            if not targets:
+                continue
+            result.cuda_pids.add(pid)
+            for t in targets:
+                if t.key not in seen_keys:
+                    seen_keys.add(t.key)
+                    result.targets.append(t)
+        return result
+
+    def _pids(self) -> Iterable[int]:
+        try:
+            names = os.listdir(self.proc_root)
+        except OSError:
+            return []
+        return [int(n) for n in names if n.isdigit()]
+
+    def _targets_of(self, pid: int) -> list[ProbeTarget]:
+        base = f"{self.proc_root}/{pid}"
+        try:
+            with open(f"{base}/maps") as f:
+                maps = f.read()
+        except OSError:
+            return []  # gone, or a kernel thread
+        out = []
+        for kind, path in libraries_in_maps(maps):
+            t = self._target(base, kind, path)
+            if t:
+                out.append(t)
+        exe = self._static_exe(base)
+        if exe:
+            out.append(exe)
+        return out
+
+    def _target(self, base: str, kind: str, path: str) -> Optional[ProbeTarget]:
+        # Through the process's root, so a container's files are reached from the host.
+        for candidate in (f"{base}/root{path}", path):
+            try:
+                st = os.stat(candidate)
+                return ProbeTarget(kind, candidate, (st.st_dev, st.st_ino))
+            except OSError:
+                continue
+        return None
+
+    def _static_exe(self, base: str) -> Optional[ProbeTarget]:
+        try:
+            st = os.stat(f"{base}/exe")
+        except OSError:
+            return None
+        key = (st.st_dev, st.st_ino)
+        if key not in self._static_cache:
+            try:
+                path = f"{base}/root{os.readlink(f'{base}/exe')}"
+                self._static_cache[key] = self._has_static(path) if os.path.exists(path) else False
+            except OSError:
+                self._static_cache[key] = False
+        if not self._static_cache[key]:
+            return None
+        return ProbeTarget(RUNTIME, f"{base}/root{os.readlink(f'{base}/exe')}", key)
+
+
+def _elf_defines_cuda_launch(path: str) -> bool:
+    """True when the executable itself defines cudaLaunchKernel (static cudart)."""
+    from bcc import BPF
+    try:
+        return bool(BPF.get_user_functions_and_addresses(path, r"^cudaLaunchKernel$"))
+    except Exception:  # not an ELF, unreadable: not a target
+        return False
