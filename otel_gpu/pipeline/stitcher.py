@@ -83,6 +83,8 @@ class Stitcher:
                 self._on_close(ev.tgid, ev.fd, ev.ts_ns, out)
             elif isinstance(ev, ProcExit):
                 self._on_exit(ev, out)
+            else:  # already stitched (flushed windows, closed requests): pass it on
+                out.append(ev)
         return out
 
     def add_kernel_rollups(self, deltas: list, now_ns: int) -> None:

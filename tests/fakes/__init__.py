@@ -1,0 +1,1 @@
+"""Fakes of outside systems for tests (each module says loudly that it is a fake)."""

@@ -1,0 +1,75 @@
+"""A real OTLP/gRPC trace receiver on 127.0.0.1 (the collector protocol's own
+generated service), keeping every span it is sent, for assertions."""
+from __future__ import annotations
+
+import threading
+from concurrent import futures
+from dataclasses import dataclass
+
+import grpc
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
+
+
+def _value(v):
+    kind = v.WhichOneof("value")
+    if kind == "array_value":
+        return [_value(x) for x in v.array_value.values]
+    return getattr(v, kind) if kind else None
+
+
+def _attrs(kvs) -> dict:
+    return {kv.key: _value(kv.value) for kv in kvs}
+
+
+@dataclass
+class ReceivedSpan:
+    name: str
+    kind: int
+    trace_id: str
+    span_id: str
+    parent_span_id: str
+    start_ns: int
+    end_ns: int
+    attributes: dict
+    resource: dict
+    status_code: int
+    links: list
+
+
+class OtlpReceiver(trace_service_pb2_grpc.TraceServiceServicer):
+    def __init__(self) -> None:
+        self.spans: list[ReceivedSpan] = []
+        self._cond = threading.Condition()
+        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+        trace_service_pb2_grpc.add_TraceServiceServicer_to_server(self, self.server)
+        self.port = self.server.add_insecure_port("127.0.0.1:0")
+
+    def Export(self, request, context):
+        got = []
+        for rs in request.resource_spans:
+            res = _attrs(rs.resource.attributes)
+            for ss in rs.scope_spans:
+                for s in ss.spans:
+                    got.append(ReceivedSpan(
+                        s.name, s.kind, s.trace_id.hex(), s.span_id.hex(), s.parent_span_id.hex(),
+                        s.start_time_unix_nano, s.end_time_unix_nano, _attrs(s.attributes), res,
+                        s.status.code, [(l.trace_id.hex(), l.span_id.hex()) for l in s.links]))
+        with self._cond:
+            self.spans.extend(got)
+            self._cond.notify_all()
+        return trace_service_pb2.ExportTraceServiceResponse()
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> "OtlpReceiver":
+        self.server.start()
+        return self
+
+    def stop(self) -> None:
+        self.server.stop(0)
+
+    def wait_for(self, predicate, timeout: float = 20.0) -> bool:
+        with self._cond:
+            return self._cond.wait_for(lambda: predicate(self.spans), timeout)
