@@ -146,7 +146,9 @@ static __always_inline int driver_duplicate(struct cuda_event *e)
     struct last_launch *l = last_rt_launch.lookup(&tid);
     if (!l || e->h.ts_ns - l->ts_ns > DRIVER_DEDUP_WINDOW_NS)
         return 0;
-    if (__builtin_memcmp(l->grid, e->grid, sizeof(l->grid)) || __builtin_memcmp(l->block, e->block, sizeof(l->block)))
+    /* Field by field: __builtin_memcmp does not lower to valid BPF here. */
+    if (l->grid[0] != e->grid[0] || l->grid[1] != e->grid[1] || l->grid[2] != e->grid[2] ||
+        l->block[0] != e->block[0] || l->block[1] != e->block[1] || l->block[2] != e->block[2])
         return 0;
     last_rt_launch.delete(&tid);
     count(CNT_DRIVER_DEDUPED);

@@ -31,8 +31,11 @@ class Attacher:
                     self.bpf.attach_uretprobe(name=target.path.encode(), sym=row.symbol.encode(),
                                               fn_name=row.ret.encode())
                     n += 1
-            except Exception as e:  # symbol absent in this build: normal for _ptsz variants
-                log.debug("no %s in %s (%s)", row.symbol, target.path, e)
+            except Exception as e:
+                if "could not determine address" in str(e):  # absent in this build: normal for _ptsz
+                    log.debug("no %s in %s", row.symbol, target.path)
+                else:
+                    log.warning("cannot attach %s to %s in %s: %s", row.entry, row.symbol, target.path, e)
         self.probe_count += n
         log.info("attached %d CUDA probes to %s", n, target.path)
         return n

@@ -97,12 +97,16 @@ class Target:
         if not self.log.wait_for("listening on", 30):
             raise RuntimeError("target did not start:\n" + "".join(self.log.lines))
         line = next(l for l in self.log.lines if "listening on" in l)
-        self.port = int(line.split()[-1])
+        self.port = int(line.split()[2])
         self.pid = self.proc.pid
 
-    def go(self) -> None:
+    def go_raw(self) -> None:
         self.proc.stdin.write("go\n")
         self.proc.stdin.flush()
+
+    def go(self) -> None:
+        """Lets an HTTP target serve, and waits until it answers."""
+        self.go_raw()
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:  # the server binds before "listening" but serves after go
             try:

@@ -59,8 +59,9 @@ def handle(path: str) -> tuple[int, bytes]:
         for _ in range(int(q.get("launches", 1))):
             driver_launch()
     elif u.path == "/both":
-        WORK.launch("matmul_tile", GRID, BLOCK, SHMEM)
-        driver_launch()
+        from otel_gpu.demo.cuda_work import Dim3
+        DRIVER.stub_runtime_then_driver(WORK.rt.cudaLaunchKernel, ct.c_void_p(WORK.kernel_address("matmul_tile")),
+                                        Dim3(*GRID), Dim3(*BLOCK), SHMEM)
     else:
         return 404, b"not found"
     return 200, b"ok"

@@ -1,0 +1,30 @@
+/* A stand-in libcuda (no real driver exists without a GPU) exporting the driver
+ * launch entry points with their real signatures, so the driver-API probes can be
+ * tested. Named as a stub; it does nothing and returns CUDA_SUCCESS. */
+#include <stddef.h>
+
+typedef struct {
+    unsigned gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes;
+    void *hStream;
+    void *attrs;
+    unsigned numAttrs;
+} CUlaunchConfig;
+
+int cuLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
+                   unsigned shmem, void *stream, void **params, void **extra) {
+    return 0;
+}
+
+int cuLaunchKernelEx(const CUlaunchConfig *config, void *f, void **params, void **extra) {
+    return 0;
+}
+
+/* Test helper: what libcudart does on a GPU, a runtime launch that reaches the
+ * driver's cuLaunchKernel with the same dims, back to back on one thread. */
+typedef struct { unsigned x, y, z; } dim3;
+typedef int (*runtime_launch_fn)(const void *, dim3, dim3, void **, size_t, void *);
+
+int stub_runtime_then_driver(runtime_launch_fn launch, const void *func, dim3 grid, dim3 block, unsigned shmem) {
+    launch(func, grid, block, NULL, shmem, NULL);
+    return cuLaunchKernel((void *)func, grid.x, grid.y, grid.z, block.x, block.y, block.z, shmem, NULL, NULL, NULL);
+}
