@@ -17,15 +17,17 @@ struct call_entry {
 };
 BPF_HASH(in_call, u64, struct call_entry, 16384);
 
-/* Last runtime launch per thread: a driver launch with the same dims right after
- * it is the same launch passing through libcuda, and is not counted twice. */
+/* Last runtime launch per thread: a driver launch with the same grid and block
+ * dims on the same thread soon after it is that launch passing through libcuda,
+ * and is not counted twice. "Soon" is generous because the runtime may do slow
+ * work first (lazy module loading on a kernel's first launch, initialisation). */
 struct last_launch {
     u64 ts_ns;
     u32 grid[3];
     u32 block[3];
 };
 BPF_HASH(last_rt_launch, u32, struct last_launch, 16384);
-#define DRIVER_DEDUP_WINDOW_NS 200000
+#define DRIVER_DEDUP_WINDOW_NS 10000000 /* 10 ms */
 
 static __always_inline int cuda_admit(u32 tgid)
 {

@@ -1,22 +1,11 @@
-"""bpf tier: real probes in the real kernel, real libcudart (no GPU), real servers,
-and the real OTLP/gRPC exporter sending to a receiver started here."""
+"""bpf tier: real probes in the real kernel, real libcudart (no GPU), real servers."""
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
-import sys
-import time
-import urllib.request
-from pathlib import Path
 
 import pytest
 
-from otel_gpu.demo.runner import LineWatcher, free_port
-from tests.fakes.otlp_receiver import OtlpReceiver
-
-ROOT = Path(__file__).resolve().parents[2]
-TARGETS = Path(__file__).resolve().parent / "targets"
+from tests.harness import receiver, start_collector, start_target  # noqa: F401 (fixtures)
 
 
 def _why_not() -> str | None:
@@ -40,113 +29,3 @@ def pytest_collection_modifyitems(config, items):
                 item.add_marker(pytest.mark.skip(reason=reason))
 
 
-@pytest.fixture
-def receiver():
-    r = OtlpReceiver().start()
-    yield r
-    r.stop()
-
-
-class RunningCollector:
-    def __init__(self, receiver: OtlpReceiver, args: list[str], env: dict) -> None:
-        self.receiver = receiver
-        full_env = dict(os.environ, OTEL_EXPORTER_OTLP_ENDPOINT=receiver.endpoint,
-                        OTEL_BSP_SCHEDULE_DELAY="200", **env)
-        self.proc = subprocess.Popen([sys.executable, "-m", "otel_gpu.cli", "run", "--no-console", *args],
-                                     stderr=subprocess.PIPE, text=True, env=full_env, cwd=ROOT)
-        self.log = LineWatcher(self.proc.stderr, echo=None)
-        if not self.log.wait_for("ready", 90):
-            self.stop()
-            raise RuntimeError("collector not ready:\n" + "".join(self.log.lines))
-
-    def wait_traced(self, pid: int, timeout: float = 20) -> None:
-        if not self.log.wait_for(f"tracing pid {pid}", timeout):
-            raise RuntimeError(f"pid {pid} never traced:\n" + "".join(self.log.lines))
-
-    def stop(self) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        return self.proc.returncode
-
-
-@pytest.fixture
-def start_collector(receiver):
-    started = []
-
-    def start(*args: str, **env: str) -> RunningCollector:
-        c = RunningCollector(receiver, list(args), env)
-        started.append(c)
-        return c
-    yield start
-    for c in started:
-        c.stop()
-
-
-class Target:
-    """A target process started after the collector, held until it is traced."""
-
-    def __init__(self, argv: list[str], env: dict | None = None) -> None:
-        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                     cwd=ROOT, env=dict(os.environ, **(env or {})))
-        self.log = LineWatcher(self.proc.stderr, echo=None)
-        if not self.log.wait_for("listening on", 30):
-            raise RuntimeError("target did not start:\n" + "".join(self.log.lines))
-        line = next(l for l in self.log.lines if "listening on" in l)
-        self.port = int(line.split()[2])
-        self.pid = self.proc.pid
-
-    def go_raw(self) -> None:
-        self.proc.stdin.write("go\n")
-        self.proc.stdin.flush()
-
-    def go(self) -> None:
-        """Lets an HTTP target serve, and waits until it answers."""
-        self.go_raw()
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:  # the server binds before "listening" but serves after go
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{self.port}/nothing", timeout=2)
-            except urllib.error.HTTPError:
-                return
-            except OSError:
-                time.sleep(0.1)
-        raise RuntimeError("target not serving")
-
-    def get(self, path: str, headers: dict | None = None) -> bytes:
-        req = urllib.request.Request(f"http://127.0.0.1:{self.port}{path}", headers=headers or {})
-        return urllib.request.urlopen(req, timeout=20).read()
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-
-
-@pytest.fixture
-def start_target():
-    started = []
-
-    def start(kind: str = "stdlib", env: dict | None = None) -> Target:
-        port = 0 if kind != "asgi" else free_port()
-        t = Target([sys.executable, str(TARGETS / "cuda_http.py"), kind, str(port)], env)
-        started.append(t)
-        return t
-    yield start
-    for t in started:
-        t.stop()
-
-
-def server_spans(spans, pid: int) -> list:
-    return [s for s in spans if s.kind == 2 and s.attributes.get("process.pid") == pid]  # 2 = SERVER
-
-
-def children_of(spans, parent) -> list:
-    return [s for s in spans if s.parent_span_id == parent.span_id and s.trace_id == parent.trace_id]

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.bpf.conftest import TARGETS, Target, children_of, server_spans
+from tests.harness import TARGETS, Target, children_of, server_spans
 
 NVCC = shutil.which("nvcc") or next(iter(sorted(Path("/usr/local").glob("cuda*/bin/nvcc"))), None)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import socket
 import time
 
-from tests.bpf.conftest import children_of, server_spans
+from tests.harness import children_of, server_spans
 
 
 def _started(start_collector, start_target):

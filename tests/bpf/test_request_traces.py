@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from tests.bpf.conftest import children_of, server_spans
+from tests.harness import children_of, server_spans
 
 GRID, BLOCK = [7, 3, 1], [128, 2, 1]
 
