@@ -125,9 +125,15 @@ static __always_inline void io_exit(u8 kind, long ret)
         writing.delete(&id);
     if (ret <= 0)
         return;
-    u64 buf = p.buf;
-    if (p.is_iov) /* first iovec only: struct iovec { void *base; size_t len; } */
-        bpf_probe_read_user(&buf, sizeof(buf), (void *)buf);
+    u64 buf = p.buf, copy_max = (u64)ret;
+    if (p.is_iov) {
+        /* First iovec only: struct iovec { void *base; size_t len; }. Never copy past it. */
+        u64 iov[2] = {};
+        bpf_probe_read_user(iov, sizeof(iov), (void *)buf);
+        buf = iov[0];
+        if (iov[1] < copy_max)
+            copy_max = iov[1];
+    }
     u32 zero = 0;
     struct sock_io_event *e = io_scratch.lookup(&zero);
     if (!e)
@@ -136,7 +142,7 @@ static __always_inline void io_exit(u8 kind, long ret)
     struct conn_state *st = conns.lookup(&key);
     if (!st)
         return;
-    u32 len = ret < HTTP_DATA_CAP ? (u32)ret : HTTP_DATA_CAP;
+    u32 len = copy_max < HTTP_DATA_CAP ? (u32)copy_max : HTTP_DATA_CAP;
     if (len > HTTP_DATA_CAP || len == 0) /* keeps the verifier's bounds explicit */
         return;
     if (bpf_probe_read_user(e->data, len, (void *)buf) != 0)

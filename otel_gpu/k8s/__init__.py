@@ -53,7 +53,7 @@ class K8sResolver:
     cache retries with back-off, and urllib3's own retries each log a warning.
     The pod cache thread starts at construction unless `start=False`. Lookups never
     raise and never do network I/O: problems are counted in `stats` and logged at most
-    once a minute per kind (see ratelimit.RateLimitedLog).
+    once a minute per kind (otel_gpu.ratelimit).
     """
 
     def __init__(
@@ -158,8 +158,8 @@ class K8sResolver:
     @property
     def stats(self) -> Dict[str, int]:
         """Counters (a snapshot): proc_gone, proc_unreadable, cgroup_malformed, pid_raced,
-        not_container, pod_unknown, resolved, relists, watch_events, watch_expired,
-        api_errors, owner_lookup_errors."""
+        not_container, pod_unknown, resolved, internal_errors, relists, watch_events,
+        watch_expired, api_errors, owner_lookup_errors."""
         return self._stats.snapshot()
 
     def stop(self) -> None:
@@ -176,6 +176,14 @@ class K8sResolver:
     # --- internals --------------------------------------------------------------------
 
     def _lookup(self, pid: int) -> Optional[Tuple[PodInfo, ContainerRef]]:
+        try:
+            return self._lookup_unguarded(pid)
+        except Exception as exc:  # the span path must never break on enrichment
+            self._events.event("internal_errors", logging.WARNING,
+                               "k8s: attribute lookup for pid %s failed (%s)", pid, describe(exc))
+            return None
+
+    def _lookup_unguarded(self, pid: int) -> Optional[Tuple[PodInfo, ContainerRef]]:
         ref = self._container_of(pid)
         if ref is None:
             return None

@@ -91,6 +91,7 @@ class PodCache:
         self._stopping = threading.Event()
         self._response: Any = None  # the open watch stream, closed by stop()
         self._delivered = False  # the current watch has delivered at least one event
+        self._failing = False  # the last attempt failed: say so when it works again
         self._thread: Optional[threading.Thread] = None
 
     # --- lookups (any thread) -------------------------------------------------------
@@ -153,12 +154,16 @@ class PodCache:
             except _WatchExpired:
                 self._stats.add("watch_expired")
                 _log.debug("k8s: pod watch expired (410 Gone); re-listing")
+                if not self._delivered:
+                    # 410 straight after a fresh list: do not hammer a confused server.
+                    self._stopping.wait(self._backoff_initial_s)
             except Exception as exc:  # the thread must survive anything the API does
                 if self._stopping.is_set():
                     break
                 if self._delivered:
                     # The watch was healthy before this failure: start the back-off over.
                     delay = self._backoff_initial_s
+                self._failing = True
                 self._events.event(
                     "api_errors",
                     logging.WARNING,
@@ -191,8 +196,9 @@ class PodCache:
             self._by_mirror = {p.mirror_uid: p for p in pods if p.mirror_uid}
             self._version += 1
         self._stats.add("relists")
-        if not self._synced.is_set():
+        if not self._synced.is_set() or self._failing:
             _log.info("k8s: pod cache synced, %d pods on node %s", len(pods), self.node_name)
+        self._failing = False
         self._synced.set()
         return (body.get("metadata") or {}).get("resourceVersion") or ""
 

@@ -17,6 +17,8 @@ from .model import ProcessGone, ProcessSeen
 log = logging.getLogger(__name__)
 
 _INTERPRETERS = ("python", "node", "ruby", "perl", "java", "php")
+_OPTIONS_WITH_VALUE = frozenset({"-X", "-W", "-Q", "--check-hash-based-pycs", "-r", "--require"})
+_INLINE_CODE = frozenset({"-c", "-e", "--eval"})  # code on the command line: no script name
 
 
 def read_proc(proc_root: str, pid: int, name: str) -> bytes:
@@ -35,13 +37,17 @@ def start_time(proc_root: str, pid: int) -> Optional[int]:
 
 def service_name_from(argv: list[str], exe: str) -> str:
     """`python3 app.py` -> app; `python -m pkg.server` -> pkg.server; else exe name."""
-    base = os.path.basename(exe or (argv[0] if argv else "")) or "unknown"
+    base = os.path.basename(exe.removesuffix(" (deleted)") if exe else (argv[0] if argv else "")) or "unknown"
     if base.startswith(_INTERPRETERS) and len(argv) > 1:
-        args = argv[1:]
-        for i, a in enumerate(args):
-            if a == "-m" and i + 1 < len(args):
-                return args[i + 1]
-            if not a.startswith("-"):
+        args = iter(argv[1:])
+        for a in args:
+            if a in _INLINE_CODE:
+                return base
+            if a == "-m":
+                return next(args, base)
+            if a in _OPTIONS_WITH_VALUE:
+                next(args, None)
+            elif not a.startswith("-"):
                 return os.path.splitext(os.path.basename(a))[0] or base
     return base
 
@@ -58,6 +64,8 @@ class ProcessCatalog:
         self.stats = stats or Stats()
         self._log = RateLimitedLog(log, self.stats, interval_s=60.0)
         self._resources: dict[int, Resource] = {}
+        self._pods_version: dict[int, int] = {}  # k8s pod-cache version each resource saw
+        self._started: dict[int, Optional[int]] = {}  # pid -> start time the resource was read at
 
     def process(self, records: list) -> list:
         for r in records:
@@ -65,15 +73,31 @@ class ProcessCatalog:
                 self._resources[r.tgid] = self._build(r.tgid)
             elif isinstance(r, ProcessGone):
                 self._resources.pop(r.tgid, None)
+                self._pods_version.pop(r.tgid, None)
+                self._started.pop(r.tgid, None)
         return records
 
     def resource(self, tgid: int) -> Resource:
         res = self._resources.get(tgid)
-        if res is None:
+        if res is None or self._pid_reused(tgid) or self._pod_appeared(tgid, res):
             res = self._resources[tgid] = self._build(tgid)
         return res
 
+    def _pid_reused(self, pid: int) -> bool:
+        """Processes are (pid, start time), in case the exit event of the pid's previous
+        owner was lost. One small /proc read per exported request."""
+        started = self._started.get(pid)
+        current = start_time(self.proc_root, pid)
+        return current is not None and started is not None and current != started
+
+    def _pod_appeared(self, tgid: int, res: Resource) -> bool:
+        """A resource built while the pod was unknown (API down, pod not yet listed)
+        is rebuilt once the pod cache has changed: pod attributes appear then."""
+        return (self.k8s is not None and sc.K8S_POD_UID not in res.attributes
+                and self._pods_version.get(tgid) != self.k8s.pods_version)
+
     def _build(self, pid: int) -> Resource:
+        self._started[pid] = start_time(self.proc_root, pid)
         attrs = dict(self.base)
         attrs[sc.PROCESS_PID] = pid
         env: dict[str, str] = {}
@@ -81,7 +105,8 @@ class ProcessCatalog:
         exe = ""
         try:
             argv = [a.decode(errors="replace") for a in read_proc(self.proc_root, pid, "cmdline").split(b"\0") if a]
-            exe = os.readlink(os.path.join(self.proc_root, str(pid), "exe"))
+            # A replaced binary reads "/path (deleted)": name the program, not the state.
+            exe = os.readlink(os.path.join(self.proc_root, str(pid), "exe")).removesuffix(" (deleted)")
             for item in read_proc(self.proc_root, pid, "environ").split(b"\0"):
                 k, sep, v = item.partition(b"=")
                 if sep and k in (b"OTEL_SERVICE_NAME", b"OTEL_RESOURCE_ATTRIBUTES"):
@@ -100,6 +125,7 @@ class ProcessCatalog:
                 attrs[k.strip()] = v.strip()
         service = env.get("OTEL_SERVICE_NAME")
         if self.k8s is not None:
+            self._pods_version[pid] = self.k8s.pods_version
             attrs.update(self.k8s.attributes_for(pid))
             service = service or self.k8s.service_name_for(pid)
         if not service:

@@ -186,7 +186,7 @@ def decode(buf: bytes) -> Event:
         return CudaCall(e.h.tgid, e.h.tid, e.h.ts_ns, e.call, e.ret, e.func, tuple(e.grid),
                         tuple(e.block), e.shmem, e.stream, e.bytes, e.kind, e.duration_ns)
     if kind in (EV_SOCK_READ, EV_SOCK_WRITE):
-        if size < _IO_FIXED:
+        if size < _IO_FIXED or size > ct.sizeof(SockIoEvent):
             raise DecodeError(f"socket record of {size} bytes")
         padded = bytes(buf) + bytes(ct.sizeof(SockIoEvent) - size)
         e = SockIoEvent.from_buffer_copy(padded)

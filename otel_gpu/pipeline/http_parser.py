@@ -61,7 +61,7 @@ def _body_length(headers: dict) -> Optional[int]:
     if "chunked" in headers.get("transfer-encoding", "").lower():
         return None
     raw = headers.get("content-length", "0")
-    if not raw.isdigit():
+    if not (raw.isascii() and raw.isdigit()):  # "²".isdigit() is True
         raise HttpParseError(f"bad content-length {raw[:20]!r}")
     return int(raw)
 
@@ -181,6 +181,15 @@ class ResponseStream:
             if end < 0:
                 if not chunk.startswith(b"HTTP/"[: len(chunk)]):
                     raise HttpParseError(f"not an HTTP/1.x response: {chunk[:16]!r}")
+                if length > len(data) or len(chunk) > MAX_HEAD:
+                    # The head's end was not copied: keep the status, stop framing this
+                    # response; it ends when the next request arrives or the connection closes.
+                    m = _STATUS_LINE.match(chunk.split(b"\r\n", 1)[0])
+                    if not m or b"\r\n" not in chunk:
+                        raise HttpParseError("response status line longer than the probe's copy")
+                    r.status, r.version, r.body_left = int(m.group(2)), m.group(1).decode(), None
+                    self._head = b""
+                    return None
                 self._head = chunk
                 return None
             lines = chunk[:end].split(b"\r\n")

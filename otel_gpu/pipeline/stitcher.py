@@ -40,6 +40,7 @@ class Conn:
     head_start_ns: int = 0  # first read of the head being assembled
     head_tid: int = 0
     server_port: Optional[int] = None
+    last_write_ns: int = 0
     broken: bool = False    # not HTTP/1.x: ignored until closed
 
 
@@ -154,6 +155,13 @@ class Stitcher:
             c.broken = True
             self._drop_requests(p, c, ev.ts_ns, "malformed HTTP", out)
             return
+        if heads and c.active is not None and c.responses.current is not None \
+                and c.responses.current.status is not None and c.responses.current.body_left is None:
+            # The response's end could not be framed (its head was longer than the
+            # probe's copy): a new request on the connection means it was complete.
+            self._finish(p, c, c.active, c.last_write_ns, None, out)
+            if c.queued:
+                self._activate(p, c, c.queued.popleft(), c.last_write_ns)
         for head in heads:
             req = self._new_request(p, c, head, c.head_start_ns or ev.ts_ns, c.head_tid or ev.tid)
             if c.active is None:
@@ -191,6 +199,7 @@ class Stitcher:
         if req is None:
             self.stats.add("writes_without_request")
             return
+        c.last_write_ns = ev.ts_ns
         try:
             done = c.responses.feed(ev.data, ev.ret, ev.tail, req.head.method)
         except HttpParseError as e:

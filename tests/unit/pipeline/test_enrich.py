@@ -1,0 +1,145 @@
+"""Resources per process from a fake /proc tree."""
+import os
+import socket
+
+import pytest
+
+from otel_gpu import semconv as sc
+from otel_gpu.pipeline.enrich import ProcessCatalog, service_name_from, start_time
+from otel_gpu.pipeline.model import ProcessGone, ProcessSeen
+
+
+@pytest.mark.parametrize("argv,exe,name", [
+    (["python3", "app.py"], "/usr/bin/python3.11", "app"),
+    (["python3", "/srv/svc/server.py", "--port", "80"], "/usr/bin/python3.11", "server"),
+    (["python", "-u", "main.py"], "/usr/bin/python3", "main"),
+    (["python", "-m", "pkg.server", "x.py"], "/usr/bin/python3", "pkg.server"),
+    (["/venv/bin/python", "/venv/bin/uvicorn", "app:api"], "/usr/bin/python3.12", "uvicorn"),
+    (["node", "dist/index.js"], "/usr/local/bin/node", "index"),
+    (["java", "-jar", "/opt/app.jar"], "/usr/lib/jvm/bin/java", "app"),
+    (["python3"], "/usr/bin/python3", "python3"),          # interactive interpreter
+    (["python3", "-i"], "/usr/bin/python3", "python3"),
+    (["/opt/triton/bin/tritonserver", "--model-repo=/m"], "/opt/triton/bin/tritonserver", "tritonserver"),
+    (["./a.out"], "", "a.out"),                            # exe unreadable: argv[0]
+    ([], "/usr/bin/infer", "infer"),
+    ([], "", "unknown"),
+])
+def test_service_name_from(argv, exe, name):
+    assert service_name_from(argv, exe) == name
+
+
+@pytest.mark.parametrize("argv,name", [
+    (["python3", "-c", "import app; app.run()"], "python3"),
+    (["python3", "-X", "dev", "app.py"], "app"),
+])
+def test_service_name_from_interpreter_options_with_arguments(argv, name):
+    assert service_name_from(argv, "/usr/bin/python3") == name
+
+
+def fake_proc(root, pid, argv=("python3", "app.py"), env=None, exe="/usr/bin/python3.11",
+              comm="python3", starttime=424242):
+    d = root / str(pid)
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "cmdline").write_bytes(b"\0".join(a.encode() for a in argv) + b"\0")
+    (d / "environ").write_bytes(b"".join(f"{k}={v}".encode() + b"\0"
+                                         for k, v in (env or {"PATH": "/bin"}).items()))
+    fields = ["S"] + ["0"] * 18 + [str(starttime)] + ["0"] * 30
+    (d / "stat").write_bytes(f"{pid} ({comm}) ".encode() + " ".join(fields).encode())
+    if exe:
+        if os.path.lexists(d / "exe"):
+            os.unlink(d / "exe")
+        os.symlink(exe, d / "exe")
+    return d
+
+
+def test_resource_from_proc_tree(tmp_path):
+    fake_proc(tmp_path, 100, argv=("python3", "/srv/app.py", "--x"),
+              env={"PATH": "/bin", "OTEL_SERVICE_NAME": "infer-api",
+                   "OTEL_RESOURCE_ATTRIBUTES": "team=ml, deployment.environment=prod", "SECRET": "s"})
+    cat = ProcessCatalog(proc_root=str(tmp_path), base_attributes={"collector": "c1"})
+    a = cat.resource(100).attributes
+    assert a[sc.SERVICE_NAME] == "infer-api"
+    assert a[sc.PROCESS_PID] == 100
+    assert a[sc.HOST_NAME] == socket.gethostname()
+    assert a[sc.PROCESS_EXECUTABLE_PATH] == "/usr/bin/python3.11"
+    assert a[sc.PROCESS_EXECUTABLE_NAME] == "python3.11"
+    assert a[sc.PROCESS_COMMAND_LINE] == "python3 /srv/app.py --x"
+    assert a["team"] == "ml" and a["deployment.environment"] == "prod" and a["collector"] == "c1"
+    assert "s" not in a.values()  # other environment variables are never exported
+    assert cat.stats.snapshot() == {}
+
+
+def test_service_name_falls_back_to_the_script(tmp_path):
+    fake_proc(tmp_path, 7, argv=("python3", "serve.py"))
+    assert ProcessCatalog(proc_root=str(tmp_path)).resource(7).attributes[sc.SERVICE_NAME] == "serve"
+
+
+def test_command_line_is_capped(tmp_path):
+    fake_proc(tmp_path, 8, argv=("python3", "x.py") + ("a" * 100,) * 30)
+    assert len(ProcessCatalog(proc_root=str(tmp_path)).resource(8).attributes[sc.PROCESS_COMMAND_LINE]) == 1024
+
+
+def test_unreadable_process_gives_a_resource_and_a_counted_stat(tmp_path):
+    cat = ProcessCatalog(proc_root=str(tmp_path))
+    a = cat.resource(999).attributes  # no such /proc entry
+    assert a[sc.SERVICE_NAME] == "unknown_service:pid999"
+    assert a[sc.PROCESS_PID] == 999 and sc.HOST_NAME in a
+    assert cat.stats.snapshot()["proc_unreadable"] == 1
+
+
+def test_partly_unreadable_process_keeps_what_was_read(tmp_path):
+    d = fake_proc(tmp_path, 5, argv=("python3", "worker.py"))
+    (d / "environ").unlink()
+    cat = ProcessCatalog(proc_root=str(tmp_path))
+    a = cat.resource(5).attributes
+    assert a[sc.SERVICE_NAME] == "worker" and a[sc.PROCESS_EXECUTABLE_NAME] == "python3.11"
+    assert cat.stats.snapshot()["proc_unreadable"] == 1
+
+
+def test_k8s_resolver_fills_in(tmp_path):
+    class K8s:
+        pods_version = 1
+
+        def attributes_for(self, pid):
+            return {sc.K8S_POD_NAME: "infer-0", sc.K8S_NAMESPACE_NAME: "ml"}
+
+        def service_name_for(self, pid):
+            return "infer-deploy"
+
+    fake_proc(tmp_path, 11)
+    fake_proc(tmp_path, 12, env={"OTEL_SERVICE_NAME": "own"})
+    cat = ProcessCatalog(proc_root=str(tmp_path), k8s=K8s())
+    a = cat.resource(11).attributes
+    assert (a[sc.SERVICE_NAME], a[sc.K8S_POD_NAME]) == ("infer-deploy", "infer-0")
+    assert cat.resource(12).attributes[sc.SERVICE_NAME] == "own"  # the process's own name wins
+
+
+def test_stage_caches_until_process_gone(tmp_path):
+    fake_proc(tmp_path, 20, env={"OTEL_SERVICE_NAME": "first"})
+    cat = ProcessCatalog(proc_root=str(tmp_path))
+    records = [ProcessSeen(20)]
+    assert cat.process(records) is records
+    fake_proc(tmp_path, 20, env={"OTEL_SERVICE_NAME": "second"})
+    assert cat.resource(20).attributes[sc.SERVICE_NAME] == "first"  # cached
+    cat.process([ProcessGone(20)])
+    assert cat.resource(20).attributes[sc.SERVICE_NAME] == "second"
+
+
+def test_reused_pid_is_read_again(tmp_path):
+    fake_proc(tmp_path, 30, env={"OTEL_SERVICE_NAME": "old"}, starttime=1000)
+    cat = ProcessCatalog(proc_root=str(tmp_path))
+    cat.process([ProcessSeen(30)])
+    fake_proc(tmp_path, 30, env={"OTEL_SERVICE_NAME": "new"}, starttime=2000)  # exit event lost
+    assert cat.resource(30).attributes[sc.SERVICE_NAME] == "new"
+
+
+def test_start_time_parses_comm_with_spaces_and_parens(tmp_path):
+    fake_proc(tmp_path, 40, comm="my (weird) comm", starttime=987654)
+    assert start_time(str(tmp_path), 40) == 987654
+    assert start_time(str(tmp_path), 41) is None
+
+
+def test_replaced_executable_is_named_without_the_deleted_marker(tmp_path):
+    fake_proc(tmp_path, 50, argv=("/srv/bin/infer-server",), exe="/srv/bin/infer-server (deleted)")
+    a = ProcessCatalog(proc_root=str(tmp_path)).resource(50).attributes
+    assert (a[sc.PROCESS_EXECUTABLE_NAME], a[sc.SERVICE_NAME]) == ("infer-server", "infer-server")

@@ -1,0 +1,275 @@
+"""Stitcher over synthetic event streams: requests, attribution, budgets, lifecycle."""
+import random
+
+import pytest
+
+from otel_gpu.pipeline.events import (CALL_DEVICE_SYNC, CALL_LAUNCH_KERNEL, CALL_MEMCPY,
+                                      CALL_MEMCPY_ASYNC, CALL_SET_DEVICE, EV_SOCK_READ,
+                                      EV_SOCK_WRITE, Accept, CudaCall, ProcExit, SockClose, SockIo)
+from otel_gpu.pipeline.model import ProcessGone, ProcessSeen, ProcessWindow, Request
+from otel_gpu.pipeline.stitcher import Stitcher
+
+PID, FD = 4242, 10
+OK = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
+
+
+class Clock:
+    def __init__(self):
+        self.t = 1_000_000
+
+    def __call__(self):
+        self.t += 1000
+        return self.t
+
+
+T = Clock()
+
+
+def accept(fd=FD, tid=1, pid=PID):
+    return Accept(pid, tid, T(), fd, 3, "10.0.0.9", 40000)
+
+
+def read(raw: bytes, fd=FD, tid=1, pid=PID):
+    return SockIo(EV_SOCK_READ, pid, tid, T(), fd, len(raw), raw[:1024], b"")
+
+
+def write(raw: bytes, fd=FD, tid=1, pid=PID):
+    return SockIo(EV_SOCK_WRITE, pid, tid, T(), fd, len(raw), raw[:1024], raw[-8:])
+
+
+def get(path="/infer/1", extra=b""):
+    return b"GET " + path.encode() + b" HTTP/1.1\r\nHost: x\r\n" + extra + b"\r\n"
+
+
+def cuda(call=CALL_LAUNCH_KERNEL, tid=1, func=0x1000, nbytes=0, kind=0, pid=PID, duration=0):
+    return CudaCall(pid, tid, T(), call, 0, func, (1, 1, 1), (32, 1, 1), 0, 0, nbytes, kind, duration)
+
+
+def requests(out):
+    return [r for r in out if isinstance(r, Request)]
+
+
+def new():
+    return Stitcher(span_budget=256, rng=random.Random(7))
+
+
+@pytest.mark.parametrize("n,k,m", [(1, 0, 0), (1, 3, 2), (4, 5, 3)])
+def test_requests_with_calls_on_the_reading_thread(n, k, m):
+    s = new()
+    evs = [accept()]
+    for i in range(n):
+        evs.append(read(get(f"/infer/{i}")))
+        evs += [cuda(func=0x1000 + j % 2) for j in range(k)]
+        evs += [cuda(CALL_MEMCPY, nbytes=100, kind=1) for _ in range(m)]  # h2d
+        evs += [cuda(CALL_MEMCPY_ASYNC, nbytes=7, kind=2)]                # d2h
+        evs.append(write(OK))
+    out = s.process(evs)
+    assert isinstance(out[0], ProcessSeen) and out[0].tgid == PID
+    reqs = requests(out)
+    assert [r.head.path for r in reqs] == [f"/infer/{i}" for i in range(n)]
+    for r in reqs:
+        assert r.status == 200 and r.error is None and r.end_ns >= r.start_ns
+        assert (r.peer_addr, r.peer_port) == ("10.0.0.9", 40000)
+        assert len(r.sink.calls) == k + m + 1
+        assert {a for _, a in r.sink.calls} <= {"thread"}
+        sm = r.sink.summary
+        assert (sm.calls, sm.launches) == (k + m + 1, k)
+        assert sm.memcpy_bytes.get("h2d", 0) == 100 * m and sm.memcpy_bytes["d2h"] == 7
+        assert len(sm.kernels) == min(k, 2)
+        assert sm.ambiguous == 0
+    assert s.attributed["thread"] == n * (k + m + 1)
+    assert len({r.trace_id for r in reqs}) == n  # each request its own trace
+
+
+def test_call_on_another_thread_with_one_open_request_is_process():
+    s = new()
+    out = s.process([accept(), read(get()), cuda(tid=99), write(OK)])
+    (r,) = requests(out)
+    assert [(c.tid, a) for c, a in r.sink.calls] == [(99, "process")]
+    assert s.attributed["process"] == 1
+
+
+def ambiguous_setup():
+    s = new()
+    evs = [accept(fd=10), accept(fd=11),
+           read(get("/a"), fd=10, tid=1), read(get("/b"), fd=11, tid=2),
+           cuda(tid=3), cuda(tid=3, func=0x2000)]
+    return s, s.process(evs)
+
+
+def test_call_on_a_third_thread_with_two_open_requests_is_ambiguous():
+    s, out = ambiguous_setup()
+    assert requests(out) == []
+    out = s.process([write(OK, fd=10, tid=1), write(OK, fd=11, tid=2)])
+    a, b = requests(out)
+    for r in (a, b):
+        assert r.sink.calls == [] and r.sink.summary.calls == 0
+        assert r.sink.summary.ambiguous == 2
+    windows = s.flush_windows()
+    (w,) = windows
+    assert isinstance(w, ProcessWindow) and w.attribution == "ambiguous" and w.tgid == PID
+    assert w.candidates == [(a.trace_id, a.span_id), (b.trace_id, b.span_id)]
+    assert [att for _, att in w.sink.calls] == ["ambiguous", "ambiguous"]
+    assert w.sink.summary.launches == 2
+    assert s.flush_windows() == []  # handed on once
+    assert s.attributed["ambiguous"] == 2
+
+
+def test_calls_with_no_open_request_go_to_an_outside_window():
+    s = new()
+    s.process([accept(), read(get()), write(OK)])
+    s.process([cuda(duration=500), cuda(CALL_MEMCPY, nbytes=64, kind=2)])
+    (w,) = s.flush_windows()
+    assert w.attribution == "outside" and w.candidates == []
+    assert w.sink.summary.calls == 2 and w.sink.summary.memcpy_bytes == {"d2h": 64}
+    assert w.end_ns >= w.start_ns
+
+
+def test_span_budget_rolls_up_the_rest():
+    s = Stitcher(span_budget=5, rng=random.Random(1))
+    evs = [accept(), read(get())] + [cuda(func=0x1000 + i % 3) for i in range(12)] + [write(OK)]
+    (r,) = requests(s.process(evs))
+    assert len(r.sink.calls) == 5
+    assert sum(a.count for a in r.sink.rollups.values()) == 7 == r.sink.rolled_up
+    assert r.sink.summary.launches == 12 and len(r.sink.summary.kernels) == 3
+
+
+def test_traceparent_header_joins_the_callers_trace():
+    tp = b"traceparent: 00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01\r\n"
+    s = new()
+    (r,) = requests(s.process([accept(), read(get(extra=tp)), write(OK)]))
+    assert r.trace_id == 0x4bf92f3577b34da6a3ce929d0e0e4736
+    assert r.parent_span_id == 0x00f067aa0ba902b7 and r.parent_trace_id == r.trace_id
+    assert r.span_id not in (0, r.parent_span_id)
+
+
+def test_invalid_traceparent_starts_a_new_trace():
+    s = new()
+    (r,) = requests(s.process([accept(), read(get(extra=b"traceparent: junk\r\n")), write(OK)]))
+    assert r.parent_span_id is None and r.trace_id != 0
+
+
+def test_pipelined_request_opens_when_the_first_response_completes():
+    s = new()
+    out = s.process([accept(), read(get("/one") + get("/two"))])
+    assert requests(out) == []
+    w1 = write(OK)
+    out = s.process([w1])
+    assert [r.head.path for r in requests(out)] == ["/one"]
+    # a call now belongs to the second request, which opened at w1
+    c = cuda()
+    w2 = write(OK)
+    (second,) = requests(s.process([c, w2]))
+    assert second.head.path == "/two" and second.start_ns == w1.ts_ns and second.end_ns == w2.ts_ns
+    assert [x for x, _ in second.sink.calls] == [c]
+
+
+def test_connection_closed_before_response_gives_an_error():
+    s = new()
+    out = s.process([accept(), read(get()), cuda(), SockClose(PID, 1, T(), FD)])
+    (r,) = requests(out)
+    assert r.error and "closed" in r.error and r.status is None
+    assert len(r.sink.calls) == 1
+    assert s.stats.snapshot()["requests_incomplete"] == 1
+
+
+def test_close_delimited_response_completes_on_close():
+    s = new()
+    out = s.process([accept(), read(get()), write(b"HTTP/1.0 200 OK\r\n\r\nbody..."),
+                     SockClose(PID, 1, T(), FD)])
+    (r,) = requests(out)
+    assert r.status == 200 and r.error is None
+
+
+def test_process_exit_closes_requests_and_emits_process_gone():
+    s = new()
+    s.process([accept(), read(get()), cuda()])
+    s.process([accept(fd=12, pid=77), cuda(pid=77)])  # another process stays
+    out = s.process([ProcExit(PID, T())])
+    (r,) = requests(out)
+    assert r.error == "process exited"
+    assert isinstance(out[-1], ProcessGone) and out[-1].tgid == PID
+    assert PID not in s.procs and 77 in s.procs
+
+
+def test_process_exit_hands_on_its_windows():
+    s = new()
+    s.process([cuda()])
+    out = s.process([ProcExit(PID, T())])
+    assert [type(x).__name__ for x in out] == ["ProcessWindow", "ProcessGone"]
+    assert s.flush_windows() == []
+
+
+@pytest.mark.parametrize("raw", [b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03",
+                                 b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"])
+def test_malformed_bytes_give_no_request_and_are_counted(raw):
+    s = new()
+    out = s.process([accept(), read(raw), read(get()), write(OK), SockClose(PID, 1, T(), FD)])
+    assert requests(out) == []
+    assert s.stats.snapshot()["http_parse_errors"] == 1
+
+
+def test_malformed_response_drops_the_request_with_an_error():
+    s = new()
+    out = s.process([accept(), read(get()), write(b"<html>not http</html>")])
+    (r,) = requests(out)
+    assert r.error == "malformed HTTP response"
+    assert s.stats.snapshot()["http_response_errors"] == 1
+
+
+def test_kernel_rollups_appear_in_the_outside_window():
+    s = new()
+    s.add_kernel_rollups([(PID, CALL_LAUNCH_KERNEL, 0xAB, 40, 0, 0),
+                          (PID, CALL_MEMCPY, 1, 3, 3000, 90),      # func = direction h2d
+                          (PID, CALL_DEVICE_SYNC, 0, 2, 0, 5000)], now_ns=5_000_000)
+    s.add_kernel_rollups([(PID, CALL_LAUNCH_KERNEL, 0xAB, 2, 0, 0)], now_ns=6_000_000)
+    (w,) = s.flush_windows()
+    assert w.attribution == "outside" and w.end_ns == 6_000_000
+    assert w.sink.rollups[(CALL_LAUNCH_KERNEL, 0xAB)].count == 42
+    sm = w.sink.summary
+    assert (sm.launches, sm.memcpy_bytes, sm.sync_ns, sm.kernels) == (42, {"h2d": 3000}, 5000, {0xAB})
+    assert w.sink.calls == []
+    assert s.attributed["outside"] == 47
+
+
+def test_set_device_is_not_a_child_span():
+    s = new()
+    out = s.process([accept(), read(get()), cuda(CALL_SET_DEVICE, nbytes=3), cuda(), write(OK)])
+    (r,) = requests(out)
+    assert [c.call for c, _ in r.sink.calls] == [CALL_LAUNCH_KERNEL]
+    assert r.sink.summary.calls == 1
+    assert s.procs[PID].device_by_tid == {1: 3}
+    assert s.flush_windows() == []
+
+
+def test_connection_seen_without_its_accept():
+    s = Stitcher(rng=random.Random(2), port_of=lambda pid, lfd, fd: 8000)
+    (r,) = requests(s.process([read(get()), write(OK)]))
+    assert r.peer_addr is None and r.server_port == 8000
+
+
+def test_close_all_finishes_open_requests():
+    s = new()
+    s.process([accept(), read(get()), cuda(tid=5)])
+    s.process([accept(fd=11), read(get("/b"), fd=11, tid=2), cuda(tid=5)])  # ambiguous
+    out = s.close_all(T(), "collector stopping")
+    reqs = requests(out)
+    assert len(reqs) == 2 and all(r.error == "collector stopping" for r in reqs)
+    assert [w.attribution for w in out if isinstance(w, ProcessWindow)] == ["ambiguous"]
+
+
+def test_response_head_longer_than_the_copy_does_not_shift_requests():
+    s = new()
+    big = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nX-Policy: " + b"p" * 1500 + b"\r\n\r\nok"
+    out = s.process([accept(), read(get("/one")), write(big), read(get("/two")), write(OK)])
+    assert [r.head.path for r in requests(out)] == ["/one", "/two"]
+
+
+def test_expect_100_continue_flow():
+    s = new()
+    head = b"POST /infer/1 HTTP/1.1\r\nExpect: 100-continue\r\nContent-Length: 3000\r\n\r\n"
+    out = s.process([accept(), read(head), write(b"HTTP/1.1 100 Continue\r\n\r\n"),
+                     read(b"x" * 3000), cuda(), write(OK)])
+    (r,) = requests(out)
+    assert (r.head.method, r.status, r.error) == ("POST", 200, None)
+    assert len(r.sink.calls) == 1

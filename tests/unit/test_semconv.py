@@ -1,0 +1,91 @@
+"""Pins every attribute name in otel_gpu.semconv: renaming one breaks dashboards and
+queries downstream, so any change (or a new, unpinned name) must show up here."""
+import re
+
+from otel_gpu import semconv
+
+PINNED = {
+    "CLIENT_ADDRESS": "client.address",
+    "CLIENT_PORT": "client.port",
+    "CONTAINER_ID": "container.id",
+    "ERROR_TYPE": "error.type",
+    "GPU_ALLOC_BYTES": "gpu.alloc.bytes",
+    "GPU_ATTRIBUTION": "otel_gpu.attribution",
+    "GPU_BLOCK": "gpu.block",
+    "GPU_CALLS": "gpu.calls",
+    "GPU_CALLS_AMBIGUOUS": "otel_gpu.calls.ambiguous",
+    "GPU_CANDIDATE_REQUESTS": "otel_gpu.candidate_requests",
+    "GPU_CUDA_CALL": "gpu.cuda.call",
+    "GPU_CUDA_RETURN_CODE": "gpu.cuda.return_code",
+    "GPU_DISTINCT_KERNELS": "gpu.kernels.distinct",
+    "GPU_GRID": "gpu.grid",
+    "GPU_KERNEL_FUNC": "gpu.kernel.func",
+    "GPU_KERNEL_NAME": "gpu.kernel.name",
+    "GPU_LAUNCHES": "gpu.launches",
+    "GPU_MEMCPY_BYTES": "gpu.memcpy.bytes",
+    "GPU_MEMCPY_D2D_BYTES": "gpu.memcpy.d2d.bytes",
+    "GPU_MEMCPY_D2H_BYTES": "gpu.memcpy.d2h.bytes",
+    "GPU_MEMCPY_DIRECTION": "gpu.memcpy.direction",
+    "GPU_MEMCPY_H2D_BYTES": "gpu.memcpy.h2d.bytes",
+    "GPU_MEMCPY_OTHER_BYTES": "gpu.memcpy.other.bytes",
+    "GPU_ROLLUP_BYTES": "gpu.rollup.bytes",
+    "GPU_ROLLUP_COUNT": "gpu.rollup.count",
+    "GPU_ROLLUP_DURATION_NS": "gpu.rollup.duration_ns",
+    "GPU_SHARED_MEMORY_BYTES": "gpu.shared_memory.bytes",
+    "GPU_SPANS_DROPPED": "otel_gpu.spans.rolled_up",
+    "GPU_STREAM": "gpu.stream",
+    "GPU_SYNC_DURATION_NS": "gpu.sync.duration_ns",
+    "GPU_TIMING": "gpu.timing",
+    "HOST_NAME": "host.name",
+    "HTTP_REQUEST_METHOD": "http.request.method",
+    "HTTP_RESPONSE_STATUS_CODE": "http.response.status_code",
+    "HTTP_ROUTE": "http.route",
+    "K8S_CONTAINER_NAME": "k8s.container.name",
+    "K8S_DAEMONSET_NAME": "k8s.daemonset.name",
+    "K8S_DEPLOYMENT_NAME": "k8s.deployment.name",
+    "K8S_JOB_NAME": "k8s.job.name",
+    "K8S_NAMESPACE_NAME": "k8s.namespace.name",
+    "K8S_NODE_NAME": "k8s.node.name",
+    "K8S_POD_NAME": "k8s.pod.name",
+    "K8S_POD_UID": "k8s.pod.uid",
+    "K8S_REPLICASET_NAME": "k8s.replicaset.name",
+    "K8S_STATEFULSET_NAME": "k8s.statefulset.name",
+    "NETWORK_PROTOCOL_VERSION": "network.protocol.version",
+    "PROCESS_COMMAND_LINE": "process.command_line",
+    "PROCESS_EXECUTABLE_NAME": "process.executable.name",
+    "PROCESS_EXECUTABLE_PATH": "process.executable.path",
+    "PROCESS_PID": "process.pid",
+    "SERVER_PORT": "server.port",
+    "SERVICE_NAME": "service.name",
+    "THREAD_ID": "thread.id",
+    "URL_PATH": "url.path",
+    "URL_QUERY": "url.query",
+    "URL_SCHEME": "url.scheme",
+}
+
+
+def _exported():
+    return {k: v for k, v in vars(semconv).items() if not k.startswith("_") and isinstance(v, str)}
+
+
+def test_every_name_is_pinned():
+    assert _exported() == PINNED
+
+
+def test_names_are_unique():
+    assert len(set(PINNED.values())) == len(PINNED)
+
+
+def test_names_are_dotted_lower_case():
+    for name in PINNED.values():
+        assert re.fullmatch(r"[a-z0-9_]+(\.[a-z0-9_]+)+", name), name
+
+
+def test_own_names_live_under_gpu_or_otel_gpu():
+    standard = ("http.", "url.", "server.", "client.", "network.", "error.", "process.", "thread.",
+                "service.", "host.", "container.", "k8s.")
+    for const, name in PINNED.items():
+        if const.startswith("GPU_"):
+            assert name.startswith(("gpu.", "otel_gpu.")), const
+        else:
+            assert name.startswith(standard), const
