@@ -71,3 +71,10 @@ GPU_DISTINCT_KERNELS = "gpu.kernels.distinct"
 GPU_CALLS = "gpu.calls"
 GPU_CALLS_AMBIGUOUS = "otel_gpu.calls.ambiguous"
 GPU_SPANS_DROPPED = "otel_gpu.spans.rolled_up"  # calls beyond the span budget
+
+# Per-request GPU cost estimate (ours): host-side busy-window model, see README.
+GPU_COST_SECONDS = "otel_gpu.cost.gpu_seconds"
+GPU_COST_AMOUNT = "otel_gpu.cost.amount"      # gpu_seconds x price per GPU-hour / 3600
+GPU_COST_CURRENCY = "otel_gpu.cost.currency"  # e.g. USD
+GPU_FEATURE = "otel_gpu.feature"              # what cost is grouped by: http.route by default
+GPU_DEVICE = "gpu.device"                     # device ordinal (cudaSetDevice) of the request's work

@@ -61,6 +61,11 @@ PINNED = {
     "URL_PATH": "url.path",
     "URL_QUERY": "url.query",
     "URL_SCHEME": "url.scheme",
+    "GPU_COST_SECONDS": "otel_gpu.cost.gpu_seconds",
+    "GPU_COST_AMOUNT": "otel_gpu.cost.amount",
+    "GPU_COST_CURRENCY": "otel_gpu.cost.currency",
+    "GPU_FEATURE": "otel_gpu.feature",
+    "GPU_DEVICE": "gpu.device",
 }
 
 
