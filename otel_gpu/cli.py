@@ -29,6 +29,11 @@ def _run_parser(sub) -> None:
                    help="export url.query (off by default: query strings may hold secrets)")
     p.add_argument("--export-header", action="append", default=env_list("OTEL_GPU_EXPORT_HEADERS"),
                    help="request header whose value may be exported (repeatable; none by default)")
+    p.add_argument("--gpu-price", default=os.environ.get("OTEL_GPU_PRICE_PER_HOUR", "0"),
+                   help='price per GPU-hour for cost estimates: "2.5" or "H100=4.1,A100=2.2,default=1.5"')
+    p.add_argument("--currency", default=os.environ.get("OTEL_GPU_CURRENCY", "USD"))
+    p.add_argument("--feature-header", default=os.environ.get("OTEL_GPU_FEATURE_HEADER"),
+                   help="request header whose value names the feature for cost (default: http.route)")
     p.add_argument("--ebpf", action="store_true", help="print the BPF C program and exit")
     p.add_argument("--log-level", default=os.environ.get("OTEL_GPU_LOG_LEVEL", "info"))
 
@@ -37,7 +42,9 @@ def build_config(args) -> Config:
     return Config(pids=args.pid, exes=args.exe, span_budget=args.span_budget, console=args.console,
                   route_patterns=args.route, export_query=args.export_query,
                   export_headers=frozenset(h.lower() for h in args.export_header),
-                  health_file=os.environ.get("OTEL_GPU_HEALTH_FILE")).validate()
+                  health_file=os.environ.get("OTEL_GPU_HEALTH_FILE"), gpu_price=args.gpu_price,
+                  currency=args.currency,
+                  feature_header=args.feature_header.lower() if args.feature_header else None).validate()
 
 
 def preflight() -> None:

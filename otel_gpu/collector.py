@@ -11,6 +11,7 @@ from .clock import BpfClock
 from .config import Config, base_resource_attributes
 from .export.sink import SpanSink
 from .export.spans import SpanBuilder
+from .pipeline.cost import CostStage, Prices
 from .pipeline.enrich import ProcessCatalog
 from .pipeline.model import ProcessGone, ProcessWindow, Request
 from .pipeline.routes import RouteTemplater
@@ -45,8 +46,11 @@ class Pipeline:
     def __init__(self, stages: list) -> None:
         self.stages = stages
 
-    def push(self, batch: list) -> list:
-        for stage in self.stages:
+    def push(self, batch: list, after=None) -> list:
+        """Runs `batch` through the stages, or through those after stage `after`
+        (records a stage releases on its own, e.g. on a timer, start past it)."""
+        stages = self.stages[self.stages.index(after) + 1:] if after is not None else self.stages
+        for stage in stages:
             if not batch:
                 break
             batch = stage.process(batch)
@@ -61,11 +65,15 @@ class Collector:
         self.sink = sink
         self.ports = PortCache(config.proc_root)
         self.kernel_names = KernelNames()
-        self.stitcher = Stitcher(config.span_budget, config.export_headers, self.stats, port_of=self.ports.port)
+        kept_headers = config.export_headers | ({config.feature_header} if config.feature_header else set())
+        self.stitcher = Stitcher(config.span_budget, frozenset(kept_headers), self.stats, port_of=self.ports.port)
+        routes = RouteTemplater(config.route_patterns)
+        self.cost = CostStage(Prices(config.gpu_price, config.currency), self._open_requests,
+                              config.feature_header, routes.route)
         self.catalog = ProcessCatalog(config.proc_root, k8s, base_resource_attributes(), self.stats)
-        builder = SpanBuilder(self.clock, RouteTemplater(config.route_patterns), self.catalog.resource,
-                              self.kernel_names, config.export_query, config.export_headers)
-        self.pipeline = Pipeline([self.stitcher, self.catalog, ExportStage(builder, sink),
+        builder = SpanBuilder(self.clock, routes, self.catalog.resource, self.kernel_names,
+                              config.export_query, config.export_headers, currency=config.currency)
+        self.pipeline = Pipeline([self.stitcher, self.cost, self.catalog, ExportStage(builder, sink),
                                   *(extra_stages or []), self])
         self.discovery = Discovery(config.proc_root, None if config.trace_all else self._wanted)
         self.bpf = None
@@ -78,6 +86,10 @@ class Collector:
             if isinstance(r, ProcessGone):
                 self._exited.append(r.tgid)
         return records
+
+    def _open_requests(self, tgid: int) -> list:
+        p = self.stitcher.procs.get(tgid)
+        return p.open if p else []
 
     def _wanted(self, pid: int) -> bool:
         if pid in self.config.pids:
@@ -132,7 +144,8 @@ class Collector:
     def flush(self) -> None:
         """Per interval: in-kernel rollups, ambiguous/outside windows, exited processes."""
         self.stitcher.add_kernel_rollups(self.rollups.deltas(), time.monotonic_ns())
-        self.pipeline.push(self.stitcher.flush_windows())
+        self.pipeline.push(self.stitcher.flush_windows(), after=self.stitcher)
+        self.pipeline.push(self.cost.poll(), after=self.cost)
         self._forget_exited()
         lost = self.reader.counters()["ringbuf_full"]
         if lost > self.stats.snapshot().get("lost_events", 0):
@@ -164,7 +177,9 @@ class Collector:
             if self.bpf is not None:
                 self.pipeline.push(self.reader.poll(0))
                 self.stitcher.add_kernel_rollups(self.rollups.deltas(), time.monotonic_ns())
-                self.pipeline.push(self.stitcher.close_all(time.monotonic_ns(), "collector stopped"))
+                self.pipeline.push(self.stitcher.close_all(time.monotonic_ns(), "collector stopped"),
+                                   after=self.stitcher)
+                self.pipeline.push(self.cost.flush(), after=self.cost)
         finally:
             self.sink.shutdown()
             if self.bpf is not None:

@@ -26,6 +26,9 @@ class Config:
     flush_interval_s: float = 5.0
     ringbuf_pages: int = 2048
     health_file: Optional[str] = None
+    gpu_price: str = "0"          # per GPU-hour: "2.5" or "H100=4.1,A100=2.2,default=1.5"
+    currency: str = "USD"
+    feature_header: Optional[str] = None  # request header naming the feature (default: http.route)
     proc_root: str = "/proc"
 
     def validate(self) -> "Config":
@@ -39,6 +42,11 @@ class Config:
         for p in self.route_patterns:
             if not p.startswith("/"):
                 raise ConfigError("route", f"pattern {p!r} must start with '/'")
+        try:
+            from .pipeline.cost import Prices
+            Prices(self.gpu_price, self.currency, model="")
+        except ValueError as e:
+            raise ConfigError("gpu_price", f"{self.gpu_price!r}: {e}") from None
         if self.scan_interval_s <= 0 or self.flush_interval_s <= 0:
             raise ConfigError("interval", "scan and flush intervals must be positive")
         return self

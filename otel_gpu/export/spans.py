@@ -28,7 +28,7 @@ def _ctx(trace_id: int, span_id: int, remote: bool = False) -> SpanContext:
 class SpanBuilder:
     def __init__(self, clock: BpfClock, routes: RouteTemplater, resource_for,
                  kernel_name: KernelNamer, export_query: bool = False,
-                 export_headers: frozenset = frozenset(), ids=None) -> None:
+                 export_headers: frozenset = frozenset(), ids=None, currency: str = "USD") -> None:
         import random
         self.clock = clock
         self.routes = routes
@@ -37,6 +37,7 @@ class SpanBuilder:
         self.export_query = export_query
         self.export_headers = export_headers
         self._rng = ids or random.Random()
+        self.currency = currency
 
     def build(self, record) -> list[ReadableSpan]:
         if isinstance(record, Request):
@@ -72,6 +73,14 @@ class SpanBuilder:
             attrs[sc.HTTP_RESPONSE_STATUS_CODE] = r.status
         attrs.update(summary_attributes(summary))
         attrs[sc.GPU_SPANS_DROPPED] = r.sink.rolled_up
+        if r.gpu_seconds is not None:  # host-side estimate, see pipeline/cost.py
+            attrs[sc.GPU_COST_SECONDS] = r.gpu_seconds
+            attrs[sc.GPU_COST_AMOUNT] = r.cost
+            attrs[sc.GPU_COST_CURRENCY] = self.currency
+        if r.feature is not None:
+            attrs[sc.GPU_FEATURE] = r.feature
+        if r.busy.device is not None:
+            attrs[sc.GPU_DEVICE] = r.busy.device
         if r.error:
             status = Status(StatusCode.ERROR, r.error)
             attrs[sc.ERROR_TYPE] = "incomplete" if r.status is None else str(r.status)

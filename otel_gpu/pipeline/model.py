@@ -105,6 +105,26 @@ class CallSink:
 
 
 @dataclass
+class BusyWindow:
+    """The host-side estimate of when a request kept the GPU busy: from its first
+    CUDA call to the end of its last synchronising call (or its last call's entry)."""
+    device: Optional[int] = None  # current device of the thread at the first call
+    start_ns: int = 0
+    end_ns: int = 0
+
+    def add(self, c: CudaCall, device: int) -> None:
+        end = c.ts_ns + (c.duration_ns if c.call in SYNC_CALLS else 0)
+        if self.device is None:
+            self.device, self.start_ns, self.end_ns = device, c.ts_ns, end
+        else:
+            self.end_ns = max(self.end_ns, end)
+
+    @property
+    def empty(self) -> bool:
+        return self.device is None
+
+
+@dataclass
 class Request:
     tgid: int
     tid: int            # the thread that read the request
@@ -123,6 +143,10 @@ class Request:
     error: Optional[str] = None   # why the request did not complete normally
     parent_trace_id: Optional[int] = None
     parent_span_id: Optional[int] = None
+    busy: BusyWindow = field(default_factory=BusyWindow)
+    gpu_seconds: Optional[float] = None  # set by the cost stage
+    cost: Optional[float] = None
+    feature: Optional[str] = None
 
 
 @dataclass

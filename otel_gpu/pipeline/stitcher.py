@@ -274,6 +274,7 @@ class Stitcher:
         self.attributed[attribution] += 1
         if attribution in (THREAD, PROCESS):
             target.sink.add(ev, attribution)
+            target.busy.add(ev, p.device_by_tid.get(ev.tid, 0))
             return
         window = self._window(p, attribution, ev.ts_ns)
         window.sink.add(ev, attribution)

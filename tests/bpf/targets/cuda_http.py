@@ -8,6 +8,8 @@ ASGI app on uvicorn/asyncio). Routes do exactly the CUDA work their query asks:
                                           on a new thread (ambiguous by design)
   /driver?launches=K                      cuLaunchKernel x K on a stub libcuda
   /both                                   cudaLaunchKernel then cuLaunchKernel, same dims
+  /cost?launches=K&hold_ms=M[&pair=1]     K launches, M ms as if the GPU were busy, then a
+                                          device synchronize (pair: starts with another one)
 Prints "listening on PORT" to stderr, then waits for a line on stdin before
 serving, so the test can let the collector pick the process up first."""
 from __future__ import annotations
@@ -16,6 +18,7 @@ import ctypes as ct
 import os
 import sys
 import threading
+import time
 from urllib.parse import parse_qs, urlparse
 
 from otel_gpu.demo.cuda_work import D2H, H2D, CudaWork
@@ -24,6 +27,7 @@ GRID, BLOCK, SHMEM = (7, 3, 1), (128, 2, 1), 256
 WORK = CudaWork()
 DRIVER = ct.CDLL(os.environ["STUB_LIBCUDA"]) if os.environ.get("STUB_LIBCUDA") else None
 BARRIER = threading.Barrier(2, timeout=10)
+PAIR = threading.Barrier(2, timeout=10)
 
 
 def do_work(q: dict) -> None:
@@ -55,6 +59,12 @@ def handle(path: str) -> tuple[int, bytes]:
         t.start()
         t.join()
         BARRIER.wait()  # both stay open until both are done
+    elif u.path == "/cost":
+        if q.get("pair"):
+            PAIR.wait()
+        do_work(q)
+        time.sleep(int(q.get("hold_ms", 0)) / 1000)  # on a GPU, the synchronize would wait here
+        WORK.synchronize()
     elif u.path == "/driver":
         for _ in range(int(q.get("launches", 1))):
             driver_launch()

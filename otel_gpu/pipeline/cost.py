@@ -1,0 +1,148 @@
+"""Per-request GPU cost, estimated from what the host sees (not GPU counters).
+
+Model: a request keeps its device busy from its first CUDA call to the end of its last
+synchronising call (see model.BusyWindow). Where the windows of several requests of
+the same process on the same device overlap, each overlapping stretch is split evenly
+between them. GPU seconds x price per GPU-hour / 3600 = cost.
+
+A finished request is held back until no other request that could overlap it is
+still open (one whose first CUDA call came before this window's end), so the split is
+exact; a request is never held longer than `max_hold_s`."""
+from __future__ import annotations
+
+import glob
+import time
+from typing import Callable, Optional
+
+from .model import Request
+
+
+def split_seconds(window: tuple[int, int], others: list[tuple[int, int]]) -> float:
+    """Seconds of `window` with each stretch divided by how many windows cover it."""
+    start, end = window
+    if end <= start:
+        return 0.0
+    cuts = {start, end}
+    for s, e in others:
+        if s < end and e > start:
+            cuts.update(x for x in (s, e) if start < x < end)
+    points = sorted(cuts)
+    total = 0.0
+    for a, b in zip(points, points[1:]):
+        sharing = 1 + sum(1 for s, e in others if s <= a and e >= b and e > s)
+        total += (b - a) / sharing
+    return total / 1e9
+
+
+class Prices:
+    """Price per GPU-hour: "2.5", or per device model "H100=4.1,A100=2.2,default=1.5"."""
+
+    def __init__(self, spec: str = "0", currency: str = "USD", model: Optional[str] = None) -> None:
+        self.currency = currency
+        self.by_model: dict[str, float] = {}
+        for part in (p.strip() for p in spec.split(",") if p.strip()):
+            name, sep, value = part.rpartition("=")
+            self.by_model[name.strip().lower() if sep else "default"] = float(value)
+        if any(v < 0 for v in self.by_model.values()):
+            raise ValueError("prices must not be negative")
+        self.model = model if model is not None else gpu_model()
+        self.per_hour = self._pick()
+
+    def _pick(self) -> float:
+        if self.model:
+            for name, price in self.by_model.items():
+                if name != "default" and name in self.model.lower():
+                    return price
+        return self.by_model.get("default", 0.0)
+
+
+def gpu_model() -> Optional[str]:
+    """The first GPU's model from the NVIDIA driver's procfs, when there is one."""
+    for info in sorted(glob.glob("/proc/driver/nvidia/gpus/*/information")):
+        try:
+            for line in open(info):
+                if line.startswith("Model:"):
+                    return line.split(":", 1)[1].strip()
+        except OSError:
+            pass
+    return None
+
+
+class CostStage:
+    """Stage: sets gpu_seconds, cost and feature on finished requests; passes on the rest."""
+
+    def __init__(self, prices: Prices, open_requests: Callable[[int], list],
+                 feature_header: Optional[str] = None, route_of: Callable[[str], str] = lambda p: p,
+                 max_hold_s: float = 30.0, clock=time.monotonic) -> None:
+        self.prices = prices
+        self.open_requests = open_requests
+        self.feature_header = feature_header
+        self.route_of = route_of
+        self.max_hold_s = max_hold_s
+        self.clock = clock
+        self._held: list[tuple[float, Request]] = []
+        self._recent: dict[tuple[int, int], list[tuple[int, int]]] = {}  # (pid, device) -> windows
+
+    def process(self, records: list) -> list:
+        out = []
+        for r in records:
+            if isinstance(r, Request):
+                r.feature = self._feature(r)
+                if not r.busy.empty:
+                    self._recent.setdefault((r.tgid, r.busy.device), []).append((r.busy.start_ns, r.busy.end_ns))
+                self._held.append((self.clock(), r))
+            else:
+                out.append(r)
+        return self._release(out, force=False)
+
+    def poll(self) -> list:
+        """Requests whose hold has ended without new records arriving."""
+        return self._release([], force=False)
+
+    def flush(self) -> list:
+        return self._release([], force=True)
+
+    def _release(self, out: list, force: bool) -> list:
+        now, keep = self.clock(), []
+        for held_since, r in self._held:
+            if force or now - held_since > self.max_hold_s or not self._may_still_overlap(r):
+                self._price(r)
+                out.append(r)
+            else:
+                keep.append((held_since, r))
+        self._held = keep
+        self._trim()
+        return out
+
+    def _may_still_overlap(self, r: Request) -> bool:
+        if r.busy.empty:
+            return False
+        return any(o is not r and not o.busy.empty and o.busy.device == r.busy.device
+                   and o.busy.start_ns < r.busy.end_ns for o in self.open_requests(r.tgid))
+
+    def _price(self, r: Request) -> None:
+        if r.busy.empty:
+            r.gpu_seconds = 0.0
+        else:
+            mine = (r.busy.start_ns, r.busy.end_ns)
+            others = list(self._recent.get((r.tgid, r.busy.device), []))
+            others.remove(mine)
+            r.gpu_seconds = split_seconds(mine, others)
+        r.cost = r.gpu_seconds * self.prices.per_hour / 3600.0
+
+    def _trim(self) -> None:
+        """Keep only windows that a held or open request could still overlap."""
+        if not self._held:
+            horizon = min((o.busy.start_ns for rs in [self.open_requests(pid) for pid, _ in self._recent]
+                           for o in rs if not o.busy.empty), default=None)
+            for key in list(self._recent):
+                self._recent[key] = [w for w in self._recent[key] if horizon is not None and w[1] > horizon]
+                if not self._recent[key]:
+                    del self._recent[key]
+
+    def _feature(self, r: Request) -> str:
+        if self.feature_header:
+            value = r.head.headers.get(self.feature_header)
+            if value:
+                return value[:128]
+        return self.route_of(r.head.path)

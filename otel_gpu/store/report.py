@@ -1,0 +1,169 @@
+"""`otel-gpu report`: per-(service, feature) GPU usage and cost from the local store.
+
+Rows are grouped by (service, feature), where feature is `otel_gpu.feature` on the
+server span, or its `http.route` when unset. Sorted by cost, then GPU seconds, then
+requests, all descending.
+
+`--format json` prints one object:
+
+    since         ISO-8601 UTC time of the earliest request considered, or null (all kept)
+    service       the --service filter, or null
+    generated_at  ISO-8601 UTC time the report was made
+    currency      currency of `cost` (e.g. "USD"); null when no request carried one;
+                  "mixed" when requests carried different currencies
+    share_of      what `share` divides: "cost", or "gpu_seconds" when the total cost is 0,
+                  or "requests" when both are 0
+    rows          list, one object per (service, feature):
+        service               service.name of the process that served the requests
+        feature               otel_gpu.feature, else http.route
+        requests              number of requests
+        p50_ms, p95_ms        request latency percentiles in ms (nearest rank), null if none
+        launches_per_request  mean kernel launches per request
+        copy_bytes            total bytes copied by cudaMemcpy* (h2d + d2h + d2d + other)
+        gpu_seconds           total estimated GPU seconds (otel_gpu.cost.gpu_seconds)
+        cost                  total estimated cost (otel_gpu.cost.amount), in `currency`
+        share                 fraction (0..1) of the total `share_of`; rows sum to 1
+    totals        the same fields as a row without service and feature, over all rows
+                  (share is 1, or 0 when there are no requests)
+
+Latency is the HTTP request time seen at the socket. GPU seconds and cost are the
+collector's host-side estimates; CUDA call durations are enqueue times, not GPU time.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+from datetime import datetime, timezone
+from typing import Optional
+
+from .since import iso_utc
+
+ROW_FIELDS = ("service", "feature", "requests", "p50_ms", "p95_ms", "launches_per_request",
+              "copy_bytes", "gpu_seconds", "cost", "share")
+TOTAL_FIELDS = ROW_FIELDS[2:]
+REPORT_FIELDS = ("since", "service", "generated_at", "currency", "share_of", "rows", "totals")
+
+# Nearest-rank percentiles in SQL (window functions): the smallest duration whose rank r
+# satisfies r >= p/100 * n. One statement per figure keeps the work inside SQLite.
+_FILTER = "WHERE ts >= :since AND (:service IS NULL OR service = :service)"
+_AGG = """
+SELECT {keys} COUNT(*), MIN(CASE WHEN rn * 100 >= 50 * n THEN duration_ns END),
+       MIN(CASE WHEN rn * 100 >= 95 * n THEN duration_ns END), SUM(launches), SUM(copy_bytes),
+       SUM(gpu_seconds), SUM(cost)
+FROM (SELECT service, feature, duration_ns, launches, gpu_seconds, cost,
+             h2d_bytes + d2h_bytes + d2d_bytes + other_bytes AS copy_bytes,
+             ROW_NUMBER() OVER (PARTITION BY {part} ORDER BY duration_ns) AS rn,
+             COUNT(*) OVER (PARTITION BY {part}) AS n
+      FROM requests {filter})
+{group}
+"""
+_ROWS_SQL = _AGG.format(keys="service, feature,", part="service, feature", filter=_FILTER,
+                        group="GROUP BY service, feature")
+_TOTAL_SQL = _AGG.format(keys="", part="1", filter=_FILTER, group="")
+_CURRENCY_SQL = f"SELECT DISTINCT currency FROM requests {_FILTER} AND currency IS NOT NULL AND currency != ''"
+
+
+def _figures(requests, p50, p95, launches, copy_bytes, gpu_s, cost) -> dict:
+    return {"requests": requests,
+            "p50_ms": p50 / 1e6 if p50 is not None else None,
+            "p95_ms": p95 / 1e6 if p95 is not None else None,
+            "launches_per_request": (launches or 0) / requests if requests else 0.0,
+            "copy_bytes": int(copy_bytes or 0), "gpu_seconds": float(gpu_s or 0.0),
+            "cost": float(cost or 0.0)}
+
+
+def build_report(conn, since_ns: Optional[int] = None, service: Optional[str] = None,
+                 now: Optional[datetime] = None) -> dict:
+    """The report object documented above, read in one transaction (one snapshot)."""
+    params = {"since": since_ns if since_ns is not None else -(2 ** 63), "service": service}
+    conn.execute("BEGIN")
+    try:
+        rows = [dict(service=r[0], feature=r[1], **_figures(*r[2:]))
+                for r in conn.execute(_ROWS_SQL, params)]
+        totals = _figures(*conn.execute(_TOTAL_SQL, params).fetchone())
+        currencies = sorted(r[0] for r in conn.execute(_CURRENCY_SQL, params))
+    finally:
+        conn.execute("COMMIT")
+    share_of = "cost" if totals["cost"] > 0 else "gpu_seconds" if totals["gpu_seconds"] > 0 else "requests"
+    whole = totals[share_of]
+    for r in rows:
+        r["share"] = r[share_of] / whole if whole else 0.0
+    totals["share"] = 1.0 if whole else 0.0
+    rows.sort(key=lambda r: (-r["cost"], -r["gpu_seconds"], -r["requests"], r["service"], r["feature"]))
+    return {"since": iso_utc(since_ns), "service": service,
+            "generated_at": (now or datetime.now(timezone.utc)).isoformat(timespec="seconds").replace("+00:00", "Z"),
+            "currency": currencies[0] if len(currencies) == 1 else ("mixed" if currencies else None),
+            "share_of": share_of, "rows": [{k: r[k] for k in ROW_FIELDS} for r in rows],
+            "totals": {k: totals[k] for k in TOTAL_FIELDS}}
+
+
+def to_json(report: dict) -> str:
+    return json.dumps(report, indent=2)
+
+
+def _ms(v: Optional[float]) -> str:
+    if v is None:
+        return "-"
+    return f"{v:.2f}" if v < 10 else f"{v:.1f}" if v < 1000 else f"{v:.0f}"
+
+
+def _bytes(n: int) -> str:
+    for unit in ("B", "K", "M", "G", "T"):
+        if n < 1024 or unit == "T":
+            return f"{n}{unit}" if unit == "B" else f"{n:.1f}{unit}" if n < 10 else f"{n:.0f}{unit}"
+        n /= 1024
+    return str(n)
+
+
+def _sig(v: float) -> str:
+    return "0" if v == 0 else f"{v:.3g}"
+
+
+def _fit(text: str, width: int) -> str:
+    """Middle ellipsis: both ends of a route say the most."""
+    if len(text) <= width:
+        return text.ljust(width)
+    head = (width - 1) // 2
+    return text[:head] + "…" + text[len(text) - (width - 1 - head):]
+
+
+_NUMERIC = (("REQS", 5), ("P50 ms", 6), ("P95 ms", 6), ("L/REQ", 5), ("COPY", 5), ("GPU s", 7),
+            ("COST", 8), ("SHARE", 6))
+
+
+def _cells(r: dict) -> list[str]:
+    return [str(r["requests"]), _ms(r["p50_ms"]), _ms(r["p95_ms"]), f"{r['launches_per_request']:.1f}",
+            _bytes(r["copy_bytes"]), _sig(r["gpu_seconds"]), _sig(r["cost"]), f"{r['share'] * 100:.1f}%"]
+
+
+def to_text(report: dict, width: Optional[int] = None) -> str:
+    """An aligned table; `width` defaults to the terminal's, at least 80 columns."""
+    width = max(80, width or shutil.get_terminal_size((80, 24)).columns)
+    rows = report["rows"]
+    services = sorted({r["service"] for r in rows})
+    numeric_w = sum(w + 1 for _, w in _NUMERIC)
+    name_w = width - 1 - numeric_w
+    svc_w = min(max(7, *map(len, services)), max(8, name_w // 3)) if len(services) > 1 else 0
+    feat_w = name_w - (svc_w + 1 if svc_w else 0)
+    cost_head = f"COST {report['currency']}" if report["currency"] and report["currency"] != "mixed" else "COST"
+    since = f"since {report['since']}" if report["since"] else "all kept"
+    scope = f"service {report['service']}" if report["service"] else (
+        f"service {services[0]}" if len(services) == 1 else f"{len(services)} services")
+    lines = [f"otel-gpu report: {scope}, {since}, {report['totals']['requests']} requests",
+             f"share of {report['share_of'].replace('_', ' ')}; cost in {report['currency'] or 'n/a'}"]
+    if not rows:
+        return "\n".join(lines + ["no requests in the store for this filter"])
+
+    def line(name_cells: list[str], cells: list[str]) -> str:
+        widths = [w for _, w in _NUMERIC]
+        return " ".join(name_cells + [c.rjust(w) for c, w in zip(cells, widths)]).rstrip()
+
+    def names(service: str, feature: str) -> list[str]:
+        return ([_fit(service, svc_w)] if svc_w else []) + [_fit(feature, feat_w)]
+
+    heads = [h if h != "COST" else cost_head[:8] for h, _ in _NUMERIC]
+    lines.append(line(names("SERVICE", "FEATURE"), heads))
+    lines += [line(names(r["service"], r["feature"]), _cells(r)) for r in rows]
+    lines.append(line(names("", "TOTAL"), _cells(report["totals"])))
+    lines.append("GPU seconds and cost are host-side estimates; CUDA timings are enqueue times.")
+    return "\n".join(lines)

@@ -1,0 +1,109 @@
+"""The store's tables, its version (PRAGMA user_version) and how to open it.
+
+One collector writes; any number of `report`/`traces` processes read. WAL mode lets
+readers see the last committed write() while the next one is being written."""
+from __future__ import annotations
+
+import os
+import sqlite3
+from pathlib import Path
+
+SCHEMA_VERSION = 1
+
+# group_ts: start of the root span of the write() batch a span arrived in. A request
+# row and its spans share it, so retention deletes both with one comparison each.
+_DDL = """
+CREATE TABLE spans (
+    trace_id TEXT NOT NULL,          -- 32 lowercase hex digits
+    span_id TEXT NOT NULL,           -- 16 lowercase hex digits
+    parent_span_id TEXT,
+    group_ts INTEGER NOT NULL,
+    name TEXT NOT NULL,
+    kind INTEGER NOT NULL,           -- opentelemetry.trace.SpanKind value
+    start_ns INTEGER NOT NULL,
+    end_ns INTEGER NOT NULL,
+    status_code INTEGER NOT NULL,    -- opentelemetry.trace.StatusCode value
+    status_message TEXT,
+    attributes TEXT NOT NULL,        -- JSON object
+    service TEXT,
+    pid INTEGER,
+    PRIMARY KEY (trace_id, span_id)
+);
+CREATE INDEX spans_group_ts ON spans (group_ts);
+CREATE TABLE requests (
+    ts INTEGER NOT NULL,             -- server span start, epoch ns
+    trace_id TEXT NOT NULL,
+    span_id TEXT NOT NULL,
+    service TEXT NOT NULL,
+    k8s_namespace TEXT,
+    k8s_pod TEXT,
+    method TEXT,
+    route TEXT,
+    feature TEXT NOT NULL,
+    status_code INTEGER,
+    duration_ns INTEGER NOT NULL,
+    launches INTEGER NOT NULL,
+    h2d_bytes INTEGER NOT NULL,
+    d2h_bytes INTEGER NOT NULL,
+    d2d_bytes INTEGER NOT NULL,
+    other_bytes INTEGER NOT NULL,
+    sync_ns INTEGER NOT NULL,
+    gpu_seconds REAL NOT NULL,
+    cost REAL NOT NULL,
+    currency TEXT,
+    ambiguous INTEGER NOT NULL
+);
+CREATE INDEX requests_ts ON requests (ts);
+CREATE INDEX requests_trace ON requests (trace_id);
+"""
+
+
+class StoreError(Exception):
+    """A store that cannot be used; the message is one line for the user."""
+
+
+def _check_version(conn: sqlite3.Connection, path: str) -> int:
+    version = conn.execute("PRAGMA user_version").fetchone()[0]
+    if version > SCHEMA_VERSION:
+        raise StoreError(f"store {path} has schema v{version}, newer than this otel-gpu (v{SCHEMA_VERSION}): "
+                         "upgrade otel-gpu or use another --db")
+    return version
+
+
+def open_writer(path: str) -> sqlite3.Connection:
+    """Creates the file (0644: readable by non-root `report`) and the schema if needed."""
+    parent = os.path.dirname(os.path.abspath(path))
+    os.makedirs(parent, exist_ok=True)
+    if not os.path.exists(path):
+        os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o644))
+    # isolation_level=None: we issue BEGIN/COMMIT ourselves, one transaction per write().
+    conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=10)
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute("PRAGMA synchronous=NORMAL")  # WAL + NORMAL: durable across process crashes
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        if _check_version(conn, path) == 0:
+            for stmt in filter(str.strip, _DDL.split(";")):
+                conn.execute(stmt)
+            conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+        conn.execute("COMMIT")
+    except BaseException:
+        conn.execute("ROLLBACK")
+        conn.close()
+        raise
+    return conn
+
+
+def open_reader(path: str) -> sqlite3.Connection:
+    """Read-only: never creates the file, never takes a write lock."""
+    if not os.path.exists(path):
+        raise FileNotFoundError(path)
+    try:
+        conn = sqlite3.connect(Path(path).resolve().as_uri() + "?mode=ro", uri=True, isolation_level=None, timeout=10)
+        version = _check_version(conn, path)
+    except sqlite3.DatabaseError as e:
+        raise StoreError(f"cannot read store {path}: {e}") from None
+    if version == 0:
+        conn.close()
+        raise StoreError(f"store {path} is empty (no schema yet): has `otel-gpu run` written to it?")
+    return conn

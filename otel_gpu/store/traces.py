@@ -1,0 +1,90 @@
+"""`otel-gpu traces`: recent requests one line each, or one trace as a tree."""
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from typing import Optional
+
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
+
+from .. import semconv as sc
+from ..export.console import render_tree
+
+TREE_NOTE = ("CUDA call durations are host-side enqueue times (when the CPU issued the call), "
+             "not GPU execution times.")
+_SHORT = 16  # trace id digits shown in the list; --trace-id takes any unique prefix
+_LIST_SQL = """
+SELECT ts, trace_id, service, method, route, status_code, duration_ns, launches FROM requests
+WHERE ts >= :since AND (:service IS NULL OR service = :service)
+  AND (:route IS NULL OR route = :route OR feature = :route)
+ORDER BY {order} LIMIT :limit
+"""
+
+
+def list_requests(conn, since_ns: Optional[int] = None, service: Optional[str] = None,
+                  route: Optional[str] = None, slowest: Optional[int] = None, limit: int = 20) -> list[dict]:
+    """Newest first, or the `slowest` N by duration (slowest first)."""
+    order = "duration_ns DESC, ts DESC" if slowest else "ts DESC"
+    params = {"since": since_ns if since_ns is not None else -(2 ** 63), "service": service,
+              "route": route, "limit": slowest or limit}
+    keys = ("ts", "trace_id", "service", "method", "route", "status_code", "duration_ns", "launches")
+    return [dict(zip(keys, r)) for r in conn.execute(_LIST_SQL.format(order=order), params)]
+
+
+def _when(ns: int) -> str:
+    t = datetime.fromtimestamp(ns / 1e9)  # local time: what the user's clock says
+    return t.strftime("%m-%d %H:%M:%S.") + f"{t.microsecond // 1000:03d}"
+
+
+def format_list(rows: list[dict]) -> str:
+    if not rows:
+        return "no requests in the store for this filter"
+    svc_w = min(20, max(len("SERVICE"), *(len(r["service"]) for r in rows)))
+    req = [f"{r['method'] or '?'} {r['route'] or '?'}" for r in rows]
+    req_w = min(36, max(len("REQUEST"), *map(len, req)))
+    lines = [f"{'TIME':18} {'TRACE':{_SHORT}} {'SERVICE':{svc_w}} {'REQUEST':{req_w}} STATUS      TIME  LAUNCHES"]
+    for r, q in zip(rows, req):
+        lines.append(f"{_when(r['ts'])} {r['trace_id'][:_SHORT]} {r['service'][:svc_w]:{svc_w}} "
+                     f"{q[:req_w]:{req_w}} {str(r['status_code'] or '-'):>6} "
+                     f"{r['duration_ns'] / 1e6:>7.1f}ms {r['launches']:>9}")
+    lines.append("show one: otel-gpu traces --trace-id TRACE")
+    return "\n".join(lines)
+
+
+def resolve_trace_id(conn, prefix: str) -> list[str]:
+    """Full trace ids starting with `prefix` (at most two: enough to say "ambiguous")."""
+    p = prefix.strip().lower()
+    if not p or any(c not in "0123456789abcdef" for c in p) or len(p) > 32:
+        raise ValueError(f"--trace-id {prefix!r}: expected up to 32 hex digits")
+    # A range scan on the primary key, where LIKE could not use it.
+    hi = p[:-1] + chr(ord(p[-1]) + 1) if len(p) < 32 else p + "\x00"
+    rows = conn.execute("SELECT DISTINCT trace_id FROM spans WHERE trace_id >= ? AND trace_id < ? LIMIT 2",
+                        (p, hi))
+    return [r[0] for r in rows]
+
+
+def _ctx(trace_id: str, span_id: str, remote: bool = False) -> SpanContext:
+    return SpanContext(int(trace_id, 16), int(span_id, 16), is_remote=remote,
+                       trace_flags=TraceFlags(TraceFlags.SAMPLED))
+
+
+def trace_spans(conn, trace_id: str) -> list[ReadableSpan]:
+    """Stored rows back as SDK spans, so the console renderer draws them."""
+    rows = conn.execute("SELECT trace_id, span_id, parent_span_id, name, kind, start_ns, end_ns, status_code,"
+                        " status_message, attributes, service, pid FROM spans WHERE trace_id = ?", (trace_id,))
+    spans = []
+    for (tid, sid, parent, name, kind, start, end, code, msg, attrs, service, pid) in rows:
+        res = {sc.SERVICE_NAME: service or "unknown_service"}
+        if pid is not None:
+            res[sc.PROCESS_PID] = pid
+        spans.append(ReadableSpan(
+            name=name, context=_ctx(tid, sid), parent=_ctx(tid, parent, remote=True) if parent else None,
+            resource=Resource(res), attributes=json.loads(attrs), kind=SpanKind(kind),
+            status=Status(StatusCode(code), msg if code == StatusCode.ERROR.value else None), start_time=start, end_time=end))
+    return spans
+
+
+def format_tree(spans: list[ReadableSpan]) -> str:
+    return f"# {TREE_NOTE}\n{render_tree(spans)}"
