@@ -34,6 +34,9 @@ def _run_parser(sub) -> None:
     p.add_argument("--currency", default=os.environ.get("OTEL_GPU_CURRENCY", "USD"))
     p.add_argument("--feature-header", default=os.environ.get("OTEL_GPU_FEATURE_HEADER"),
                    help="request header whose value names the feature for cost (default: http.route)")
+    p.add_argument("--prometheus-port", type=int,
+                   default=int(os.environ["OTEL_GPU_PROMETHEUS_PORT"]) if os.environ.get("OTEL_GPU_PROMETHEUS_PORT") else None,
+                   help="serve the GPU metrics for Prometheus on this port")
     p.add_argument("--ebpf", action="store_true", help="print the BPF C program and exit")
     p.add_argument("--log-level", default=os.environ.get("OTEL_GPU_LOG_LEVEL", "info"))
 
@@ -43,7 +46,7 @@ def build_config(args) -> Config:
                   route_patterns=args.route, export_query=args.export_query,
                   export_headers=frozenset(h.lower() for h in args.export_header),
                   health_file=os.environ.get("OTEL_GPU_HEALTH_FILE"), gpu_price=args.gpu_price,
-                  currency=args.currency,
+                  currency=args.currency, prometheus_port=args.prometheus_port,
                   feature_header=args.feature_header.lower() if args.feature_header else None).validate()
 
 

@@ -73,8 +73,9 @@ class Collector:
         self.catalog = ProcessCatalog(config.proc_root, k8s, base_resource_attributes(), self.stats)
         builder = SpanBuilder(self.clock, routes, self.catalog.resource, self.kernel_names,
                               config.export_query, config.export_headers, currency=config.currency)
+        self.metrics = self._metrics(routes)
         self.pipeline = Pipeline([self.stitcher, self.cost, self.catalog, ExportStage(builder, sink),
-                                  *(extra_stages or []), self])
+                                  *([self.metrics] if self.metrics else []), *(extra_stages or []), self])
         self.discovery = Discovery(config.proc_root, None if config.trace_all else self._wanted)
         self.bpf = None
         self._exited: list[int] = []
@@ -86,6 +87,16 @@ class Collector:
             if isinstance(r, ProcessGone):
                 self._exited.append(r.tgid)
         return records
+
+    def _metrics(self, routes):
+        """The metrics stage, when OTLP or Prometheus is configured (else left out)."""
+        from .export.metrics import GpuMetrics, make_readers
+        readers = make_readers(prometheus_port=self.config.prometheus_port)
+        if not readers:
+            return None
+        return GpuMetrics(readers, self.catalog.resource, routes.route, self.kernel_names,
+                          attributed=lambda: dict(self.stitcher.attributed),
+                          lost_events=lambda: self.stats.snapshot().get("lost_events", 0))
 
     def _open_requests(self, tgid: int) -> list:
         p = self.stitcher.procs.get(tgid)
@@ -158,6 +169,8 @@ class Collector:
             self.rollups.forget(tgid)
             self.kernel_names.forget(tgid)
             self.ports.forget(tgid)
+            if self.metrics:
+                self.metrics.forget(tgid)
             for name in ("traced", "http_active"):
                 try:
                     del self.bpf[name][ct.c_uint32(tgid)]
@@ -182,6 +195,8 @@ class Collector:
                 self.pipeline.push(self.cost.flush(), after=self.cost)
         finally:
             self.sink.shutdown()
+            if self.metrics:
+                self.metrics.shutdown()
             if self.bpf is not None:
                 self.attacher.detach_all()
                 self.bpf = None

@@ -29,6 +29,7 @@ class Config:
     gpu_price: str = "0"          # per GPU-hour: "2.5" or "H100=4.1,A100=2.2,default=1.5"
     currency: str = "USD"
     feature_header: Optional[str] = None  # request header naming the feature (default: http.route)
+    prometheus_port: Optional[int] = None
     proc_root: str = "/proc"
 
     def validate(self) -> "Config":
@@ -47,6 +48,8 @@ class Config:
             Prices(self.gpu_price, self.currency, model="")
         except ValueError as e:
             raise ConfigError("gpu_price", f"{self.gpu_price!r}: {e}") from None
+        if self.prometheus_port is not None and not 0 < self.prometheus_port < 65536:
+            raise ConfigError("prometheus_port", f"{self.prometheus_port} is not a TCP port")
         if self.scan_interval_s <= 0 or self.flush_interval_s <= 0:
             raise ConfigError("interval", "scan and flush intervals must be positive")
         return self

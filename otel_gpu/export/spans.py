@@ -133,6 +133,8 @@ class SpanBuilder:
                      sc.GPU_ROLLUP_DURATION_NS: agg.duration_ns, sc.GPU_TIMING: "host_enqueue"}
             if agg.call in KERNEL_LAUNCH_CALLS:
                 attrs.update(self._kernel_attributes(pid, agg.func))
+            elif agg.call in MEMCPY_CALLS:  # rollups keep the direction in `func`
+                attrs[sc.GPU_MEMCPY_DIRECTION] = MEMCPY_DIRECTIONS.get(agg.func, "default")
             spans.append(ReadableSpan(
                 name=f"{CALL_NAMES.get(agg.call, agg.call)} x{agg.count}",
                 context=_ctx(trace_id, self._rng.getrandbits(64) or 1), parent=parent,

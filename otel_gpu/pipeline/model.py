@@ -79,10 +79,11 @@ class CallSink:
         if len(self.calls) < self.budget:
             self.calls.append((c, attribution))
             return
-        key = (c.call, c.func)
-        agg = self.rollups.get(key)
+        # As in the BPF rollup map: a memcpy's direction takes the function's slot.
+        func = c.kind if c.call in MEMCPY_CALLS else c.func
+        agg = self.rollups.get((c.call, func))
         if agg is None:
-            agg = self.rollups[key] = RollupAgg(c.call, c.func)
+            agg = self.rollups[(c.call, func)] = RollupAgg(c.call, func)
         agg.add(c)
 
     def add_aggregate(self, call: int, func: int, count: int, nbytes: int, duration_ns: int,

@@ -15,7 +15,7 @@ def _writable_dir(d: Path) -> bool:
         if d.parent == d:
             return False
         d = d.parent
-    return os.access(d, os.W_OK | os.X_OK)
+    return d.is_dir() and os.access(d, os.W_OK | os.X_OK)
 
 
 def user_state_dir(env: Mapping[str, str]) -> Path:

@@ -71,15 +71,19 @@ def _check_version(conn: sqlite3.Connection, path: str) -> int:
 
 
 def open_writer(path: str) -> sqlite3.Connection:
-    """Creates the file (0644: readable by non-root `report`) and the schema if needed."""
+    """Creates the file and the schema if needed. Modes are set, not left to the umask:
+    `report`/`traces` run as ordinary users and read what the root collector wrote."""
     parent = os.path.dirname(os.path.abspath(path))
-    os.makedirs(parent, exist_ok=True)
+    if not os.path.isdir(parent):
+        os.makedirs(parent, exist_ok=True)
+        os.chmod(parent, 0o755)
     if not os.path.exists(path):
         os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o644))
+        os.chmod(path, 0o644)  # SQLite gives the -wal/-shm files the same mode
     # isolation_level=None: we issue BEGIN/COMMIT ourselves, one transaction per write().
     conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=10)
-    conn.execute("PRAGMA journal_mode=WAL")
-    conn.execute("PRAGMA synchronous=NORMAL")  # WAL + NORMAL: durable across process crashes
+    conn.execute("PRAGMA journal_mode=WAL")  # persistent in the file: readers find it too
+    conn.execute("PRAGMA synchronous=NORMAL")  # WAL + NORMAL: survives a collector crash
     conn.execute("BEGIN IMMEDIATE")
     try:
         if _check_version(conn, path) == 0:
@@ -94,13 +98,30 @@ def open_writer(path: str) -> sqlite3.Connection:
     return conn
 
 
+def _connect_ro(path: str, immutable: bool) -> tuple[sqlite3.Connection, int]:
+    uri = Path(path).resolve().as_uri() + "?mode=ro" + ("&immutable=1" if immutable else "")
+    conn = sqlite3.connect(uri, uri=True, isolation_level=None, timeout=10)
+    try:
+        return conn, _check_version(conn, path)
+    except BaseException:
+        conn.close()
+        raise
+
+
 def open_reader(path: str) -> sqlite3.Connection:
-    """Read-only: never creates the file, never takes a write lock."""
+    """Read-only: never creates the store, never takes a write lock."""
     if not os.path.exists(path):
         raise FileNotFoundError(path)
     try:
-        conn = sqlite3.connect(Path(path).resolve().as_uri() + "?mode=ro", uri=True, isolation_level=None, timeout=10)
-        version = _check_version(conn, path)
+        try:
+            conn, version = _connect_ro(path, immutable=False)
+        except sqlite3.OperationalError:
+            # No collector running: its clean exit removed the -wal/-shm files, and a
+            # user cannot create them in root's directory. With no writer, the file
+            # alone is the whole store, so reading it as immutable is exact.
+            if os.path.exists(path + "-wal"):
+                raise
+            conn, version = _connect_ro(path, immutable=True)
     except sqlite3.DatabaseError as e:
         raise StoreError(f"cannot read store {path}: {e}") from None
     if version == 0:

@@ -82,7 +82,9 @@ def trace_spans(conn, trace_id: str) -> list[ReadableSpan]:
         spans.append(ReadableSpan(
             name=name, context=_ctx(tid, sid), parent=_ctx(tid, parent, remote=True) if parent else None,
             resource=Resource(res), attributes=json.loads(attrs), kind=SpanKind(kind),
-            status=Status(StatusCode(code), msg if code == StatusCode.ERROR.value else None), start_time=start, end_time=end))
+            # The SDK warns about a description on a non-ERROR status.
+            status=Status(StatusCode(code), msg if code == StatusCode.ERROR.value else None),
+            start_time=start, end_time=end))
     return spans
 
 

@@ -1,0 +1,11 @@
+"""Embedded local store: spans and per-request GPU summaries in SQLite (WAL), read by
+`otel-gpu report` and `otel-gpu traces`.
+
+    sink.py      StoreSink: the collector's writer, with bounded retention
+    schema.py    tables, schema version, opening for write / read-only
+    paths.py     default_store_path()
+    since.py     --since parsing
+    report.py    per-(service, feature) table, text or JSON (fields documented there)
+    traces.py    request list and trace trees
+    commands.py  add_parsers() / dispatch() for the CLI
+"""
