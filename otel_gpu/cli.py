@@ -37,6 +37,8 @@ def _run_parser(sub) -> None:
     p.add_argument("--prometheus-port", type=int,
                    default=int(os.environ["OTEL_GPU_PROMETHEUS_PORT"]) if os.environ.get("OTEL_GPU_PROMETHEUS_PORT") else None,
                    help="serve the GPU metrics for Prometheus on this port")
+    p.add_argument("--ringbuf-pages", type=int, default=int(os.environ.get("OTEL_GPU_RINGBUF_PAGES", 2048)),
+                   help="ring buffer size in 4 KiB pages, a power of two (default 2048 = 8 MiB)")
     p.add_argument("--ebpf", action="store_true", help="print the BPF C program and exit")
     p.add_argument("--log-level", default=os.environ.get("OTEL_GPU_LOG_LEVEL", "info"))
 
@@ -47,6 +49,7 @@ def build_config(args) -> Config:
                   export_headers=frozenset(h.lower() for h in args.export_header),
                   health_file=os.environ.get("OTEL_GPU_HEALTH_FILE"), gpu_price=args.gpu_price,
                   currency=args.currency, prometheus_port=args.prometheus_port,
+                  ringbuf_pages=args.ringbuf_pages,
                   feature_header=args.feature_header.lower() if args.feature_header else None).validate()
 
 
@@ -63,7 +66,11 @@ def preflight() -> None:
     except ImportError:
         raise SystemExit("otel-gpu: cannot import bcc: apt-get install python3-bpfcc and run scripts/setup.sh")
     from .probes.program import MERGED_HEADERS
-    if not (os.environ.get("BCC_KERNEL_SOURCE") or os.path.exists(f"/lib/modules/{os.uname().release}/build")
+    source = os.environ.get("BCC_KERNEL_SOURCE")
+    if source and not os.path.isdir(source):
+        raise SystemExit(f"otel-gpu: BCC_KERNEL_SOURCE={source} is not a directory: point it at kernel headers "
+                         "or unset it (scripts/setup.sh builds /var/lib/otel-gpu/kernel-headers)")
+    if not (source or os.path.exists(f"/lib/modules/{os.uname().release}/build")
             or MERGED_HEADERS.is_dir()):
         raise SystemExit("otel-gpu: no kernel headers for this kernel: install linux-headers "
                          "(scripts/setup.sh merges Debian's into /var/lib/otel-gpu/kernel-headers)")
@@ -84,7 +91,7 @@ def cmd_run(args) -> int:
     preflight()
     from .collector import Collector
     console = config.console if config.console is not None else otlp is None
-    sink = SpanSink(otlp, console)
+    sink = SpanSink(otlp, console, max_queue_size=int(os.environ.get("OTEL_BSP_MAX_QUEUE_SIZE", 8192)))
     k8s = None
     try:
         from .k8s import K8sResolver
@@ -95,6 +102,8 @@ def cmd_run(args) -> int:
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
+    # SIGUSR1: one log line with the size of every internal table (leak checks).
+    signal.signal(signal.SIGUSR1, lambda *_: collector.state_requested.set())
     try:
         collector.start()
         collector.run(stop)

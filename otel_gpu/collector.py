@@ -21,7 +21,6 @@ from .pipeline.symbols import KernelNames
 from .probes.attacher import Attacher
 from .probes.discovery import Discovery
 from .probes.program import ProgramOptions, load
-from .ratelimit import Stats
 
 log = logging.getLogger("otel_gpu")
 
@@ -60,7 +59,7 @@ class Pipeline:
 class Collector:
     def __init__(self, config: Config, sink: SpanSink, k8s=None, extra_stages: Optional[list] = None) -> None:
         self.config = config
-        self.stats = Stats()
+        self.stats = sink.stats  # one set of counters for the whole collector
         self.clock = BpfClock()
         self.sink = sink
         self.ports = PortCache(config.proc_root)
@@ -80,6 +79,7 @@ class Collector:
         self.bpf = None
         self._exited: list[int] = []
         self._traced_pids: set[int] = set()
+        self.state_requested = threading.Event()
 
     # Last stage: bookkeeping for processes that are gone.
     def process(self, records: list) -> list:
@@ -151,6 +151,9 @@ class Collector:
             if now >= next_flush:
                 self.flush()
                 next_flush = now + self.config.flush_interval_s
+            if self.state_requested.is_set():
+                self.state_requested.clear()
+                log.info("%s", self.state())
 
     def flush(self) -> None:
         """Per interval: in-kernel rollups, ambiguous/outside windows, exited processes."""
@@ -203,6 +206,16 @@ class Collector:
             if self.config.health_file:
                 Path(self.config.health_file).unlink(missing_ok=True)
         log.info("stopped: %s", self.summary())
+
+    def state(self) -> str:
+        """Sizes of every table that must return to baseline when processes go away."""
+        bpf = {name: len(self.bpf[name]) for name in ("traced", "http_active", "conns", "rollup", "in_call")} \
+            if self.bpf is not None else {}
+        procs = self.stitcher.procs
+        return ("state: " + " ".join(f"bpf.{k}={v}" for k, v in bpf.items()) +
+                f" procs={len(procs)} conns={sum(len(p.conns) for p in procs.values())}"
+                f" open_requests={sum(len(p.open) for p in procs.values())}"
+                f" held_for_cost={len(self.cost._held)} resources={len(self.catalog._resources)}")
 
     def summary(self) -> str:
         s = self.stats.snapshot()

@@ -8,8 +8,9 @@ import sys
 from typing import Optional, Sequence
 
 from opentelemetry.sdk.trace import ReadableSpan
-from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 
+from ..ratelimit import RateLimitedLog, Stats
 from .console import ConsoleTreeExporter
 
 log = logging.getLogger(__name__)
@@ -38,15 +39,49 @@ def make_otlp_exporter(env=os.environ) -> SpanExporter:
     return OTLPSpanExporter()
 
 
+class CountingExporter(SpanExporter):
+    """Wraps the OTLP exporter: spans the backend refused or never got are counted."""
+
+    def __init__(self, inner: SpanExporter, stats: Stats, log_: RateLimitedLog) -> None:
+        self.inner, self.stats, self._log = inner, stats, log_
+
+    def export(self, spans) -> SpanExportResult:
+        result = self.inner.export(spans)
+        if result == SpanExportResult.SUCCESS:
+            self.stats.add("spans_exported", len(spans))
+        else:
+            self.stats.add("spans_export_failed", len(spans) - 1)
+            self._log.event("spans_export_failed", logging.WARNING,
+                            "OTLP export failed: %d spans dropped (backend down?); retrying with new spans", len(spans))
+        return result
+
+    def shutdown(self) -> None:
+        self.inner.shutdown()
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return self.inner.force_flush(timeout_millis)
+
+
 class SpanSink:
-    """Takes the spans of one request/window at a time."""
+    """Takes the spans of one request/window at a time. The OTLP queue is bounded
+    (`max_queue_size` spans): past it new spans are dropped and counted, so memory
+    stays flat while a backend is down."""
 
     def __init__(self, otlp: Optional[SpanExporter], console: bool, out=sys.stdout,
-                 max_queue_size: int = 8192, schedule_delay_ms: int = 1000) -> None:
+                 max_queue_size: int = 8192, schedule_delay_ms: Optional[int] = None,
+                 stats: Optional[Stats] = None) -> None:
+        self.stats = stats or Stats()
+        self._log = RateLimitedLog(log, self.stats, interval_s=30.0)
         self.console = ConsoleTreeExporter(out) if console else None
-        self.batch = BatchSpanProcessor(otlp, max_queue_size=max_queue_size,
+        self.max_queue_size = max_queue_size
+        self.batch = BatchSpanProcessor(CountingExporter(otlp, self.stats, self._log), max_queue_size=max_queue_size,
                                         schedule_delay_millis=schedule_delay_ms) if otlp else None
         self.spans_out = 0
+
+    def _queue_full(self) -> bool:
+        # The SDK would drop the oldest span with a warning each time; count instead.
+        queue = getattr(getattr(self.batch, "_batch_processor", None), "_queue", None)
+        return queue is not None and len(queue) >= self.max_queue_size
 
     def emit(self, spans: Sequence[ReadableSpan]) -> None:
         if not spans:
@@ -55,6 +90,11 @@ class SpanSink:
         if self.console:
             self.console.export(spans)
         if self.batch:
+            if self._queue_full():
+                self.stats.add("spans_dropped_queue_full", len(spans) - 1)
+                self._log.event("spans_dropped_queue_full", logging.WARNING,
+                                "OTLP queue full (%d spans): dropping %d new spans", self.max_queue_size, len(spans))
+                return
             for s in spans:
                 self.batch.on_end(s)
 

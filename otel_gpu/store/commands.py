@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import shutil
 import sqlite3
 import sys
 
@@ -40,6 +41,12 @@ def _err(msg: str, code: int) -> int:
     return code
 
 
+def _width(out) -> int:
+    """The terminal's width on a terminal; 80 into a pipe or file, so output is stable."""
+    isatty = getattr(out, "isatty", lambda: False)
+    return max(80, shutil.get_terminal_size((80, 24)).columns) if isatty() else 80
+
+
 def dispatch(args, out=None) -> int:
     """Runs `report` or `traces`; 0 ok, 1 no such store/trace, 2 bad arguments."""
     out = out or sys.stdout
@@ -61,7 +68,7 @@ def dispatch(args, out=None) -> int:
         if args.store_command == "report":
             from .report import build_report, to_json, to_text
             report = build_report(conn, since, args.service)
-            out.write((to_json(report) if args.format == "json" else to_text(report)) + "\n")
+            out.write((to_json(report) if args.format == "json" else to_text(report, _width(out))) + "\n")
             return 0
         return _traces(conn, args, since, out)
     except (StoreError, sqlite3.Error) as e:
@@ -84,5 +91,5 @@ def _traces(conn, args, since, out) -> int:
         out.write(format_tree(trace_spans(conn, ids[0])) + "\n")
         return 0
     rows = list_requests(conn, since, args.service, args.route, args.slowest, args.limit)
-    out.write(format_list(rows) + "\n")
+    out.write(format_list(rows, _width(out)) + "\n")
     return 0

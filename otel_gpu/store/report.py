@@ -32,7 +32,6 @@ collector's host-side estimates; CUDA call durations are enqueue times, not GPU 
 from __future__ import annotations
 
 import json
-import shutil
 from datetime import datetime, timezone
 from typing import Optional
 
@@ -119,12 +118,21 @@ def _sig(v: float) -> str:
     return "0" if v == 0 else f"{v:.3g}"
 
 
-def _fit(text: str, width: int) -> str:
+def fit(text: str, width: int) -> str:
     """Middle ellipsis: both ends of a route say the most."""
     if len(text) <= width:
         return text.ljust(width)
     head = (width - 1) // 2
     return text[:head] + "…" + text[len(text) - (width - 1 - head):]
+
+
+def split_width(total: int, first: list[str], second: list[str], first_min: int = 7) -> tuple[int, int]:
+    """Widths of two text columns sharing `total` (gap included): each gets what it
+    needs when both fit, else the first gets at most a third."""
+    need1 = max(first_min, *map(len, first))
+    need2 = max(first_min, *map(len, second))
+    w1 = need1 if need1 + 1 + need2 <= total else max(first_min, min(need1, total // 3))
+    return w1, total - 1 - w1
 
 
 _NUMERIC = (("REQS", 5), ("P50 ms", 6), ("P95 ms", 6), ("L/REQ", 5), ("COPY", 5), ("GPU s", 7),
@@ -136,15 +144,17 @@ def _cells(r: dict) -> list[str]:
             _bytes(r["copy_bytes"]), _sig(r["gpu_seconds"]), _sig(r["cost"]), f"{r['share'] * 100:.1f}%"]
 
 
-def to_text(report: dict, width: Optional[int] = None) -> str:
-    """An aligned table; `width` defaults to the terminal's, at least 80 columns."""
-    width = max(80, width or shutil.get_terminal_size((80, 24)).columns)
+def to_text(report: dict, width: int = 80) -> str:
+    """An aligned table within `width` (at least 80) columns."""
+    width = max(80, width)
     rows = report["rows"]
     services = sorted({r["service"] for r in rows})
     numeric_w = sum(w + 1 for _, w in _NUMERIC)
-    name_w = width - 1 - numeric_w
-    svc_w = min(max(7, *map(len, services)), max(8, name_w // 3)) if len(services) > 1 else 0
-    feat_w = name_w - (svc_w + 1 if svc_w else 0)
+    name_w = width - numeric_w
+    if len(services) > 1:
+        svc_w, feat_w = split_width(name_w, services, [r["feature"] for r in rows])
+    else:
+        svc_w, feat_w = 0, name_w
     cost_head = f"COST {report['currency']}" if report["currency"] and report["currency"] != "mixed" else "COST"
     since = f"since {report['since']}" if report["since"] else "all kept"
     scope = f"service {report['service']}" if report["service"] else (
@@ -159,11 +169,11 @@ def to_text(report: dict, width: Optional[int] = None) -> str:
         return " ".join(name_cells + [c.rjust(w) for c, w in zip(cells, widths)]).rstrip()
 
     def names(service: str, feature: str) -> list[str]:
-        return ([_fit(service, svc_w)] if svc_w else []) + [_fit(feature, feat_w)]
+        return ([fit(service, svc_w)] if svc_w else []) + [fit(feature, feat_w)]
 
     heads = [h if h != "COST" else cost_head[:8] for h, _ in _NUMERIC]
     lines.append(line(names("SERVICE", "FEATURE"), heads))
     lines += [line(names(r["service"], r["feature"]), _cells(r)) for r in rows]
-    lines.append(line(names("", "TOTAL"), _cells(report["totals"])))
+    lines.append(line(names("TOTAL", "") if svc_w else names("", "TOTAL"), _cells(report["totals"])))
     lines.append("GPU seconds and cost are host-side estimates; CUDA timings are enqueue times.")
     return "\n".join(lines)

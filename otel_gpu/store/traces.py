@@ -10,11 +10,11 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
 from .. import semconv as sc
+from .report import fit, split_width
 from ..export.console import render_tree
 
-TREE_NOTE = ("CUDA call durations are host-side enqueue times (when the CPU issued the call), "
-             "not GPU execution times.")
-_SHORT = 16  # trace id digits shown in the list; --trace-id takes any unique prefix
+TREE_NOTE = "CUDA call durations are host-side enqueue times, not GPU execution."
+_SHORT = 12  # trace id digits shown in the list; --trace-id takes any unique prefix
 _LIST_SQL = """
 SELECT ts, trace_id, service, method, route, status_code, duration_ns, launches FROM requests
 WHERE ts >= :since AND (:service IS NULL OR service = :service)
@@ -34,22 +34,30 @@ def list_requests(conn, since_ns: Optional[int] = None, service: Optional[str] =
 
 
 def _when(ns: int) -> str:
-    t = datetime.fromtimestamp(ns / 1e9)  # local time: what the user's clock says
-    return t.strftime("%m-%d %H:%M:%S.") + f"{t.microsecond // 1000:03d}"
+    return datetime.fromtimestamp(ns / 1e9).strftime("%m-%d %H:%M:%S")  # local: the user's clock
 
 
-def format_list(rows: list[dict]) -> str:
+def format_list(rows: list[dict], width: int = 80) -> str:
+    """One request a line, within `width` columns. The service column is left out when
+    all rows share one service (it goes in the header instead)."""
     if not rows:
         return "no requests in the store for this filter"
-    svc_w = min(20, max(len("SERVICE"), *(len(r["service"]) for r in rows)))
-    req = [f"{r['method'] or '?'} {r['route'] or '?'}" for r in rows]
-    req_w = min(36, max(len("REQUEST"), *map(len, req)))
-    lines = [f"{'TIME':18} {'TRACE':{_SHORT}} {'SERVICE':{svc_w}} {'REQUEST':{req_w}} STATUS      TIME  LAUNCHES"]
-    for r, q in zip(rows, req):
-        lines.append(f"{_when(r['ts'])} {r['trace_id'][:_SHORT]} {r['service'][:svc_w]:{svc_w}} "
-                     f"{q[:req_w]:{req_w}} {str(r['status_code'] or '-'):>6} "
-                     f"{r['duration_ns'] / 1e6:>7.1f}ms {r['launches']:>9}")
-    lines.append("show one: otel-gpu traces --trace-id TRACE")
+    services = sorted({r["service"] for r in rows})
+    fixed = 14 + 1 + _SHORT + 1 + 4 + 1 + 9 + 1 + 8  # time, trace, status, duration, launches
+    reqs = [f"{r['method'] or '?'} {r['route'] or '?'}" for r in rows]
+    name_w = width - fixed - 1
+    svc_w, req_w = split_width(name_w, services, reqs) if len(services) > 1 else (0, name_w)
+
+    def line(when, trace, svc, req, status, dur, launches) -> str:
+        cells = [f"{when:14}", f"{trace:{_SHORT}}"] + ([fit(svc, svc_w)] if svc_w else [])
+        return " ".join(cells + [fit(req, req_w), f"{status:>4}", f"{dur:>9}", f"{launches:>8}"])
+
+    lines = [f"service {services[0]}" if not svc_w else f"{len(services)} services",
+             line("TIME", "TRACE", "SERVICE", "REQUEST", "HTTP", "DURATION", "LAUNCHES")]
+    for r, req in zip(rows, reqs):
+        lines.append(line(_when(r["ts"]), r["trace_id"][:_SHORT], r["service"], req, str(r["status_code"] or "-"),
+                          f"{r['duration_ns'] / 1e6:.1f} ms", str(r["launches"])))
+    lines.append("show one: otel-gpu traces --trace-id TRACE (duration: the HTTP request's)")
     return "\n".join(lines)
 
 
@@ -89,4 +97,5 @@ def trace_spans(conn, trace_id: str) -> list[ReadableSpan]:
 
 
 def format_tree(spans: list[ReadableSpan]) -> str:
-    return f"# {TREE_NOTE}\n{render_tree(spans)}"
+    start = min(s.start_time for s in spans)
+    return f"# started {_when(start)} (local time)\n# {TREE_NOTE}\n{render_tree(spans)}"
