@@ -15,7 +15,8 @@ struct call_entry {
     u32 call;
     u32 pad;
 };
-BPF_HASH(in_call, u64, struct call_entry, 16384);
+/* LRU: a thread that dies inside a call must not leak its entry forever. */
+BPF_TABLE("lru_hash", u64, struct call_entry, in_call, 16384);
 
 /* Last runtime launch per thread: a driver launch with the same grid and block
  * dims on the same thread soon after it is that launch passing through libcuda,
@@ -26,7 +27,7 @@ struct last_launch {
     u32 grid[3];
     u32 block[3];
 };
-BPF_HASH(last_rt_launch, u32, struct last_launch, 16384);
+BPF_TABLE("lru_hash", u32, struct last_launch, last_rt_launch, 16384);
 #define DRIVER_DEDUP_WINDOW_NS 10000000 /* 10 ms */
 
 static __always_inline int cuda_admit(u32 tgid)

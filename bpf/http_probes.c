@@ -27,15 +27,16 @@ struct pending_accept {
     u32 pad;
     u64 addr;      /* struct sockaddr __user * */
 };
-BPF_HASH(accepting, u64, struct pending_accept, 4096);
+/* Syscalls in progress, by thread. LRU: a thread killed mid-syscall leaves no leak. */
+BPF_TABLE("lru_hash", u64, struct pending_accept, accepting, 4096);
 
 struct pending_io {
     s32 fd;
     u32 is_iov;    /* buf points at a struct iovec array */
     u64 buf;
 };
-BPF_HASH(reading, u64, struct pending_io, 4096);
-BPF_HASH(writing, u64, struct pending_io, 4096);
+BPF_TABLE("lru_hash", u64, struct pending_io, reading, 4096);
+BPF_TABLE("lru_hash", u64, struct pending_io, writing, 4096);
 
 /* Per-CPU scratch: a sock_io_event is too large for the 512-byte BPF stack. */
 BPF_PERCPU_ARRAY(io_scratch, struct sock_io_event, 1);

@@ -167,8 +167,13 @@ class Collector:
             self.stats.add("lost_events", lost - self.stats.snapshot().get("lost_events", 0))
 
     def _forget_exited(self) -> None:
+        """Drops every trace of processes that exited: Python state and BPF map entries."""
         import ctypes as ct
-        for tgid in self._exited:
+        if not self._exited:
+            return
+        gone = set(self._exited)
+        self._exited.clear()
+        for tgid in gone:
             self.rollups.forget(tgid)
             self.kernel_names.forget(tgid)
             self.ports.forget(tgid)
@@ -179,13 +184,16 @@ class Collector:
                     del self.bpf[name][ct.c_uint32(tgid)]
                 except KeyError:
                     pass
-            conns = self.bpf["conns"]
-            for k in [k for k in conns.keys() if k.tgid == tgid]:
+        # One pass per table whatever the number of exits: reading a map key by key is slow.
+        for name, tgid_of in (("conns", lambda k: k.tgid), ("in_call", lambda k: k.value >> 32),
+                              ("reading", lambda k: k.value >> 32), ("writing", lambda k: k.value >> 32),
+                              ("accepting", lambda k: k.value >> 32)):
+            table = self.bpf[name]
+            for k in [k for k in table.keys() if tgid_of(k) in gone]:
                 try:
-                    del conns[k]
+                    del table[k]
                 except KeyError:
                     pass
-        self._exited.clear()
 
     def shutdown(self) -> None:
         """Drain what is left, close open requests, flush exporters, detach probes."""
