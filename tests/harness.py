@@ -129,3 +129,22 @@ def server_spans(spans, pid: int) -> list:
 
 def children_of(spans, parent) -> list:
     return [s for s in spans if s.parent_span_id == parent.span_id and s.trace_id == parent.trace_id]
+
+
+def mark_tier(items, folder: str, marker, reason: str | None) -> None:
+    """Marks the tests under `folder` with their tier, skipped with `reason` if any."""
+    for item in items:
+        if f"tests/{folder}/" in str(item.fspath):
+            item.add_marker(marker)
+            if reason:
+                item.add_marker(pytest.mark.skip(reason=reason))
+
+
+def started(start_collector, start_target, *collector_args: str, kind: str = "stdlib",
+            env: dict | None = None):
+    """A collector, then a target process it traces, serving: (collector, target)."""
+    collector = start_collector(*collector_args)
+    target = start_target(kind, env)
+    collector.wait_traced(target.pid)
+    target.go()
+    return collector, target

@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from tests.harness import receiver, start_collector, start_target  # noqa: F401 (fixtures)
+from tests.harness import mark_tier, receiver, start_collector, start_target  # noqa: F401 (fixtures)
 
 
 def _why_not() -> str | None:
@@ -21,11 +21,4 @@ def _why_not() -> str | None:
 
 
 def pytest_collection_modifyitems(config, items):
-    reason = _why_not()
-    for item in items:
-        if "tests/bpf/" in str(item.fspath):
-            item.add_marker(pytest.mark.bpf)
-            if reason:
-                item.add_marker(pytest.mark.skip(reason=reason))
-
-
+    mark_tier(items, "bpf", pytest.mark.bpf, _why_not())

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 
-from tests.harness import server_spans
+from tests.harness import server_spans, started
 
 
 def _spans_for(receiver, pid, route, n):
@@ -13,10 +13,8 @@ def _spans_for(receiver, pid, route, n):
 
 
 def test_cost_follows_work_and_overlaps_split(receiver, start_collector, start_target):
-    collector = start_collector("--gpu-price", "3.6")  # 3.6 per GPU-hour = 0.001 per GPU-second
-    target = start_target()
-    collector.wait_traced(target.pid)
-    target.go()
+    # 3.6 per GPU-hour = 0.001 per GPU-second
+    collector, target = started(start_collector, start_target, "--gpu-price", "3.6")
     target.get("/cost?launches=2&hold_ms=40")
     target.get("/cost?launches=2&hold_ms=120")
     light, heavy = sorted(_spans_for(receiver, target.pid, "/cost", 2),

@@ -5,15 +5,7 @@ from __future__ import annotations
 import socket
 import time
 
-from tests.harness import children_of, server_spans
-
-
-def _started(start_collector, start_target):
-    collector = start_collector()
-    target = start_target()
-    collector.wait_traced(target.pid)
-    target.go()
-    return collector, target
+from tests.harness import children_of, server_spans, started
 
 
 def _recv_responses(sock: socket.socket, n: int) -> bytes:
@@ -33,7 +25,7 @@ def _work_spans(receiver, pid, n):
 
 
 def test_keep_alive_many_requests_on_one_connection(receiver, start_collector, start_target):
-    _, target = _started(start_collector, start_target)
+    _, target = started(start_collector, start_target)
     with socket.create_connection(("127.0.0.1", target.port)) as s:
         for i in range(1, 6):
             s.sendall(f"GET /work?launches={i} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
@@ -45,7 +37,7 @@ def test_keep_alive_many_requests_on_one_connection(receiver, start_collector, s
 
 
 def test_http_1_0_and_a_request_split_across_reads(receiver, start_collector, start_target):
-    _, target = _started(start_collector, start_target)
+    _, target = started(start_collector, start_target)
     with socket.create_connection(("127.0.0.1", target.port)) as s:
         s.sendall(b"GET /work?launches=2 HTTP/1.0\r\n\r\n")
         _recv_responses(s, 1)
@@ -62,7 +54,7 @@ def test_http_1_0_and_a_request_split_across_reads(receiver, start_collector, st
 
 
 def test_pipelined_requests(receiver, start_collector, start_target):
-    _, target = _started(start_collector, start_target)
+    _, target = started(start_collector, start_target)
     with socket.create_connection(("127.0.0.1", target.port)) as s:
         s.sendall(b"GET /work?launches=1 HTTP/1.1\r\nHost: x\r\n\r\n"
                   b"GET /work?launches=2 HTTP/1.1\r\nHost: x\r\n\r\n"

@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from tests.harness import children_of, server_spans
+from tests.harness import children_of, server_spans, started
 
 GRID, BLOCK = [7, 3, 1], [128, 2, 1]
 
@@ -21,10 +21,7 @@ def _wait_requests(receiver, pid, route, n):
 @pytest.mark.parametrize("kind", ["stdlib", "wsgi", "asgi"])
 def test_n_requests_with_known_work(kind, receiver, start_collector, start_target):
     n, k, m = 3, 5, 4
-    collector = start_collector()
-    target = start_target(kind)
-    collector.wait_traced(target.pid)
-    target.go()
+    collector, target = started(start_collector, start_target, kind=kind)
     for i in range(n):
         target.get(f"/work?launches={k}&copies={m}&h2d={1000 + i}&d2h=300")
     spans = _wait_requests(receiver, target.pid, "/work", n)
@@ -62,10 +59,7 @@ def test_n_requests_with_known_work(kind, receiver, start_collector, start_targe
 
 
 def test_traceparent_continues_the_callers_trace(receiver, start_collector, start_target):
-    collector = start_collector()
-    target = start_target()
-    collector.wait_traced(target.pid)
-    target.go()
+    collector, target = started(start_collector, start_target)
     trace_id, parent = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
     target.get("/work?launches=1", headers={"traceparent": f"00-{trace_id}-{parent}-01"})
     (span,) = _wait_requests(receiver, target.pid, "/work", 1)
@@ -75,10 +69,7 @@ def test_traceparent_continues_the_callers_trace(receiver, start_collector, star
 
 
 def test_handoff_to_another_thread_with_one_request_in_flight(receiver, start_collector, start_target):
-    collector = start_collector()
-    target = start_target()
-    collector.wait_traced(target.pid)
-    target.go()
+    collector, target = started(start_collector, start_target)
     target.get("/handoff?launches=3")
     (span,) = _wait_requests(receiver, target.pid, "/handoff", 1)
     kids = children_of(receiver.spans, span)
@@ -88,10 +79,7 @@ def test_handoff_to_another_thread_with_one_request_in_flight(receiver, start_co
 
 
 def test_concurrent_requests_are_flagged_ambiguous_not_guessed(receiver, start_collector, start_target):
-    collector = start_collector()
-    target = start_target()
-    collector.wait_traced(target.pid)
-    target.go()
+    collector, target = started(start_collector, start_target)
     threads = [threading.Thread(target=target.get, args=("/together?launches=2",)) for _ in range(2)]
     for t in threads:
         t.start()
@@ -111,10 +99,7 @@ def test_concurrent_requests_are_flagged_ambiguous_not_guessed(receiver, start_c
 
 
 def test_span_budget_rolls_up_and_counts_add_up(receiver, start_collector, start_target):
-    collector = start_collector("--span-budget", "5")
-    target = start_target()
-    collector.wait_traced(target.pid)
-    target.go()
+    collector, target = started(start_collector, start_target, "--span-budget", "5")
     target.get("/work?launches=12")
     (span,) = _wait_requests(receiver, target.pid, "/work", 1)
     kids = children_of(receiver.spans, span)

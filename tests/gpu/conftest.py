@@ -21,12 +21,7 @@ def gpu_missing_reason() -> str | None:
 
 
 def pytest_collection_modifyitems(config, items):
-    reason = gpu_missing_reason()
-    for item in items:
-        if "tests/gpu/" in str(item.fspath):
-            item.add_marker(pytest.mark.gpu)
-            if reason:
-                item.add_marker(pytest.mark.skip(reason=reason))
+    mark_tier(items, "gpu", pytest.mark.gpu, gpu_missing_reason())
 
 
-from tests.harness import receiver, start_collector  # noqa: E402,F401 (fixtures)
+from tests.harness import mark_tier, receiver, start_collector  # noqa: E402,F401 (fixtures)
