@@ -39,6 +39,10 @@ def _run_parser(sub) -> None:
                    help="serve the GPU metrics for Prometheus on this port")
     p.add_argument("--ringbuf-pages", type=int, default=int(os.environ.get("OTEL_GPU_RINGBUF_PAGES", 2048)),
                    help="ring buffer size in 4 KiB pages, a power of two (default 2048 = 8 MiB)")
+    p.add_argument("--store", dest="store", default=os.environ.get("OTEL_GPU_STORE"),
+                   help="local store (SQLite) path; default: on, at the default path, when no OTLP endpoint is set")
+    p.add_argument("--no-store", dest="store", action="store_const", const="",
+                   help="do not write the local store")
     p.add_argument("--ebpf", action="store_true", help="print the BPF C program and exit")
     p.add_argument("--log-level", default=os.environ.get("OTEL_GPU_LOG_LEVEL", "info"))
 
@@ -76,6 +80,17 @@ def preflight() -> None:
                          "(scripts/setup.sh merges Debian's into /var/lib/otel-gpu/kernel-headers)")
 
 
+def _open_store(path, no_backend: bool):
+    """The local store: an explicit path, else the default path when there is no backend."""
+    if path == "" or (path is None and not no_backend):
+        return None
+    from .store.paths import default_store_path
+    from .store.sink import StoreSink
+    path = path or default_store_path()
+    log.info("local store: %s (otel-gpu report / otel-gpu traces read it)", path)
+    return StoreSink(path)
+
+
 def cmd_run(args) -> int:
     from .probes.program import source_text
     if args.ebpf:
@@ -91,7 +106,9 @@ def cmd_run(args) -> int:
     preflight()
     from .collector import Collector
     console = config.console if config.console is not None else otlp is None
-    sink = SpanSink(otlp, console, max_queue_size=int(os.environ.get("OTEL_BSP_MAX_QUEUE_SIZE", 8192)))
+    store = _open_store(args.store, otlp is None)
+    sink = SpanSink(otlp, console, max_queue_size=int(os.environ.get("OTEL_BSP_MAX_QUEUE_SIZE", 8192)),
+                    store=store)
     k8s = None
     try:
         from .k8s import K8sResolver
@@ -123,7 +140,11 @@ def main(argv=None) -> int:
     _run_parser(sub)
     d = sub.add_parser("demo", help="run the collector on a bundled CUDA HTTP service and print traces")
     d.add_argument("--requests", type=int, default=3, help="requests per route")
+    from .store.commands import COMMANDS, add_parsers, dispatch
+    add_parsers(sub)
     args = parser.parse_args(argv)
+    if args.command in COMMANDS:  # readers of the local store: no root, no collector
+        return dispatch(args)
     logging.basicConfig(level=getattr(args, "log_level", "info").upper(), stream=sys.stderr,
                         format="%(asctime)s otel-gpu %(levelname)s %(message)s")
     if args.command == "run":

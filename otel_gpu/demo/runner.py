@@ -7,6 +7,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.request
@@ -53,7 +54,11 @@ def wait_for_port(port: int, timeout: float) -> bool:
 
 def run_demo(requests_per_route: int = 3) -> int:
     py = sys.executable
-    collector = subprocess.Popen([py, "-m", "otel_gpu.cli", "run", "--console"], stderr=subprocess.PIPE, text=True)
+    # A store of its own, so the closing report is about this run only.
+    store = os.path.join(tempfile.mkdtemp(prefix="otel-gpu-demo-"), "demo.db")
+    collector = subprocess.Popen([py, "-m", "otel_gpu.cli", "run", "--console", "--store", store,
+                                  "--gpu-price", os.environ.get("OTEL_GPU_PRICE_PER_HOUR", "2.5")],
+                                 stderr=subprocess.PIPE, text=True)
     port = free_port()
     service = None
     try:
@@ -72,7 +77,6 @@ def run_demo(requests_per_route: int = 3) -> int:
             urllib.request.urlopen(urllib.request.Request(f"{base}/embed", data=b"x" * (256 * (i + 1)))).read()
         urllib.request.urlopen(f"{base}/health").read()
         time.sleep(1.0)  # let the collector drain the ring buffer
-        return 0
     finally:
         if service:
             service.terminate()
@@ -82,3 +86,5 @@ def run_demo(requests_per_route: int = 3) -> int:
             collector.wait(30)
         except subprocess.TimeoutExpired:
             collector.kill()
+    print("\nPer-route GPU cost of this run (host-side estimates; otel-gpu report --help):", flush=True)
+    return subprocess.call([py, "-m", "otel_gpu.cli", "report", "--db", store])

@@ -1,5 +1,6 @@
 """Where spans go: OTLP (official SDK exporters, batched) when an endpoint is
-configured, the console tree when asked or when nothing else is configured."""
+configured; the console tree and the local store (SQLite) when asked, or when no
+endpoint is configured."""
 from __future__ import annotations
 
 import logging
@@ -69,13 +70,14 @@ class SpanSink:
 
     def __init__(self, otlp: Optional[SpanExporter], console: bool, out=sys.stdout,
                  max_queue_size: int = 8192, schedule_delay_ms: Optional[int] = None,
-                 stats: Optional[Stats] = None) -> None:
+                 stats: Optional[Stats] = None, store=None) -> None:
         self.stats = stats or Stats()
         self._log = RateLimitedLog(log, self.stats, interval_s=30.0)
         self.console = ConsoleTreeExporter(out) if console else None
         self.max_queue_size = max_queue_size
         self.batch = BatchSpanProcessor(CountingExporter(otlp, self.stats, self._log), max_queue_size=max_queue_size,
                                         schedule_delay_millis=schedule_delay_ms) if otlp else None
+        self.store = store  # otel_gpu.store.sink.StoreSink, or None
         self.spans_out = 0
 
     def _queue_full(self) -> bool:
@@ -89,6 +91,8 @@ class SpanSink:
         self.spans_out += len(spans)
         if self.console:
             self.console.export(spans)
+        if self.store:
+            self.store.write(spans)
         if self.batch:
             if self._queue_full():
                 self.stats.add("spans_dropped_queue_full", len(spans) - 1)
@@ -104,3 +108,5 @@ class SpanSink:
             self.batch.shutdown()
         if self.console:
             self.console.shutdown()
+        if self.store:
+            self.store.shutdown()

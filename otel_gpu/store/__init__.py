@@ -7,5 +7,6 @@
     since.py     --since parsing
     report.py    per-(service, feature) table, text or JSON (fields documented there)
     traces.py    request list and trace trees
+    text.py      column fitting shared by both
     commands.py  add_parsers() / dispatch() for the CLI
 """

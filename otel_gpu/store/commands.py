@@ -56,7 +56,7 @@ def dispatch(args, out=None) -> int:
     except ValueError as e:
         return _err(str(e), 2)
     for name in ("slowest", "limit"):
-        if (getattr(args, name, None) or 1) < 1:
+        if getattr(args, name, None) is not None and getattr(args, name) < 1:
             return _err(f"--{name} must be at least 1", 2)
     try:
         conn = open_reader(path)
@@ -70,14 +70,14 @@ def dispatch(args, out=None) -> int:
             report = build_report(conn, since, args.service)
             out.write((to_json(report) if args.format == "json" else to_text(report, _width(out))) + "\n")
             return 0
-        return _traces(conn, args, since, out)
+        return _traces(conn, args, since, path, out)
     except (StoreError, sqlite3.Error) as e:
         return _err(f"reading {path}: {e}" if isinstance(e, sqlite3.Error) else str(e), 1)
     finally:
         conn.close()
 
 
-def _traces(conn, args, since, out) -> int:
+def _traces(conn, args, since, path: str, out) -> int:
     from .traces import format_list, format_tree, list_requests, resolve_trace_id, trace_spans
     if args.trace_id:
         try:
@@ -85,7 +85,7 @@ def _traces(conn, args, since, out) -> int:
         except ValueError as e:
             return _err(str(e), 2)
         if not ids:
-            return _err(f"no trace {args.trace_id} in the local store {args.db or default_store_path()}", 1)
+            return _err(f"no trace {args.trace_id} in the local store {path}", 1)
         if len(ids) > 1:
             return _err(f"trace id prefix {args.trace_id} is ambiguous: give more digits", 2)
         out.write(format_tree(trace_spans(conn, ids[0])) + "\n")

@@ -13,7 +13,7 @@ SCHEMA_VERSION = 1
 # group_ts: start of the root span of the write() batch a span arrived in. A request
 # row and its spans share it, so retention deletes both with one comparison each.
 _DDL = """
-CREATE TABLE spans (
+CREATE TABLE IF NOT EXISTS spans (
     trace_id TEXT NOT NULL,          -- 32 lowercase hex digits
     span_id TEXT NOT NULL,           -- 16 lowercase hex digits
     parent_span_id TEXT,
@@ -29,8 +29,8 @@ CREATE TABLE spans (
     pid INTEGER,
     PRIMARY KEY (trace_id, span_id)
 );
-CREATE INDEX spans_group_ts ON spans (group_ts);
-CREATE TABLE requests (
+CREATE INDEX IF NOT EXISTS spans_group_ts ON spans (group_ts);
+CREATE TABLE IF NOT EXISTS requests (
     ts INTEGER NOT NULL,             -- server span start, epoch ns
     trace_id TEXT NOT NULL,
     span_id TEXT NOT NULL,
@@ -53,8 +53,9 @@ CREATE TABLE requests (
     currency TEXT,
     ambiguous INTEGER NOT NULL
 );
-CREATE INDEX requests_ts ON requests (ts);
-CREATE INDEX requests_trace ON requests (trace_id);
+CREATE INDEX IF NOT EXISTS requests_ts ON requests (ts);
+-- Covering index for report's percentiles: each group's durations in order, ts to filter.
+CREATE INDEX IF NOT EXISTS requests_latency ON requests (service, feature, duration_ns, ts);
 """
 
 
@@ -86,10 +87,11 @@ def open_writer(path: str) -> sqlite3.Connection:
     conn.execute("PRAGMA synchronous=NORMAL")  # WAL + NORMAL: survives a collector crash
     conn.execute("BEGIN IMMEDIATE")
     try:
-        if _check_version(conn, path) == 0:
-            for stmt in filter(str.strip, _DDL.split(";")):
-                conn.execute(stmt)
-            conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+        _check_version(conn, path)
+        # Idempotent: also adds an index a same-version store may lack.
+        for stmt in filter(str.strip, _DDL.split(";")):
+            conn.execute(stmt)
+        conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
         conn.execute("COMMIT")
     except BaseException:
         conn.execute("ROLLBACK")

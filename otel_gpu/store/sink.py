@@ -23,6 +23,7 @@ _SPAN_SQL = ("INSERT OR REPLACE INTO spans (trace_id, span_id, parent_span_id, g
 _REQUEST_COLUMNS = ("ts", "trace_id", "span_id", "service", "k8s_namespace", "k8s_pod", "method", "route",
                     "feature", "status_code", "duration_ns", "launches", "h2d_bytes", "d2h_bytes",
                     "d2d_bytes", "other_bytes", "sync_ns", "gpu_seconds", "cost", "currency", "ambiguous")
+_to_json = json.JSONEncoder(separators=(",", ":"), default=str).encode  # default: odd values as text
 _REQUEST_SQL = (f"INSERT INTO requests ({', '.join(_REQUEST_COLUMNS)})"
                 f" VALUES ({', '.join('?' * len(_REQUEST_COLUMNS))})")
 
@@ -49,7 +50,7 @@ def _lookup(span: ReadableSpan, key: str):
 
 def span_row(s: ReadableSpan, group_ts: int) -> tuple:
     parent = f"{s.parent.span_id:016x}" if s.parent is not None else None
-    attrs = json.dumps(dict(s.attributes or {}), separators=(",", ":"), default=str)
+    attrs = _to_json(dict(s.attributes or {}))
     pid = _lookup(s, sc.PROCESS_PID)
     return (f"{s.context.trace_id:032x}", f"{s.context.span_id:016x}", parent, group_ts, s.name,
             s.kind.value, s.start_time, s.end_time or s.start_time, s.status.status_code.value,

@@ -10,8 +10,8 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
 from .. import semconv as sc
-from .report import fit, split_width
 from ..export.console import render_tree
+from .text import fit, split_width
 
 TREE_NOTE = "CUDA call durations are host-side enqueue times, not GPU execution."
 _SHORT = 12  # trace id digits shown in the list; --trace-id takes any unique prefix
