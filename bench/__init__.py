@@ -1,0 +1,1 @@
+"""otel-gpu benchmarks: `python -m bench [--quick]` (see bench/README.md)."""

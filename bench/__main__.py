@@ -1,0 +1,79 @@
+"""`python -m bench [--quick] [--items 1,2,3,5]`: every otel-gpu overhead figure,
+measured side by side in one run; prints a table and writes
+bench/results/<date>-<host>.json. Needs root (eBPF), bpftrace, gcc, py-spy."""
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import statistics
+import sys
+from pathlib import Path
+
+from . import item_ablation, item_big_request, item_http, item_launch, item_sustained, machine
+from .native import use_private_cudart
+from .report import profile_text, table, write_json
+
+RESULTS = Path(__file__).resolve().parent / "results"
+READY_TARGET_S = 3.0
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
+    ap.add_argument("--quick", action="store_true", help="short phases (10 s sustained) for development")
+    ap.add_argument("--items", default="1,1b,2,3,5",
+                    help="comma-separated items to run (4 comes with any)")
+    ap.add_argument("--wait-quiet", type=float, default=120,
+                    help="seconds to wait for other collectors/bpftrace to finish before each item")
+    args = ap.parse_args()
+    if os.geteuid() != 0:
+        print("bench: needs root (eBPF)", file=sys.stderr)
+        return 2
+    items = set(args.items.split(","))
+    host = machine.describe()
+    host["libcudart"] = use_private_cudart()
+    stamp = datetime.datetime.now().strftime("%Y-%m-%d-%H%M")
+    data = {"machine": host, "quick": args.quick, "started": stamp, "foreign_tracers": {},
+            "loadavg": {}}
+    out = RESULTS / f"{stamp[:10]}-{host['host']}{'-quick' if args.quick else ''}.json"
+    starts: list[float] = []
+    rows: list = []
+    steps = [("1", "launch", lambda: item_launch.run(args.quick, starts), item_launch.rows),
+             ("1b", "ablation", lambda: item_ablation.run(args.quick), item_ablation.rows),
+             ("3", "sustained", lambda: item_sustained.run(args.quick, starts, RESULTS, stamp), item_sustained.rows),
+             ("2", "http", lambda: item_http.run(args.quick, starts, RESULTS, stamp), item_http.rows),
+             ("5", "big_request", lambda: item_big_request.run(args.quick, starts), item_big_request.rows)]
+    for key, name, run, to_rows in steps:
+        if key not in items:
+            continue
+        print(f"bench: item {key} ({name}) ...", file=sys.stderr, flush=True)
+        data["foreign_tracers"][name] = machine.wait_quiet(args.wait_quiet)
+        data["loadavg"][name] = machine.loadavg()
+        data[name] = run()
+        data["foreign_tracers"][name] += [f"(at end) {t}" for t in machine.foreign_tracers()]
+        rows += to_rows(data[name])
+        write_json(out, data)  # partial results survive a later failure
+    if starts:
+        data["ready_s"] = starts
+        rows.append(("4", f"start to 'ready' (s): median of {len(starts)} starts, max",
+                     f"{statistics.median(starts):.2f}, {max(starts):.2f}", f"<= {READY_TARGET_S:.0f}",
+                     max(starts) <= READY_TARGET_S))
+    rows.sort(key=lambda r: r[0][0])  # stable: 1 and 1b stay in run order
+    text = table(host, rows)
+    for name in ("sustained", "http"):
+        prof = (data.get(name) or {}).get("profile") or ((data.get(name) or {}).get("streamed") or {}).get("profile")
+        if name in data:
+            text += "\n\n" + profile_text(f"collector profile during {name}", prof)
+    busy = {k: v for k, v in data["foreign_tracers"].items() if v}
+    if busy:
+        text += f"\n\nWARNING: other tracers were running (their probes add to ours): {busy}"
+    text += f"\nload average at each item's start: {data['loadavg']}"
+    print(text)
+    data["table"] = text
+    write_json(out, data)
+    print(f"\nwrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,89 @@
+"""The otel-gpu collector as a subprocess: time to `ready`, CPU and RSS from /proc,
+its `stopped:` summary and ring-buffer warnings."""
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from otel_gpu.demo.runner import LineWatcher
+
+ROOT = Path(__file__).resolve().parents[1]
+TICK = os.sysconf("SC_CLK_TCK")
+STOPPED_RE = re.compile(r"stopped: (\d+) requests, (\d+) spans; CUDA calls by attribution: "
+                        r"thread=(\d+) process=(\d+) ambiguous=(\d+) outside=(\d+); dropped: (.*)$")
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of every thread of the process."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICK
+
+
+def rss_mb(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
+class Collector:
+    def __init__(self, otlp_endpoint: str | None = None, args: tuple = ()) -> None:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_EXPORTER_OTLP")}
+        if otlp_endpoint:
+            env.update(OTEL_EXPORTER_OTLP_ENDPOINT=otlp_endpoint, OTEL_BSP_SCHEDULE_DELAY="200")
+        t0 = time.monotonic()
+        self.proc = subprocess.Popen([sys.executable, "-m", "otel_gpu.cli", "run", "--no-console", *args],
+                                     stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
+        self.pid = self.proc.pid
+        self.log = LineWatcher(self.proc.stderr, echo=None)
+        if not self.log.wait_for("ready", 90):
+            self.stop()
+            raise RuntimeError("collector not ready:\n" + "".join(self.log.lines))
+        self.ready_s = time.monotonic() - t0
+        self.stop_s = None
+
+    def wait_traced(self, pid: int, timeout: float = 30) -> None:
+        if not self.log.wait_for(f"tracing pid {pid}", timeout):
+            raise RuntimeError(f"pid {pid} never traced:\n" + "".join(self.log.lines))
+
+    def cpu_seconds(self) -> float:
+        return cpu_seconds(self.pid)
+
+    def rss_mb(self) -> float:
+        return rss_mb(self.pid)
+
+    def stop(self) -> dict:
+        """SIGINT, wait, and the parsed `stopped:` line (empty dict if none)."""
+        t0 = time.monotonic()
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.stop_s = time.monotonic() - t0
+        time.sleep(0.2)  # let the watcher read the last lines
+        return self.summary()
+
+    def summary(self) -> dict:
+        out = {"ringbuf_full_warnings": sum("ring buffer full" in l for l in self.log.lines)}
+        for line in self.log.lines:
+            m = STOPPED_RE.search(line.strip())
+            if m:
+                keys = ("requests", "spans", "thread", "process", "ambiguous", "outside")
+                out.update(zip(keys, map(int, m.groups()[:6])))
+                out["dropped"] = dict(kv.split("=") for kv in m.group(7).split(", ") if "=" in kv)
+                out["dropped"] = {k: int(v) for k, v in out["dropped"].items()}
+        out["cuda_calls_seen"] = sum(out.get(k, 0) for k in ("thread", "process", "ambiguous", "outside"))
+        return out
+
+    def errors(self) -> list[str]:
+        return [l.strip() for l in self.log.lines if " ERROR " in l or "Traceback" in l]

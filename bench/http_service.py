@@ -1,0 +1,78 @@
+"""The benchmark's GPU HTTP service (stdlib ThreadingHTTPServer, real libcudart):
+
+  GET /work        100 cudaLaunchKernel + 2 cudaMemcpy (64 KiB H2D, 4 KiB D2H)
+  GET /launch/<n>  n cudaLaunchKernel (n <= 100000)
+
+Arguments are prepared once, so the Python cost per call is small and the
+tracing overhead shows. Prints "listening on <port>" when it serves."""
+from __future__ import annotations
+
+import argparse
+import ctypes as ct
+import sys
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from otel_gpu.demo.cuda_work import D2H, H2D, CudaWork, Dim3
+
+LAUNCHES_PER_WORK = 100
+MAX_LAUNCHES = 100_000
+
+
+class Gpu:
+    def __init__(self) -> None:
+        w = CudaWork()
+        self.launch_fn = w.rt.cudaLaunchKernel
+        self.memcpy_fn = w.rt.cudaMemcpy
+        self.func = w.kernel_address("matmul_tile")
+        self.grid, self.block = Dim3(64, 64, 1), Dim3(16, 16, 1)
+        self.buf = ct.create_string_buffer(64 * 1024)
+
+    def launches(self, n: int) -> None:
+        f, func, grid, block = self.launch_fn, self.func, self.grid, self.block
+        for _ in range(n):
+            f(func, grid, block, None, 8192, None)
+
+    def work(self) -> None:
+        self.memcpy_fn(self.buf, self.buf, 64 * 1024, H2D)
+        self.launches(LAUNCHES_PER_WORK)
+        self.memcpy_fn(self.buf, self.buf, 4 * 1024, D2H)
+
+
+GPU: Gpu | None = None
+
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True  # header and body are two writes: no 40 ms delayed-ACK stall
+
+    def log_message(self, *args) -> None:
+        pass
+
+    def do_GET(self) -> None:
+        if self.path == "/work":
+            GPU.work()
+        elif self.path.startswith("/launch/") and self.path[8:].isdigit() and int(self.path[8:]) <= MAX_LAUNCHES:
+            GPU.launches(int(self.path[8:]))
+        else:
+            self.send_error(404)
+            return
+        self.send_response(200)
+        self.send_header("Content-Length", "2")
+        self.end_headers()
+        self.wfile.write(b"ok")
+
+
+def main(argv=None) -> None:
+    global GPU
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--port", type=int, default=0)
+    args = ap.parse_args(argv)
+    GPU = Gpu()
+    GPU.launches(10)  # runtime initialisation before the first request
+    server = ThreadingHTTPServer(("127.0.0.1", args.port), Handler)
+    print(f"listening on {server.server_address[1]}", file=sys.stderr, flush=True)
+    server.serve_forever()
+
+
+if __name__ == "__main__":
+    main()

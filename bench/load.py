@@ -1,0 +1,65 @@
+"""Loopback HTTP load generator: a few keep-alive connections, each in a thread,
+bounded by a request count and a deadline. Prints one JSON line.
+
+  python -m bench.load --port P [--path /work] [--conns 4] [--seconds 10] [--max 200000]"""
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import threading
+import time
+
+
+def worker(port: int, path: str, deadline: float, budget: list, lock: threading.Lock, out: dict) -> None:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    ok = errors = 0
+    while time.monotonic() < deadline:
+        with lock:
+            if budget[0] <= 0:
+                break
+            budget[0] -= 1
+        try:
+            conn.request("GET", path)
+            resp = conn.getresponse()
+            resp.read()
+            ok += resp.status == 200
+            errors += resp.status != 200
+        except (OSError, http.client.HTTPException):
+            errors += 1
+            conn.close()
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    conn.close()
+    with lock:
+        out["ok"] += ok
+        out["errors"] += errors
+
+
+def run(port: int, path: str, conns: int, seconds: float, max_requests: int) -> dict:
+    out = {"ok": 0, "errors": 0}
+    lock, budget = threading.Lock(), [max_requests]
+    t0 = time.monotonic()
+    threads = [threading.Thread(target=worker, args=(port, path, t0 + seconds, budget, lock, out))
+               for _ in range(conns)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    out["seconds"] = time.monotonic() - t0
+    out["rps"] = out["ok"] / out["seconds"]
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--port", type=int, required=True)
+    ap.add_argument("--path", default="/work")
+    ap.add_argument("--conns", type=int, default=4)
+    ap.add_argument("--seconds", type=float, default=10)
+    ap.add_argument("--max", type=int, default=200_000)
+    a = ap.parse_args()
+    print(json.dumps(run(a.port, a.path, a.conns, a.seconds, a.max)), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,81 @@
+"""Builds bench/launch_loop.c with gcc and drives one run of it."""
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+from pathlib import Path
+
+from otel_gpu.demo.cuda_work import find_cudart
+
+HERE = Path(__file__).resolve().parent
+BUILD = HERE / "build"  # ignored by the repository .gitignore (build/)
+
+
+def build() -> Path:
+    src = HERE / "launch_loop.c"
+    out = BUILD / "launch_loop"
+    if not out.exists() or out.stat().st_mtime < src.stat().st_mtime:
+        BUILD.mkdir(parents=True, exist_ok=True)
+        subprocess.run(["gcc", "-O2", "-Wall", "-pthread", "-o", str(out), str(src), "-ldl"], check=True)
+    return out
+
+
+def use_private_cudart() -> str:
+    """A private copy of libcudart (its own inode) for every process of the run:
+    uprobes attach per file, so a copy keeps probes that other tools put on the
+    wheel's file out of our timings (a trace-everything collector running at the
+    same time would still find the copy: main() waits for those to finish)."""
+    if "OTEL_GPU_CUDART" in os.environ:
+        return os.environ["OTEL_GPU_CUDART"]
+    src = find_cudart()
+    dst = BUILD / Path(src).name
+    if not dst.exists() or dst.stat().st_size != Path(src).stat().st_size:
+        BUILD.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(src, dst)
+    os.environ["OTEL_GPU_CUDART"] = str(dst)
+    return str(dst)
+
+
+class LaunchLoop:
+    """One launch_loop process: started, held at `ready` until go()."""
+
+    def __init__(self, *options: str, http: bool = False) -> None:
+        argv = [str(build()), find_cudart(), *options] + (["--http"] if http else [])
+        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.port = None
+        line = self.proc.stdout.readline()
+        if line.startswith("port "):
+            self.port = int(line.split()[1])
+            line = self.proc.stdout.readline()
+        if not line.startswith("ready "):
+            raise RuntimeError(f"launch_loop did not start: {line!r}")
+        self.pid = int(line.split()[1])
+        self.client = None
+
+    def go(self) -> None:
+        self.proc.stdin.write("go\n")
+        self.proc.stdin.flush()
+        if self.port:  # one request, answered after the loop
+            self.client = socket.create_connection(("127.0.0.1", self.port), timeout=700)
+            self.client.sendall(b"GET /loop HTTP/1.1\r\nHost: bench\r\n\r\n")
+
+    def result(self, timeout: float = 700) -> dict:
+        """{'reps': [wall ns per launch], 'cpu_reps': [thread CPU ns per launch], 'launched': n,
+        'seconds': s} once the loop is done."""
+        out, _ = self.proc.communicate(timeout=timeout)
+        res = {"reps": [], "cpu_reps": [], "launched": 0, "seconds": None}
+        for line in out.splitlines():
+            f = line.split()
+            if f and f[0] == "rep":
+                res["reps"].append(float(f[2]))
+                res["cpu_reps"].append(float(f[3]))
+            elif f and f[0] == "launched":
+                res["launched"] = int(f[1])
+                res["seconds"] = float(f[2]) if len(f) > 2 else None
+        if self.client:
+            self.client.settimeout(10)
+            res["response"] = self.client.recv(256).decode(errors="replace").split("\r\n", 1)[0]
+            self.client.close()
+        return res

@@ -1,0 +1,42 @@
+"""bench/http_service.py as a subprocess on 127.0.0.1, and the load generator
+(bench/load.py) as another, so neither shares a GIL with this process."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import urllib.request
+
+from otel_gpu.demo.runner import LineWatcher
+
+
+class Service:
+    def __init__(self) -> None:
+        self.proc = subprocess.Popen([sys.executable, "-m", "bench.http_service"],
+                                     stderr=subprocess.PIPE, text=True)
+        self.pid = self.proc.pid
+        log = LineWatcher(self.proc.stderr, echo=None)
+        if not log.wait_for("listening on", 30):
+            self.stop()
+            raise RuntimeError("bench service did not start:\n" + "".join(log.lines))
+        self.port = int(next(l for l in log.lines if "listening on" in l).split()[2])
+
+    def get(self, path: str) -> int:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}{path}", timeout=60) as r:
+            r.read()
+            return r.status
+
+    def load(self, seconds: float, conns: int = 4, max_requests: int = 500_000, path: str = "/work") -> dict:
+        out = subprocess.run([sys.executable, "-m", "bench.load", "--port", str(self.port), "--path", path,
+                              "--conns", str(conns), "--seconds", str(seconds), "--max", str(max_requests)],
+                             capture_output=True, text=True, timeout=seconds + 120, check=True)
+        return json.loads(out.stdout)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
