@@ -88,7 +88,7 @@ static __always_inline int v_launch(struct pt_regs *ctx, int step, int remember,
             count(CNT_RINGBUF_FULL);
         return 0;
     }
-    count(CNT_CUDA_ROLLED_UP);
+    count(CNT_CUDA_STREAMED); /* the old handler counted here too: same cost */
     v_rollup_add(&e, percpu);
     return 0;
 }

@@ -5,7 +5,12 @@
  * ABI; see ARCHITECTURE.md for each signature. */
 #include "maps.h"
 
-BPF_HASH(rollup, struct rollup_key, struct rollup_value, 65536);
+/* Per-CPU: plain adds, no atomics on the hot path; user space sums the CPUs. */
+BPF_PERCPU_HASH(rollup, struct rollup_key, struct rollup_value, 65536);
+
+/* Set by user space once a libcuda is probed: only then is the runtime/driver
+ * de-duplication state worth keeping (it costs a hash update per launch). */
+BPF_ARRAY(driver_probed, u32, 1);
 
 /* Calls with a return probe: entry state by thread. */
 struct call_entry {
@@ -41,28 +46,43 @@ static __always_inline int cuda_admit(u32 tgid)
 #endif
 }
 
+static __always_inline int streaming(u32 tgid)
+{
+    s64 *active = http_active.lookup(&tgid);
+    return active && *active > 0;
+}
+
+static __always_inline void rollup_add(u32 tgid, u32 call, u64 func, u64 bytes, u64 duration_ns)
+{
+    struct rollup_key k = {.tgid = tgid, .call = call, .func = func};
+    struct rollup_value *v = rollup.lookup(&k);
+    if (v) {
+        v->count++;
+        v->bytes += bytes;
+        v->duration_ns += duration_ns;
+    } else {
+        struct rollup_value nv = {.count = 1, .bytes = bytes, .duration_ns = duration_ns};
+        rollup.update(&k, &nv);
+    }
+}
+
 static __always_inline void cuda_emit(struct cuda_event *e)
 {
-    u32 tgid = e->h.tgid;
-    s64 *active = http_active.lookup(&tgid);
-    if (active && *active > 0) {
+    if (streaming(e->h.tgid)) {
         count(CNT_CUDA_STREAMED);
         submit(e, sizeof(*e));
         return;
     }
-    count(CNT_CUDA_ROLLED_UP);
     /* memcpy has no function: its direction takes that slot in the key. */
     u64 func = (e->call == CALL_MEMCPY || e->call == CALL_MEMCPY_ASYNC) ? e->kind : e->func;
-    struct rollup_key k = {.tgid = tgid, .call = e->call, .func = func};
-    struct rollup_value *v = rollup.lookup(&k);
-    if (v) {
-        __sync_fetch_and_add(&v->count, 1);
-        __sync_fetch_and_add(&v->bytes, e->bytes);
-        __sync_fetch_and_add(&v->duration_ns, e->duration_ns);
-    } else {
-        struct rollup_value nv = {.count = 1, .bytes = e->bytes, .duration_ns = e->duration_ns};
-        rollup.update(&k, &nv);
-    }
+    rollup_add(e->h.tgid, e->call, func, e->bytes, e->duration_ns);
+}
+
+static __always_inline int driver_is_probed(void)
+{
+    u32 zero = 0;
+    u32 *on = driver_probed.lookup(&zero);
+    return on && *on;
 }
 
 static __always_inline int cuda_begin(struct cuda_event *e, u32 call)
@@ -93,12 +113,23 @@ static __always_inline void remember_rt_launch(struct cuda_event *e)
     last_rt_launch.update(&tid, &l);
 }
 
-/* cudaLaunchKernel(func, dim3 grid, dim3 block, void **args, size_t shmem, stream) */
+/* cudaLaunchKernel(func, dim3 grid, dim3 block, void **args, size_t shmem, stream)
+ * The hottest probe: outside requests it only counts (no stack reads, no event). */
 int cuda_launch_kernel(struct pt_regs *ctx)
 {
-    struct cuda_event e = {};
-    if (!cuda_begin(&e, CALL_LAUNCH_KERNEL))
+    u64 id = bpf_get_current_pid_tgid();
+    u32 tgid = id >> 32;
+    if (!cuda_admit(tgid))
         return 0;
+    int stream_it = streaming(tgid), dedup = driver_is_probed();
+    if (!stream_it && !dedup) {
+        rollup_add(tgid, CALL_LAUNCH_KERNEL, PT_REGS_PARM1(ctx), 0, 0);
+        return 0;
+    }
+    struct cuda_event e = {};
+    fill_header(&e.h, EV_CUDA, id);
+    e.call = CALL_LAUNCH_KERNEL;
+    e.ret = -1;
     u64 gxy = PT_REGS_PARM2(ctx), bxy = PT_REGS_PARM4(ctx);
     e.func = PT_REGS_PARM1(ctx);
     e.grid[0] = (u32)gxy;
@@ -107,10 +138,16 @@ int cuda_launch_kernel(struct pt_regs *ctx)
     e.block[0] = (u32)bxy;
     e.block[1] = bxy >> 32;
     e.block[2] = (u32)PT_REGS_PARM5(ctx);
+    if (dedup)
+        remember_rt_launch(&e);
+    if (!stream_it) {
+        rollup_add(tgid, CALL_LAUNCH_KERNEL, e.func, 0, 0);
+        return 0;
+    }
     e.shmem = stack_arg(ctx, 7);
     e.stream = stack_arg(ctx, 8);
-    remember_rt_launch(&e);
-    cuda_emit(&e);
+    count(CNT_CUDA_STREAMED);
+    submit(&e, sizeof(e));
     return 0;
 }
 
@@ -138,7 +175,8 @@ int cuda_launch_kernel_exc(struct pt_regs *ctx)
     read_launch_config(&e, PT_REGS_PARM1(ctx));
     bpf_probe_read_user(&e.shmem, sizeof(e.shmem), (void *)(PT_REGS_PARM1(ctx) + 24));
     e.func = PT_REGS_PARM2(ctx);
-    remember_rt_launch(&e);
+    if (driver_is_probed())
+        remember_rt_launch(&e);
     cuda_emit(&e);
     return 0;
 }

@@ -119,11 +119,10 @@ struct rollup_value {
 /* Collector-side counters (array map indices). */
 enum counter {
     CNT_RINGBUF_FULL = 0,   /* events lost because the ring buffer was full */
-    CNT_CUDA_STREAMED = 1,
-    CNT_CUDA_ROLLED_UP = 2,
-    CNT_DRIVER_DEDUPED = 3, /* driver launches already counted by the runtime */
-    CNT_CONN_TABLE_FULL = 4,
-    CNT_MAX = 5,
+    CNT_CUDA_STREAMED = 1,  /* (calls counted in-kernel are in the rollup map itself) */
+    CNT_DRIVER_DEDUPED = 2, /* driver launches already counted by the runtime */
+    CNT_CONN_TABLE_FULL = 3,
+    CNT_MAX = 4,
 };
 
 #endif

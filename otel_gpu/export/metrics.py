@@ -3,8 +3,8 @@ configured, a Prometheus scrape endpoint as an option. A pipeline stage: it read
 finished requests and process windows, and passes them on unchanged.
 
 Kernel names are bounded: the first `top_kernels` distinct names keep their own
-series, later ones are reported as "other". Grid/block histograms sample the calls
-recorded one by one (within the span budget); counts include rolled-up calls."""
+series, later ones are reported as "other". Grid/block/sync histograms sample the
+first HISTOGRAM_SAMPLE calls of each request; counters include every call."""
 from __future__ import annotations
 
 import logging
@@ -24,6 +24,7 @@ from .sink import otlp_protocol
 
 log = logging.getLogger(__name__)
 OTHER = "other"
+HISTOGRAM_SAMPLE = 64  # calls per request recorded in the grid/block/sync histograms
 
 
 def make_readers(env=os.environ, prometheus_port: Optional[int] = None, interval_ms: int = 10_000) -> list:
@@ -97,25 +98,38 @@ class GpuMetrics:
         self._calls(r.tgid, r.sink, base)
 
     def _calls(self, pid: int, sink, base: dict) -> None:
-        for c, _attribution in sink.calls:
-            self._one(pid, c.call, c.func, c.kind, 1, c.bytes, base)
+        """Aggregated per request first: one counter add per (kernel) and (direction),
+        not one per call; histograms sample the first HISTOGRAM_SAMPLE calls."""
+        launches: dict[str, int] = {}
+        copied: dict[str, int] = {}
+
+        def tally(call, func, kind, count, nbytes):
+            if call in KERNEL_LAUNCH_CALLS:
+                name = self._bounded(pid, func)
+                launches[name] = launches.get(name, 0) + count
+            elif call in MEMCPY_CALLS:
+                d = MEMCPY_DIRECTIONS.get(kind, "default")
+                copied[d] = copied.get(d, 0) + nbytes
+            elif call == CALL_MALLOC and func:
+                self._live.setdefault(pid, {})[func] = nbytes
+            elif call == CALL_FREE:
+                self._live.get(pid, {}).pop(func, None)
+
+        for i, (c, _attribution) in enumerate(sink.calls):
+            tally(c.call, c.func, c.kind, 1, c.bytes)
+            if i >= HISTOGRAM_SAMPLE:
+                continue
             if c.call in KERNEL_LAUNCH_CALLS:
                 self.grid.record(c.grid[0] * c.grid[1] * c.grid[2], base)
                 self.block.record(c.block[0] * c.block[1] * c.block[2], base)
             elif c.call in SYNC_CALLS:
                 self.sync.record(c.duration_ns / 1e9, base)
-        for agg in sink.rollups.values():
-            self._one(pid, agg.call, agg.func, agg.func if agg.call in MEMCPY_CALLS else 0, agg.count, agg.bytes, base)
-
-    def _one(self, pid, call, func, kind, count, nbytes, base) -> None:
-        if call in KERNEL_LAUNCH_CALLS:
-            self.launches.add(count, {**base, sc.GPU_KERNEL_NAME: self._bounded(pid, func)})
-        elif call in MEMCPY_CALLS:
-            self.copied.add(nbytes, {**base, sc.GPU_MEMCPY_DIRECTION: MEMCPY_DIRECTIONS.get(kind, "default")})
-        elif call == CALL_MALLOC and func:
-            self._live.setdefault(pid, {})[func] = nbytes
-        elif call == CALL_FREE:
-            self._live.get(pid, {}).pop(func, None)
+        for agg in sink.rollups.values():  # memcpy rollups keep the direction in `func`
+            tally(agg.call, agg.func, agg.func if agg.call in MEMCPY_CALLS else 0, agg.count, agg.bytes)
+        for name, n in launches.items():
+            self.launches.add(n, {**base, sc.GPU_KERNEL_NAME: name})
+        for direction, n in copied.items():
+            self.copied.add(n, {**base, sc.GPU_MEMCPY_DIRECTION: direction})
 
     def _bounded(self, pid: int, func: int) -> str:
         name = self.kernel_name(pid, func) or "unknown"

@@ -18,19 +18,23 @@ from .model import Request
 
 
 def split_seconds(window: tuple[int, int], others: list[tuple[int, int]]) -> float:
-    """Seconds of `window` with each stretch divided by how many windows cover it."""
+    """Seconds of `window` with each stretch divided by how many windows cover it.
+    One sweep over the sorted edges: O(n log n) in the number of windows."""
     start, end = window
     if end <= start:
         return 0.0
-    cuts = {start, end}
+    edges = [(start, 0), (end, 0)]  # (time, change in the count of *other* windows)
     for s, e in others:
-        if s < end and e > start:
-            cuts.update(x for x in (s, e) if start < x < end)
-    points = sorted(cuts)
-    total = 0.0
-    for a, b in zip(points, points[1:]):
-        sharing = 1 + sum(1 for s, e in others if s <= a and e >= b and e > s)
-        total += (b - a) / sharing
+        if s < end and e > start and e > s:
+            edges.append((max(s, start), +1))
+            edges.append((min(e, end), -1))
+    edges.sort()
+    total, covering, prev = 0.0, 0, start
+    for t, delta in edges:
+        if t > prev:
+            total += (t - prev) / (1 + covering)
+            prev = t
+        covering += delta
     return total / 1e9
 
 
@@ -132,13 +136,16 @@ class CostStage:
 
     def _trim(self) -> None:
         """Keep only windows that a held or open request could still overlap."""
-        if not self._held:
-            horizon = min((o.busy.start_ns for rs in [self.open_requests(pid) for pid, _ in self._recent]
-                           for o in rs if not o.busy.empty), default=None)
-            for key in list(self._recent):
-                self._recent[key] = [w for w in self._recent[key] if horizon is not None and w[1] > horizon]
-                if not self._recent[key]:
-                    del self._recent[key]
+        starts = [r.busy.start_ns for _, r in self._held if not r.busy.empty]
+        for pid in {pid for pid, _ in self._recent}:
+            starts += [o.busy.start_ns for o in self.open_requests(pid) if not o.busy.empty]
+        horizon = min(starts, default=None)
+        for key in list(self._recent):
+            kept = [w for w in self._recent[key] if horizon is not None and w[1] > horizon]
+            if kept:
+                self._recent[key] = kept
+            else:
+                del self._recent[key]
 
     def _feature(self, r: Request) -> str:
         if self.feature_header:

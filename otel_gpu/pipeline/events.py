@@ -4,6 +4,7 @@ against the C header compiled with -Wpadded."""
 from __future__ import annotations
 
 import ctypes as ct
+import struct
 from dataclasses import dataclass
 from typing import Optional, Union
 
@@ -50,8 +51,8 @@ SYNC_CALLS = frozenset({CALL_STREAM_SYNC, CALL_DEVICE_SYNC, CALL_EVENT_SYNC})
 MEMCPY_DIRECTIONS = {0: "h2h", 1: "h2d", 2: "d2h", 3: "d2d", 4: "default"}
 
 # enum counter
-CNT_RINGBUF_FULL, CNT_CUDA_STREAMED, CNT_CUDA_ROLLED_UP, CNT_DRIVER_DEDUPED, CNT_CONN_TABLE_FULL = range(5)
-COUNTER_NAMES = ("ringbuf_full", "cuda_streamed", "cuda_rolled_up", "driver_deduped", "conn_table_full")
+CNT_RINGBUF_FULL, CNT_CUDA_STREAMED, CNT_DRIVER_DEDUPED, CNT_CONN_TABLE_FULL = range(4)
+COUNTER_NAMES = ("ringbuf_full", "cuda_streamed", "driver_deduped", "conn_table_full")
 
 
 class EventHeader(ct.Structure):
@@ -174,17 +175,26 @@ def _addr(family: int, raw) -> Optional[str]:
     return None
 
 
-def decode(buf: bytes) -> Event:
-    """Turn one ring-buffer record into a Python record; DecodeError on bad input."""
+# The hot record decoded with one precompiled unpack (4-5x faster than ctypes
+# from_buffer_copy); tests/unit/test_event_layout.py checks it against CudaEvent.
+CUDA_STRUCT = struct.Struct("<B3xII4xQ" "IiQ" "3I3I" "QQQ" "I4xQ")
+
+
+def decode(buf) -> Event:
+    """Turn one ring-buffer record (bytes or any buffer) into a Python record;
+    DecodeError on bad input."""
     size = len(buf)
     if size < _HEADER_SIZE:
         raise DecodeError(f"record of {size} bytes is shorter than the header")
-    kind = buf[0]
+    kind = buf[0] if isinstance(buf[0], int) else ord(buf[0])
     if kind == EV_CUDA:
-        _need(buf, CudaEvent)
-        e = CudaEvent.from_buffer_copy(buf)
-        return CudaCall(e.h.tgid, e.h.tid, e.h.ts_ns, e.call, e.ret, e.func, tuple(e.grid),
-                        tuple(e.block), e.shmem, e.stream, e.bytes, e.kind, e.duration_ns)
+        if size < CUDA_STRUCT.size:
+            raise DecodeError(f"CudaEvent needs {CUDA_STRUCT.size} bytes, got {size}")
+        (_, tgid, tid, ts, call, ret, func, g0, g1, g2, b0, b1, b2, shmem, stream, nbytes, mkind,
+         duration) = CUDA_STRUCT.unpack_from(buf)
+        return CudaCall(tgid, tid, ts, call, ret, func, (g0, g1, g2), (b0, b1, b2), shmem, stream,
+                        nbytes, mkind, duration)
+    buf = bytes(buf)
     if kind in (EV_SOCK_READ, EV_SOCK_WRITE):
         if size < _IO_FIXED or size > ct.sizeof(SockIoEvent):
             raise DecodeError(f"socket record of {size} bytes")
