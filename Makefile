@@ -3,7 +3,7 @@ SHELL := /bin/bash
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 PY := .venv/bin/python
 
-.PHONY: setup demo test test-unit bench clean
+.PHONY: setup demo test test-unit bench bench-quick clean
 
 setup:
 	@./scripts/setup.sh
@@ -16,6 +16,12 @@ test: setup
 
 test-unit: setup
 	$(PY) -m pytest -rs tests/unit
+
+bench: setup   # prints a table, writes bench/results/*.json (about 8 minutes)
+	$(SUDO) $(PY) -m bench
+
+bench-quick: setup
+	$(SUDO) $(PY) -m bench --quick
 
 clean:
 	rm -rf .venv build *.egg-info .pytest_cache
