@@ -1,0 +1,123 @@
+"""Helpers shared by the tests/bpf/test_reliability_*.py files (not a target
+program): the collector's "stopped:" and "state:" lines, its RSS, C targets."""
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+TARGETS = Path(__file__).resolve().parent
+
+
+def stopped_counters(collector, timeout: float = 15) -> dict:
+    """Counters of the "stopped:" line (collector already stopped): the "dropped:"
+    key=value pairs, plus requests, spans and CUDA calls by attribution."""
+    assert collector.log.wait_for("stopped:", timeout), "no stopped: line:\n" + "".join(collector.log.lines)
+    line = next(l for l in collector.log.lines if "stopped:" in l)
+    m = re.search(r"stopped: (\d+) requests, (\d+) spans; CUDA calls by attribution: (.*?); dropped: (.*)$", line)
+    assert m, line
+    out = {"requests": int(m.group(1)), "spans": int(m.group(2))}
+    for part in m.group(3).split():
+        k, v = part.split("=")
+        out[f"attributed.{k}"] = int(v)
+    if m.group(4).strip() != "none":
+        for part in m.group(4).split(","):
+            k, v = part.strip().split("=")
+            out[k] = int(v)
+    return out
+
+
+def state(collector, timeout: float = 5) -> dict:
+    """Sends SIGUSR1 and parses the next "state:" line."""
+    before = len(collector.log.lines)
+    collector.proc.send_signal(signal.SIGUSR1)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for line in collector.log.lines[before:]:
+            if "state:" in line:
+                return {k: int(v) for k, v in re.findall(r"([\w.]+)=(\d+)", line.split("state:", 1)[1])}
+        time.sleep(0.05)
+    raise AssertionError("no state line after SIGUSR1:\n" + "".join(collector.log.lines[-20:]))
+
+
+def rss_kb(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    raise AssertionError("no VmRSS")
+
+
+def accepted_conns(port: int) -> int:
+    """Established TCP connections accepted on 127.0.0.1:port in this network
+    namespace (the collector's conns map counts every process's accepted sockets)."""
+    n = 0
+    for name in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(name).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            local, st = line.split()[1], line.split()[3]
+            if st == "01" and int(local.rsplit(":", 1)[1], 16) == port:
+                n += 1
+    return n
+
+
+def build_c(name: str, out_dir: Path) -> str:
+    exe = out_dir / name
+    subprocess.run(["gcc", "-O1", "-o", str(exe), str(TARGETS / f"{name}.c"), "-ldl"], check=True)
+    return str(exe)
+
+
+def lines_with(collector, needle: str) -> list:
+    return [l for l in collector.log.lines if needle in l]
+
+
+def wait_until(predicate, timeout: float, interval: float = 0.2):
+    deadline = time.monotonic() + timeout
+    value = predicate()
+    while not value and time.monotonic() < deadline:
+        time.sleep(interval)
+        value = predicate()
+    return value
+
+
+def cudart_path() -> str:
+    from otel_gpu.demo.cuda_work import find_cudart
+    return os.path.realpath(find_cudart())
+
+
+def make_receiver_class():
+    """An OtlpReceiver variant (tests/fakes is not edited) that can bind a given port
+    and keeps each span's status message: span_id -> message in `.messages`."""
+    import threading
+    from concurrent import futures
+
+    import grpc
+    from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc
+
+    from tests.fakes.otlp_receiver import OtlpReceiver
+
+    class DetailReceiver(OtlpReceiver):
+        def __init__(self, port: int = 0) -> None:  # OtlpReceiver.__init__ binds port 0
+            self.spans = []
+            self.messages = {}
+            self.exports = 0
+            self._cond = threading.Condition()
+            self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+            trace_service_pb2_grpc.add_TraceServiceServicer_to_server(self, self.server)
+            self.port = self.server.add_insecure_port(f"127.0.0.1:{port}")
+            assert self.port, f"cannot bind 127.0.0.1:{port}"
+
+        def Export(self, request, context):
+            for rs in request.resource_spans:
+                for ss in rs.scope_spans:
+                    for s in ss.spans:
+                        self.messages[s.span_id.hex()] = s.status.message
+            self.exports += 1
+            return super().Export(request, context)
+
+    return DetailReceiver

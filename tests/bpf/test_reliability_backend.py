@@ -1,0 +1,157 @@
+"""Backend faults: the OTLP endpoint down for 60 s then back on the same port; a ring
+buffer too small for a burst of launches. The collector keeps running with bounded
+memory, counts and logs what it dropped, and recovers by itself."""
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+
+from otel_gpu.demo.runner import LineWatcher, free_port
+from tests.bpf.targets.relia_support import TARGETS, make_receiver_class, rss_kb, stopped_counters
+from tests.harness import ROOT, Target, server_spans
+
+OUTAGE_S = 60
+RATE = 20  # requests per second while the backend is down
+
+
+@pytest.fixture
+def receiver():
+    r = make_receiver_class()().start()
+    yield r
+    r.stop()
+
+
+def _target(collector, name: str, started: list) -> Target:
+    """slow_http.py renamed to `name`: with --exe name the collector traces it alone, so
+    other CUDA processes on the host cannot move its memory or counters."""
+    t = Target([sys.executable, str(TARGETS / "slow_http.py"), "0"], {"RELIA_COMM": name})
+    started.append(t)
+    collector.wait_traced(t.pid)
+    t.go()
+    return t
+
+
+@pytest.fixture
+def targets():
+    started = []
+    yield started
+    for t in started:
+        t.stop()
+
+
+def _work(receiver, pid, launches):
+    return [s for s in server_spans(receiver.spans, pid) if s.attributes["url.path"] == "/work"
+            and s.attributes["gpu.launches"] == launches]
+
+
+def test_otlp_endpoint_down_for_60s_then_back(receiver, start_collector, targets):
+    collector = start_collector("--exe", "relia_otlp", OTEL_BSP_MAX_QUEUE_SIZE="256",
+                                OTEL_BSP_MAX_EXPORT_BATCH_SIZE="64", OTEL_EXPORTER_OTLP_TIMEOUT="2")
+    target = _target(collector, "relia_otlp", targets)
+    target.get("/work?launches=1")
+    assert receiver.wait_for(lambda s: len(_work(receiver, target.pid, 1)) == 1)
+    port = receiver.port
+    receiver.stop()
+    rss_start = rss_kb(collector.proc.pid)
+    rss_max, sent = rss_start, 0
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < OUTAGE_S:  # bounded rate: one request per 1/RATE s
+        target.get("/work?launches=2")
+        sent += 1
+        if sent % RATE == 0:
+            rss_max = max(rss_max, rss_kb(collector.proc.pid))
+            assert collector.proc.poll() is None, "collector died while the backend was down"
+        time.sleep(max(0.0, t0 + sent / RATE - time.monotonic()))
+    assert sent >= OUTAGE_S * RATE * 0.8
+    back = make_receiver_class()(port).start()  # the same address: no collector restart
+    try:
+        t_back, probes = time.monotonic(), 0
+        while time.monotonic() - t_back < 90 and not _work(back, target.pid, 7):
+            target.get("/work?launches=7")  # until the exporter has reconnected by itself
+            probes += 1
+            time.sleep(1)
+        reconnect_s = time.monotonic() - t_back
+        print(f"exporter reconnected {reconnect_s:.0f} s after the backend came back; "
+              f"{len(_work(back, target.pid, 7))} of {probes} requests made meanwhile arrived")
+        assert _work(back, target.pid, 7), "no span arrived within 90 s of the backend coming back"
+        for _ in range(5):  # once reconnected, every new request's span arrives
+            target.get("/work?launches=9")
+        assert back.wait_for(lambda s: len(_work(back, target.pid, 9)) == 5, 20), collector.log.lines[-10:]
+        assert collector.proc.poll() is None
+        assert collector.stop() == 0
+    finally:
+        back.stop()
+    counters = stopped_counters(collector)
+    print(counters, len(collector.log.lines), "log lines")
+    assert rss_max - rss_start < 30 * 1024, f"RSS grew {rss_max - rss_start} kB during the outage"
+    lost = counters.get("spans_export_failed", 0) + counters.get("spans_dropped_queue_full", 0)
+    assert lost > 0, counters
+    assert any("OTLP export failed" in l for l in collector.log.lines), [l for l in collector.log.lines if "xport" in l][-8:]
+    if counters.get("spans_dropped_queue_full"):  # refused connections fail fast: the queue may never fill
+        assert any("OTLP queue full" in l for l in collector.log.lines)
+    # Rate-limited logging: a 60 s outage is a handful of lines, not one per batch.
+    assert len([l for l in collector.log.lines if "OTLP " in l and "WARNING" in l]) < 20
+    for s in _work(back, target.pid, 7) + _work(back, target.pid, 9):
+        assert s.attributes["http.response.status_code"] == 200
+
+
+def _scrape(port: int) -> str:
+    return urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+
+
+def _lost_metric(text: str) -> float:
+    m = re.search(r"^otel_gpu_events_lost_total(?:\{[^}]*\})? (\S+)$", text, re.M)
+    return float(m.group(1)) if m else -1.0
+
+
+def test_ring_buffer_overflow_is_logged_counted_and_exported(receiver, start_collector, targets):
+    prom = free_port()
+    collector = start_collector("--exe", "relia_ring", "--ringbuf-pages", "1", "--prometheus-port", str(prom))
+    target = _target(collector, "relia_ring", targets)
+    target.get("/work?launches=20000")
+    assert collector.log.wait_for("ring buffer full", 12), collector.log.lines[-10:]
+    text = ""
+    for _ in range(30):  # the metric follows the counter read at each flush
+        text = _scrape(prom)
+        if _lost_metric(text) > 0:
+            break
+        time.sleep(0.5)
+    assert _lost_metric(text) > 0, [l for l in text.splitlines() if "lost" in l]
+    target.get("/work?launches=3")  # the collector keeps going: a normal request still gives its span
+    assert receiver.wait_for(lambda s: len(_work(receiver, target.pid, 3)) == 1, 15), collector.log.lines[-10:]
+    assert collector.stop() == 0
+    counters = stopped_counters(collector)
+    assert counters.get("lost_events", 0) > 0, counters
+    assert counters["lost_events"] >= _lost_metric(text)
+    for s in server_spans(receiver.spans, target.pid):  # lost launches are never invented
+        assert s.attributes["gpu.launches"] <= 20000
+
+
+@pytest.mark.xfail(strict=True, reason="bug: OTEL_BSP_MAX_QUEUE_SIZE below 512 without "
+                   "OTEL_BSP_MAX_EXPORT_BATCH_SIZE crashes the collector with a traceback (SDK ValueError "
+                   "'max_export_batch_size must be less than or equal to max_queue_size' from SpanSink.__init__, "
+                   "otel_gpu/export/sink.py:78, outside cli.cmd_run's ConfigError handling)")
+def test_small_otlp_queue_alone_is_accepted(receiver):
+    """OTEL_BSP_MAX_QUEUE_SIZE=256 is a valid setting: the batch size should follow it."""
+    env = dict(os.environ, OTEL_EXPORTER_OTLP_ENDPOINT=receiver.endpoint, OTEL_BSP_MAX_QUEUE_SIZE="256")
+    proc = subprocess.Popen([sys.executable, "-m", "otel_gpu.cli", "run", "--no-console"], stderr=subprocess.PIPE,
+                            text=True, env=env, cwd=ROOT)
+    log = LineWatcher(proc.stderr, echo=None)
+    try:
+        deadline = time.monotonic() + 60
+        while proc.poll() is None and not log.wait_for("ready", 0.2) and time.monotonic() < deadline:
+            pass
+        time.sleep(0.5)  # a crash right after start shows up here
+        assert proc.poll() is None, "".join(log.lines)
+        assert not any("Traceback" in l for l in log.lines), "".join(log.lines)
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(30)
