@@ -100,6 +100,7 @@ struct cuda_event {
 
 struct proc_exit_event {
     struct event_header h;
+    char comm[16];    /* names a process that exited before /proc was read */
 };
 
 /* Per-process rollup of CUDA calls made while no HTTP request could be open:

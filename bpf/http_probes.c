@@ -243,6 +243,7 @@ TRACEPOINT_PROBE(sched, sched_process_exit)
     /* User space drops this process's connections and rollups when it sees this. */
     struct proc_exit_event e = {};
     fill_header(&e.h, EV_PROC_EXIT, id);
+    bpf_get_current_comm(e.comm, sizeof(e.comm));
     submit(&e, sizeof(e));
     return 0;
 }

@@ -17,7 +17,7 @@ def _run_parser(sub) -> None:
     p = sub.add_parser("run", help="attach the probes and export traces until SIGINT/SIGTERM")
     p.add_argument("--pid", type=int, action="append", default=[], help="trace only this process (repeatable)")
     p.add_argument("--exe", action="append", default=[], help="trace only processes with this comm/executable name (repeatable)")
-    p.add_argument("--span-budget", type=int, default=int(os.environ.get("OTEL_GPU_SPAN_BUDGET", 256)),
+    p.add_argument("--span-budget", type=int, default=_env_int("OTEL_GPU_SPAN_BUDGET", 256, minimum=0),
                    help="CUDA call spans per request before rolling up (default 256)")
     p.add_argument("--console", dest="console", action="store_true", default=None,
                    help="print trace trees (default: on when no OTLP endpoint is set)")
@@ -35,9 +35,9 @@ def _run_parser(sub) -> None:
     p.add_argument("--feature-header", default=os.environ.get("OTEL_GPU_FEATURE_HEADER"),
                    help="request header whose value names the feature for cost (default: http.route)")
     p.add_argument("--prometheus-port", type=int,
-                   default=int(os.environ["OTEL_GPU_PROMETHEUS_PORT"]) if os.environ.get("OTEL_GPU_PROMETHEUS_PORT") else None,
+                   default=_env_int("OTEL_GPU_PROMETHEUS_PORT", None),
                    help="serve the GPU metrics for Prometheus on this port")
-    p.add_argument("--ringbuf-pages", type=int, default=int(os.environ.get("OTEL_GPU_RINGBUF_PAGES", 2048)),
+    p.add_argument("--ringbuf-pages", type=int, default=_env_int("OTEL_GPU_RINGBUF_PAGES", 2048),
                    help="ring buffer size in 4 KiB pages, a power of two (default 2048 = 8 MiB)")
     p.add_argument("--store", dest="store", default=os.environ.get("OTEL_GPU_STORE"),
                    help="local store (SQLite) path; default: on, at the default path, when no OTLP endpoint is set")
@@ -71,13 +71,23 @@ def preflight() -> None:
         raise SystemExit("otel-gpu: cannot import bcc: apt-get install python3-bpfcc and run scripts/setup.sh")
     from .probes.program import MERGED_HEADERS
     source = os.environ.get("BCC_KERNEL_SOURCE")
-    if source and not os.path.isdir(source):
-        raise SystemExit(f"otel-gpu: BCC_KERNEL_SOURCE={source} is not a directory: point it at kernel headers "
-                         "or unset it (scripts/setup.sh builds /var/lib/otel-gpu/kernel-headers)")
+    if source and not os.path.isfile(os.path.join(source, "include", "linux", "kconfig.h")):
+        raise SystemExit(f"otel-gpu: BCC_KERNEL_SOURCE={source} holds no kernel headers (include/linux/kconfig.h): "
+                         "point it at a header tree or unset it (scripts/setup.sh builds /var/lib/otel-gpu/kernel-headers)")
     if not (source or os.path.exists(f"/lib/modules/{os.uname().release}/build")
             or MERGED_HEADERS.is_dir()):
         raise SystemExit("otel-gpu: no kernel headers for this kernel: install linux-headers "
                          "(scripts/setup.sh merges Debian's into /var/lib/otel-gpu/kernel-headers)")
+
+
+def _env_int(name: str, default, minimum: int = 1):
+    """An integer setting from the environment; a bad one is a ConfigError naming it."""
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    if not raw.strip().isdigit() or int(raw) < minimum:
+        raise ConfigError(name, f"{raw!r} is not an integer >= {minimum}")
+    return int(raw)
 
 
 def _open_store(path, no_backend: bool):
@@ -96,9 +106,13 @@ def cmd_run(args) -> int:
     if args.ebpf:
         print(source_text())
         return 0
-    try:
+    try:  # every setting is checked before anything starts
         config = build_config(args)
-        from .export.sink import SpanSink, make_otlp_exporter, otlp_configured
+        from .config import base_resource_attributes
+        from .export.sink import SpanSink, make_otlp_exporter, otlp_configured, otlp_protocol
+        otlp_protocol()
+        resource_attributes = base_resource_attributes()
+        queue_size = _env_int("OTEL_BSP_MAX_QUEUE_SIZE", 8192)
         otlp = make_otlp_exporter() if otlp_configured() else None
     except (ConfigError, ValueError) as e:
         print(f"otel-gpu: {e}", file=sys.stderr)
@@ -107,15 +121,14 @@ def cmd_run(args) -> int:
     from .collector import Collector
     console = config.console if config.console is not None else otlp is None
     store = _open_store(args.store, otlp is None)
-    sink = SpanSink(otlp, console, max_queue_size=int(os.environ.get("OTEL_BSP_MAX_QUEUE_SIZE", 8192)),
-                    store=store)
+    sink = SpanSink(otlp, console, max_queue_size=queue_size, store=store)
     k8s = None
     try:
         from .k8s import K8sResolver
         k8s = K8sResolver.from_environment(config.proc_root)
     except Exception as e:  # never fatal: spans flow without pod attributes
         log.warning("kubernetes attributes disabled: %s", e)
-    collector = Collector(config, sink, k8s=k8s)
+    collector = Collector(config, sink, k8s=k8s, resource_attributes=resource_attributes)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
@@ -134,10 +147,21 @@ def cmd_run(args) -> int:
     return 0
 
 
+class _Parser(argparse.ArgumentParser):
+    """A bad flag or value is one line naming it, exit 2 (no usage dump)."""
+
+    def error(self, message):
+        self.exit(2, f"otel-gpu {self.prog.split()[-1]}: {message}\n")
+
+
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="otel-gpu", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
-    _run_parser(sub)
+    parser = _Parser(prog="otel-gpu", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    try:
+        _run_parser(sub)  # reads the environment's defaults
+    except ConfigError as e:
+        print(f"otel-gpu: {e}", file=sys.stderr)
+        return 2
     d = sub.add_parser("demo", help="run the collector on a bundled CUDA HTTP service and print traces")
     d.add_argument("--requests", type=int, default=3, help="requests per route")
     from .store.commands import COMMANDS, add_parsers, dispatch

@@ -8,12 +8,12 @@ from pathlib import Path
 from typing import Optional
 
 from .clock import BpfClock
-from .config import Config, base_resource_attributes
+from .config import Config
 from .export.sink import SpanSink
 from .export.spans import SpanBuilder
 from .pipeline.cost import CostStage, Prices
 from .pipeline.enrich import ProcessCatalog
-from .pipeline.model import ProcessGone, ProcessWindow, Request
+from .pipeline.model import ProcessGone, ProcessSeen, ProcessWindow, Request
 from .pipeline.routes import RouteTemplater
 from .pipeline.sockets import PortCache
 from .pipeline.stitcher import Stitcher
@@ -57,7 +57,8 @@ class Pipeline:
 
 
 class Collector:
-    def __init__(self, config: Config, sink: SpanSink, k8s=None, extra_stages: Optional[list] = None) -> None:
+    def __init__(self, config: Config, sink: SpanSink, k8s=None, extra_stages: Optional[list] = None,
+                 resource_attributes: Optional[dict] = None) -> None:
         self.config = config
         self.stats = sink.stats  # one set of counters for the whole collector
         self.clock = BpfClock()
@@ -69,7 +70,7 @@ class Collector:
         routes = RouteTemplater(config.route_patterns)
         self.cost = CostStage(Prices(config.gpu_price, config.currency), self._open_requests,
                               config.feature_header, routes.route)
-        self.catalog = ProcessCatalog(config.proc_root, k8s, base_resource_attributes(), self.stats)
+        self.catalog = ProcessCatalog(config.proc_root, k8s, resource_attributes or {}, self.stats)
         builder = SpanBuilder(self.clock, routes, self.catalog.resource, self.kernel_names,
                               config.export_query, config.export_headers, currency=config.currency)
         self.metrics = self._metrics(routes)
@@ -86,6 +87,8 @@ class Collector:
         for r in records:
             if isinstance(r, ProcessGone):
                 self._exited.append(r.tgid)
+            elif isinstance(r, ProcessSeen) and r.tgid in self._exited:
+                self._exited.remove(r.tgid)  # the pid was reused before the flush: keep its state
         return records
 
     def _metrics(self, routes):
@@ -137,6 +140,7 @@ class Collector:
         traced = self.bpf["traced"]
         for pid in found.cuda_pids - self._traced_pids:
             traced[ct.c_uint32(pid)] = ct.c_uint32(1)
+            self.catalog.resource(pid)  # read /proc now, while the process is surely alive
             log.info("tracing pid %d", pid)
         self._traced_pids = found.cuda_pids
 
@@ -174,6 +178,8 @@ class Collector:
         gone = set(self._exited)
         self._exited.clear()
         for tgid in gone:
+            self.stitcher.procs.pop(tgid, None)  # recreated by its last in-kernel rollups
+            self.catalog.forget(tgid)
             self.rollups.forget(tgid)
             self.kernel_names.forget(tgid)
             self.ports.forget(tgid)

@@ -51,7 +51,7 @@ class CountingExporter(SpanExporter):
         if result == SpanExportResult.SUCCESS:
             self.stats.add("spans_exported", len(spans))
         else:
-            self.stats.add("spans_export_failed", len(spans) - 1)
+            self.stats.add("spans_export_failed", len(spans) - 1)  # +1 by the log event
             self._log.event("spans_export_failed", logging.WARNING,
                             "OTLP export failed: %d spans dropped (backend down?); retrying with new spans", len(spans))
         return result
@@ -75,15 +75,19 @@ class SpanSink:
         self._log = RateLimitedLog(log, self.stats, interval_s=30.0)
         self.console = ConsoleTreeExporter(out) if console else None
         self.max_queue_size = max_queue_size
+        # The SDK refuses an export batch larger than the queue: cap it.
+        batch_size = min(int(os.environ.get("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", 512)), max_queue_size)
         self.batch = BatchSpanProcessor(CountingExporter(otlp, self.stats, self._log), max_queue_size=max_queue_size,
-                                        schedule_delay_millis=schedule_delay_ms) if otlp else None
+                                        schedule_delay_millis=schedule_delay_ms,
+                                        max_export_batch_size=batch_size) if otlp else None
         self.store = store  # otel_gpu.store.sink.StoreSink, or None
         self.spans_out = 0
 
-    def _queue_full(self) -> bool:
-        # The SDK would drop the oldest span with a warning each time; count instead.
+    def _no_room_for(self, n: int) -> bool:
+        # A request's spans go in whole or not at all: past the bound the SDK would drop
+        # the oldest queued spans silently (one warning each); we count instead.
         queue = getattr(getattr(self.batch, "_batch_processor", None), "_queue", None)
-        return queue is not None and len(queue) >= self.max_queue_size
+        return queue is not None and len(queue) + n > self.max_queue_size
 
     def emit(self, spans: Sequence[ReadableSpan]) -> None:
         if not spans:
@@ -94,8 +98,8 @@ class SpanSink:
         if self.store:
             self.store.write(spans)
         if self.batch:
-            if self._queue_full():
-                self.stats.add("spans_dropped_queue_full", len(spans) - 1)
+            if self._no_room_for(len(spans)):
+                self.stats.add("spans_dropped_queue_full", len(spans) - 1)  # +1 by the log event
                 self._log.event("spans_dropped_queue_full", logging.WARNING,
                                 "OTLP queue full (%d spans): dropping %d new spans", self.max_queue_size, len(spans))
                 return

@@ -14,7 +14,7 @@ import glob
 import time
 from typing import Callable, Optional
 
-from .model import Request
+from .model import ProcessGone, Request
 
 
 def split_seconds(window: tuple[int, int], others: list[tuple[int, int]]) -> float:
@@ -95,6 +95,9 @@ class CostStage:
                 if not r.busy.empty:
                     self._recent.setdefault((r.tgid, r.busy.device), []).append((r.busy.start_ns, r.busy.end_ns))
                 self._held.append((self.clock(), r))
+            elif isinstance(r, ProcessGone):
+                # Its requests leave before it does: later stages still know the process.
+                out = self._release(out, force=False, pid=r.tgid) + [r]
             else:
                 out.append(r)
         return self._release(out, force=False)
@@ -106,10 +109,12 @@ class CostStage:
     def flush(self) -> list:
         return self._release([], force=True)
 
-    def _release(self, out: list, force: bool) -> list:
+    def _release(self, out: list, force: bool, pid: Optional[int] = None) -> list:
+        """Prices and hands on the held requests that are settled (all of them with
+        `force`, and all of process `pid`'s: nothing of a dead process can overlap)."""
         now, keep = self.clock(), []
         for held_since, r in self._held:
-            if force or now - held_since > self.max_hold_s or not self._may_still_overlap(r):
+            if force or r.tgid == pid or now - held_since > self.max_hold_s or not self._may_still_overlap(r):
                 self._price(r)
                 out.append(r)
             else:

@@ -71,11 +71,18 @@ class ProcessCatalog:
         for r in records:
             if isinstance(r, ProcessSeen):
                 self._resources[r.tgid] = self._build(r.tgid)
-            elif isinstance(r, ProcessGone):
-                self._resources.pop(r.tgid, None)
-                self._pods_version.pop(r.tgid, None)
-                self._started.pop(r.tgid, None)
+            elif isinstance(r, ProcessGone) and r.tgid not in self._resources:
+                # Gone before /proc was read (its calls were only counted in the kernel):
+                # name it from the exit event. Kept until forget(), for its last rollups.
+                self._resources[r.tgid] = Resource({**self.base, sc.PROCESS_PID: r.tgid,
+                                                    sc.SERVICE_NAME: r.comm or f"unknown_service:pid{r.tgid}"})
         return records
+
+    def forget(self, tgid: int) -> None:
+        """After a process's last spans are out (the collector's flush after its exit)."""
+        self._resources.pop(tgid, None)
+        self._pods_version.pop(tgid, None)
+        self._started.pop(tgid, None)
 
     def resource(self, tgid: int) -> Resource:
         res = self._resources.get(tgid)

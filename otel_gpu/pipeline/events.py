@@ -84,7 +84,7 @@ class CudaEvent(ct.Structure):
 
 
 class ProcExitEvent(ct.Structure):
-    _fields_ = [("h", EventHeader)]
+    _fields_ = [("h", EventHeader), ("comm", ct.c_char * 16)]
 
 
 class RollupKey(ct.Structure):
@@ -152,6 +152,7 @@ class CudaCall:
 class ProcExit:
     tgid: int
     ts_ns: int
+    comm: str = ""
 
 
 Event = Union[Accept, SockIo, SockClose, CudaCall, ProcExit]
@@ -214,8 +215,9 @@ def decode(buf) -> Event:
         e = CloseEvent.from_buffer_copy(buf)
         return SockClose(e.h.tgid, e.h.tid, e.h.ts_ns, e.fd)
     if kind == EV_PROC_EXIT:
-        e = EventHeader.from_buffer_copy(buf[:_HEADER_SIZE])
-        return ProcExit(e.tgid, e.ts_ns)
+        _need(buf, ProcExitEvent)
+        e = ProcExitEvent.from_buffer_copy(buf)
+        return ProcExit(e.h.tgid, e.h.ts_ns, e.comm.decode(errors="replace"))
     raise DecodeError(f"unknown event kind {kind}")
 
 

@@ -171,3 +171,4 @@ class ProcessSeen:
 @dataclass
 class ProcessGone:
     tgid: int
+    comm: str = ""  # from the exit event: names a process /proc was never read for

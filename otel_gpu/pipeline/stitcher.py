@@ -52,6 +52,9 @@ class Proc:
     ambiguous: Optional[ProcessWindow] = None
     outside: Optional[ProcessWindow] = None
     device_by_tid: dict = field(default_factory=dict)
+    # Threads holding a half-read request head (fd): serving something we cannot see,
+    # so their calls are never handed to another request by "process" attribution.
+    partial_heads: dict = field(default_factory=dict)
 
 
 class Stitcher:
@@ -169,8 +172,12 @@ class Stitcher:
             else:
                 c.queued.append(req)
             c.head_start_ns, c.head_tid = ev.ts_ns, ev.tid  # next pipelined head
-        if not c.requests._head:
+        if c.requests._head:
+            p.partial_heads[ev.tid] = ev.fd
+        else:
             c.head_start_ns = 0
+            if p.partial_heads.get(ev.tid) == ev.fd:
+                del p.partial_heads[ev.tid]
 
     def _new_request(self, p: Proc, c: Conn, head, start_ns: int, tid: int) -> Request:
         req = Request(p.tgid, tid, c.fd, head, start_ns,
@@ -221,6 +228,10 @@ class Stitcher:
         c = p.conns.get(fd) if p else None
         if c is None:
             return
+        if c.requests._head:
+            self._log.event("http_incomplete_heads", logging.INFO,
+                            "pid %d fd %d: connection closed with a request head half read (%d bytes): dropped",
+                            tgid, fd, len(c.requests._head))
         req = c.active
         if req is not None and req.status is not None and c.responses.current is not None \
                 and c.responses.current.body_left is None:
@@ -231,6 +242,8 @@ class Stitcher:
     def _drop_conn(self, p: Proc, c: Conn, ts: int, reason: str, out: list) -> None:
         self._drop_requests(p, c, ts, reason, out)
         p.conns.pop(c.fd, None)
+        for tid in [t for t, fd in p.partial_heads.items() if fd == c.fd]:
+            del p.partial_heads[tid]
 
     def _drop_requests(self, p: Proc, c: Conn, ts: int, reason: str, out: list) -> None:
         if c.active is not None:
@@ -253,16 +266,16 @@ class Stitcher:
         out.append(req)
 
     def _on_exit(self, ev: ProcExit, out: list) -> None:
-        p = self.procs.get(ev.tgid)
-        if p is None:
-            return
-        for c in list(p.conns.values()):
-            self._drop_conn(p, c, ev.ts_ns, "process exited", out)
-        for attr in ("ambiguous", "outside"):
-            if getattr(p, attr) is not None:
-                out.append(getattr(p, attr))
-        del self.procs[ev.tgid]
-        out.append(ProcessGone(ev.tgid))
+        # ProcessGone even for a process never seen here (its calls were only counted
+        # in the kernel): the collector still has its BPF entries to drop.
+        p = self.procs.pop(ev.tgid, None)
+        if p is not None:
+            for c in list(p.conns.values()):
+                self._drop_conn(p, c, ev.ts_ns, "process exited", out)
+            for attr in ("ambiguous", "outside"):
+                if getattr(p, attr) is not None:
+                    out.append(getattr(p, attr))
+        out.append(ProcessGone(ev.tgid, ev.comm))
 
     # --- CUDA ------------------------------------------------------------------
     def _on_cuda(self, ev: CudaCall, out: list) -> None:
@@ -270,7 +283,7 @@ class Stitcher:
         if ev.call == CALL_SET_DEVICE:
             p.device_by_tid[ev.tid] = ev.bytes
             return
-        attribution, target = attribute(p.open, ev.tid)
+        attribution, target = attribute(p.open, ev.tid, p.partial_heads)
         self.attributed[attribution] += 1
         if attribution in (THREAD, PROCESS):
             target.sink.add(ev, attribution)
@@ -294,7 +307,7 @@ class Stitcher:
         return w
 
 
-def attribute(open_requests: list, tid: int):
+def attribute(open_requests: list, tid: int, partial_heads: dict = {}):  # noqa: B006 (read only)
     """(attribution, request or candidate list or None) for a call on thread `tid`."""
     if not open_requests:
         return OUTSIDE, None
@@ -303,6 +316,6 @@ def attribute(open_requests: list, tid: int):
         return THREAD, on_thread[0]
     if on_thread:
         return AMBIGUOUS, on_thread
-    if len(open_requests) == 1:
+    if len(open_requests) == 1 and tid not in partial_heads:
         return PROCESS, open_requests[0]
     return AMBIGUOUS, list(open_requests)

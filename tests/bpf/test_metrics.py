@@ -50,3 +50,14 @@ def test_prometheus_metrics_count_launches_bytes_and_requests(receiver, start_co
     assert _value(text, "otel_gpu_cost_gpu_seconds_total", otel_gpu_feature="/cost") > 0.025
     assert _value(text, "otel_gpu_cuda_calls_total", otel_gpu_attribution="thread") >= 12 + 6 + 2
     assert re.search(r"^otel_gpu_events_lost_total(\{[^}]*\})? 0", text, re.M)
+
+
+def test_metrics_go_out_over_otlp_too(receiver, start_collector, start_target):
+    collector = start_collector(OTEL_METRIC_EXPORT_INTERVAL="500")
+    target = start_target()
+    collector.wait_traced(target.pid)
+    target.go()
+    target.get("/work?launches=2&copies=1")
+    assert collector.stop() == 0  # shutdown flushes the last metrics
+    assert {"gpu.kernel.launches", "gpu.memcpy.bytes", "http.server.request.duration",
+            "otel_gpu.cuda.calls"} <= receiver.metric_names

@@ -134,10 +134,6 @@ def test_ring_buffer_overflow_is_logged_counted_and_exported(receiver, start_col
         assert s.attributes["gpu.launches"] <= 20000
 
 
-@pytest.mark.xfail(strict=True, reason="bug: OTEL_BSP_MAX_QUEUE_SIZE below 512 without "
-                   "OTEL_BSP_MAX_EXPORT_BATCH_SIZE crashes the collector with a traceback (SDK ValueError "
-                   "'max_export_batch_size must be less than or equal to max_queue_size' from SpanSink.__init__, "
-                   "otel_gpu/export/sink.py:78, outside cli.cmd_run's ConfigError handling)")
 def test_small_otlp_queue_alone_is_accepted(receiver):
     """OTEL_BSP_MAX_QUEUE_SIZE=256 is a valid setting: the batch size should follow it."""
     env = dict(os.environ, OTEL_EXPORTER_OTLP_ENDPOINT=receiver.endpoint, OTEL_BSP_MAX_QUEUE_SIZE="256")

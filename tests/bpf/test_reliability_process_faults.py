@@ -83,10 +83,6 @@ def test_sigkill_mid_request_closes_the_request_with_an_error(killed, receiver):
         assert len(children_of(receiver.spans, span)) == 3
 
 
-@pytest.mark.xfail(strict=True, reason="bug: CostStage.process (otel_gpu/pipeline/cost.py) puts released "
-                   "Requests after the other records of the batch, so the killed request reaches "
-                   "ProcessCatalog after its ProcessGone: catalog.resource() rebuilds a Resource for the dead "
-                   "pid from a /proc entry that is gone (no service.name) and keeps it forever (resources=+1)")
 def test_sigkill_mid_request_leaks_nothing(killed, receiver):
     collector, pid, baseline, after = killed
     assert after == baseline, f"tables not back to baseline after the kill: before {baseline}, after {after}"
@@ -164,11 +160,6 @@ def test_hundreds_of_short_lived_processes_attribution_and_memory(burst, receive
     assert collector.stop() == 0
 
 
-@pytest.mark.xfail(strict=True, reason="bug: a process that exits before any of its events was streamed "
-                   "(CUDA calls only counted in the BPF rollup map) leaks: stitcher._on_exit ignores a tgid "
-                   "without a Proc, so no ProcessGone; the next flush's add_kernel_rollups creates the Proc, "
-                   "ProcessCatalog.resource() builds its Resource, and nothing removes them or the BPF "
-                   "traced/rollup entries (collector._forget_exited never runs for that tgid)")
 def test_hundreds_of_short_lived_processes_leave_no_state(burst, receiver):
     collector, made, before, _ = burst
     wait_until(lambda: False, 11)  # two flushes: rollups read, exited processes forgotten

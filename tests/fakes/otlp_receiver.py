@@ -1,5 +1,5 @@
-"""A real OTLP/gRPC trace receiver on 127.0.0.1 (the collector protocol's own
-generated service), keeping every span it is sent, for assertions."""
+"""A real OTLP/gRPC receiver on 127.0.0.1 (the collector protocol's own generated
+services), keeping every span it is sent, and the names of the metrics, for assertions."""
 from __future__ import annotations
 
 import threading
@@ -7,6 +7,7 @@ from concurrent import futures
 from dataclasses import dataclass
 
 import grpc
+from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2, metrics_service_pb2_grpc
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 
 
@@ -42,6 +43,8 @@ class OtlpReceiver(trace_service_pb2_grpc.TraceServiceServicer):
         self._cond = threading.Condition()
         self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
         trace_service_pb2_grpc.add_TraceServiceServicer_to_server(self, self.server)
+        self.metric_names: set[str] = set()
+        metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server(_Metrics(self), self.server)
         self.port = self.server.add_insecure_port("127.0.0.1:0")
 
     def Export(self, request, context):
@@ -73,3 +76,15 @@ class OtlpReceiver(trace_service_pb2_grpc.TraceServiceServicer):
     def wait_for(self, predicate, timeout: float = 20.0) -> bool:
         with self._cond:
             return self._cond.wait_for(lambda: predicate(self.spans), timeout)
+
+
+class _Metrics(metrics_service_pb2_grpc.MetricsServiceServicer):
+    def __init__(self, receiver: OtlpReceiver) -> None:
+        self.receiver = receiver
+
+    def Export(self, request, context):
+        names = {m.name for rm in request.resource_metrics for sm in rm.scope_metrics for m in sm.metrics}
+        with self.receiver._cond:
+            self.receiver.metric_names |= names
+            self.receiver._cond.notify_all()
+        return metrics_service_pb2.ExportMetricsServiceResponse()

@@ -114,7 +114,7 @@ def test_k8s_resolver_fills_in(tmp_path):
     assert cat.resource(12).attributes[sc.SERVICE_NAME] == "own"  # the process's own name wins
 
 
-def test_stage_caches_until_process_gone(tmp_path):
+def test_stage_caches_until_the_collector_forgets_the_process(tmp_path):
     fake_proc(tmp_path, 20, env={"OTEL_SERVICE_NAME": "first"})
     cat = ProcessCatalog(proc_root=str(tmp_path))
     records = [ProcessSeen(20)]
@@ -122,7 +122,16 @@ def test_stage_caches_until_process_gone(tmp_path):
     fake_proc(tmp_path, 20, env={"OTEL_SERVICE_NAME": "second"})
     assert cat.resource(20).attributes[sc.SERVICE_NAME] == "first"  # cached
     cat.process([ProcessGone(20)])
+    assert cat.resource(20).attributes[sc.SERVICE_NAME] == "first"  # kept for its last rollups
+    cat.forget(20)
     assert cat.resource(20).attributes[sc.SERVICE_NAME] == "second"
+
+
+def test_process_gone_before_proc_was_read_is_named_from_its_comm(tmp_path):
+    cat = ProcessCatalog(proc_root=str(tmp_path))  # no /proc entry: it exited already
+    cat.process([ProcessGone(21, "burst")])
+    res = cat.resource(21).attributes
+    assert res[sc.SERVICE_NAME] == "burst" and res[sc.PROCESS_PID] == 21
 
 
 def test_reused_pid_is_read_again(tmp_path):

@@ -273,3 +273,14 @@ def test_expect_100_continue_flow():
     (r,) = requests(out)
     assert (r.head.method, r.status, r.error) == ("POST", 200, None)
     assert len(r.sink.calls) == 1
+
+
+def test_thread_with_a_half_read_head_is_not_given_to_another_request():
+    """Thread 2 read half a head (a request we cannot see); while a real request is
+    open on thread 1, thread 2's calls are ambiguous, never that request's."""
+    s = new()
+    out = s.process([accept(fd=9, tid=2), read(b"GET /work?launches=5 ", fd=9, tid=2),
+                     accept(), read(get("/a")), cuda(tid=2), write(OK)])
+    (req,) = requests(out)
+    assert req.sink.calls == [] and req.sink.summary.ambiguous == 1
+    assert s.attributed["ambiguous"] == 1 and s.attributed["process"] == 0
