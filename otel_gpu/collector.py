@@ -1,6 +1,7 @@
 """The running collector: probes -> reader -> stitcher -> enrich -> export, wired here."""
 from __future__ import annotations
 
+import ctypes as ct
 import logging
 import threading
 import time
@@ -133,7 +134,6 @@ class Collector:
             Path(self.config.health_file).write_text("ready\n")
 
     def _scan(self) -> None:
-        import ctypes as ct
         found = self.discovery.scan()
         for target in found.targets:
             self.attacher.attach(target)
@@ -165,14 +165,13 @@ class Collector:
         self.pipeline.push(self.stitcher.flush_windows(), after=self.stitcher)
         self.pipeline.push(self.cost.poll(), after=self.cost)
         self._forget_exited()
-        lost = self.reader.counters()["ringbuf_full"]
-        if lost > self.stats.snapshot().get("lost_events", 0):
+        lost, seen = self.reader.counters()["ringbuf_full"], self.stats.snapshot().get("lost_events", 0)
+        if lost > seen:
             log.warning("ring buffer full: %d events lost so far", lost)
-            self.stats.add("lost_events", lost - self.stats.snapshot().get("lost_events", 0))
+            self.stats.add("lost_events", lost - seen)
 
     def _forget_exited(self) -> None:
         """Drops every trace of processes that exited: Python state and BPF map entries."""
-        import ctypes as ct
         if not self._exited:
             return
         gone = set(self._exited)
