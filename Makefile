@@ -18,9 +18,11 @@ test-unit: setup
 	$(PY) -m pytest -rs tests/unit
 
 bench: setup   # prints a table, writes bench/results/*.json (about 8 minutes)
+	$(PY) -m pip install -q py-spy
 	$(SUDO) $(PY) -m bench
 
 bench-quick: setup
+	$(PY) -m pip install -q py-spy
 	$(SUDO) $(PY) -m bench --quick
 
 clean:

@@ -29,8 +29,8 @@ def receiver():
 class RunningCollector:
     def __init__(self, receiver: OtlpReceiver, args: list[str], env: dict) -> None:
         self.receiver = receiver
-        full_env = dict(os.environ, OTEL_EXPORTER_OTLP_ENDPOINT=receiver.endpoint,
-                        OTEL_BSP_SCHEDULE_DELAY="200", **env)
+        full_env = {**os.environ, "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint,
+                    "OTEL_BSP_SCHEDULE_DELAY": "200", **env}
         self.proc = subprocess.Popen([sys.executable, "-m", "otel_gpu.cli", "run", "--no-console", *args],
                                      stderr=subprocess.PIPE, text=True, env=full_env, cwd=ROOT)
         self.log = LineWatcher(self.proc.stderr, echo=None)

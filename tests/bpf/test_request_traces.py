@@ -109,3 +109,23 @@ def test_span_budget_rolls_up_and_counts_add_up(receiver, start_collector, start
     assert sum(c.attributes["gpu.rollup.count"] for c in rolled) == 7
     assert span.attributes["gpu.launches"] == 12
     assert span.attributes["otel_gpu.spans.rolled_up"] == 7
+
+
+def test_otlp_http_protobuf_exporter(start_target):
+    """OTEL_EXPORTER_OTLP_PROTOCOL=http/protobuf: the SDK's HTTP exporter, to a real
+    OTLP/HTTP receiver."""
+    from tests.fakes.otlp_receiver import OtlpHttpReceiver
+    from tests.harness import RunningCollector
+    http_receiver = OtlpHttpReceiver().start()
+    collector = RunningCollector(http_receiver, [], {"OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf"})
+    try:
+        target = start_target()
+        collector.wait_traced(target.pid)
+        target.go()
+        target.get("/work?launches=2")
+        (span,) = _wait_requests(http_receiver, target.pid, "/work", 1)
+        assert span.attributes["gpu.launches"] == 2
+        assert len(children_of(http_receiver.spans, span)) == 2
+    finally:
+        collector.stop()
+        http_receiver.stop()

@@ -48,6 +48,10 @@ class OtlpReceiver(trace_service_pb2_grpc.TraceServiceServicer):
         self.port = self.server.add_insecure_port("127.0.0.1:0")
 
     def Export(self, request, context):
+        self.keep(request)
+        return trace_service_pb2.ExportTraceServiceResponse()
+
+    def keep(self, request) -> None:
         got = []
         for rs in request.resource_spans:
             res = _attrs(rs.resource.attributes)
@@ -60,7 +64,6 @@ class OtlpReceiver(trace_service_pb2_grpc.TraceServiceServicer):
         with self._cond:
             self.spans.extend(got)
             self._cond.notify_all()
-        return trace_service_pb2.ExportTraceServiceResponse()
 
     @property
     def endpoint(self) -> str:
@@ -88,3 +91,43 @@ class _Metrics(metrics_service_pb2_grpc.MetricsServiceServicer):
             self.receiver.metric_names |= names
             self.receiver._cond.notify_all()
         return metrics_service_pb2.ExportMetricsServiceResponse()
+
+
+class OtlpHttpReceiver(OtlpReceiver):
+    """The same, over OTLP/HTTP with protobuf bodies (POST /v1/traces, /v1/metrics)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *a):
+                pass
+
+            def do_POST(self):
+                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                if self.path == "/v1/traces" and self.headers.get("Content-Type") == "application/x-protobuf":
+                    receiver.keep(trace_service_pb2.ExportTraceServiceRequest.FromString(body))
+                    reply = trace_service_pb2.ExportTraceServiceResponse().SerializeToString()
+                elif self.path == "/v1/metrics":
+                    reply = metrics_service_pb2.ExportMetricsServiceResponse().SerializeToString()
+                else:
+                    self.send_error(404)
+                    return
+                self.send_response(200)
+                self.send_header("Content-Type", "application/x-protobuf")
+                self.send_header("Content-Length", str(len(reply)))
+                self.end_headers()
+                self.wfile.write(reply)
+
+        self.http = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = self.http.server_address[1]
+
+    def start(self) -> "OtlpHttpReceiver":
+        threading.Thread(target=self.http.serve_forever, daemon=True).start()
+        return self
+
+    def stop(self) -> None:
+        self.http.shutdown()
+        self.http.server_close()
