@@ -230,7 +230,7 @@ def test_daemonset_node_name_health_file_and_resources():
                 if "emptyDir" in next(v for v in pod["volumes"] if v["name"] == m["name"])]
     assert any(health.startswith(path + "/") for path in writable)
     assert container(daemonset)["resources"] == {
-        "requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"cpu": "1", "memory": "256Mi"}}
+        "requests": {"cpu": "100m", "memory": "256Mi"}, "limits": {"cpu": "1", "memory": "512Mi"}}
     assert container(daemonset)["command"] + container(daemonset)["args"] == ["otel-gpu", "run", "--no-console"]
 
 
