@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-from otel_gpu.demo.runner import LineWatcher
+from otel_gpu.demo.runner import LineWatcher, stop_process
 
 ROOT = Path(__file__).resolve().parents[1]
 TICK = os.sysconf("SC_CLK_TCK")
@@ -62,13 +62,7 @@ class Collector:
     def stop(self) -> dict:
         """SIGINT, wait, and the parsed `stopped:` line (empty dict if none)."""
         t0 = time.monotonic()
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGINT)
-            try:
-                self.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_process(self.proc, signal.SIGINT, 60)
         self.stop_s = time.monotonic() - t0
         time.sleep(0.2)  # let the watcher read the last lines
         return self.summary()

@@ -7,7 +7,7 @@ import subprocess
 import sys
 import urllib.request
 
-from otel_gpu.demo.runner import LineWatcher
+from otel_gpu.demo.runner import LineWatcher, stop_process
 
 
 class Service:
@@ -33,10 +33,4 @@ class Service:
         return json.loads(out.stdout)
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_process(self.proc, timeout=10)

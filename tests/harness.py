@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from otel_gpu.demo.runner import LineWatcher, free_port
+from otel_gpu.demo.runner import LineWatcher, free_port, stop_process
 from tests.fakes.otlp_receiver import OtlpReceiver
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -43,14 +43,7 @@ class RunningCollector:
             raise RuntimeError(f"pid {pid} never traced:\n" + "".join(self.log.lines))
 
     def stop(self) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        return self.proc.returncode
+        return stop_process(self.proc, signal.SIGTERM, 60)
 
 
 @pytest.fixture
@@ -101,12 +94,7 @@ class Target:
         return urllib.request.urlopen(req, timeout=20).read()
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
+        stop_process(self.proc, timeout=10)
 
 
 @pytest.fixture

@@ -41,6 +41,18 @@ class LineWatcher:
             return self._cond.wait_for(lambda: any(needle in l for l in self.lines), timeout)
 
 
+def stop_process(proc: subprocess.Popen, sig: int = signal.SIGTERM, timeout: float = 30) -> int:
+    """Signal, wait, kill if it will not stop; the exit code."""
+    if proc.poll() is None:
+        proc.send_signal(sig)
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    return proc.returncode
+
+
 def wait_for_port(port: int, timeout: float) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -79,12 +91,7 @@ def run_demo(requests_per_route: int = 3) -> int:
         time.sleep(1.0)  # let the collector drain the ring buffer
     finally:
         if service:
-            service.terminate()
-            service.wait(10)
-        collector.send_signal(signal.SIGINT)
-        try:
-            collector.wait(30)
-        except subprocess.TimeoutExpired:
-            collector.kill()
+            stop_process(service, timeout=10)
+        stop_process(collector, signal.SIGINT)
     print("\nPer-route GPU cost of this run (host-side estimates; otel-gpu report --help):", flush=True)
     return subprocess.call([py, "-m", "otel_gpu.cli", "report", "--db", store])

@@ -4,7 +4,6 @@ kube-apiserver on 127.0.0.1 that the real `kubernetes` client lists and watches.
 from __future__ import annotations
 
 import os
-import shutil
 import uuid
 from pathlib import Path
 
