@@ -63,14 +63,19 @@ def env_list(name: str) -> list[str]:
     return [x.strip() for x in os.environ.get(name, "").split(",") if x.strip()]
 
 
+def resource_attributes(text: str, strict: bool = True) -> dict:
+    """OTEL_RESOURCE_ATTRIBUTES syntax, "k1=v1,k2=v2". `strict`: a malformed pair is a
+    ConfigError (our own setting); otherwise it is skipped (a traced process's)."""
+    attrs = {}
+    for pair in text.split(","):
+        k, sep, v = pair.partition("=")
+        if sep and k.strip():
+            attrs[k.strip()] = v.strip()
+        elif strict and pair.strip():
+            raise ConfigError("OTEL_RESOURCE_ATTRIBUTES", f"{pair.strip()!r} is not key=value")
+    return attrs
+
+
 def base_resource_attributes(env=os.environ) -> dict:
     """The collector's own OTEL_RESOURCE_ATTRIBUTES, added to every exported resource."""
-    attrs = {}
-    for pair in env.get("OTEL_RESOURCE_ATTRIBUTES", "").split(","):
-        k, sep, v = pair.partition("=")
-        if not sep or not k.strip():
-            if pair.strip():
-                raise ConfigError("OTEL_RESOURCE_ATTRIBUTES", f"{pair.strip()!r} is not key=value")
-            continue
-        attrs[k.strip()] = v.strip()
-    return attrs
+    return resource_attributes(env.get("OTEL_RESOURCE_ATTRIBUTES", ""))

@@ -11,6 +11,7 @@ from typing import Optional
 from opentelemetry.sdk.resources import Resource
 
 from .. import semconv as sc
+from ..config import resource_attributes
 from ..ratelimit import RateLimitedLog, Stats
 from .model import ProcessGone, ProcessSeen
 
@@ -126,10 +127,7 @@ class ProcessCatalog:
             attrs[sc.PROCESS_EXECUTABLE_NAME] = os.path.basename(exe)
         if argv:
             attrs[sc.PROCESS_COMMAND_LINE] = " ".join(argv)[:1024]
-        for pair in env.get("OTEL_RESOURCE_ATTRIBUTES", "").split(","):
-            k, sep, v = pair.partition("=")
-            if sep and k.strip():
-                attrs[k.strip()] = v.strip()
+        attrs.update(resource_attributes(env.get("OTEL_RESOURCE_ATTRIBUTES", ""), strict=False))
         service = env.get("OTEL_SERVICE_NAME")
         if self.k8s is not None:
             self._pods_version[pid] = self.k8s.pods_version
