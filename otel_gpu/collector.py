@@ -82,6 +82,7 @@ class Collector:
         self._exited: list[int] = []
         self._traced_pids: set[int] = set()
         self.state_requested = threading.Event()
+        self._rollups_read_ns: Optional[int] = None
 
     # Last stage: bookkeeping for processes that are gone.
     def process(self, records: list) -> list:
@@ -161,7 +162,7 @@ class Collector:
 
     def flush(self) -> None:
         """Per interval: in-kernel rollups, ambiguous/outside windows, exited processes."""
-        self.stitcher.add_kernel_rollups(self.rollups.deltas(), time.monotonic_ns())
+        self._read_kernel_rollups()
         self.pipeline.push(self.stitcher.flush_windows(), after=self.stitcher)
         self.pipeline.push(self.cost.poll(), after=self.cost)
         self._forget_exited()
@@ -169,6 +170,11 @@ class Collector:
         if lost > seen:
             log.warning("ring buffer full: %d events lost so far", lost)
             self.stats.add("lost_events", lost - seen)
+
+    def _read_kernel_rollups(self) -> None:
+        now = time.monotonic_ns()
+        self.stitcher.add_kernel_rollups(self.rollups.deltas(), now, self._rollups_read_ns)
+        self._rollups_read_ns = now
 
     def _forget_exited(self) -> None:
         """Drops every trace of processes that exited: Python state and BPF map entries."""
@@ -205,7 +211,7 @@ class Collector:
         try:
             if self.bpf is not None:
                 self.pipeline.push(self.reader.poll(0))
-                self.stitcher.add_kernel_rollups(self.rollups.deltas(), time.monotonic_ns())
+                self._read_kernel_rollups()
                 self.pipeline.push(self.stitcher.close_all(time.monotonic_ns(), "collector stopped"),
                                    after=self.stitcher)
                 self.pipeline.push(self.cost.flush(), after=self.cost)

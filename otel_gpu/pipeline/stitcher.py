@@ -91,12 +91,13 @@ class Stitcher:
                 out.append(ev)
         return out
 
-    def add_kernel_rollups(self, deltas: list, now_ns: int) -> None:
-        """Calls the BPF side counted while no request could be open (rollup map)."""
+    def add_kernel_rollups(self, deltas: list, now_ns: int, since_ns: Optional[int] = None) -> None:
+        """Calls the BPF side counted while no request could be open (rollup map),
+        made some time between `since_ns` (the previous read) and `now_ns`."""
         for tgid, call, func, count, nbytes, duration_ns in deltas:
             p = self.procs.get(tgid) or self.procs.setdefault(tgid, Proc(tgid))
             self.attributed[OUTSIDE] += count
-            w = self._window(p, OUTSIDE, now_ns)
+            w = self._window(p, OUTSIDE, now_ns if since_ns is None else since_ns)
             w.sink.add_aggregate(call, func, count, nbytes, duration_ns, now_ns)
             w.end_ns = max(w.end_ns, now_ns)
 

@@ -284,3 +284,10 @@ def test_thread_with_a_half_read_head_is_not_given_to_another_request():
     (req,) = requests(out)
     assert req.sink.calls == [] and req.sink.summary.ambiguous == 1
     assert s.attributed["ambiguous"] == 1 and s.attributed["process"] == 0
+
+
+def test_kernel_rollups_span_the_interval_since_the_previous_read():
+    s = new()
+    s.add_kernel_rollups([(PID, CALL_LAUNCH_KERNEL, 0xAB, 3, 0, 0)], now_ns=9_000_000, since_ns=4_000_000)
+    (w,) = s.flush_windows()
+    assert (w.start_ns, w.end_ns) == (4_000_000, 9_000_000) and w.sink.summary.launches == 3
