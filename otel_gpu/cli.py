@@ -60,7 +60,8 @@ def build_config(args) -> Config:
 def preflight() -> None:
     """Fails early with one line that names the fix."""
     if os.geteuid() != 0:
-        raise SystemExit("otel-gpu: needs root (eBPF needs CAP_BPF, CAP_PERFMON and CAP_SYS_ADMIN): run it with sudo")
+        raise SystemExit("otel-gpu: needs root (eBPF needs CAP_BPF and CAP_PERFMON, /proc of other users "
+                         "CAP_SYS_PTRACE and CAP_DAC_READ_SEARCH): run it with sudo")
     if not (os.path.exists("/sys/kernel/debug/tracing/uprobe_events")
             or os.path.exists("/sys/kernel/tracing/uprobe_events")):
         raise SystemExit("otel-gpu: tracefs is not mounted: mount -t debugfs debugfs /sys/kernel/debug "
