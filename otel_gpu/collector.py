@@ -158,6 +158,7 @@ class Collector:
                 next_flush = now + self.config.flush_interval_s
             if self.state_requested.is_set():
                 self.state_requested.clear()
+                self.pipeline.push(self.reader.poll(0))  # as of the signal: drain first
                 log.info("%s", self.state())
 
     def flush(self) -> None:
