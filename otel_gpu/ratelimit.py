@@ -46,9 +46,9 @@ class RateLimitedLog:
         self._last: Dict[str, float] = {}
         self._suppressed: Dict[str, int] = {}
 
-    def event(self, key: str, level: int, message: str, *args: object) -> None:
-        """Counts `key` and logs `message % args` unless `key` was logged recently."""
-        self._stats.add(key)
+    def event(self, key: str, level: int, message: str, *args: object, count: int = 1) -> None:
+        """Counts `count` under `key` and logs `message % args` unless `key` was logged recently."""
+        self._stats.add(key, count)
         now = self._clock()
         with self._lock:
             last = self._last.get(key)

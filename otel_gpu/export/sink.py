@@ -51,9 +51,9 @@ class CountingExporter(SpanExporter):
         if result == SpanExportResult.SUCCESS:
             self.stats.add("spans_exported", len(spans))
         else:
-            self.stats.add("spans_export_failed", len(spans) - 1)  # +1 by the log event
             self._log.event("spans_export_failed", logging.WARNING,
-                            "OTLP export failed: %d spans dropped (backend down?); retrying with new spans", len(spans))
+                            "OTLP export failed: %d spans dropped (backend down?); retrying with new spans",
+                            len(spans), count=len(spans))
         return result
 
     def shutdown(self) -> None:
@@ -99,9 +99,9 @@ class SpanSink:
             self.store.write(spans)
         if self.batch:
             if self._no_room_for(len(spans)):
-                self.stats.add("spans_dropped_queue_full", len(spans) - 1)  # +1 by the log event
                 self._log.event("spans_dropped_queue_full", logging.WARNING,
-                                "OTLP queue full (%d spans): dropping %d new spans", self.max_queue_size, len(spans))
+                                "OTLP queue full (%d spans): dropping %d new spans", self.max_queue_size,
+                                len(spans), count=len(spans))
                 return
             for s in spans:
                 self.batch.on_end(s)

@@ -253,8 +253,7 @@ class Stitcher:
         if c.queued:
             self._log.event("pipelined_requests_dropped", logging.INFO,
                             "pid %d fd %d: %d pipelined request(s) never answered",
-                            p.tgid, c.fd, len(c.queued))
-            self.stats.add("pipelined_requests_dropped", len(c.queued) - 1)
+                            p.tgid, c.fd, len(c.queued), count=len(c.queued))
             c.queued.clear()
 
     def _finish(self, p: Proc, c: Conn, req: Request, ts: int, error: Optional[str], out: list) -> None:
