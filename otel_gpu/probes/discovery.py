@@ -110,18 +110,13 @@ class Discovery:
     def _static_exe(self, base: str) -> Optional[ProbeTarget]:
         try:
             st = os.stat(f"{base}/exe")
+            path = f"{base}/root{os.readlink(f'{base}/exe')}"
         except OSError:
             return None
         key = (st.st_dev, st.st_ino)
         if key not in self._static_cache:
-            try:
-                path = f"{base}/root{os.readlink(f'{base}/exe')}"
-                self._static_cache[key] = self._has_static(path) if os.path.exists(path) else False
-            except OSError:
-                self._static_cache[key] = False
-        if not self._static_cache[key]:
-            return None
-        return ProbeTarget(RUNTIME, f"{base}/root{os.readlink(f'{base}/exe')}", key)
+            self._static_cache[key] = os.path.exists(path) and self._has_static(path)
+        return ProbeTarget(RUNTIME, path, key) if self._static_cache[key] else None
 
 
 def _elf_defines_cuda_launch(path: str) -> bool:
