@@ -1,12 +1,142 @@
-"""What is attached where, as data. Adding a CUDA function is one row here plus
-one small handler in bpf/cuda_probes.c."""
+"""What is attached where, as data: the CUDA call table and the HTTP tracepoints.
+
+One row per CUDA call says everything the rest of otel-gpu needs to know about it:
+its id (shared with the BPF side, which gets the ids as generated #defines), the
+symbols and BPF handlers to attach, and its category, which decides the event shape
+it arrives in, what its rollup key means, the span attributes, the request summary and
+the metrics. Adding a call of an existing category is one row here plus one small
+handler in bpf/cuda_probes.c."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import Enum
 from typing import Optional
 
 RUNTIME = "cudart"  # libcudart.so*, or an executable with cudart linked statically
 DRIVER = "cuda"     # libcuda.so*
+
+
+class Category(str, Enum):
+    """What a call does, as far as spans, summaries, cost and metrics care."""
+    LAUNCH = "launch"   # a kernel launch: function, grid, block, shared memory, stream
+    GRAPH = "graph"     # a CUDA graph launch: counts as a launch, the kernels are unseen
+    MEMCPY = "memcpy"   # a copy: bytes, direction, stream
+    ALLOC = "alloc"     # device memory allocated: pointer (at return), bytes
+    FREE = "free"       # device memory freed: pointer
+    SYNC = "sync"       # the host waits: handle (stream or event), duration
+    DEVICE = "device"   # the thread's current device changes: ordinal
+
+
+class Shape(str, Enum):
+    """The ring-buffer record a call arrives in (one C struct each in bpf/events.h)."""
+    LAUNCH = "launch"
+    MEMCPY = "memcpy"
+    MEMORY = "memory"
+    SYNC = "sync"
+    GRAPH = "graph"
+    DEVICE = "device"
+
+
+SHAPE_OF = {
+    Category.LAUNCH: Shape.LAUNCH, Category.GRAPH: Shape.GRAPH, Category.MEMCPY: Shape.MEMCPY,
+    Category.ALLOC: Shape.MEMORY, Category.FREE: Shape.MEMORY, Category.SYNC: Shape.SYNC,
+    Category.DEVICE: Shape.DEVICE,
+}
+
+# What the 64-bit `detail` of an in-kernel rollup key (and of a span rollup) holds, by
+# category. bpf/cuda_probes.c fills it the same way (a bpf-tier test checks each).
+ROLLUP_DETAIL = {
+    Category.LAUNCH: "kernel function", Category.GRAPH: "graph exec",
+    Category.MEMCPY: "direction (cudaMemcpyKind)", Category.ALLOC: "pointer",
+    Category.FREE: "pointer", Category.SYNC: "none (0)", Category.DEVICE: "device ordinal",
+}
+
+# cudaMemcpyKind, as the runtime numbers it.
+MEMCPY_DIRECTIONS = {0: "h2h", 1: "h2d", 2: "d2h", 3: "d2d", 4: "default"}
+
+
+@dataclass(frozen=True)
+class CallSpec:
+    id: int                    # enum value shared with the BPF side (CALL_<CONST>)
+    name: str                  # the API name: span names, gpu.cuda.call
+    category: Category
+    library: str               # RUNTIME or DRIVER
+    symbols: tuple[str, ...]   # every exported variant (per-thread-stream _ptsz/_ptds too)
+    entry: str                 # BPF function run at entry
+    ret: Optional[str] = None  # BPF function run at return (~2x the cost: only where needed)
+    const: str = ""            # C name suffix: CALL_<const>
+
+    @property
+    def shape(self) -> Shape:
+        return SHAPE_OF[self.category]
+
+    @property
+    def is_launch(self) -> bool:
+        """Counted in gpu.launches (graph launches too)."""
+        return self.category in (Category.LAUNCH, Category.GRAPH)
+
+
+def _row(id_, name, category, symbols, entry, ret=None, library=RUNTIME, const=""):
+    return CallSpec(id_, name, category, library, tuple(symbols), entry, ret, const)
+
+
+L, G, M, A, F, S, D = (Category.LAUNCH, Category.GRAPH, Category.MEMCPY, Category.ALLOC,
+                       Category.FREE, Category.SYNC, Category.DEVICE)
+CALLS: tuple[CallSpec, ...] = (
+    _row(1, "cudaLaunchKernel", L, ["cudaLaunchKernel", "cudaLaunchKernel_ptsz"], "cuda_launch_kernel",
+         const="LAUNCH_KERNEL"),
+    _row(2, "cudaLaunchKernelExC", L, ["cudaLaunchKernelExC", "cudaLaunchKernelExC_ptsz"],
+         "cuda_launch_kernel_exc", const="LAUNCH_KERNEL_EXC"),
+    _row(3, "cudaMemcpy", M, ["cudaMemcpy", "cudaMemcpy_ptds"], "cuda_memcpy", const="MEMCPY"),
+    _row(4, "cudaMemcpyAsync", M, ["cudaMemcpyAsync", "cudaMemcpyAsync_ptsz"], "cuda_memcpy_async",
+         const="MEMCPY_ASYNC"),
+    _row(5, "cudaMalloc", A, ["cudaMalloc"], "cuda_malloc_enter", "cuda_call_return", const="MALLOC"),
+    _row(6, "cudaFree", F, ["cudaFree"], "cuda_free", const="FREE"),
+    _row(7, "cudaStreamSynchronize", S, ["cudaStreamSynchronize", "cudaStreamSynchronize_ptsz"],
+         "cuda_stream_sync_enter", "cuda_call_return", const="STREAM_SYNC"),
+    _row(8, "cudaDeviceSynchronize", S, ["cudaDeviceSynchronize"], "cuda_device_sync_enter",
+         "cuda_call_return", const="DEVICE_SYNC"),
+    _row(9, "cudaEventSynchronize", S, ["cudaEventSynchronize"], "cuda_event_sync_enter",
+         "cuda_call_return", const="EVENT_SYNC"),
+    _row(10, "cudaGraphLaunch", G, ["cudaGraphLaunch", "cudaGraphLaunch_ptsz"], "cuda_graph_launch",
+         const="GRAPH_LAUNCH"),
+    _row(11, "cuLaunchKernel", L, ["cuLaunchKernel", "cuLaunchKernel_ptsz"], "cu_launch_kernel",
+         library=DRIVER, const="CU_LAUNCH_KERNEL"),
+    _row(12, "cuLaunchKernelEx", L, ["cuLaunchKernelEx", "cuLaunchKernelEx_ptsz"], "cu_launch_kernel_ex",
+         library=DRIVER, const="CU_LAUNCH_KERNEL_EX"),
+    _row(13, "cudaSetDevice", D, ["cudaSetDevice"], "cuda_set_device", const="SET_DEVICE"),
+)
+del L, G, M, A, F, S, D
+
+BY_ID: dict[int, CallSpec] = {c.id: c for c in CALLS}
+BY_NAME: dict[str, CallSpec] = {c.name: c for c in CALLS}
+CALL_MAX = max(BY_ID) + 1
+
+
+def call_id(name: str) -> int:
+    return BY_NAME[name].id
+
+
+def spec_of(call: int) -> Optional[CallSpec]:
+    return BY_ID.get(call)
+
+
+def call_name(call: int) -> str:
+    spec = BY_ID.get(call)
+    return spec.name if spec else f"cuda_call_{call}"
+
+
+def ids_in(*categories: Category) -> frozenset[int]:
+    return frozenset(c.id for c in CALLS if c.category in categories)
+
+
+def c_defines() -> str:
+    """The call ids for the BPF program, generated from the table (prepended to the C
+    text at load, and to bpf/events.h in the layout test)."""
+    lines = ["/* Generated from otel_gpu/probes/table.py: CUDA call ids. */"]
+    lines += [f"#define CALL_{c.const} {c.id}" for c in CALLS]
+    lines.append(f"#define CALL_MAX {CALL_MAX}")
+    return "\n".join(lines) + "\n"
 
 
 @dataclass(frozen=True)
@@ -14,28 +144,11 @@ class UprobeRow:
     library: str            # RUNTIME or DRIVER
     symbol: str
     entry: str              # BPF function run at entry
-    ret: Optional[str] = None  # BPF function run at return (costs ~2x: only where needed)
-
-
-def _rt(symbols, entry, ret=None):
-    return [UprobeRow(RUNTIME, s, entry, ret) for s in symbols]
+    ret: Optional[str] = None
 
 
 CUDA_PROBES: tuple[UprobeRow, ...] = tuple(
-    _rt(["cudaLaunchKernel", "cudaLaunchKernel_ptsz"], "cuda_launch_kernel")
-    + _rt(["cudaLaunchKernelExC", "cudaLaunchKernelExC_ptsz"], "cuda_launch_kernel_exc")
-    + _rt(["cudaMemcpy", "cudaMemcpy_ptds"], "cuda_memcpy")
-    + _rt(["cudaMemcpyAsync", "cudaMemcpyAsync_ptsz"], "cuda_memcpy_async")
-    + _rt(["cudaMalloc"], "cuda_malloc_enter", "cuda_call_return")
-    + _rt(["cudaFree"], "cuda_free")
-    + _rt(["cudaStreamSynchronize", "cudaStreamSynchronize_ptsz"], "cuda_stream_sync_enter", "cuda_call_return")
-    + _rt(["cudaDeviceSynchronize"], "cuda_device_sync_enter", "cuda_call_return")
-    + _rt(["cudaEventSynchronize"], "cuda_event_sync_enter", "cuda_call_return")
-    + _rt(["cudaGraphLaunch", "cudaGraphLaunch_ptsz"], "cuda_graph_launch")
-    + _rt(["cudaSetDevice"], "cuda_set_device")
-    + [UprobeRow(DRIVER, s, "cu_launch_kernel") for s in ("cuLaunchKernel", "cuLaunchKernel_ptsz")]
-    + [UprobeRow(DRIVER, s, "cu_launch_kernel_ex") for s in ("cuLaunchKernelEx", "cuLaunchKernelEx_ptsz")]
-)
+    UprobeRow(c.library, sym, c.entry, c.ret) for c in CALLS for sym in c.symbols)
 
 # Syscall tracepoints of the HTTP probes (bcc attaches TRACEPOINT_PROBE functions
 # by itself; this list is what `otel-gpu run` reports and the detach test checks).
