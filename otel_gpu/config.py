@@ -15,10 +15,12 @@ class ConfigError(ValueError):
 
 @dataclass
 class Config:
+    """Every setting of `otel-gpu run`, resolved (flag, else environment, else default)
+    and validated once by the loader; nothing else reads the environment for them."""
     pids: list[int] = field(default_factory=list)
     exes: list[str] = field(default_factory=list)
     span_budget: int = 256
-    console: Optional[bool] = None   # None: on when no OTLP endpoint is configured
+    console: bool = False            # print trace trees (resolved: on when no OTLP endpoint)
     route_patterns: list[str] = field(default_factory=list)
     export_query: bool = False
     export_headers: frozenset = frozenset()  # request header names whose values may be exported
@@ -30,7 +32,18 @@ class Config:
     currency: str = "USD"
     feature_header: Optional[str] = None  # request header naming the feature (default: http.route)
     prometheus_port: Optional[int] = None
+    prometheus_addr: str = "0.0.0.0"  # OTEL_GPU_PROMETHEUS_ADDR
     proc_root: str = "/proc"
+    # Export. The SDK's OTLP exporters read endpoint, headers and timeout themselves.
+    otlp_traces: bool = False     # an OTLP endpoint for traces is configured
+    otlp_metrics: bool = False    # ... for metrics
+    otlp_protocol: str = "grpc"   # grpc or http/protobuf
+    queue_size: int = 8192        # OTEL_BSP_MAX_QUEUE_SIZE: spans queued for OTLP
+    export_batch_size: int = 512  # OTEL_BSP_MAX_EXPORT_BATCH_SIZE (capped at queue_size)
+    schedule_delay_ms: Optional[int] = None  # OTEL_BSP_SCHEDULE_DELAY (None: SDK default)
+    store_path: Optional[str] = None  # local SQLite store; None: off
+    resource_attributes: dict = field(default_factory=dict)  # our OTEL_RESOURCE_ATTRIBUTES
+    self_service_name: str = "otel-gpu"  # service.name of the collector's own metrics
 
     def validate(self) -> "Config":
         if self.span_budget < 0 or self.span_budget > 100_000:
