@@ -7,57 +7,11 @@ from typing import Sequence, TextIO
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
-from .. import semconv as sc
-
-_SHOWN = (sc.HTTP_RESPONSE_STATUS_CODE, sc.GPU_ATTRIBUTION, sc.GPU_KERNEL_NAME, sc.GPU_GRID,
-          sc.GPU_BLOCK, sc.GPU_MEMCPY_BYTES, sc.GPU_MEMCPY_DIRECTION, sc.GPU_ALLOC_BYTES,
-          sc.GPU_ROLLUP_COUNT, sc.GPU_LAUNCHES, sc.GPU_MEMCPY_H2D_BYTES, sc.GPU_MEMCPY_D2H_BYTES,
-          sc.GPU_SYNC_DURATION_NS, sc.GPU_DISTINCT_KERNELS, sc.GPU_CALLS_AMBIGUOUS,
-          sc.GPU_CUDA_RETURN_CODE)
-
-
-def _fmt_attr(v) -> str:
-    if isinstance(v, (list, tuple)):
-        return "x".join(str(x) for x in v)
-    return str(v)
-
-
-def render_tree(spans: Sequence[ReadableSpan]) -> str:
-    """One block per trace: root first, children by start time, durations in ms.
-    CUDA durations are host-side call times (enqueue), not GPU execution."""
-    by_parent: dict = {}
-    ids = {s.context.span_id for s in spans}
-    roots = []
-    for s in spans:
-        parent = s.parent.span_id if s.parent is not None else None
-        if parent in ids:
-            by_parent.setdefault(parent, []).append(s)
-        else:
-            roots.append(s)
-    lines: list[str] = []
-
-    def walk(span: ReadableSpan, prefix: str, last: bool, depth: int) -> None:
-        dur_ms = (span.end_time - span.start_time) / 1e6
-        attrs = span.attributes or {}
-        shown = " ".join(f"{k.split('.', 1)[-1]}={_fmt_attr(attrs[k])}" for k in _SHOWN if k in attrs)
-        branch = "" if depth == 0 else ("└─ " if last else "├─ ")
-        head = f"{span.name}  {dur_ms:.3f} ms"
-        if depth == 0:
-            svc = span.resource.attributes.get(sc.SERVICE_NAME, "?") if span.resource else "?"
-            head = f"[{svc}] trace {span.context.trace_id:032x}\n{head}"
-        lines.append(f"{prefix}{branch}{head}  {shown}".rstrip())
-        kids = sorted(by_parent.get(span.context.span_id, []), key=lambda k: k.start_time)
-        child_prefix = prefix + ("" if depth == 0 else ("   " if last else "│  "))
-        for i, k in enumerate(kids):
-            walk(k, child_prefix, i == len(kids) - 1, depth + 1)
-
-    for r in sorted(roots, key=lambda s: s.start_time):
-        walk(r, "", True, 0)
-    return "\n".join(lines)
+from ..span_tree import render_tree
 
 
 class ConsoleTreeExporter(SpanExporter):
-    """Called with the spans of whole traces at once (see export/sink.py)."""
+    """Called with the spans of whole traces at once (see export/destinations.py)."""
 
     def __init__(self, out: TextIO = sys.stdout) -> None:
         self.out = out

@@ -10,7 +10,7 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
 from .. import semconv as sc
-from ..export.console import render_tree
+from ..span_tree import render_tree
 from .text import fit, split_width
 
 TREE_NOTE = "CUDA call durations are host-side enqueue times, not GPU execution."

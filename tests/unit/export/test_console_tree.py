@@ -1,31 +1,36 @@
-"""render_tree: one block per trace, kernel names and tree glyphs."""
+"""render_tree (otel_gpu/span_tree.py): one block per trace, kernel names and tree
+glyphs; the console exporter. Spans are built here, not by SpanBuilder, so the
+drawing is tested alone."""
 import io
-import random
 
 from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.trace import SpanContext, SpanKind, TraceFlags
 
-from otel_gpu.clock import BpfClock
-from otel_gpu.export.console import ConsoleTreeExporter, render_tree
-from otel_gpu.export.spans import SpanBuilder
-from otel_gpu.pipeline.events import CALL_LAUNCH_KERNEL, CALL_MEMCPY, CudaCall
-from otel_gpu.pipeline.http_parser import RequestHead
-from otel_gpu.pipeline.model import CallSink, Request
-from otel_gpu.pipeline.routes import RouteTemplater
+from otel_gpu import semconv as sc
+from otel_gpu.export.console import ConsoleTreeExporter
+from otel_gpu.span_tree import render_tree
 
 KERNEL = "vector_add(float const*, float*, int)"
+TRACE = 0xFEED
+RES = Resource({sc.SERVICE_NAME: "demo"})
+
+
+def _ctx(span_id: int) -> SpanContext:
+    return SpanContext(TRACE, span_id, False, TraceFlags(TraceFlags.SAMPLED))
 
 
 def spans():
-    sink = CallSink(256)
-    for i, (kind, nbytes, direction) in enumerate([(CALL_MEMCPY, 4096, 1), (CALL_LAUNCH_KERNEL, 0, 0),
-                                                   (CALL_MEMCPY, 4096, 2)]):
-        sink.add(CudaCall(1, 1, 1000 + i * 100, kind, 0, 0x40, (4, 1, 1), (256, 1, 1), 0, 0,
-                          nbytes, direction, 50), "thread")
-    r = Request(1, 1, 5, RequestHead("POST", "/infer/7", "1.1"), 900, 0xFEED, 0xBEEF, sink,
-                end_ns=2_000_900, status=200)
-    b = SpanBuilder(BpfClock(), RouteTemplater(), lambda pid: Resource({"service.name": "demo"}),
-                    lambda pid, func: KERNEL, ids=random.Random(0))
-    return b.build(r)
+    server = ReadableSpan(name="POST /infer/{id}", context=_ctx(0xBEEF), resource=RES, kind=SpanKind.SERVER,
+                          attributes={sc.HTTP_RESPONSE_STATUS_CODE: 200, sc.GPU_LAUNCHES: 1},
+                          start_time=900, end_time=2_000_900)
+    kids = [("cudaMemcpy", {sc.GPU_MEMCPY_BYTES: 4096, sc.GPU_MEMCPY_DIRECTION: "h2d"}),
+            ("cudaLaunchKernel", {sc.GPU_KERNEL_NAME: KERNEL, sc.GPU_GRID: (4, 1, 1), sc.GPU_BLOCK: (256, 1, 1)}),
+            ("cudaMemcpy", {sc.GPU_MEMCPY_BYTES: 4096, sc.GPU_MEMCPY_DIRECTION: "d2h"})]
+    return [server] + [ReadableSpan(name=n, context=_ctx(i + 1), parent=server.context, resource=RES,
+                                    attributes={sc.GPU_ATTRIBUTION: "thread", **a}, kind=SpanKind.INTERNAL,
+                                    start_time=1000 + i * 100, end_time=1050 + i * 100)
+                       for i, (n, a) in enumerate(kids)]
 
 
 def test_render_tree():
