@@ -1,7 +1,7 @@
 """Embedded local store: spans and per-request GPU summaries in SQLite (WAL), read by
 `otel-gpu report` and `otel-gpu traces`.
 
-    sink.py      StoreSink: the collector's writer, with bounded retention
+    exporter.py  StoreExporter: the collector's writer (an SDK SpanExporter), bounded retention
     schema.py    tables, schema version, opening for write / read-only
     paths.py     default_store_path()
     since.py     --since parsing

@@ -1,7 +1,7 @@
 import pytest
 
 from otel_gpu.store.schema import open_reader
-from otel_gpu.store.sink import StoreSink
+from otel_gpu.store.exporter import StoreExporter
 from store_helpers import T0
 
 
@@ -12,7 +12,7 @@ def db(tmp_path):
 
 @pytest.fixture
 def clock():
-    """A settable wall clock for the sink's retention (epoch ns)."""
+    """A settable wall clock for the store's retention (epoch ns)."""
     class Clock:
         now = T0 + 3600 * 10**9
 
@@ -22,8 +22,8 @@ def clock():
 
 
 @pytest.fixture
-def sink(db, clock):
-    s = StoreSink(db, now_ns=clock)
+def store(db, clock):
+    s = StoreExporter(db, now_ns=clock)
     yield s
     s.shutdown()
 

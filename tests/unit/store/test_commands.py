@@ -33,7 +33,7 @@ def test_not_a_store(tmp_path, capsys):
     assert "cannot read store" in capsys.readouterr().err
 
 
-def test_bad_arguments(sink, db, capsys):
+def test_bad_arguments(store, db, capsys):
     assert run_cli("report", "--db", db, "--since", "yesterday")[0] == 2
     assert "15m" in capsys.readouterr().err
     assert run_cli("traces", "--db", db, "--slowest", "0")[0] == 2

@@ -9,7 +9,7 @@ import threading
 import time
 from pathlib import Path
 
-from otel_gpu.store.sink import StoreSink
+from otel_gpu.store.exporter import StoreExporter
 from store_helpers import MS, T0, request
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -44,7 +44,7 @@ print(json.dumps({"snapshots": snapshots, "counts": len(counts), "bad": bad[:10]
 
 
 def test_reader_process_sees_only_whole_requests(db):
-    sink = StoreSink(db, max_requests=150)  # pruning runs while the reader reads
+    store = StoreExporter(db, max_requests=150)  # pruning runs while the reader reads
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     proc = subprocess.Popen([sys.executable, "-c", READER, db], stdout=subprocess.PIPE, text=True, env=env)
     try:
@@ -52,18 +52,18 @@ def test_reader_process_sees_only_whole_requests(db):
         now = time.time_ns()
         for i in range(1, 601):
             # Varying child counts so a half-written request cannot look whole.
-            sink.write(request(i, now + i * MS, MS, launches=i % 7,
+            store.export(request(i, now + i * MS, MS, launches=i % 7,
                                copies=[(100 * j, "h2d") for j in range(i % 4)]))
             if i % 10 == 0:
                 time.sleep(0.002)  # give the reader turns in the middle of the run
-        sink.write(request(10_000, now + 10_000 * MS, MS, route="/done"))
+        store.export(request(10_000, now + 10_000 * MS, MS, route="/done"))
         out, _ = proc.communicate(timeout=60)
     finally:
         proc.kill()
-        sink.shutdown()
+        store.shutdown()
     result = json.loads(out)
     assert result["bad"] == []
-    assert sink.write_errors == 0
+    assert store.write_errors == 0
     # The reader really overlapped the writes: it saw the table at many sizes.
     assert result["snapshots"] >= 10 and result["counts"] >= 3, result
 
@@ -72,14 +72,14 @@ def test_report_while_writing(db):
     """report's read transaction: totals agree with the rows of the same snapshot."""
     from otel_gpu.store.report import build_report
     from otel_gpu.store.schema import open_reader
-    sink = StoreSink(db, max_requests=100)
-    sink.write(request(1, T0, MS))
+    store = StoreExporter(db, max_requests=100)
+    store.export(request(1, T0, MS))
     stop = threading.Event()
 
     def write():
         i = 2
         while not stop.is_set():
-            sink.write(request(i, time.time_ns(), (i % 9 + 1) * MS, route=f"/r{i % 3}", cost=0.001 * (i % 5)))
+            store.export(request(i, time.time_ns(), (i % 9 + 1) * MS, route=f"/r{i % 3}", cost=0.001 * (i % 5)))
             i += 1
     t = threading.Thread(target=write)
     t.start()
@@ -93,5 +93,5 @@ def test_report_while_writing(db):
         stop.set()
         t.join()
         conn.close()
-        sink.shutdown()
-    assert sink.write_errors == 0
+        store.shutdown()
+    assert store.write_errors == 0

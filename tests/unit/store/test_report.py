@@ -24,17 +24,17 @@ WORK = {
 
 
 @pytest.fixture
-def filled(sink):
+def filled(store):
     tid = 1
     for route, reqs in WORK.items():
         for dur, launches, h2d, gpu_s, cost in reqs:
-            sink.write(request(tid, T0 + tid * S, dur * MS, route=route, launches=launches,
+            store.export(request(tid, T0 + tid * S, dur * MS, route=route, launches=launches,
                                copies=[(h2d, "h2d"), (100, "d2h")] if h2d else [],
                                gpu_seconds=gpu_s, cost=cost))
             tid += 1
-    sink.write(request(tid, T0 + tid * S, 8 * MS, service="other", route="/infer", launches=5,
+    store.export(request(tid, T0 + tid * S, 8 * MS, service="other", route="/infer", launches=5,
                        gpu_seconds=0.5, cost=0.01))
-    return sink
+    return store
 
 
 def test_figures_match_the_spans(filled, reader):
@@ -78,10 +78,10 @@ def test_since_filter(filled, reader):
     assert (infer["requests"], infer["p50_ms"], infer["p95_ms"]) == (5, 90, 300)
 
 
-def test_share_falls_back_to_gpu_seconds_then_requests(sink, reader):
-    sink.write(request(1, T0, MS, route="/a", gpu_seconds=3.0))
-    sink.write(request(2, T0, MS, route="/b", gpu_seconds=1.0))
-    sink.write(request(3, T0, MS, route="/c", service="cpu"))
+def test_share_falls_back_to_gpu_seconds_then_requests(store, reader):
+    store.export(request(1, T0, MS, route="/a", gpu_seconds=3.0))
+    store.export(request(2, T0, MS, route="/b", gpu_seconds=1.0))
+    store.export(request(3, T0, MS, route="/c", service="cpu"))
     rep = build_report(reader())
     assert rep["share_of"] == "gpu_seconds" and rep["currency"] is None
     assert [r["share"] for r in rep["rows"]] == [0.75, 0.25, 0.0]
@@ -90,9 +90,9 @@ def test_share_falls_back_to_gpu_seconds_then_requests(sink, reader):
     assert rep["share_of"] == "requests" and rep["rows"][0]["share"] == 1.0
 
 
-def test_mixed_currencies_are_flagged(sink, reader):
-    sink.write(request(1, T0, MS, cost=1.0, currency="USD"))
-    sink.write(request(2, T0, MS, cost=1.0, currency="EUR"))
+def test_mixed_currencies_are_flagged(store, reader):
+    store.export(request(1, T0, MS, cost=1.0, currency="USD"))
+    store.export(request(2, T0, MS, cost=1.0, currency="EUR"))
     assert build_report(reader())["currency"] == "mixed"
 
 
@@ -110,16 +110,16 @@ def test_json_has_exactly_the_documented_fields(filled, db):
         assert f"\n    {field}" in mod.__doc__ or f" {field}" in mod.__doc__, field
 
 
-def test_json_of_empty_store(sink, db):
+def test_json_of_empty_store(store, db):
     code, out = run_cli("report", "--db", db, "--format", "json")
     rep = json.loads(out)
     assert code == 0 and rep["rows"] == [] and rep["totals"]["requests"] == 0
     assert rep["totals"]["p50_ms"] is None and rep["totals"]["share"] == 0.0
 
 
-def test_text_table_fits_80_columns(filled, sink, db):
+def test_text_table_fits_80_columns(filled, store, db):
     long_route = "/v1/models/{model}/versions/{version}/infer-with-a-long-suffix"
-    sink.write(request(500, T0 + 500 * S, MS, route=long_route, service="a-rather-long-service-name",
+    store.export(request(500, T0 + 500 * S, MS, route=long_route, service="a-rather-long-service-name",
                        cost=0.5, gpu_seconds=9.0))
     code, out = run_cli("report", "--db", db)
     lines = out.splitlines()

@@ -1,5 +1,5 @@
 """Bounded retention: request count and age, with spans going along with their request."""
-from otel_gpu.store.sink import StoreSink
+from otel_gpu.store.exporter import StoreExporter
 from store_helpers import MS, T0, request, window
 
 S = 10**9
@@ -19,10 +19,10 @@ def _counts(conn):
 
 
 def test_count_bound_holds_after_every_write(db, clock, reader):
-    s = StoreSink(db, max_requests=50, now_ns=clock)
+    s = StoreExporter(db, max_requests=50, now_ns=clock)
     conn = reader()
     for i in range(1, 301):
-        s.write(request(i, T0 + i * MS, MS))
+        s.export(request(i, T0 + i * MS, MS))
         reqs, spans, missing, orphans = _counts(conn)
         assert reqs <= 50, f"after write {i}: {reqs} requests"
         assert spans == reqs * 5 and missing == 0 and orphans == 0
@@ -36,12 +36,12 @@ def test_count_bound_holds_after_every_write(db, clock, reader):
 
 def test_count_pruning_is_chunked_not_per_row(db, clock, reader):
     """Past the bound it deletes down to 10% below, so most writes delete nothing."""
-    s = StoreSink(db, max_requests=100, now_ns=clock)
+    s = StoreExporter(db, max_requests=100, now_ns=clock)
     conn = reader()
     deletes = 0
     for i in range(1, 401):
         before = s.rows_pruned
-        s.write(request(i, T0 + i * MS, MS))
+        s.export(request(i, T0 + i * MS, MS))
         deletes += s.rows_pruned != before
     assert 0 < deletes <= 40
     assert 90 <= conn.execute("SELECT count(*) FROM requests").fetchone()[0] <= 100
@@ -50,14 +50,14 @@ def test_count_pruning_is_chunked_not_per_row(db, clock, reader):
 
 def test_age_bound(db, clock, reader):
     clock.now = T0 + 100 * S
-    s = StoreSink(db, retention_s=3600, prune_interval_s=5, now_ns=clock)
-    s.write(request(1, T0, MS))                 # written when it is 100 s old
-    s.write(window(2, T0))                      # a window of the same age
-    s.write(request(3, T0 + 1800 * S, MS))      # written "in the future" of the clock
+    s = StoreExporter(db, retention_s=3600, prune_interval_s=5, now_ns=clock)
+    s.export(request(1, T0, MS))                 # written when it is 100 s old
+    s.export(window(2, T0))                      # a window of the same age
+    s.export(request(3, T0 + 1800 * S, MS))      # written "in the future" of the clock
     conn = reader()
     assert _counts(conn)[:2] == (2, 5 + 2 + 5)
     clock.now = T0 + 3601 * S                   # the first two pass 1 h; the third is 30 min old
-    s.write(request(4, T0 + 3600 * S, MS))
+    s.export(request(4, T0 + 3600 * S, MS))
     assert _counts(conn) == (2, 10, 0, 0)
     assert sorted(r[0] for r in conn.execute("SELECT trace_id FROM requests")) == [f"{3:032x}", f"{4:032x}"]
     s.shutdown()
@@ -66,34 +66,34 @@ def test_age_bound(db, clock, reader):
 def test_age_pruning_waits_for_the_interval(db, clock, reader):
     """Age is checked every prune_interval_s, not on every write."""
     clock.now = T0
-    s = StoreSink(db, retention_s=60, prune_interval_s=120, now_ns=clock)
-    s.write(request(1, T0, MS))
+    s = StoreExporter(db, retention_s=60, prune_interval_s=120, now_ns=clock)
+    s.export(request(1, T0, MS))
     clock.now = T0 + 61 * S                     # too old now, but the last check was at T0
-    s.write(request(2, T0 + 61 * S, MS))
+    s.export(request(2, T0 + 61 * S, MS))
     conn = reader()
     assert _counts(conn)[0] == 2
     clock.now = T0 + 121 * S
-    s.write(request(3, T0 + 121 * S, MS))
+    s.export(request(3, T0 + 121 * S, MS))
     assert _counts(conn)[0] == 2 and conn.execute(
         f"SELECT count(*) FROM requests WHERE trace_id = '{1:032x}'").fetchone()[0] == 0
     s.shutdown()
 
 
 def test_reopening_with_a_smaller_bound_prunes_at_start(db, clock, reader):
-    s = StoreSink(db, max_requests=1000, now_ns=clock)
+    s = StoreExporter(db, max_requests=1000, now_ns=clock)
     for i in range(1, 101):
-        s.write(request(i, T0 + i * MS, MS))
+        s.export(request(i, T0 + i * MS, MS))
     s.shutdown()
-    s = StoreSink(db, max_requests=20, now_ns=clock)
+    s = StoreExporter(db, max_requests=20, now_ns=clock)
     assert _counts(reader())[0] <= 20
     s.shutdown()
 
 
 def test_windows_older_than_the_oldest_request_go_with_count_pruning(db, clock, reader):
-    s = StoreSink(db, max_requests=10, now_ns=clock)
-    s.write(window(999, T0))
+    s = StoreExporter(db, max_requests=10, now_ns=clock)
+    s.export(window(999, T0))
     for i in range(1, 31):
-        s.write(request(i, T0 + i * MS, MS))
+        s.export(request(i, T0 + i * MS, MS))
     conn = reader()
     assert conn.execute(f"SELECT count(*) FROM spans WHERE trace_id = '{999:032x}'").fetchone()[0] == 0
     s.shutdown()

@@ -9,12 +9,12 @@ BIG = 0xABC123 << 104  # trace ids with distinct leading digits, as random ones 
 
 
 @pytest.fixture
-def filled(sink):
+def filled(store):
     # (trace id, start s, duration ms, route, service)
     for i, (dur, route, svc) in enumerate([(5, "/infer", "demo"), (50, "/embed", "demo"), (20, "/infer", "demo"),
                                            (80, "/infer", "other"), (1, "/health", "demo")]):
-        sink.write(request(BIG + i, T0 + i * S, dur * MS, route=route, service=svc, launches=i))
-    return sink
+        store.export(request(BIG + i, T0 + i * S, dur * MS, route=route, service=svc, launches=i))
+    return store
 
 
 def _ids(rows):
@@ -48,8 +48,8 @@ def test_list_cli_lines(filled, db):
     assert f"{BIG + 2:032x}"[:12] in lines[3] and "20.0 ms" in lines[3]
 
 
-def test_tree_of_stored_trace(sink, db):
-    sink.write(request(BIG + 9, T0, 3 * MS, launches=2, rollup=40,
+def test_tree_of_stored_trace(store, db):
+    store.export(request(BIG + 9, T0, 3 * MS, launches=2, rollup=40,
                        copies=((4096, "h2d"), (512, "d2h"))))
     code, out = run_cli("traces", "--db", db, "--trace-id", f"{BIG + 9:032x}")
     lines = out.splitlines()
@@ -81,11 +81,11 @@ def test_unknown_and_malformed_trace_id(filled, db, capsys):
     assert run_cli("traces", "--db", db, "--trace-id", "xyz")[0] == 2
 
 
-def test_window_trace_renders(sink, db):
-    sink.write(window(0xF00 << 116, T0, launches=2))
+def test_window_trace_renders(store, db):
+    store.export(window(0xF00 << 116, T0, launches=2))
     code, out = run_cli("traces", "--db", db, "--trace-id", "f00")
     assert code == 0 and "GPU work outside requests" in out and out.count("outside_kernel(int)") == 2
 
 
-def test_empty_list(sink, db):
+def test_empty_list(store, db):
     assert run_cli("traces", "--db", db) == (0, "no requests in the store for this filter\n")

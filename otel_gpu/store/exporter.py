@@ -1,5 +1,6 @@
-"""StoreSink: writes each request's spans, and one summary row per SERVER span, to the
-local SQLite store, with bounded retention (age and request count)."""
+"""StoreExporter: an SDK SpanExporter writing each record's spans, and one summary row
+per SERVER span, to the local SQLite store, with bounded retention (age and request
+count)."""
 from __future__ import annotations
 
 import json
@@ -10,6 +11,7 @@ import time
 from typing import Callable, Optional, Sequence
 
 from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.trace import SpanKind
 
 from .. import semconv as sc
@@ -20,62 +22,65 @@ log = logging.getLogger(__name__)
 _SPAN_SQL = ("INSERT OR REPLACE INTO spans (trace_id, span_id, parent_span_id, group_ts, name, kind, start_ns,"
              " end_ns, status_code, status_message, attributes, service, pid)"
              " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)")
-_REQUEST_COLUMNS = ("ts", "trace_id", "span_id", "service", "k8s_namespace", "k8s_pod", "method", "route",
-                    "feature", "status_code", "duration_ns", "launches", "h2d_bytes", "d2h_bytes",
-                    "d2d_bytes", "other_bytes", "sync_ns", "gpu_seconds", "cost", "currency", "ambiguous")
 _to_json = json.JSONEncoder(separators=(",", ":"), default=str).encode  # default: odd values as text
+
+# requests column -> (SERVER span attribute, value when absent). The span builder sets
+# these typed (int, float, str): they are stored as they are. NOT NULL columns default
+# to 0 so every request has a row.
+REQUEST_ATTRIBUTES = {
+    "method": (sc.HTTP_REQUEST_METHOD, None),
+    "route": (sc.HTTP_ROUTE, None),
+    "status_code": (sc.HTTP_RESPONSE_STATUS_CODE, None),
+    "launches": (sc.GPU_LAUNCHES, 0),
+    "h2d_bytes": (sc.GPU_MEMCPY_H2D_BYTES, 0),
+    "d2h_bytes": (sc.GPU_MEMCPY_D2H_BYTES, 0),
+    "d2d_bytes": (sc.GPU_MEMCPY_D2D_BYTES, 0),
+    "other_bytes": (sc.GPU_MEMCPY_OTHER_BYTES, 0),
+    "sync_ns": (sc.GPU_SYNC_DURATION_NS, 0),
+    "gpu_seconds": (sc.GPU_COST_SECONDS, 0.0),
+    "cost": (sc.GPU_COST_AMOUNT, 0.0),
+    "currency": (sc.GPU_COST_CURRENCY, None),
+    "ambiguous": (sc.GPU_CALLS_AMBIGUOUS, 0),
+}
+# Columns not read from one span attribute: identity, resource, derived.
+_OWN_COLUMNS = ("ts", "trace_id", "span_id", "service", "k8s_namespace", "k8s_pod", "feature", "duration_ns")
+_REQUEST_COLUMNS = _OWN_COLUMNS + tuple(REQUEST_ATTRIBUTES)
 _REQUEST_SQL = (f"INSERT INTO requests ({', '.join(_REQUEST_COLUMNS)})"
                 f" VALUES ({', '.join('?' * len(_REQUEST_COLUMNS))})")
 
 
-def _num(v, cast=int):
-    """Attribute value as a number; absent or malformed counts as 0 (a summary row must exist)."""
-    try:
-        return cast(v) if v is not None else cast(0)
-    except (TypeError, ValueError):
-        return cast(0)
+def _resource(span: ReadableSpan):
+    return span.resource.attributes if span.resource is not None else {}
 
 
 def _service(span: ReadableSpan) -> str:
-    res = span.resource.attributes if span.resource is not None else {}
-    return str(res.get(sc.SERVICE_NAME) or "unknown_service")
-
-
-def _lookup(span: ReadableSpan, key: str):
-    """Resource first (k8s/process attributes live there), then the span."""
-    if span.resource is not None and key in span.resource.attributes:
-        return span.resource.attributes[key]
-    return (span.attributes or {}).get(key)
+    return _resource(span).get(sc.SERVICE_NAME) or "unknown_service"
 
 
 def span_row(s: ReadableSpan, group_ts: int) -> tuple:
     parent = f"{s.parent.span_id:016x}" if s.parent is not None else None
-    attrs = _to_json(dict(s.attributes or {}))
-    pid = _lookup(s, sc.PROCESS_PID)
+    attrs = s.attributes or {}
+    pid = _resource(s).get(sc.PROCESS_PID, attrs.get(sc.PROCESS_PID))  # resource first, as enrich sets it
     return (f"{s.context.trace_id:032x}", f"{s.context.span_id:016x}", parent, group_ts, s.name,
             s.kind.value, s.start_time, s.end_time or s.start_time, s.status.status_code.value,
-            s.status.description, attrs, _service(s), _num(pid) if pid is not None else None)
+            s.status.description, _to_json(dict(attrs)), _service(s), pid)
 
 
 def request_row(s: ReadableSpan) -> tuple:
+    """The summary row of one SERVER span, columns in _REQUEST_COLUMNS order."""
     a = s.attributes or {}
+    res = _resource(s)
     route = a.get(sc.HTTP_ROUTE)
     feature = a.get(sc.GPU_FEATURE) or route or a.get(sc.URL_PATH) or "(none)"
-    status = a.get(sc.HTTP_RESPONSE_STATUS_CODE)
-    return (s.start_time, f"{s.context.trace_id:032x}", f"{s.context.span_id:016x}", _service(s),
-            _lookup(s, sc.K8S_NAMESPACE_NAME), _lookup(s, sc.K8S_POD_NAME), a.get(sc.HTTP_REQUEST_METHOD),
-            route, str(feature), _num(status) if status is not None else None,
-            max(0, (s.end_time or s.start_time) - s.start_time), _num(a.get(sc.GPU_LAUNCHES)),
-            _num(a.get(sc.GPU_MEMCPY_H2D_BYTES)), _num(a.get(sc.GPU_MEMCPY_D2H_BYTES)),
-            _num(a.get(sc.GPU_MEMCPY_D2D_BYTES)), _num(a.get(sc.GPU_MEMCPY_OTHER_BYTES)),
-            _num(a.get(sc.GPU_SYNC_DURATION_NS)), _num(a.get(sc.GPU_COST_SECONDS), float),
-            _num(a.get(sc.GPU_COST_AMOUNT), float), a.get(sc.GPU_COST_CURRENCY),
-            _num(a.get(sc.GPU_CALLS_AMBIGUOUS)))
+    own = (s.start_time, f"{s.context.trace_id:032x}", f"{s.context.span_id:016x}", _service(s),
+           res.get(sc.K8S_NAMESPACE_NAME), res.get(sc.K8S_POD_NAME), feature,
+           max(0, (s.end_time or s.start_time) - s.start_time))
+    return own + tuple(a.get(attr, default) for attr, default in REQUEST_ATTRIBUTES.values())
 
 
-class StoreSink:
-    """Called from the collector thread with the spans of ONE request (SERVER span +
-    children) or ONE window (INTERNAL root + children) at a time; one transaction each.
+class StoreExporter(SpanExporter):
+    """Called from the collector thread with the spans of ONE record: a request (SERVER
+    span + children) or a window (INTERNAL root + children); one transaction each.
 
     Retention is checked cheaply: the request count is kept in memory (one count(*) at
     start), and when it passes max_requests the oldest are deleted down to a little
@@ -100,9 +105,9 @@ class StoreSink:
         self.spans_written = self.requests_written = self.rows_pruned = self.write_errors = 0
         self._transaction(lambda: None)  # apply limits to a store left by an older run
 
-    def write(self, spans: Sequence[ReadableSpan]) -> None:
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
         if not spans:
-            return
+            return SpanExportResult.SUCCESS
         servers = [s for s in spans if s.kind == SpanKind.SERVER]
         group_ts = min(s.start_time for s in (servers or spans))
         span_rows = [span_row(s, group_ts) for s in spans]
@@ -111,9 +116,11 @@ class StoreSink:
         def insert() -> None:
             self._conn.executemany(_SPAN_SQL, span_rows)
             self._conn.executemany(_REQUEST_SQL, request_rows)
-        if self._transaction(insert, len(request_rows)):
-            self.spans_written += len(span_rows)
-            self.requests_written += len(request_rows)
+        if not self._transaction(insert, len(request_rows)):
+            return SpanExportResult.FAILURE
+        self.spans_written += len(span_rows)
+        self.requests_written += len(request_rows)
+        return SpanExportResult.SUCCESS
 
     def _transaction(self, body: Callable[[], None], new_requests: int = 0) -> bool:
         """body() and any due pruning in one transaction. Errors are logged, never raised
