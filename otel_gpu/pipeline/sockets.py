@@ -1,35 +1,10 @@
-"""Local TCP port of a process's socket fd, from /proc (server.port)."""
+"""server.port of a request: the local TCP port of the listening (else the accepted)
+socket, read from /proc once per listening socket."""
 from __future__ import annotations
 
-import os
 from typing import Optional
 
-
-def socket_inode(proc_root: str, pid: int, fd: int) -> Optional[int]:
-    try:
-        target = os.readlink(f"{proc_root}/{pid}/fd/{fd}")
-    except OSError:
-        return None
-    if not target.startswith("socket:["):
-        return None
-    return int(target[8:-1])
-
-
-def local_port(proc_root: str, pid: int, fd: int) -> Optional[int]:
-    inode = socket_inode(proc_root, pid, fd)
-    if inode is None:
-        return None
-    for table in ("tcp", "tcp6"):
-        try:
-            with open(f"{proc_root}/{pid}/net/{table}") as f:
-                next(f, None)
-                for line in f:
-                    cols = line.split()
-                    if len(cols) > 9 and cols[9] == str(inode):
-                        return int(cols[1].rsplit(":", 1)[1], 16)
-        except OSError:
-            continue
-    return None
+from ..proc import local_port
 
 
 class PortCache:

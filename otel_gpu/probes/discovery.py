@@ -10,6 +10,7 @@ import re
 from dataclasses import dataclass
 from typing import Callable, Iterable, Optional
 
+from .. import proc
 from .table import DRIVER, RUNTIME
 
 log = logging.getLogger(__name__)
@@ -74,32 +75,25 @@ class Discovery:
         return result
 
     def _pids(self) -> Iterable[int]:
-        try:
-            names = os.listdir(self.proc_root)
-        except OSError:
-            return []
-        return [int(n) for n in names if n.isdigit()]
+        return proc.pids(self.proc_root)
 
     def _targets_of(self, pid: int) -> list[ProbeTarget]:
-        base = f"{self.proc_root}/{pid}"
-        try:
-            with open(f"{base}/maps") as f:
-                maps = f.read()
-        except OSError:
+        maps = proc.maps(self.proc_root, pid)
+        if maps is None:
             return []  # gone, or a kernel thread
         out = []
         for kind, path in libraries_in_maps(maps):
-            t = self._target(base, kind, path)
+            t = self._target(pid, kind, path)
             if t:
                 out.append(t)
-        exe = self._static_exe(base)
+        exe = self._static_exe(pid)
         if exe:
             out.append(exe)
         return out
 
-    def _target(self, base: str, kind: str, path: str) -> Optional[ProbeTarget]:
+    def _target(self, pid: int, kind: str, path: str) -> Optional[ProbeTarget]:
         # Through the process's root, so a container's files are reached from the host.
-        for candidate in (f"{base}/root{path}", path):
+        for candidate in (proc.path(self.proc_root, pid, "root") + path, path):
             try:
                 st = os.stat(candidate)
                 return ProbeTarget(kind, candidate, (st.st_dev, st.st_ino))
@@ -107,12 +101,15 @@ class Discovery:
                 continue
         return None
 
-    def _static_exe(self, base: str) -> Optional[ProbeTarget]:
+    def _static_exe(self, pid: int) -> Optional[ProbeTarget]:
         try:
-            st = os.stat(f"{base}/exe")
-            path = f"{base}/root{os.readlink(f'{base}/exe')}"
+            st = os.stat(proc.path(self.proc_root, pid, "exe"))  # the running file, even if replaced
         except OSError:
             return None
+        link = proc.exe(self.proc_root, pid)
+        if link is None:
+            return None
+        path = proc.path(self.proc_root, pid, "root") + link
         key = (st.st_dev, st.st_ino)
         if key not in self._static_cache:
             self._static_cache[key] = os.path.exists(path) and self._has_static(path)
