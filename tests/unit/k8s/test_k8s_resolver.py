@@ -5,9 +5,9 @@ import logging
 import kubernetes
 import pytest
 
-import otel_gpu.k8s as k8s
+import otel_gpu.k8s.resolver as resolver_module
 from otel_gpu import semconv
-from otel_gpu.k8s import K8sResolver, read_start_time
+from otel_gpu.k8s import K8sResolver
 from tests.fakes.kube_apiserver import FakeKubeApiServer, make_pod
 
 from k8s_helpers import CONTAINERD_IDS as IDS, eventually, pod_cgroup, write_proc
@@ -102,7 +102,7 @@ def test_same_process_is_served_from_the_cache(resolver, tmp_path):
 def test_pid_reused_between_the_two_reads_is_not_attributed(resolver, tmp_path, monkeypatch):
     write_proc(tmp_path, 202, pod_cgroup(UID_A, IDS[0]), start_time=1)
     starts = iter([1, 2])
-    monkeypatch.setattr(k8s, "read_start_time", lambda _dir: next(starts))
+    monkeypatch.setattr(resolver_module, "start_time", lambda _root, _pid: next(starts))
     assert resolver.attributes_for(202) == {}
     assert resolver.stats["pid_raced"] == 1
 
@@ -148,11 +148,6 @@ def test_api_down_at_start_then_back(api, tmp_path):
         assert resolver.stats["pod_unknown"] == 1
         api.restart()
         eventually(lambda: resolver.attributes_for(400).get(semconv.K8S_POD_NAME) == "web-5d9c7b-x1")
-
-
-def test_read_start_time_counts_fields_after_the_last_parenthesis(tmp_path):
-    write_proc(tmp_path, 7, "0::/\n", start_time=123456)
-    assert read_start_time(str(tmp_path / "7")) == 123456
 
 
 # --- from_environment ---------------------------------------------------------------
