@@ -1,9 +1,19 @@
 /* CUDA runtime (libcudart) and driver (libcuda) uprobes. Entry-only wherever no
  * duration or return value is needed: a return probe roughly doubles the cost.
- * A call is streamed to user space while its process has HTTP activity, and
- * otherwise only counted in `rollup`. Argument registers follow the x86-64 SysV
- * ABI; see ARCHITECTURE.md for each signature. */
+ * A call is streamed to user space (one typed record per category, bpf/events.h)
+ * while its process has HTTP activity, and otherwise only counted in `rollup`.
+ *
+ * ABI (x86-64 SysV, at function entry): integer arguments 1-6 in di, si, dx, cx,
+ * r8, r9 (PT_REGS_PARM1..6); [sp] is the return address, argument 7 is at [sp+8],
+ * 8 at [sp+16] (stack_arg). A dim3 passed by value takes two registers: x|y<<32,
+ * then z. So cudaLaunchKernel(func, grid, block, args, shmem, stream) is di=func,
+ * si/dx=grid, cx/r8=block, r9=args, [sp+8]=shmem, [sp+16]=stream. Out-pointers
+ * (cudaMalloc's void **) are read at return. Each handler names its signature. */
 #include "maps.h"
+
+#ifndef CALL_MAX
+#error "CALL_* ids missing: compose the program with otel_gpu.probes.source.source_text()"
+#endif
 
 /* Per-CPU: plain adds, no atomics on the hot path; user space sums the CPUs. */
 BPF_PERCPU_HASH(rollup, struct rollup_key, struct rollup_value, 65536);
@@ -29,8 +39,7 @@ BPF_TABLE("lru_hash", u64, struct call_entry, in_call, 16384);
  * work first (lazy module loading on a kernel's first launch, initialisation). */
 struct last_launch {
     u64 ts_ns;
-    u32 grid[3];
-    u32 block[3];
+    struct launch_dims dims;
 };
 BPF_TABLE("lru_hash", u32, struct last_launch, last_rt_launch, 16384);
 #define DRIVER_DEDUP_WINDOW_NS 10000000 /* 10 ms */
@@ -52,9 +61,9 @@ static __always_inline int streaming(u32 tgid)
     return active && *active > 0;
 }
 
-static __always_inline void rollup_add(u32 tgid, u32 call, u64 func, u64 bytes, u64 duration_ns)
+static __always_inline void rollup_add(u32 tgid, u32 call, u64 detail, u64 bytes, u64 duration_ns)
 {
-    struct rollup_key k = {.tgid = tgid, .call = call, .func = func};
+    struct rollup_key k = {.tgid = tgid, .call = call, .detail = detail};
     struct rollup_value *v = rollup.lookup(&k);
     if (v) {
         v->count++;
@@ -66,17 +75,19 @@ static __always_inline void rollup_add(u32 tgid, u32 call, u64 func, u64 bytes, 
     }
 }
 
-static __always_inline void cuda_emit(struct cuda_event *e)
+/* The one way out for a CUDA call: the whole record while streaming, else its
+ * rollup (detail as probes/table.py ROLLUP_DETAIL says for the category). */
+static __always_inline void cuda_emit(struct cuda_header *c, u32 size, u64 detail, u64 bytes,
+                                      u64 duration_ns)
 {
-    if (streaming(e->h.tgid)) {
+    if (streaming(c->h.tgid)) {
         count(CNT_CUDA_STREAMED);
-        submit(e, sizeof(*e));
+        submit(c, size);
         return;
     }
-    /* memcpy has no function: its direction takes that slot in the key. */
-    u64 func = (e->call == CALL_MEMCPY || e->call == CALL_MEMCPY_ASYNC) ? e->kind : e->func;
-    rollup_add(e->h.tgid, e->call, func, e->bytes, e->duration_ns);
+    rollup_add(c->h.tgid, c->call, detail, bytes, duration_ns);
 }
+#define EMIT(e, detail, bytes, duration_ns) cuda_emit(&(e).c, sizeof(e), detail, bytes, duration_ns)
 
 static __always_inline int driver_is_probed(void)
 {
@@ -85,14 +96,14 @@ static __always_inline int driver_is_probed(void)
     return on && *on;
 }
 
-static __always_inline int cuda_begin(struct cuda_event *e, u32 call)
+static __always_inline int cuda_begin(struct cuda_header *c, u8 kind, u32 call)
 {
     u64 id = bpf_get_current_pid_tgid();
     if (!cuda_admit(id >> 32))
         return 0;
-    fill_header(&e->h, EV_CUDA, id);
-    e->call = call;
-    e->ret = -1;
+    fill_header(&c->h, kind, id);
+    c->call = call;
+    c->ret = -1;
     return 1;
 }
 
@@ -104,12 +115,10 @@ static __always_inline u64 stack_arg(struct pt_regs *ctx, int n)
     return v;
 }
 
-static __always_inline void remember_rt_launch(struct cuda_event *e)
+static __always_inline void remember_rt_launch(struct launch_event *e)
 {
-    struct last_launch l = {.ts_ns = e->h.ts_ns};
-    __builtin_memcpy(l.grid, e->grid, sizeof(l.grid));
-    __builtin_memcpy(l.block, e->block, sizeof(l.block));
-    u32 tid = e->h.tid;
+    struct last_launch l = {.ts_ns = e->c.h.ts_ns, .dims = e->dims};
+    u32 tid = e->c.h.tid;
     last_rt_launch.update(&tid, &l);
 }
 
@@ -126,18 +135,18 @@ int cuda_launch_kernel(struct pt_regs *ctx)
         rollup_add(tgid, CALL_LAUNCH_KERNEL, PT_REGS_PARM1(ctx), 0, 0);
         return 0;
     }
-    struct cuda_event e = {};
-    fill_header(&e.h, EV_CUDA, id);
-    e.call = CALL_LAUNCH_KERNEL;
-    e.ret = -1;
+    struct launch_event e = {};
+    fill_header(&e.c.h, EV_CUDA_LAUNCH, id);
+    e.c.call = CALL_LAUNCH_KERNEL;
+    e.c.ret = -1;
     u64 gxy = PT_REGS_PARM2(ctx), bxy = PT_REGS_PARM4(ctx);
     e.func = PT_REGS_PARM1(ctx);
-    e.grid[0] = (u32)gxy;
-    e.grid[1] = gxy >> 32;
-    e.grid[2] = (u32)PT_REGS_PARM3(ctx);
-    e.block[0] = (u32)bxy;
-    e.block[1] = bxy >> 32;
-    e.block[2] = (u32)PT_REGS_PARM5(ctx);
+    e.dims.grid[0] = (u32)gxy;
+    e.dims.grid[1] = gxy >> 32;
+    e.dims.grid[2] = (u32)PT_REGS_PARM3(ctx);
+    e.dims.block[0] = (u32)bxy;
+    e.dims.block[1] = bxy >> 32;
+    e.dims.block[2] = (u32)PT_REGS_PARM5(ctx);
     if (dedup)
         remember_rt_launch(&e);
     if (!stream_it) {
@@ -151,45 +160,34 @@ int cuda_launch_kernel(struct pt_regs *ctx)
     return 0;
 }
 
-/* Reads the 6 u32 dims, then shared memory and stream at offsets 24 and 32:
- * the layout shared by cudaLaunchConfig_t and CUlaunchConfig. */
-static __always_inline void read_launch_config(struct cuda_event *e, u64 cfg)
-{
-    u32 dims[6] = {};
-    bpf_probe_read_user(dims, sizeof(dims), (void *)cfg);
-    e->grid[0] = dims[0];
-    e->grid[1] = dims[1];
-    e->grid[2] = dims[2];
-    e->block[0] = dims[3];
-    e->block[1] = dims[4];
-    e->block[2] = dims[5];
-    bpf_probe_read_user(&e->stream, sizeof(e->stream), (void *)(cfg + 32));
-}
-
 /* cudaLaunchKernelExC(const cudaLaunchConfig_t *config, const void *func, void **args) */
 int cuda_launch_kernel_exc(struct pt_regs *ctx)
 {
-    struct cuda_event e = {};
-    if (!cuda_begin(&e, CALL_LAUNCH_KERNEL_EXC))
+    struct launch_event e = {};
+    if (!cuda_begin(&e.c, EV_CUDA_LAUNCH, CALL_LAUNCH_KERNEL_EXC))
         return 0;
-    read_launch_config(&e, PT_REGS_PARM1(ctx));
-    bpf_probe_read_user(&e.shmem, sizeof(e.shmem), (void *)(PT_REGS_PARM1(ctx) + 24));
+    struct user_launch_config cfg = {};
+    bpf_probe_read_user(&cfg, sizeof(cfg), (void *)PT_REGS_PARM1(ctx));
+    e.dims = cfg.dims;
+    e.shmem = cfg.dynamic_smem_bytes;
+    e.stream = cfg.stream;
     e.func = PT_REGS_PARM2(ctx);
     if (driver_is_probed())
         remember_rt_launch(&e);
-    cuda_emit(&e);
+    EMIT(e, e.func, 0, 0);
     return 0;
 }
 
-static __always_inline int driver_duplicate(struct cuda_event *e)
+static __always_inline int driver_duplicate(struct launch_event *e)
 {
-    u32 tid = e->h.tid;
+    u32 tid = e->c.h.tid;
     struct last_launch *l = last_rt_launch.lookup(&tid);
-    if (!l || e->h.ts_ns - l->ts_ns > DRIVER_DEDUP_WINDOW_NS)
+    if (!l || e->c.h.ts_ns - l->ts_ns > DRIVER_DEDUP_WINDOW_NS)
         return 0;
     /* Field by field: __builtin_memcmp does not lower to valid BPF here. */
-    if (l->grid[0] != e->grid[0] || l->grid[1] != e->grid[1] || l->grid[2] != e->grid[2] ||
-        l->block[0] != e->block[0] || l->block[1] != e->block[1] || l->block[2] != e->block[2])
+    const struct launch_dims *a = &l->dims, *b = &e->dims;
+    if (a->grid[0] != b->grid[0] || a->grid[1] != b->grid[1] || a->grid[2] != b->grid[2] ||
+        a->block[0] != b->block[0] || a->block[1] != b->block[1] || a->block[2] != b->block[2])
         return 0;
     last_rt_launch.delete(&tid);
     count(CNT_DRIVER_DEDUPED);
@@ -199,86 +197,95 @@ static __always_inline int driver_duplicate(struct cuda_event *e)
 /* cuLaunchKernel(f, gx, gy, gz, bx, by, bz, shmem, stream, params, extra) */
 int cu_launch_kernel(struct pt_regs *ctx)
 {
-    struct cuda_event e = {};
-    if (!cuda_begin(&e, CALL_CU_LAUNCH_KERNEL))
+    struct launch_event e = {};
+    if (!cuda_begin(&e.c, EV_CUDA_LAUNCH, CALL_CU_LAUNCH_KERNEL))
         return 0;
     e.func = PT_REGS_PARM1(ctx);
-    e.grid[0] = PT_REGS_PARM2(ctx);
-    e.grid[1] = PT_REGS_PARM3(ctx);
-    e.grid[2] = PT_REGS_PARM4(ctx);
-    e.block[0] = PT_REGS_PARM5(ctx);
-    e.block[1] = PT_REGS_PARM6(ctx);
-    e.block[2] = stack_arg(ctx, 7);
+    e.dims.grid[0] = PT_REGS_PARM2(ctx);
+    e.dims.grid[1] = PT_REGS_PARM3(ctx);
+    e.dims.grid[2] = PT_REGS_PARM4(ctx);
+    e.dims.block[0] = PT_REGS_PARM5(ctx);
+    e.dims.block[1] = PT_REGS_PARM6(ctx);
+    e.dims.block[2] = stack_arg(ctx, 7);
     e.shmem = (u32)stack_arg(ctx, 8);
     e.stream = stack_arg(ctx, 9);
     if (!driver_duplicate(&e))
-        cuda_emit(&e);
+        EMIT(e, e.func, 0, 0);
     return 0;
 }
 
 /* cuLaunchKernelEx(const CUlaunchConfig *config, f, params, extra) */
 int cu_launch_kernel_ex(struct pt_regs *ctx)
 {
-    struct cuda_event e = {};
-    if (!cuda_begin(&e, CALL_CU_LAUNCH_KERNEL_EX))
+    struct launch_event e = {};
+    if (!cuda_begin(&e.c, EV_CUDA_LAUNCH, CALL_CU_LAUNCH_KERNEL_EX))
         return 0;
-    read_launch_config(&e, PT_REGS_PARM1(ctx));
-    u32 shmem = 0;
-    bpf_probe_read_user(&shmem, sizeof(shmem), (void *)(PT_REGS_PARM1(ctx) + 24));
-    e.shmem = shmem;
+    struct user_launch_config cfg = {};
+    bpf_probe_read_user(&cfg, sizeof(cfg), (void *)PT_REGS_PARM1(ctx));
+    e.dims = cfg.dims;
+    e.shmem = cfg.shared_mem_bytes;
+    e.stream = cfg.stream;
     e.func = PT_REGS_PARM2(ctx);
     if (!driver_duplicate(&e))
-        cuda_emit(&e);
+        EMIT(e, e.func, 0, 0);
     return 0;
 }
 
-/* cudaMemcpy(dst, src, count, kind) and cudaMemcpyAsync(..., stream) */
-static __always_inline int memcpy_common(struct pt_regs *ctx, u32 call)
+static __always_inline int memcpy_emit(u32 call, u64 bytes, u64 direction, u64 stream)
 {
-    struct cuda_event e = {};
-    if (!cuda_begin(&e, call))
+    struct memcpy_event e = {};
+    if (!cuda_begin(&e.c, EV_CUDA_MEMCPY, call))
         return 0;
-    e.bytes = PT_REGS_PARM3(ctx);
-    e.kind = (u32)PT_REGS_PARM4(ctx);
-    if (call == CALL_MEMCPY_ASYNC)
-        e.stream = PT_REGS_PARM5(ctx);
-    cuda_emit(&e);
+    e.bytes = bytes;
+    e.direction = (u32)direction;
+    e.stream = stream;
+    EMIT(e, e.direction, e.bytes, 0);
     return 0;
 }
-int cuda_memcpy(struct pt_regs *ctx) { return memcpy_common(ctx, CALL_MEMCPY); }
-int cuda_memcpy_async(struct pt_regs *ctx) { return memcpy_common(ctx, CALL_MEMCPY_ASYNC); }
+
+/* cudaMemcpy(dst, src, count, kind) */
+int cuda_memcpy(struct pt_regs *ctx)
+{
+    return memcpy_emit(CALL_MEMCPY, PT_REGS_PARM3(ctx), PT_REGS_PARM4(ctx), 0);
+}
+
+/* cudaMemcpyAsync(dst, src, count, kind, stream) */
+int cuda_memcpy_async(struct pt_regs *ctx)
+{
+    return memcpy_emit(CALL_MEMCPY_ASYNC, PT_REGS_PARM3(ctx), PT_REGS_PARM4(ctx), PT_REGS_PARM5(ctx));
+}
 
 /* cudaFree(ptr): entry only; user space matches the pointer to its cudaMalloc. */
 int cuda_free(struct pt_regs *ctx)
 {
-    struct cuda_event e = {};
-    if (!cuda_begin(&e, CALL_FREE))
+    struct memory_event e = {};
+    if (!cuda_begin(&e.c, EV_CUDA_MEMORY, CALL_FREE))
         return 0;
-    e.func = PT_REGS_PARM1(ctx);
-    cuda_emit(&e);
+    e.ptr = PT_REGS_PARM1(ctx);
+    EMIT(e, e.ptr, 0, 0);
     return 0;
 }
 
 /* cudaGraphLaunch(graphExec, stream) */
 int cuda_graph_launch(struct pt_regs *ctx)
 {
-    struct cuda_event e = {};
-    if (!cuda_begin(&e, CALL_GRAPH_LAUNCH))
+    struct graph_event e = {};
+    if (!cuda_begin(&e.c, EV_CUDA_GRAPH, CALL_GRAPH_LAUNCH))
         return 0;
-    e.func = PT_REGS_PARM1(ctx);
+    e.graph_exec = PT_REGS_PARM1(ctx);
     e.stream = PT_REGS_PARM2(ctx);
-    cuda_emit(&e);
+    EMIT(e, e.graph_exec, 0, 0);
     return 0;
 }
 
-/* cudaSetDevice(device): the thread's current device. */
+/* cudaSetDevice(int device): the thread's current device. */
 int cuda_set_device(struct pt_regs *ctx)
 {
-    struct cuda_event e = {};
-    if (!cuda_begin(&e, CALL_SET_DEVICE))
+    struct device_event e = {};
+    if (!cuda_begin(&e.c, EV_CUDA_DEVICE, CALL_SET_DEVICE))
         return 0;
-    e.bytes = (u32)PT_REGS_PARM1(ctx);
-    cuda_emit(&e);
+    e.device = (u32)PT_REGS_PARM1(ctx);
+    EMIT(e, e.device, 0, 0);
     return 0;
 }
 
@@ -294,10 +301,22 @@ static __always_inline int call_enter(struct pt_regs *ctx, u32 call)
     return 0;
 }
 
+/* cudaMalloc(void **devPtr, size_t size) */
 int cuda_malloc_enter(struct pt_regs *ctx) { return call_enter(ctx, CALL_MALLOC); }
+/* cudaStreamSynchronize(stream), cudaDeviceSynchronize(), cudaEventSynchronize(event) */
 int cuda_stream_sync_enter(struct pt_regs *ctx) { return call_enter(ctx, CALL_STREAM_SYNC); }
 int cuda_device_sync_enter(struct pt_regs *ctx) { return call_enter(ctx, CALL_DEVICE_SYNC); }
 int cuda_event_sync_enter(struct pt_regs *ctx) { return call_enter(ctx, CALL_EVENT_SYNC); }
+
+/* Fills the common part at return: the entry's timestamp, the return code. */
+static __always_inline void returned(struct cuda_header *h, u8 kind, u64 id, struct call_entry *c,
+                                     struct pt_regs *ctx)
+{
+    fill_header(&h->h, kind, id);
+    h->h.ts_ns = c->ts_ns;
+    h->call = c->call;
+    h->ret = (s32)PT_REGS_RC(ctx);
+}
 
 int cuda_call_return(struct pt_regs *ctx)
 {
@@ -305,20 +324,23 @@ int cuda_call_return(struct pt_regs *ctx)
     struct call_entry *c = in_call.lookup(&id);
     if (!c)
         return 0;
-    struct cuda_event e = {};
-    fill_header(&e.h, EV_CUDA, id);
-    e.call = c->call;
-    e.ret = (s32)PT_REGS_RC(ctx);
-    e.h.ts_ns = c->ts_ns;
-    e.duration_ns = bpf_ktime_get_ns() - c->ts_ns;
+    u64 duration_ns = bpf_ktime_get_ns() - c->ts_ns;
     if (c->call == CALL_MALLOC) {
-        /* cudaMalloc(void **devPtr, size_t size): the pointer exists at return. */
-        bpf_probe_read_user(&e.func, sizeof(e.func), (void *)c->arg0);
+        struct memory_event e = {};
+        returned(&e.c, EV_CUDA_MEMORY, id, c, ctx);
+        /* The pointer exists at return: *devPtr. */
+        bpf_probe_read_user(&e.ptr, sizeof(e.ptr), (void *)c->arg0);
         e.bytes = c->arg1;
+        e.duration_ns = duration_ns;
+        in_call.delete(&id);
+        EMIT(e, e.ptr, e.bytes, duration_ns);
     } else {
-        e.stream = c->call == CALL_DEVICE_SYNC ? 0 : c->arg0; /* stream or event handle */
+        struct sync_event e = {};
+        returned(&e.c, EV_CUDA_SYNC, id, c, ctx);
+        e.handle = c->call == CALL_DEVICE_SYNC ? 0 : c->arg0; /* stream or event */
+        e.duration_ns = duration_ns;
+        in_call.delete(&id);
+        EMIT(e, 0, 0, duration_ns);
     }
-    in_call.delete(&id);
-    cuda_emit(&e);
     return 0;
 }

@@ -1,7 +1,9 @@
 /* Every record otel-gpu's probes send to user space, and the map keys/values user
  * space reads. The first byte of each record is its kind. Fields are naturally
  * aligned with explicit padding (the layout test compiles this with -Wpadded and
- * checks every sizeof/offsetof against otel_gpu/pipeline/events.py). */
+ * checks every sizeof/offsetof against otel_gpu/pipeline/abi.py). The CUDA call
+ * ids (CALL_*) are generated from otel_gpu/probes/table.py and prepended to the
+ * program text: no enum here can drift from the table. */
 #ifndef OTEL_GPU_EVENTS_H
 #define OTEL_GPU_EVENTS_H
 
@@ -25,26 +27,13 @@ enum event_kind {
     EV_SOCK_READ = 2,   /* bytes read from an accepted connection */
     EV_SOCK_WRITE = 3,  /* bytes written to an accepted connection */
     EV_SOCK_CLOSE = 4,  /* an accepted connection was closed */
-    EV_CUDA = 5,        /* one CUDA runtime/driver call (streamed while HTTP is active) */
+    EV_CUDA_LAUNCH = 5, /* a kernel launch (CUDA calls are streamed while HTTP is active) */
     EV_PROC_EXIT = 6,   /* a traced process exited */
-};
-
-/* CUDA calls, shared by events and the per-process rollup map. */
-enum cuda_call {
-    CALL_LAUNCH_KERNEL = 1,
-    CALL_LAUNCH_KERNEL_EXC = 2,
-    CALL_MEMCPY = 3,
-    CALL_MEMCPY_ASYNC = 4,
-    CALL_MALLOC = 5,
-    CALL_FREE = 6,
-    CALL_STREAM_SYNC = 7,
-    CALL_DEVICE_SYNC = 8,
-    CALL_EVENT_SYNC = 9,
-    CALL_GRAPH_LAUNCH = 10,
-    CALL_CU_LAUNCH_KERNEL = 11,
-    CALL_CU_LAUNCH_KERNEL_EX = 12,
-    CALL_SET_DEVICE = 13,   /* bytes carries the device ordinal */
-    CALL_MAX = 14,
+    EV_CUDA_MEMCPY = 7,
+    EV_CUDA_MEMORY = 8, /* allocation or free */
+    EV_CUDA_SYNC = 9,
+    EV_CUDA_GRAPH = 10,
+    EV_CUDA_DEVICE = 11,
 };
 
 struct event_header {
@@ -83,19 +72,70 @@ struct close_event {
     u32 pad;
 };
 
-struct cuda_event {
+/* Every CUDA record: the shape follows the call's category (probes/table.py). */
+struct cuda_header {
     struct event_header h;
-    u32 call;          /* enum cuda_call */
+    u32 call;          /* CALL_* id */
     s32 ret;           /* return code; -1 when the probe has no return probe */
-    u64 func;          /* kernel function pointer / handle, graph exec, freed pointer */
+};
+
+struct launch_dims {
     u32 grid[3];
     u32 block[3];
-    u64 shmem;
+};
+
+struct launch_event {      /* EV_CUDA_LAUNCH */
+    struct cuda_header c;
+    u64 func;              /* kernel function pointer (runtime) or CUfunction/CUkernel */
+    struct launch_dims dims;
+    u64 shmem;             /* dynamic shared memory bytes */
     u64 stream;
-    u64 bytes;         /* memcpy count or allocation size */
-    u32 kind;          /* memcpy direction (cudaMemcpyKind) */
+};
+
+struct memcpy_event {      /* EV_CUDA_MEMCPY */
+    struct cuda_header c;
+    u64 bytes;
+    u64 stream;            /* 0 for synchronous copies */
+    u32 direction;         /* cudaMemcpyKind */
     u32 pad;
-    u64 duration_ns;   /* entry to return, for calls with a return probe */
+};
+
+struct memory_event {      /* EV_CUDA_MEMORY */
+    struct cuda_header c;
+    u64 ptr;               /* allocated (read at return) or freed pointer */
+    u64 bytes;             /* allocation size; 0 for a free */
+    u64 duration_ns;       /* entry to return; 0 without a return probe */
+};
+
+struct sync_event {        /* EV_CUDA_SYNC */
+    struct cuda_header c;
+    u64 handle;            /* stream or event; 0 for a device sync */
+    u64 duration_ns;
+};
+
+struct graph_event {       /* EV_CUDA_GRAPH */
+    struct cuda_header c;
+    u64 graph_exec;
+    u64 stream;
+};
+
+struct device_event {      /* EV_CUDA_DEVICE */
+    struct cuda_header c;
+    u32 device;            /* ordinal */
+    u32 pad;
+};
+
+/* The launch config in the traced process's memory, as both APIs lay it out:
+ * cudaLaunchConfig_t {dim3 grid, block; size_t dynamicSmemBytes; stream; ...} and
+ * CUlaunchConfig {u32 grid x,y,z, block x,y,z; u32 sharedMemBytes; (4 bytes of
+ * padding) CUstream hStream; ...}. Shared memory at 24, the stream at 32 in both. */
+struct user_launch_config {
+    struct launch_dims dims;
+    union {
+        u64 dynamic_smem_bytes;  /* cudaLaunchConfig_t */
+        u32 shared_mem_bytes;    /* CUlaunchConfig: the next 4 bytes are padding */
+    };
+    u64 stream;
 };
 
 struct proc_exit_event {
@@ -108,7 +148,8 @@ struct proc_exit_event {
 struct rollup_key {
     u32 tgid;
     u32 call;
-    u64 func;   /* kernel function; for memcpy calls, the direction */
+    u64 detail; /* by category, as probes/table.py ROLLUP_DETAIL says: kernel function,
+                 * graph exec, memcpy direction, pointer, device ordinal, or 0 */
 };
 
 struct rollup_value {

@@ -1,5 +1,5 @@
 /* Maps and helpers shared by the HTTP and CUDA probes. Tunables arrive as -D cflags
- * from otel_gpu/probes/program.py. */
+ * from otel_gpu/probes/source.py, which also prepends the generated CALL_* ids. */
 #ifndef OTEL_GPU_MAPS_H
 #define OTEL_GPU_MAPS_H
 

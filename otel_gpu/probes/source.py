@@ -1,10 +1,16 @@
-"""Compiles and loads bpf/otel_gpu.bpf.c with bcc. Tunables go in as -D cflags."""
+"""The BPF program's C text and how it is compiled and loaded with bcc.
+
+The program is the generated CALL_* ids (probes/table.py c_defines()) followed by
+bpf/maps.h, bpf/http_probes.c and bpf/cuda_probes.c. Tunables go in as -D cflags,
+never by editing the C text."""
 from __future__ import annotations
 
 import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
+
+from .table import c_defines
 
 log = logging.getLogger(__name__)
 
@@ -55,12 +61,14 @@ PROGRAM_FILES = ("maps.h", "http_probes.c", "cuda_probes.c")
 
 
 def source_text() -> str:
-    """The C that is compiled (printed by `otel-gpu run --ebpf`)."""
-    return "\n".join((bpf_dir() / name).read_text() for name in PROGRAM_FILES)
+    """The C that is compiled (printed by `otel-gpu run --ebpf`): the call ids
+    generated from the table, then the files."""
+    return c_defines() + "\n".join((bpf_dir() / name).read_text() for name in PROGRAM_FILES)
 
 
 def load(options: ProgramOptions):
-    """Compile and load; bcc attaches the TRACEPOINT_PROBE functions itself."""
+    """Compile and load; returns the bcc BPF object. bcc attaches the
+    TRACEPOINT_PROBE functions itself; uprobes are the caller's."""
     kernel_headers_hint()
     from bcc import BPF  # imported late: the unit tier runs without bcc
 
