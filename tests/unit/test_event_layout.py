@@ -1,6 +1,7 @@
 """bpf/events.h vs its ctypes mirror: a tiny C program compiled against the header
-(with -Wpadded -Werror, so implicit padding fails the build) prints every sizeof,
-offsetof and enum value; each must match otel_gpu/pipeline/events.py."""
+(with -Wpadded -Werror, so implicit padding fails the build; the generated CALL_*
+ids prepended as the loader does) prints every sizeof, offsetof and constant; each
+must match otel_gpu/pipeline/abi.py, probes/table.py and the decoder's Structs."""
 import ctypes as ct
 import re
 import shutil
@@ -9,22 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from otel_gpu.pipeline import events as ev
+from otel_gpu.pipeline import abi, decode, records
+from otel_gpu.probes import table
 
 ROOT = Path(__file__).resolve().parents[2]
 HEADER = ROOT / "bpf" / "events.h"
-
-STRUCTS = {
-    "event_header": ev.EventHeader,
-    "accept_event": ev.AcceptEvent,
-    "sock_io_event": ev.SockIoEvent,
-    "close_event": ev.CloseEvent,
-    "cuda_event": ev.CudaEvent,
-    "proc_exit_event": ev.ProcExitEvent,
-    "rollup_key": ev.RollupKey,
-    "rollup_value": ev.RollupValue,
-}
-MACROS = ("HTTP_DATA_CAP", "HTTP_TAIL_CAP")
+PROBES = ROOT / "bpf" / "cuda_probes.c"
+MACROS = ("HTTP_DATA_CAP", "HTTP_TAIL_CAP", "CALL_MAX")
+GCC = shutil.which("gcc")
 
 
 def header_enum_members() -> list[str]:
@@ -35,14 +28,30 @@ def header_enum_members() -> list[str]:
     return members
 
 
+def c_fields(cls) -> list[tuple[str, object]]:
+    """(C member name, ctypes descriptor); an anonymous union's members stand for it."""
+    out = []
+    for fname, ftype in cls._fields_:
+        if fname in getattr(cls, "_anonymous_", ()):
+            base = getattr(cls, fname).offset
+            out += [(sub, (base + getattr(ftype, sub).offset, getattr(ftype, sub).size))
+                    for sub, _ in ftype._fields_]
+        else:
+            f = getattr(cls, fname)
+            out.append((fname, (f.offset, f.size)))
+    return out
+
+
 def c_program() -> str:
-    out = ['#include <stddef.h>', '#include <stdio.h>', '#include "events.h"', "int main(void) {"]
-    for cname, cls in STRUCTS.items():
+    out = [table.c_defines(), '#include <stddef.h>', '#include <stdio.h>', '#include "events.h"',
+           "int main(void) {"]
+    for cname, cls in abi.STRUCTS.items():
         out.append(f'  printf("size {cname} %zu\\n", sizeof(struct {cname}));')
-        for fname, _ in cls._fields_:
+        for fname, _ in c_fields(cls):
             out.append(f'  printf("field {cname}.{fname} %zu %zu\\n", offsetof(struct {cname}, {fname}),'
                        f' sizeof(((struct {cname} *)0)->{fname}));')
-    for name in header_enum_members() + list(MACROS):
+    consts = header_enum_members() + list(MACROS) + [f"CALL_{c.const}" for c in table.CALLS]
+    for name in consts:
         out.append(f'  printf("value {name} %lld\\n", (long long){name});')
     out += ["  return 0;", "}"]
     return "\n".join(out)
@@ -50,12 +59,11 @@ def c_program() -> str:
 
 @pytest.fixture(scope="module")
 def c_layout(tmp_path_factory):
-    gcc = shutil.which("gcc")
-    if gcc is None:
+    if GCC is None:
         pytest.skip("gcc is not installed: cannot compile bpf/events.h for the layout check")
     d = tmp_path_factory.mktemp("layout")
     (d / "layout.c").write_text(c_program())
-    build = subprocess.run([gcc, "-std=c11", "-Wall", "-Wextra", "-Wpadded", "-Werror",
+    build = subprocess.run([GCC, "-std=c11", "-Wall", "-Wextra", "-Wpadded", "-Werror",
                             f"-I{HEADER.parent}", "-o", str(d / "layout"), str(d / "layout.c")],
                            capture_output=True, text=True)
     assert build.returncode == 0, f"events.h does not compile cleanly with -Wpadded:\n{build.stderr}"
@@ -68,59 +76,105 @@ def c_layout(tmp_path_factory):
     return sizes, fields, values
 
 
-@pytest.mark.parametrize("cname", STRUCTS)
+@pytest.mark.parametrize("cname", abi.STRUCTS)
 def test_struct_layout_matches(c_layout, cname):
     sizes, fields, _ = c_layout
-    cls = STRUCTS[cname]
+    cls = abi.STRUCTS[cname]
     assert ct.sizeof(cls) == sizes[cname]
-    for fname, _ in cls._fields_:
-        f = getattr(cls, fname)
-        assert [f.offset, f.size] == fields[f"{cname}.{fname}"], f"{cname}.{fname}"
+    for fname, at in c_fields(cls):
+        assert list(at) == fields[f"{cname}.{fname}"], f"{cname}.{fname}"
     # -Wpadded rules out implicit padding in C, so equal sums mean no C field is unmirrored.
     assert sum(getattr(cls, n).size for n, _ in cls._fields_) == sizes[cname]
 
 
-def test_nested_header_matches(c_layout):
-    _, fields, _ = c_layout
-    for cname, cls in STRUCTS.items():
-        if cls._fields_[0][0] == "h":
-            assert fields[f"{cname}.h"] == [0, ct.sizeof(ev.EventHeader)]
-
-
-def test_record_kind_is_the_first_byte(c_layout):
+def test_every_record_starts_with_the_header(c_layout):
     _, fields, _ = c_layout
     assert fields["event_header.kind"] == [0, 1]
+    for cname, cls in abi.STRUCTS.items():
+        first = cls._fields_[0][0]
+        if first in ("h", "c"):
+            assert fields[f"{cname}.{first}"][0] == 0
+    assert fields["cuda_header.h"] == [0, ct.sizeof(abi.EventHeader)]
+
+
+def test_launch_config_offsets_are_the_cuda_abi(c_layout):
+    """Both cudaLaunchConfig_t and CUlaunchConfig: shared memory at 24, stream at 32."""
+    _, fields, _ = c_layout
+    assert fields["user_launch_config.dynamic_smem_bytes"] == [24, 8]
+    assert fields["user_launch_config.shared_mem_bytes"] == [24, 4]
+    assert fields["user_launch_config.stream"] == [32, 8]
+
+
+CUDA_INCLUDE = next((p for p in sorted(Path("/usr/local").glob("cuda*/include"))
+                     if (p / "cuda.h").exists()), None)
+
+
+@pytest.mark.skipif(GCC is None or CUDA_INCLUDE is None, reason="needs gcc and a CUDA toolkit")
+def test_launch_config_against_the_cuda_headers(tmp_path):
+    checks = [("CUlaunchConfig", "sharedMemBytes", "shared_mem_bytes"), ("CUlaunchConfig", "hStream", "stream"),
+              ("cudaLaunchConfig_t", "dynamicSmemBytes", "dynamic_smem_bytes"),
+              ("cudaLaunchConfig_t", "stream", "stream")]
+    src = ["#include <stddef.h>", "#include <cuda.h>", "#include <cuda_runtime_api.h>", '#include "events.h"']
+    src += [f"_Static_assert(offsetof({t}, {f}) == offsetof(struct user_launch_config, {ours}), "
+            f'"{t}.{f}");' for t, f, ours in checks]
+    (tmp_path / "cfg.c").write_text("\n".join(src) + "\nint main(void) { return 0; }\n")
+    r = subprocess.run([GCC, "-std=c11", f"-I{CUDA_INCLUDE}", f"-I{HEADER.parent}", "-o",
+                        str(tmp_path / "cfg"), str(tmp_path / "cfg.c")], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
 
 
 def test_enum_values_match(c_layout):
     _, _, values = c_layout
-    py_consts = {k: v for k, v in vars(ev).items()
-                 if re.fullmatch(r"(EV|CALL|CNT)_[A-Z0-9_]+", k) and isinstance(v, int)}
-    c_only = {"CALL_MAX", "CNT_MAX"}
-    c_enums = {k: v for k, v in values.items() if k not in MACROS}
-    assert set(c_enums) - c_only == set(py_consts), "enum members differ between C and Python"
+    py_consts = {k: v for k, v in vars(abi).items()
+                 if re.fullmatch(r"(EV|CNT)_[A-Z0-9_]+", k) and isinstance(v, int)}
+    c_enums = {k: v for k, v in values.items() if not k.startswith("CALL_") and k not in MACROS}
+    assert set(c_enums) - {"CNT_MAX"} == set(py_consts), "enum members differ between C and Python"
     for name, value in py_consts.items():
         assert c_enums[name] == value, name
-    assert c_enums["CALL_MAX"] == max(ev.CALL_NAMES) + 1
-    assert set(ev.CALL_NAMES) == set(range(1, c_enums["CALL_MAX"]))
-    assert c_enums["CNT_MAX"] == len(ev.COUNTER_NAMES)
+    assert c_enums["CNT_MAX"] == len(abi.COUNTER_NAMES)
+    assert (records.EV_SOCK_READ, records.EV_SOCK_WRITE) == (abi.EV_SOCK_READ, abi.EV_SOCK_WRITE)
+
+
+def test_call_ids_come_from_the_table(c_layout):
+    _, _, values = c_layout
+    for c in table.CALLS:
+        assert values[f"CALL_{c.const}"] == c.id, c.name
+    assert values["CALL_MAX"] == table.CALL_MAX
+    assert "enum cuda_call" not in HEADER.read_text()
+
+
+def test_every_table_handler_exists_in_cuda_probes():
+    text = PROBES.read_text()
+    defined = set(re.findall(r"^int\s+(\w+)\s*\(\s*struct pt_regs \*ctx\s*\)", text, flags=re.M))
+    named = {c.entry for c in table.CALLS} | {c.ret for c in table.CALLS if c.ret}
+    assert named <= defined, f"handlers named in probes/table.py but not in bpf/cuda_probes.c: {named - defined}"
+
+
+@pytest.mark.parametrize("s,mirror", decode.STRUCT_MIRRORS, ids=lambda x: getattr(x, "__name__", ""))
+def test_decoder_structs_match_their_mirrors(s, mirror):
+    assert s.size == ct.sizeof(mirror)
+
+
+def test_every_cuda_shape_has_a_struct():
+    mirrored = {m for _, m in decode.STRUCT_MIRRORS}
+    cuda = {cls for cls in abi.STRUCTS.values() if cls._fields_[0][1] is abi.CudaHeader}
+    assert mirrored == cuda
 
 
 def test_caps_match(c_layout):
     _, _, values = c_layout
-    assert values["HTTP_DATA_CAP"] == ev.HTTP_DATA_CAP
-    assert values["HTTP_TAIL_CAP"] == ev.HTTP_TAIL_CAP
-    assert ev.SockIoEvent.data.size == ev.HTTP_DATA_CAP and ev.SockIoEvent.tail.size == ev.HTTP_TAIL_CAP
+    assert values["HTTP_DATA_CAP"] == abi.HTTP_DATA_CAP
+    assert values["HTTP_TAIL_CAP"] == abi.HTTP_TAIL_CAP
+    assert abi.SockIoEvent.data.size == abi.HTTP_DATA_CAP and abi.SockIoEvent.tail.size == abi.HTTP_TAIL_CAP
 
 
 def test_padding_warning_is_effective(tmp_path):
     """The -Wpadded build really rejects implicit padding (guards the check itself)."""
-    gcc = shutil.which("gcc")
-    if gcc is None:
+    if GCC is None:
         pytest.skip("gcc is not installed")
     src = tmp_path / "bad.c"
     src.write_text("#include <stdint.h>\nstruct bad { uint8_t a; uint64_t b; };\n"
                    "int main(void) { struct bad x = {0}; return (int)x.a; }\n")
-    r = subprocess.run([gcc, "-Wpadded", "-Werror", "-o", str(tmp_path / "bad"), str(src)],
+    r = subprocess.run([GCC, "-Wpadded", "-Werror", "-o", str(tmp_path / "bad"), str(src)],
                        capture_output=True, text=True)
     assert r.returncode != 0 and "padding" in r.stderr

@@ -1,0 +1,122 @@
+"""The ctypes mirror of bpf/events.h: the records the probes send and the map keys
+and values user space reads. tests/unit/test_event_layout.py compiles the header
+with -Wpadded and checks every size, offset and constant here against it. The CUDA
+call ids are not here: they live in probes/table.py (the BPF side gets them as
+generated #defines)."""
+from __future__ import annotations
+
+import ctypes as ct
+
+HTTP_DATA_CAP = 1024
+HTTP_TAIL_CAP = 8
+
+# enum event_kind: the first byte of every record
+EV_ACCEPT = 1
+EV_SOCK_READ = 2
+EV_SOCK_WRITE = 3
+EV_SOCK_CLOSE = 4
+EV_CUDA_LAUNCH = 5
+EV_PROC_EXIT = 6
+EV_CUDA_MEMCPY = 7
+EV_CUDA_MEMORY = 8
+EV_CUDA_SYNC = 9
+EV_CUDA_GRAPH = 10
+EV_CUDA_DEVICE = 11
+
+# enum counter: indices of the per-CPU `counters` array
+CNT_RINGBUF_FULL = 0
+CNT_CUDA_STREAMED = 1
+CNT_DRIVER_DEDUPED = 2
+CNT_CONN_TABLE_FULL = 3
+COUNTER_NAMES = ("ringbuf_full", "cuda_streamed", "driver_deduped", "conn_table_full")
+
+u8, u16, u32, s32, u64, s64 = ct.c_uint8, ct.c_uint16, ct.c_uint32, ct.c_int32, ct.c_uint64, ct.c_int64
+
+
+class EventHeader(ct.Structure):
+    _fields_ = [("kind", u8), ("pad", u8 * 3), ("tgid", u32), ("tid", u32), ("pad2", u32),
+                ("ts_ns", u64)]
+
+
+class AcceptEvent(ct.Structure):
+    _fields_ = [("h", EventHeader), ("fd", s32), ("listen_fd", s32), ("family", u16),
+                ("peer_port", u16), ("peer_addr", u8 * 16), ("pad", u32)]
+
+
+class SockIoEvent(ct.Structure):
+    _fields_ = [("h", EventHeader), ("fd", s32), ("data_len", u32), ("ret", s64),
+                ("tail_len", u32), ("pad", u32), ("tail", u8 * HTTP_TAIL_CAP),
+                ("data", u8 * HTTP_DATA_CAP)]
+
+
+class CloseEvent(ct.Structure):
+    _fields_ = [("h", EventHeader), ("fd", s32), ("pad", u32)]
+
+
+class ProcExitEvent(ct.Structure):
+    _fields_ = [("h", EventHeader), ("comm", ct.c_char * 16)]
+
+
+# --- CUDA records: one shape per call category (probes/table.py Shape) -----------
+class CudaHeader(ct.Structure):
+    _fields_ = [("h", EventHeader), ("call", u32), ("ret", s32)]
+
+
+class LaunchDims(ct.Structure):
+    _fields_ = [("grid", u32 * 3), ("block", u32 * 3)]
+
+
+class LaunchEvent(ct.Structure):
+    _fields_ = [("c", CudaHeader), ("func", u64), ("dims", LaunchDims), ("shmem", u64),
+                ("stream", u64)]
+
+
+class MemcpyEvent(ct.Structure):
+    _fields_ = [("c", CudaHeader), ("bytes", u64), ("stream", u64), ("direction", u32),
+                ("pad", u32)]
+
+
+class MemoryEvent(ct.Structure):
+    _fields_ = [("c", CudaHeader), ("ptr", u64), ("bytes", u64), ("duration_ns", u64)]
+
+
+class SyncEvent(ct.Structure):
+    _fields_ = [("c", CudaHeader), ("handle", u64), ("duration_ns", u64)]
+
+
+class GraphEvent(ct.Structure):
+    _fields_ = [("c", CudaHeader), ("graph_exec", u64), ("stream", u64)]
+
+
+class DeviceEvent(ct.Structure):
+    _fields_ = [("c", CudaHeader), ("device", u32), ("pad", u32)]
+
+
+class _SmemBytes(ct.Union):
+    _fields_ = [("dynamic_smem_bytes", u64), ("shared_mem_bytes", u32)]
+
+
+class UserLaunchConfig(ct.Structure):
+    """cudaLaunchConfig_t / CUlaunchConfig as the probes read them (not a record)."""
+    _anonymous_ = ("smem",)
+    _fields_ = [("dims", LaunchDims), ("smem", _SmemBytes), ("stream", u64)]
+
+
+# --- maps ---------------------------------------------------------------------------
+class RollupKey(ct.Structure):
+    _fields_ = [("tgid", u32), ("call", u32), ("detail", u64)]
+
+
+class RollupValue(ct.Structure):
+    _fields_ = [("count", u64), ("bytes", u64), ("duration_ns", u64)]
+
+
+# C struct name -> mirror (the layout test walks this).
+STRUCTS: dict[str, type] = {
+    "event_header": EventHeader, "accept_event": AcceptEvent, "sock_io_event": SockIoEvent,
+    "close_event": CloseEvent, "proc_exit_event": ProcExitEvent, "cuda_header": CudaHeader,
+    "launch_dims": LaunchDims, "launch_event": LaunchEvent, "memcpy_event": MemcpyEvent,
+    "memory_event": MemoryEvent, "sync_event": SyncEvent, "graph_event": GraphEvent,
+    "device_event": DeviceEvent, "user_launch_config": UserLaunchConfig,
+    "rollup_key": RollupKey, "rollup_value": RollupValue,
+}

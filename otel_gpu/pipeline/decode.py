@@ -1,0 +1,147 @@
+"""Ring-buffer bytes -> pipeline records (pipeline/records.py).
+
+Each CUDA shape is decoded by one precompiled struct.Struct (several times faster
+than ctypes from_buffer_copy; launches are the hot path); tests/unit/test_event_layout.py
+checks every Struct against its ctypes mirror in pipeline/abi.py. Socket records are
+variable-length and rarer: decoded through the mirror."""
+from __future__ import annotations
+
+import ctypes as ct
+import ipaddress
+import struct
+from typing import Optional
+
+from . import abi
+from .abi import (EV_ACCEPT, EV_CUDA_DEVICE, EV_CUDA_GRAPH, EV_CUDA_LAUNCH, EV_CUDA_MEMCPY,
+                  EV_CUDA_MEMORY, EV_CUDA_SYNC, EV_PROC_EXIT, EV_SOCK_CLOSE, EV_SOCK_READ,
+                  EV_SOCK_WRITE, HTTP_DATA_CAP, HTTP_TAIL_CAP)
+from .records import (Accept, DeviceCall, GraphCall, LaunchCall, MemcpyCall, MemoryCall, ProcExit,
+                      SockClose, SockIo, SyncCall)
+
+
+class DecodeError(ValueError):
+    """A record that does not match the header: counted and dropped by the reader."""
+
+
+# struct cuda_header: kind, pad[3], tgid, tid, pad2, ts_ns, call, ret
+_CUDA_HEADER = "<B3xII4xQIi"
+LAUNCH = struct.Struct(_CUDA_HEADER + "Q3I3IQQ")  # func, grid, block, shmem, stream
+MEMCPY = struct.Struct(_CUDA_HEADER + "QQI4x")    # bytes, stream, direction, pad
+MEMORY = struct.Struct(_CUDA_HEADER + "QQQ")      # ptr, bytes, duration_ns
+SYNC = struct.Struct(_CUDA_HEADER + "QQ")         # handle, duration_ns
+GRAPH = struct.Struct(_CUDA_HEADER + "QQ")        # graph_exec, stream
+DEVICE = struct.Struct(_CUDA_HEADER + "I4x")      # device, pad
+
+# Each Struct beside the ctypes mirror it must match (checked by the layout test).
+STRUCT_MIRRORS = ((LAUNCH, abi.LaunchEvent), (MEMCPY, abi.MemcpyEvent), (MEMORY, abi.MemoryEvent),
+                  (SYNC, abi.SyncEvent), (GRAPH, abi.GraphEvent), (DEVICE, abi.DeviceEvent))
+
+_HEADER_SIZE = ct.sizeof(abi.EventHeader)
+_IO_FIXED = abi.SockIoEvent.data.offset
+_IO_SIZE = ct.sizeof(abi.SockIoEvent)
+_LAUNCH_SIZE = LAUNCH.size
+_unpack_launch = LAUNCH.unpack_from
+
+
+def _exact(buf, size: int, s: struct.Struct, what: str):
+    if size != s.size:
+        raise DecodeError(f"{what} record needs {s.size} bytes, got {size}")
+    return s.unpack_from(buf)
+
+
+def _memcpy(buf, size):
+    _, tgid, tid, ts, call, ret, nbytes, stream, direction = _exact(buf, size, MEMCPY, "memcpy")
+    return MemcpyCall(tgid, tid, ts, call, ret, nbytes, direction, stream)
+
+
+def _memory(buf, size):
+    _, tgid, tid, ts, call, ret, ptr, nbytes, duration = _exact(buf, size, MEMORY, "memory")
+    return MemoryCall(tgid, tid, ts, call, ret, ptr, nbytes, duration)
+
+
+def _sync(buf, size):
+    _, tgid, tid, ts, call, ret, handle, duration = _exact(buf, size, SYNC, "sync")
+    return SyncCall(tgid, tid, ts, call, ret, handle, duration)
+
+
+def _graph(buf, size):
+    _, tgid, tid, ts, call, ret, graph_exec, stream = _exact(buf, size, GRAPH, "graph")
+    return GraphCall(tgid, tid, ts, call, ret, graph_exec, stream)
+
+
+def _device(buf, size):
+    _, tgid, tid, ts, call, ret, device = _exact(buf, size, DEVICE, "device")
+    return DeviceCall(tgid, tid, ts, call, ret, device)
+
+
+def _addr(family: int, raw) -> Optional[str]:
+    if family == 2:
+        return str(ipaddress.IPv4Address(bytes(raw[:4])))
+    if family == 10:
+        a = ipaddress.IPv6Address(bytes(raw))
+        return str(a.ipv4_mapped or a)
+    return None
+
+
+def _need(buf, size: int, mirror) -> None:
+    if size < ct.sizeof(mirror):
+        raise DecodeError(f"{mirror.__name__} needs {ct.sizeof(mirror)} bytes, got {size}")
+
+
+def _sock_io(buf, size):
+    if size < _IO_FIXED or size > _IO_SIZE:
+        raise DecodeError(f"socket record of {size} bytes")
+    buf = bytes(buf)
+    e = abi.SockIoEvent.from_buffer_copy(buf + bytes(_IO_SIZE - size))
+    if e.data_len > HTTP_DATA_CAP or _IO_FIXED + e.data_len > size or e.tail_len > HTTP_TAIL_CAP:
+        raise DecodeError(f"socket record claims {e.data_len} data bytes in {size}")
+    data = buf[_IO_FIXED:_IO_FIXED + e.data_len]
+    return SockIo(e.h.kind, e.h.tgid, e.h.tid, e.h.ts_ns, e.fd, e.ret, data, bytes(e.tail[:e.tail_len]))
+
+
+def _accept(buf, size):
+    _need(buf, size, abi.AcceptEvent)
+    e = abi.AcceptEvent.from_buffer_copy(bytes(buf))
+    port = int.from_bytes(e.peer_port.to_bytes(2, "little"), "big") if e.family else None
+    return Accept(e.h.tgid, e.h.tid, e.h.ts_ns, e.fd, e.listen_fd, _addr(e.family, e.peer_addr), port)
+
+
+def _close(buf, size):
+    _need(buf, size, abi.CloseEvent)
+    e = abi.CloseEvent.from_buffer_copy(bytes(buf))
+    return SockClose(e.h.tgid, e.h.tid, e.h.ts_ns, e.fd)
+
+
+def _proc_exit(buf, size):
+    _need(buf, size, abi.ProcExitEvent)
+    e = abi.ProcExitEvent.from_buffer_copy(bytes(buf))
+    return ProcExit(e.h.tgid, e.h.ts_ns, e.comm.decode(errors="replace"))
+
+
+_BY_KIND = {EV_CUDA_MEMCPY: _memcpy, EV_CUDA_MEMORY: _memory, EV_CUDA_SYNC: _sync,
+            EV_CUDA_GRAPH: _graph, EV_CUDA_DEVICE: _device, EV_SOCK_READ: _sock_io,
+            EV_SOCK_WRITE: _sock_io, EV_ACCEPT: _accept, EV_SOCK_CLOSE: _close,
+            EV_PROC_EXIT: _proc_exit}
+# Indexing bytes gives an int, a ctypes c_char array (the reader's zero-copy view)
+# a 1-byte bytes: both spellings are keys, so one lookup serves either buffer.
+_BY_KIND.update({bytes([k]): fn for k, fn in list(_BY_KIND.items())})
+_LAUNCH_KINDS = (EV_CUDA_LAUNCH, bytes([EV_CUDA_LAUNCH]))
+
+
+def decode(buf):
+    """One ring-buffer record (bytes or any buffer) -> its record; DecodeError on bad
+    input (unknown kind, short record, a length that does not fit its shape)."""
+    size = len(buf)
+    if size < _HEADER_SIZE:
+        raise DecodeError(f"record of {size} bytes is shorter than the header")
+    kind = buf[0]
+    if kind in _LAUNCH_KINDS:  # the hot path, inline
+        if size != _LAUNCH_SIZE:
+            raise DecodeError(f"launch record needs {_LAUNCH_SIZE} bytes, got {size}")
+        (_, tgid, tid, ts, call, ret, func, g0, g1, g2, b0, b1, b2, shmem,
+         stream) = _unpack_launch(buf)
+        return LaunchCall(tgid, tid, ts, call, ret, func, (g0, g1, g2), (b0, b1, b2), shmem, stream)
+    fn = _BY_KIND.get(kind)
+    if fn is None:
+        raise DecodeError(f"unknown event kind {kind!r}")
+    return fn(buf, size)
