@@ -1,16 +1,16 @@
-"""Span accounting of the OTLP sink while the backend is slow or down: every span
-handed to SpanSink is exported, counted as failed, or counted as dropped (no root,
+"""Span accounting of the OTLP destination while the backend is slow or down: every span
+handed to Destinations is exported, counted as failed, or counted as dropped (no root,
 no network: fake exporters)."""
 from __future__ import annotations
 
 import threading
 
-import pytest
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.trace import SpanContext, TraceFlags
 
-from otel_gpu.export.sink import SpanSink
+from otel_gpu.export.destinations import Destinations, QueuedExporter
+from otel_gpu.ratelimit import Stats
 
 
 def _spans(n: int, start: int = 1) -> list:
@@ -37,59 +37,101 @@ class GatedExporter(SpanExporter):
         pass
 
 
-def _accounted(sink: SpanSink) -> int:
-    s = sink.stats.snapshot()
+def _otlp(exporter: SpanExporter, queue_size: int, batch_size: int = 4) -> Destinations:
+    stats = Stats()
+    q = QueuedExporter(exporter, stats, queue_size=queue_size, export_batch_size=batch_size, schedule_delay_ms=10)
+    return Destinations([("otlp", q)], stats)
+
+
+def _accounted(d: Destinations) -> int:
+    s = d.stats.snapshot()
     return s.get("spans_exported", 0) + s.get("spans_export_failed", 0) + s.get("spans_dropped_queue_full", 0)
 
 
-@pytest.fixture
-def small_batches(monkeypatch):
-    monkeypatch.setenv("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", "4")
-
-
-def test_failed_exports_count_every_span(small_batches):
+def test_failed_exports_count_every_span():
     exporter = GatedExporter(SpanExportResult.FAILURE)
     exporter.release.set()
-    sink = SpanSink(exporter, console=False, max_queue_size=64, schedule_delay_ms=10)
+    d = _otlp(exporter, 64)
     for i in range(10):
-        sink.emit(_spans(3, 1 + 3 * i))
-    sink.shutdown()
-    assert sink.stats.snapshot().get("spans_export_failed") == 30
-    assert _accounted(sink) == sink.spans_out == 30
+        d.export(_spans(3, 1 + 3 * i))
+    d.shutdown()
+    assert d.stats.snapshot().get("spans_export_failed") == 30
+    assert _accounted(d) == d.spans_out == 30
 
 
-def test_queue_full_drops_are_counted_per_span(small_batches):
+def test_an_exporter_that_raises_counts_as_failed():
+    class Raising(GatedExporter):
+        def export(self, spans):
+            raise ConnectionError("backend gone")
+    d = _otlp(Raising(), 64)
+    d.export(_spans(5))
+    d.shutdown()
+    assert d.stats.snapshot().get("spans_export_failed") == 5 == d.spans_out
+
+
+def test_queue_full_drops_are_counted_per_span():
     exporter = GatedExporter()
-    sink = SpanSink(exporter, console=False, max_queue_size=8, schedule_delay_ms=10)
-    sink.emit(_spans(4))
+    d = _otlp(exporter, 8)
+    d.export(_spans(4))
     assert exporter.entered.wait(5)  # the worker holds these 4 in a blocked export
-    sink.emit(_spans(4, 5))
-    sink.emit(_spans(4, 9))  # queue at 8
-    sink.emit(_spans(4, 13))  # full: all 4 dropped
-    assert sink.stats.snapshot().get("spans_dropped_queue_full") == 4
+    d.export(_spans(4, 5))
+    d.export(_spans(4, 9))  # queue at 8
+    d.export(_spans(4, 13))  # full: all 4 dropped
+    assert d.stats.snapshot().get("spans_dropped_queue_full") == 4
     exporter.release.set()
-    sink.shutdown()
+    d.shutdown()
     assert exporter.received == 12
-    assert _accounted(sink) == sink.spans_out == 16
+    assert _accounted(d) == d.spans_out == 16
 
 
-def test_a_request_that_overflows_the_queue_is_fully_accounted(small_batches):
+def test_a_record_goes_in_whole_or_not_at_all():
+    """Counters exact: a record that does not fit is dropped entirely, a smaller later
+    one that fits still goes in."""
     exporter = GatedExporter()
-    sink = SpanSink(exporter, console=False, max_queue_size=8, schedule_delay_ms=10)
-    sink.emit(_spans(4))
+    d = _otlp(exporter, 8)
+    (_, q), = d.exporters
+    d.export(_spans(4))
     assert exporter.entered.wait(5)
-    for i in range(4):  # queue 0 -> 3 -> 6 -> 9 (> 8): spans fall out of the deque
-        sink.emit(_spans(3, 10 + 3 * i))
+    assert q.pending == 0  # taken by the blocked worker: no longer in the queue
+    d.export(_spans(3, 10))
+    d.export(_spans(3, 20))
+    assert q.pending == 6
+    d.export(_spans(3, 30))  # 6 + 3 > 8: all three dropped, none queued
+    assert q.pending == 6 and d.stats.snapshot() == {"spans_dropped_queue_full": 3}
+    d.export(_spans(2, 40))  # 6 + 2 fits
+    assert q.pending == 8
     exporter.release.set()
-    sink.shutdown()
-    assert _accounted(sink) == sink.spans_out, (sink.spans_out, sink.stats.snapshot(), exporter.received)
+    d.shutdown()
+    assert d.stats.snapshot() == {"spans_dropped_queue_full": 3, "spans_exported": 12}
+    assert exporter.received == 12 and d.spans_out == 15 and q.pending == 0
 
 
-def test_a_queue_smaller_than_the_default_batch_is_accepted(monkeypatch):
-    monkeypatch.delenv("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", raising=False)
+def test_a_request_that_overflows_the_queue_is_fully_accounted():
+    exporter = GatedExporter()
+    d = _otlp(exporter, 8)
+    d.export(_spans(4))
+    assert exporter.entered.wait(5)
+    for i in range(4):  # pending 0 -> 3 -> 6 -> (9 > 8: dropped whole)
+        d.export(_spans(3, 10 + 3 * i))
+    exporter.release.set()
+    d.shutdown()
+    assert _accounted(d) == d.spans_out, (d.spans_out, d.stats.snapshot(), exporter.received)
+
+
+def test_a_queue_smaller_than_the_default_batch_is_accepted():
     exporter = GatedExporter()
     exporter.release.set()
-    sink = SpanSink(exporter, console=False, max_queue_size=256, schedule_delay_ms=10)
-    sink.emit(_spans(3))
-    sink.shutdown()
+    d = _otlp(exporter, 256, batch_size=512)  # the SDK refuses batch > queue: capped
+    d.export(_spans(3))
+    d.shutdown()
     assert exporter.received == 3
+
+
+def test_unsampled_spans_do_not_hold_queue_room():
+    exporter = GatedExporter()
+    exporter.release.set()
+    d = _otlp(exporter, 8)
+    (_, q), = d.exporters
+    d.export([ReadableSpan(name="x", context=SpanContext(1, i, False, TraceFlags(0))) for i in range(1, 20)])
+    assert q.pending == 0
+    d.shutdown()
