@@ -1,16 +1,21 @@
-"""Collector configuration: CLI flags and environment, validated up front so a bad
-value gives one clear error naming the field."""
+"""Collector configuration: the `run` flags and the environment, resolved by one loader
+(flag, else environment, else default) and validated once, so a bad value gives one
+clear error naming the flag's field or the variable."""
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Mapping, Optional
+
+OTLP_PROTOCOLS = ("grpc", "http/protobuf")
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 
 
 class ConfigError(ValueError):
     def __init__(self, field_name: str, message: str) -> None:
         super().__init__(f"invalid configuration: {field_name}: {message}")
         self.field = field_name
+        self.reason = message
 
 
 @dataclass
@@ -44,6 +49,7 @@ class Config:
     store_path: Optional[str] = None  # local SQLite store; None: off
     resource_attributes: dict = field(default_factory=dict)  # our OTEL_RESOURCE_ATTRIBUTES
     self_service_name: str = "otel-gpu"  # service.name of the collector's own metrics
+    log_level: str = "info"
 
     def validate(self) -> "Config":
         if self.span_budget < 0 or self.span_budget > 100_000:
@@ -65,6 +71,10 @@ class Config:
             raise ConfigError("prometheus_port", f"{self.prometheus_port} is not a TCP port")
         if self.scan_interval_s <= 0 or self.flush_interval_s <= 0:
             raise ConfigError("interval", "scan and flush intervals must be positive")
+        if self.otlp_protocol not in OTLP_PROTOCOLS:
+            raise ConfigError("otlp_protocol", f"{self.otlp_protocol!r} is not one of {', '.join(OTLP_PROTOCOLS)}")
+        if self.log_level not in LOG_LEVELS:
+            raise ConfigError("log_level", f"{self.log_level!r} is not one of {', '.join(LOG_LEVELS)}")
         return self
 
     @property
@@ -72,8 +82,9 @@ class Config:
         return not (self.pids or self.exes)
 
 
-def env_list(name: str) -> list[str]:
-    return [x.strip() for x in os.environ.get(name, "").split(",") if x.strip()]
+def env_list(name: str, env: Optional[Mapping[str, str]] = None) -> list[str]:
+    env = os.environ if env is None else env
+    return [x.strip() for x in env.get(name, "").split(",") if x.strip()]
 
 
 def resource_attributes(text: str, strict: bool = True) -> dict:
@@ -89,6 +100,155 @@ def resource_attributes(text: str, strict: bool = True) -> dict:
     return attrs
 
 
-def base_resource_attributes(env=os.environ) -> dict:
-    """The collector's own OTEL_RESOURCE_ATTRIBUTES, added to every exported resource."""
-    return resource_attributes(env.get("OTEL_RESOURCE_ATTRIBUTES", ""))
+# --- the loader ------------------------------------------------------------------------
+
+def add_run_arguments(p) -> None:
+    """The `run` flags. Every default is None: load_config tells "not given" (environment,
+    then default) from a given value."""
+    p.add_argument("--pid", type=int, action="append", help="trace only this process (repeatable)")
+    p.add_argument("--exe", action="append",
+                   help="trace only processes with this comm/executable name (repeatable)")
+    p.add_argument("--span-budget", type=int,
+                   help="CUDA call spans per request before rolling up (OTEL_GPU_SPAN_BUDGET; default 256)")
+    p.add_argument("--console", dest="console", action="store_true", default=None,
+                   help="print trace trees (default: on when no OTLP endpoint is set)")
+    p.add_argument("--no-console", dest="console", action="store_false")
+    p.add_argument("--route", action="append",
+                   help="explicit route pattern such as /v1/models/{model}/infer (repeatable; OTEL_GPU_ROUTES)")
+    p.add_argument("--export-query", action="store_true", default=None,
+                   help="export url.query (OTEL_GPU_EXPORT_QUERY=true; off by default: query strings may hold secrets)")
+    p.add_argument("--export-header", action="append",
+                   help="request header whose value may be exported (repeatable; OTEL_GPU_EXPORT_HEADERS)")
+    p.add_argument("--gpu-price", help='price per GPU-hour for cost estimates: "2.5" or '
+                   '"H100=4.1,A100=2.2,default=1.5" (OTEL_GPU_PRICE_PER_HOUR)')
+    p.add_argument("--currency", help="currency of the cost estimates (OTEL_GPU_CURRENCY; default USD)")
+    p.add_argument("--feature-header",
+                   help="request header whose value names the feature for cost (OTEL_GPU_FEATURE_HEADER; "
+                        "default: http.route)")
+    p.add_argument("--prometheus-port", type=int,
+                   help="serve the GPU metrics for Prometheus on this port (OTEL_GPU_PROMETHEUS_PORT)")
+    p.add_argument("--ringbuf-pages", type=int,
+                   help="ring buffer size in 4 KiB pages, a power of two (OTEL_GPU_RINGBUF_PAGES; default 2048)")
+    p.add_argument("--store", dest="store", help="local store (SQLite) path (OTEL_GPU_STORE); "
+                   "default: on, at the default path, when no OTLP endpoint is set")
+    p.add_argument("--no-store", dest="store", action="store_const", const="",
+                   help="do not write the local store")
+    p.add_argument("--log-level", help="debug, info, warning, error (OTEL_GPU_LOG_LEVEL; default info)")
+
+
+class _Sources:
+    """Flag, else environment variable, else default. Remembers which variable gave a
+    value, so that a value validate() refuses is reported under the variable's name."""
+
+    def __init__(self, args, env: Mapping[str, str]) -> None:
+        self.args, self.env = args, env
+        self.from_env: dict[str, str] = {}  # validate()'s field name -> variable
+
+    def flag(self, dest: str):
+        return getattr(self.args, dest, None)
+
+    def raw(self, dest: Optional[str], var: str) -> Optional[str]:
+        value = self.flag(dest) if dest else None
+        if value is not None:
+            return value
+        value = self.env.get(var, "").strip()
+        if not value:
+            return None
+        self.from_env[dest or var] = var
+        return value
+
+    def text(self, dest: Optional[str], var: str, default: Optional[str]) -> Optional[str]:
+        value = self.raw(dest, var)
+        return default if value is None else value
+
+    def integer(self, dest: Optional[str], var: str, default: Optional[int], minimum: int = 1) -> Optional[int]:
+        value = self.raw(dest, var)
+        if value is None or isinstance(value, int):
+            return default if value is None else value
+        if not value.isdigit() or int(value) < minimum:
+            raise ConfigError(var, f"{value!r} is not an integer >= {minimum}")
+        return int(value)
+
+    def names(self, dest: str, var: str) -> list[str]:
+        value = self.flag(dest)
+        if value is not None:
+            return [x.strip() for x in value if x.strip()]
+        if env_list(var, self.env):
+            self.from_env[dest] = var
+        return env_list(var, self.env)
+
+    def boolean(self, dest: str, var: str) -> bool:
+        value = self.raw(dest, var)
+        if value is None or isinstance(value, bool):
+            return bool(value)
+        if value.lower() not in ("true", "false"):
+            raise ConfigError(var, f"{value!r} is not true or false")
+        return value.lower() == "true"
+
+
+def _store_path(src: _Sources, otlp_traces: bool) -> Optional[str]:
+    """An explicit path; "" (or --no-store) off; unset: on at the default path unless
+    spans go to an OTLP backend."""
+    value = src.flag("store")
+    if value is None and "OTEL_GPU_STORE" in src.env:
+        value = src.env["OTEL_GPU_STORE"]
+    if value is None:
+        if otlp_traces:
+            return None
+        from .store.paths import default_store_path
+        return default_store_path(src.env)
+    return value.strip() or None
+
+
+def _otlp_protocol(src: _Sources) -> str:
+    traces = "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"
+    var = traces if src.env.get(traces, "").strip() else "OTEL_EXPORTER_OTLP_PROTOCOL"
+    value = src.raw(None, var)
+    if value is not None:  # validated even without an endpoint: a typo shows now, not later
+        src.from_env["otlp_protocol"] = var
+    return value or "grpc"
+
+
+def load_config(args=None, env: Mapping[str, str] = os.environ) -> Config:
+    """The one loader: `args` from a parser given add_run_arguments (None: no flags).
+    Raises ConfigError naming the field (a flag's) or the environment variable."""
+    src = _Sources(args, env)
+    otlp_traces = bool(env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or env.get("OTEL_EXPORTER_OTLP_ENDPOINT"))
+    console = src.flag("console")
+    queue_size = src.integer(None, "OTEL_BSP_MAX_QUEUE_SIZE", 8192)
+    feature = src.text("feature_header", "OTEL_GPU_FEATURE_HEADER", None)
+    delay = src.integer(None, "OTEL_BSP_SCHEDULE_DELAY", None)
+    config = Config(
+        pids=src.flag("pid") or [],
+        exes=src.flag("exe") or [],
+        span_budget=src.integer("span_budget", "OTEL_GPU_SPAN_BUDGET", 256, minimum=0),
+        console=(not otlp_traces) if console is None else console,
+        route_patterns=src.names("route", "OTEL_GPU_ROUTES"),
+        export_query=src.boolean("export_query", "OTEL_GPU_EXPORT_QUERY"),
+        export_headers=frozenset(h.lower() for h in src.names("export_header", "OTEL_GPU_EXPORT_HEADERS")),
+        ringbuf_pages=src.integer("ringbuf_pages", "OTEL_GPU_RINGBUF_PAGES", 2048),
+        health_file=src.text(None, "OTEL_GPU_HEALTH_FILE", None),
+        gpu_price=src.text("gpu_price", "OTEL_GPU_PRICE_PER_HOUR", "0"),
+        currency=src.text("currency", "OTEL_GPU_CURRENCY", "USD"),
+        feature_header=feature.lower() if feature else None,
+        prometheus_port=src.integer("prometheus_port", "OTEL_GPU_PROMETHEUS_PORT", None),
+        prometheus_addr=src.text(None, "OTEL_GPU_PROMETHEUS_ADDR", "0.0.0.0"),
+        otlp_traces=otlp_traces,
+        otlp_metrics=bool(env.get("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT") or env.get("OTEL_EXPORTER_OTLP_ENDPOINT")),
+        otlp_protocol=_otlp_protocol(src),
+        queue_size=queue_size,
+        # The SDK refuses an export batch larger than the queue.
+        export_batch_size=min(src.integer(None, "OTEL_BSP_MAX_EXPORT_BATCH_SIZE", 512), queue_size),
+        schedule_delay_ms=delay,
+        store_path=_store_path(src, otlp_traces),
+        resource_attributes=resource_attributes(env.get("OTEL_RESOURCE_ATTRIBUTES", "")),
+        self_service_name=src.text(None, "OTEL_SERVICE_NAME", "otel-gpu"),
+        log_level=src.text("log_level", "OTEL_GPU_LOG_LEVEL", "info").lower(),
+    )
+    try:
+        return config.validate()
+    except ConfigError as e:
+        var = src.from_env.get(e.field)
+        if var is None:
+            raise
+        raise ConfigError(var, e.reason) from None

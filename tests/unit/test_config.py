@@ -1,7 +1,19 @@
-"""Config.validate: one clear ConfigError naming the bad field."""
+"""Config.validate and load_config: flag, else environment, else default; one clear
+ConfigError naming the bad field or variable."""
+import argparse
+
 import pytest
 
-from otel_gpu.config import Config, ConfigError, base_resource_attributes, env_list
+from otel_gpu.config import Config, ConfigError, add_run_arguments, env_list, load_config, resource_attributes
+from otel_gpu.store.paths import default_store_path
+
+ENDPOINT = {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4317"}
+
+
+def load(*argv: str, **env: str) -> Config:
+    parser = argparse.ArgumentParser()
+    add_run_arguments(parser)
+    return load_config(parser.parse_args(list(argv)), env)
 
 
 def test_defaults_are_valid():
@@ -49,15 +61,139 @@ def test_env_list(monkeypatch):
     assert env_list("OTEL_GPU_X") == []
 
 
-def test_base_resource_attributes():
-    env = {"OTEL_RESOURCE_ATTRIBUTES": "deployment.environment=prod, team = ml ,"}
-    assert base_resource_attributes(env) == {"deployment.environment": "prod", "team": "ml"}
-    assert base_resource_attributes({}) == {}
-    assert base_resource_attributes({"OTEL_RESOURCE_ATTRIBUTES": "a=b=c"}) == {"a": "b=c"}
+def test_resource_attributes():
+    assert resource_attributes("deployment.environment=prod, team = ml ,") == {
+        "deployment.environment": "prod", "team": "ml"}
+    assert resource_attributes("") == {}
+    assert resource_attributes("a=b=c") == {"a": "b=c"}
+    assert resource_attributes("a=1,junk,=x", strict=False) == {"a": "1"}  # a traced process's
 
 
 @pytest.mark.parametrize("value", ["novalue", "a=1,junk", "=x"])
 def test_bad_resource_attributes_name_the_variable(value):
     with pytest.raises(ConfigError) as e:
-        base_resource_attributes({"OTEL_RESOURCE_ATTRIBUTES": value})
+        load(OTEL_RESOURCE_ATTRIBUTES=value)
     assert e.value.field == "OTEL_RESOURCE_ATTRIBUTES"
+
+
+# --- load_config ---------------------------------------------------------------------
+
+def test_defaults_without_flags_or_environment():
+    c = load()
+    assert c == load_config(None, {})
+    assert (c.span_budget, c.ringbuf_pages, c.gpu_price, c.currency) == (256, 2048, "0", "USD")
+    assert c.trace_all and c.route_patterns == [] and c.export_headers == frozenset()
+    assert c.export_query is False and c.feature_header is None and c.prometheus_port is None
+    assert c.prometheus_addr == "0.0.0.0" and c.health_file is None and c.log_level == "info"
+    assert not c.otlp_traces and not c.otlp_metrics and c.otlp_protocol == "grpc"
+    assert (c.queue_size, c.export_batch_size, c.schedule_delay_ms) == (8192, 512, None)
+    assert c.resource_attributes == {} and c.self_service_name == "otel-gpu"
+
+
+# (flags, environment, field, value from the flag, value from the environment)
+SETTINGS = [
+    (["--span-budget", "5"], {"OTEL_GPU_SPAN_BUDGET": "7"}, "span_budget", 5, 7),
+    (["--ringbuf-pages", "64"], {"OTEL_GPU_RINGBUF_PAGES": "128"}, "ringbuf_pages", 64, 128),
+    (["--route", "/a/{x}", "--route", "/b"], {"OTEL_GPU_ROUTES": " /c/{y}, ,/d "}, "route_patterns",
+     ["/a/{x}", "/b"], ["/c/{y}", "/d"]),
+    (["--export-query"], {"OTEL_GPU_EXPORT_QUERY": "TRUE"}, "export_query", True, True),
+    (["--export-header", "X-Tenant"], {"OTEL_GPU_EXPORT_HEADERS": "X-A,x-b"}, "export_headers",
+     frozenset({"x-tenant"}), frozenset({"x-a", "x-b"})),
+    (["--gpu-price", "2.5"], {"OTEL_GPU_PRICE_PER_HOUR": "H100=4.1,default=1"}, "gpu_price", "2.5",
+     "H100=4.1,default=1"),
+    (["--currency", "EUR"], {"OTEL_GPU_CURRENCY": "GBP"}, "currency", "EUR", "GBP"),
+    (["--feature-header", "X-Feature"], {"OTEL_GPU_FEATURE_HEADER": "X-Product"}, "feature_header",
+     "x-feature", "x-product"),
+    (["--prometheus-port", "9464"], {"OTEL_GPU_PROMETHEUS_PORT": "9100"}, "prometheus_port", 9464, 9100),
+    (["--store", "/tmp/a.db"], {"OTEL_GPU_STORE": "/tmp/b.db"}, "store_path", "/tmp/a.db", "/tmp/b.db"),
+    (["--log-level", "DEBUG"], {"OTEL_GPU_LOG_LEVEL": "warning"}, "log_level", "debug", "warning"),
+    (["--no-console"], {}, "console", False, True),
+]
+
+
+@pytest.mark.parametrize("argv, env, name, from_flag, from_env", SETTINGS, ids=[s[2] for s in SETTINGS])
+def test_flag_beats_environment_beats_default(argv, env, name, from_flag, from_env):
+    assert getattr(load(*argv, **env), name) == from_flag
+    assert getattr(load(**env), name) == from_env
+
+
+@pytest.mark.parametrize("env, name, value", [
+    ({"OTEL_GPU_PROMETHEUS_ADDR": "127.0.0.1"}, "prometheus_addr", "127.0.0.1"),
+    ({"OTEL_GPU_HEALTH_FILE": "/tmp/ready"}, "health_file", "/tmp/ready"),
+    ({"OTEL_GPU_HEALTH_FILE": ""}, "health_file", None),
+    ({"OTEL_BSP_MAX_QUEUE_SIZE": "100"}, "queue_size", 100),
+    ({"OTEL_BSP_MAX_EXPORT_BATCH_SIZE": "64"}, "export_batch_size", 64),
+    ({"OTEL_BSP_MAX_QUEUE_SIZE": "100", "OTEL_BSP_MAX_EXPORT_BATCH_SIZE": "512"}, "export_batch_size", 100),
+    ({"OTEL_BSP_SCHEDULE_DELAY": "200"}, "schedule_delay_ms", 200),
+    ({"OTEL_SERVICE_NAME": "gpu-collector"}, "self_service_name", "gpu-collector"),
+    ({"OTEL_RESOURCE_ATTRIBUTES": "team=ml"}, "resource_attributes", {"team": "ml"}),
+    ({"OTEL_GPU_EXPORT_QUERY": "false"}, "export_query", False),
+    ({"OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf"}, "otlp_protocol", "http/protobuf"),
+    ({"OTEL_EXPORTER_OTLP_PROTOCOL": "bogus", "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "grpc"},
+     "otlp_protocol", "grpc"),
+])
+def test_environment_only_settings(env, name, value):
+    assert getattr(load(**env), name) == value
+
+
+@pytest.mark.parametrize("var, value", [
+    ("OTEL_GPU_SPAN_BUDGET", "abc"), ("OTEL_GPU_SPAN_BUDGET", "-1"), ("OTEL_GPU_SPAN_BUDGET", "100001"),
+    ("OTEL_GPU_RINGBUF_PAGES", "abc"), ("OTEL_GPU_RINGBUF_PAGES", "3"), ("OTEL_GPU_RINGBUF_PAGES", "0"),
+    ("OTEL_GPU_PROMETHEUS_PORT", "abc"), ("OTEL_GPU_PROMETHEUS_PORT", "70000"),
+    ("OTEL_GPU_ROUTES", "/ok,models/{m}"), ("OTEL_GPU_EXPORT_QUERY", "yes"),
+    ("OTEL_GPU_PRICE_PER_HOUR", "H100=abc"), ("OTEL_GPU_PRICE_PER_HOUR", "-2"),
+    ("OTEL_GPU_LOG_LEVEL", "loud"), ("OTEL_EXPORTER_OTLP_PROTOCOL", "carrier-pigeon"),
+    ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "json"), ("OTEL_BSP_MAX_QUEUE_SIZE", "0"),
+    ("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", "x"), ("OTEL_BSP_SCHEDULE_DELAY", "0"),
+    ("OTEL_RESOURCE_ATTRIBUTES", "novalue"),
+])
+def test_each_invalid_variable_is_named(var, value):
+    with pytest.raises(ConfigError) as e:
+        load(**{var: value})
+    assert e.value.field == var
+    assert str(e.value).startswith(f"invalid configuration: {var}: ")
+
+
+def test_an_invalid_flag_names_the_field_even_when_the_variable_is_fine():
+    with pytest.raises(ConfigError) as e:
+        load("--span-budget", "-1", OTEL_GPU_SPAN_BUDGET="5")
+    assert e.value.field == "span_budget"
+
+
+def test_a_valid_flag_hides_an_invalid_variable_of_the_same_setting():
+    assert load("--ringbuf-pages", "64", OTEL_GPU_RINGBUF_PAGES="3").ringbuf_pages == 64
+
+
+def test_otlp_endpoints():
+    assert load(**ENDPOINT).otlp_traces and load(**ENDPOINT).otlp_metrics
+    traces = load(OTEL_EXPORTER_OTLP_TRACES_ENDPOINT="http://t:4317")
+    assert traces.otlp_traces and not traces.otlp_metrics
+    metrics = load(OTEL_EXPORTER_OTLP_METRICS_ENDPOINT="http://m:4317")
+    assert metrics.otlp_metrics and not metrics.otlp_traces
+
+
+def test_console_is_on_without_an_otlp_traces_endpoint_unless_a_flag_says():
+    assert load().console is True
+    assert load(**ENDPOINT).console is False
+    assert load(OTEL_EXPORTER_OTLP_METRICS_ENDPOINT="http://m:4317").console is True
+    assert load("--console", **ENDPOINT).console is True
+    assert load("--no-console").console is False
+
+
+def test_store_resolution(tmp_path):
+    home = {"HOME": str(tmp_path)}
+    assert load(**home).store_path == default_store_path(home)  # unset, no backend: on
+    assert load(**home, **ENDPOINT).store_path is None           # unset, a backend: off
+    assert load(OTEL_GPU_STORE="/x.db", **ENDPOINT).store_path == "/x.db"
+    assert load(OTEL_GPU_STORE="").store_path is None
+    assert load("--no-store", OTEL_GPU_STORE="/x.db").store_path is None
+    assert load("--store", "/y.db", OTEL_GPU_STORE="").store_path == "/y.db"
+    assert load("--store", "/y.db", **ENDPOINT).store_path == "/y.db"
+
+
+def test_pids_and_exes_come_from_flags_only():
+    c = load("--pid", "10", "--pid", "11", "--exe", "python3")
+    assert c.pids == [10, 11] and c.exes == ["python3"] and not c.trace_all
+    with pytest.raises(ConfigError) as e:
+        load("--pid", "0")
+    assert e.value.field == "pid"
