@@ -1,6 +1,6 @@
 """GPU metrics through the official OTel SDK MeterProvider: OTLP when an endpoint is
 configured, a Prometheus scrape endpoint as an option. A pipeline stage: it reads
-finished requests and process windows, and passes them on unchanged.
+finished, enriched requests and process windows, and passes every record on.
 
 Kernel names are bounded: the first `top_kernels` distinct names keep their own
 series, later ones are reported as "other". Grid/block/sync histograms sample the
@@ -8,8 +8,7 @@ first HISTOGRAM_SAMPLE calls of each request; counters include every call."""
 from __future__ import annotations
 
 import logging
-import os
-from typing import Callable, Optional
+from typing import Optional
 
 from opentelemetry.metrics import Observation
 from opentelemetry.sdk.metrics import MeterProvider
@@ -18,44 +17,44 @@ from opentelemetry.sdk.resources import Resource
 
 from .. import __version__
 from .. import semconv as sc
-from ..pipeline.events import CALL_FREE, CALL_MALLOC, KERNEL_LAUNCH_CALLS, MEMCPY_CALLS, MEMCPY_DIRECTIONS, SYNC_CALLS
-from ..pipeline.model import ProcessWindow, Request
-from .sink import otlp_protocol
+from ..pipeline.model import ATTRIBUTIONS, ProcessWindow, Request
+from ..pipeline.records import ProcessGone
+from ..probes.table import BY_ID, MEMCPY_DIRECTIONS, Category
+from ..ratelimit import Stats
 
 log = logging.getLogger(__name__)
 OTHER = "other"
 HISTOGRAM_SAMPLE = 64  # calls per request recorded in the grid/block/sync histograms
 
 
-def make_readers(env=os.environ, prometheus_port: Optional[int] = None, interval_ms: int = 10_000) -> list:
+def make_readers(config, interval_ms: int = 10_000) -> list:
+    """The metric readers the configuration asks for (none: metrics are off)."""
     readers = []
-    if env.get("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT") or env.get("OTEL_EXPORTER_OTLP_ENDPOINT"):
-        if otlp_protocol(env) == "grpc":
+    if config.otlp_metrics:
+        if config.otlp_protocol == "grpc":
             from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
         else:
             from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
         readers.append(PeriodicExportingMetricReader(OTLPMetricExporter(), export_interval_millis=interval_ms))
-    if prometheus_port:
+    if config.prometheus_port:
         from opentelemetry.exporter.prometheus import PrometheusMetricReader
         from prometheus_client import start_http_server
-        start_http_server(prometheus_port, addr=env.get("OTEL_GPU_PROMETHEUS_ADDR", "0.0.0.0"))
+        start_http_server(config.prometheus_port, addr=config.prometheus_addr)
         readers.append(PrometheusMetricReader())
     return readers
 
 
 class GpuMetrics:
-    def __init__(self, readers: list, resource_for: Callable[[int], Resource],
-                 route_of: Callable[[str], str], kernel_name: Callable[[int, int], Optional[str]],
-                 attributed: Callable[[], dict], lost_events: Callable[[], int],
-                 top_kernels: int = 50) -> None:
-        self.resource_for = resource_for
-        self.route_of = route_of
-        self.kernel_name = kernel_name
+    def __init__(self, readers: list, stats: Optional[Stats] = None, top_kernels: int = 50,
+                 service_name: str = "otel-gpu") -> None:
+        self.stats = stats or Stats()
         self.top_kernels = top_kernels
         self._kernels: set[str] = set()
         self._live: dict[int, dict[int, int]] = {}  # pid -> {pointer: bytes}
+        self._services: dict[int, str] = {}          # pid -> service.name, while it has live memory
+        self._attributed = dict.fromkeys(ATTRIBUTIONS, 0)
         self.provider = MeterProvider(metric_readers=readers, resource=Resource.create(
-            {sc.SERVICE_NAME: os.environ.get("OTEL_SERVICE_NAME", "otel-gpu")}))
+            {sc.SERVICE_NAME: service_name}))
         m = self.provider.get_meter("otel-gpu", __version__)
         self.launches = m.create_counter("gpu.kernel.launches", "{launch}", "Kernel launches seen on the host")
         self.copied = m.create_counter("gpu.memcpy.bytes", "By", "Bytes copied by cudaMemcpy*")
@@ -66,10 +65,12 @@ class GpuMetrics:
         self.gpu_seconds = m.create_counter("otel_gpu.cost.gpu_seconds", "s", "Estimated GPU seconds by feature")
         self.cost = m.create_counter("otel_gpu.cost.amount", "1", "Estimated GPU cost by feature")
         m.create_observable_counter(
-            "otel_gpu.cuda.calls", [lambda _o: [Observation(n, {sc.GPU_ATTRIBUTION: a}) for a, n in attributed().items()]],
+            "otel_gpu.cuda.calls",
+            [lambda _o: [Observation(n, {sc.GPU_ATTRIBUTION: a}) for a, n in dict(self._attributed).items()]],
             "{call}", "CUDA calls by attribution outcome: thread, process, ambiguous, outside")
-        m.create_observable_counter("otel_gpu.events.lost", [lambda _o: [Observation(lost_events())]],
-                                    "{event}", "Events lost because the ring buffer was full")
+        m.create_observable_counter(
+            "otel_gpu.events.lost", [lambda _o: [Observation(self.stats.snapshot().get("lost_events", 0))]],
+            "{event}", "Events lost because the ring buffer was full")
         m.create_observable_gauge("gpu.memory.allocated", [self._observe_live], "By",
                                   "Live bytes from cudaMalloc not yet freed")
 
@@ -78,15 +79,15 @@ class GpuMetrics:
             if isinstance(r, Request):
                 self._request(r)
             elif isinstance(r, ProcessWindow):
-                self._calls(r.tgid, r.sink, {sc.SERVICE_NAME: self._service(r.tgid)})
+                self._calls(r, {sc.SERVICE_NAME: _service(r)})
+            elif isinstance(r, ProcessGone):
+                self._live.pop(r.tgid, None)
+                self._services.pop(r.tgid, None)
         return records
 
-    def _service(self, pid: int) -> str:
-        return str(self.resource_for(pid).attributes.get(sc.SERVICE_NAME, "unknown"))
-
     def _request(self, r: Request) -> None:
-        route = self.route_of(r.head.path)
-        base = {sc.SERVICE_NAME: self._service(r.tgid), sc.HTTP_ROUTE: route}
+        route = r.route or r.head.path
+        base = {sc.SERVICE_NAME: _service(r), sc.HTTP_ROUTE: route}
         http_attrs = {**base, sc.HTTP_REQUEST_METHOD: r.head.method}
         if r.status is not None:
             http_attrs[sc.HTTP_RESPONSE_STATUS_CODE] = r.status
@@ -95,44 +96,52 @@ class GpuMetrics:
             feature = {sc.SERVICE_NAME: base[sc.SERVICE_NAME], sc.GPU_FEATURE: r.feature or route}
             self.gpu_seconds.add(r.gpu_seconds, feature)
             self.cost.add(r.cost or 0.0, feature)
-        self._calls(r.tgid, r.sink, base)
+        self._calls(r, base)
 
-    def _calls(self, pid: int, sink, base: dict) -> None:
+    def _calls(self, record, base: dict) -> None:
         """Aggregated per request first: one counter add per (kernel) and (direction),
         not one per call; histograms sample the first HISTOGRAM_SAMPLE calls."""
+        pid, sink, names = record.tgid, record.sink, record.kernel_names
+        for attribution, n in sink.attributed.items():
+            self._attributed[attribution] += n
         launches: dict[str, int] = {}
         copied: dict[str, int] = {}
 
-        def tally(call, func, kind, count, nbytes):
-            if call in KERNEL_LAUNCH_CALLS:
-                name = self._bounded(pid, func)
+        def tally(call, detail, count, nbytes):
+            spec = BY_ID.get(call)
+            category = spec.category if spec else None
+            if category is Category.LAUNCH:
+                name = self._bounded(names.get(detail))
                 launches[name] = launches.get(name, 0) + count
-            elif call in MEMCPY_CALLS:
-                d = MEMCPY_DIRECTIONS.get(kind, "default")
+            elif category is Category.MEMCPY:
+                d = MEMCPY_DIRECTIONS.get(detail, "default")
                 copied[d] = copied.get(d, 0) + nbytes
-            elif call == CALL_MALLOC and func:
-                self._live.setdefault(pid, {})[func] = nbytes
-            elif call == CALL_FREE:
-                self._live.get(pid, {}).pop(func, None)
+            elif category is Category.ALLOC and detail:
+                self._live.setdefault(pid, {})[detail] = nbytes
+                self._services[pid] = base[sc.SERVICE_NAME]
+            elif category is Category.FREE:
+                self._live.get(pid, {}).pop(detail, None)
+            return category
 
         for i, (c, _attribution) in enumerate(sink.calls):
-            tally(c.call, c.func, c.kind, 1, c.bytes)
+            detail, nbytes, duration_ns = c.amounts()
+            category = tally(c.call, detail, 1, nbytes)
             if i >= HISTOGRAM_SAMPLE:
                 continue
-            if c.call in KERNEL_LAUNCH_CALLS:
+            if category is Category.LAUNCH:
                 self.grid.record(c.grid[0] * c.grid[1] * c.grid[2], base)
                 self.block.record(c.block[0] * c.block[1] * c.block[2], base)
-            elif c.call in SYNC_CALLS:
-                self.sync.record(c.duration_ns / 1e9, base)
-        for agg in sink.rollups.values():  # memcpy rollups keep the direction in `func`
-            tally(agg.call, agg.func, agg.func if agg.call in MEMCPY_CALLS else 0, agg.count, agg.bytes)
+            elif category is Category.SYNC:
+                self.sync.record(duration_ns / 1e9, base)
+        for agg in sink.rollups.values():
+            tally(agg.call, agg.detail, agg.count, agg.bytes)
         for name, n in launches.items():
             self.launches.add(n, {**base, sc.GPU_KERNEL_NAME: name})
         for direction, n in copied.items():
             self.copied.add(n, {**base, sc.GPU_MEMCPY_DIRECTION: direction})
 
-    def _bounded(self, pid: int, func: int) -> str:
-        name = self.kernel_name(pid, func) or "unknown"
+    def _bounded(self, name: Optional[str]) -> str:
+        name = name or "unknown"
         if name in self._kernels:
             return name
         if len(self._kernels) < self.top_kernels:
@@ -142,10 +151,13 @@ class GpuMetrics:
 
     def _observe_live(self, _options):
         for pid, ptrs in list(self._live.items()):
-            yield Observation(sum(ptrs.values()), {sc.SERVICE_NAME: self._service(pid), sc.PROCESS_PID: pid})
-
-    def forget(self, pid: int) -> None:
-        self._live.pop(pid, None)
+            yield Observation(sum(ptrs.values()), {sc.SERVICE_NAME: self._services.get(pid, "unknown"),
+                                                   sc.PROCESS_PID: pid})
 
     def shutdown(self) -> None:
         self.provider.shutdown()
+
+
+def _service(record) -> str:
+    res = record.resource
+    return str(res.attributes.get(sc.SERVICE_NAME, "unknown")) if res is not None else "unknown"

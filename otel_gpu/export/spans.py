@@ -1,7 +1,7 @@
-"""Builds OTel SDK ReadableSpans (explicit ids and times) from stitched records."""
+"""Builds OTel SDK ReadableSpans (explicit ids and times) from stitched, enriched
+records: everything a span says is on the record (resource, route and kernel names
+were written by enrich, cost by the cost stage)."""
 from __future__ import annotations
-
-from typing import Callable, Optional
 
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
@@ -10,15 +10,13 @@ from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode,
 from .. import __version__
 from .. import semconv as sc
 from ..clock import BpfClock
-from ..pipeline.events import (CudaCall, CALL_NAMES, KERNEL_LAUNCH_CALLS, MEMCPY_CALLS,
-                               MEMCPY_DIRECTIONS, CALL_MALLOC)
 from ..pipeline.model import CallSink, ProcessWindow, Request
-from ..pipeline.routes import RouteTemplater
+from ..pipeline.records import CudaCall
+from ..probes.table import BY_ID, MEMCPY_DIRECTIONS, Category, call_name
 
 SCOPE = InstrumentationScope("otel-gpu", __version__)
 SAMPLED = TraceFlags(TraceFlags.SAMPLED)
 
-KernelNamer = Callable[[int, int], Optional[str]]  # (pid, func) -> demangled name
 
 
 def _ctx(trace_id: int, span_id: int, remote: bool = False) -> SpanContext:
@@ -26,14 +24,10 @@ def _ctx(trace_id: int, span_id: int, remote: bool = False) -> SpanContext:
 
 
 class SpanBuilder:
-    def __init__(self, clock: BpfClock, routes: RouteTemplater, resource_for,
-                 kernel_name: KernelNamer, export_query: bool = False,
+    def __init__(self, clock: BpfClock, export_query: bool = False,
                  export_headers: frozenset = frozenset(), ids=None, currency: str = "USD") -> None:
         import random
         self.clock = clock
-        self.routes = routes
-        self.resource_for = resource_for
-        self.kernel_name = kernel_name
         self.export_query = export_query
         self.export_headers = export_headers
         self._rng = ids or random.Random()
@@ -47,8 +41,8 @@ class SpanBuilder:
         return []
 
     def _request(self, r: Request) -> list[ReadableSpan]:
-        route = self.routes.route(r.head.path)
-        resource = self.resource_for(r.tgid)
+        route = r.route or r.head.path
+        resource = r.resource
         summary = r.sink.summary
         attrs = {
             sc.HTTP_REQUEST_METHOD: r.head.method,
@@ -95,10 +89,10 @@ class SpanBuilder:
             resource=resource, attributes=attrs, kind=SpanKind.SERVER, status=status,
             start_time=self.clock.to_epoch_ns(r.start_ns), end_time=self.clock.to_epoch_ns(r.end_ns),
             instrumentation_scope=SCOPE)
-        return [server] + self._children(r.tgid, r.trace_id, r.span_id, r.sink, resource)
+        return [server] + self._children(r, r.trace_id, r.span_id)
 
     def _window(self, w: ProcessWindow) -> list[ReadableSpan]:
-        resource = self.resource_for(w.tgid)
+        resource = w.resource
         trace_id = self._rng.getrandbits(128) or 1
         span_id = self._rng.getrandbits(64) or 1
         attrs = {sc.PROCESS_PID: w.tgid, sc.GPU_ATTRIBUTION: w.attribution,
@@ -112,13 +106,15 @@ class SpanBuilder:
             attributes=attrs, links=links, kind=SpanKind.INTERNAL,
             start_time=self.clock.to_epoch_ns(w.start_ns), end_time=self.clock.to_epoch_ns(w.end_ns),
             instrumentation_scope=SCOPE)
-        return [span] + self._children(w.tgid, trace_id, span_id, w.sink, resource)
+        return [span] + self._children(w, trace_id, span_id)
 
-    def _children(self, pid, trace_id, parent_id, sink: CallSink, resource) -> list[ReadableSpan]:
+    def _children(self, record, trace_id: int, parent_id: int) -> list[ReadableSpan]:
         parent = _ctx(trace_id, parent_id)
+        sink: CallSink = record.sink
+        names, resource = record.kernel_names, record.resource
         spans = []
         for call, attribution in sink.calls:
-            attrs = self._call_attributes(pid, call)
+            attrs = call_attributes(call, names)
             attrs[sc.GPU_ATTRIBUTION] = attribution
             attrs[sc.THREAD_ID] = call.tid
             start = self.clock.to_epoch_ns(call.ts_ns)
@@ -126,17 +122,18 @@ class SpanBuilder:
                 name=call.name, context=_ctx(trace_id, self._rng.getrandbits(64) or 1), parent=parent,
                 resource=resource, attributes=attrs, kind=SpanKind.INTERNAL,
                 status=Status(StatusCode.ERROR, f"CUDA error {call.ret}") if call.ret > 0 else Status(StatusCode.UNSET),
-                start_time=start, end_time=start + call.duration_ns, instrumentation_scope=SCOPE))
+                start_time=start, end_time=start + call.amounts()[2], instrumentation_scope=SCOPE))
         for agg in sink.rollups.values():
-            attrs = {sc.GPU_CUDA_CALL: CALL_NAMES.get(agg.call, str(agg.call)),
+            attrs = {sc.GPU_CUDA_CALL: call_name(agg.call),
                      sc.GPU_ROLLUP_COUNT: agg.count, sc.GPU_ROLLUP_BYTES: agg.bytes,
                      sc.GPU_ROLLUP_DURATION_NS: agg.duration_ns, sc.GPU_TIMING: "host_enqueue"}
-            if agg.call in KERNEL_LAUNCH_CALLS:
-                attrs.update(self._kernel_attributes(pid, agg.func))
-            elif agg.call in MEMCPY_CALLS:  # rollups keep the direction in `func`
-                attrs[sc.GPU_MEMCPY_DIRECTION] = MEMCPY_DIRECTIONS.get(agg.func, "default")
+            category = _category(agg.call)
+            if category is Category.LAUNCH:
+                attrs.update(_kernel(agg.detail, names))
+            elif category is Category.MEMCPY:
+                attrs[sc.GPU_MEMCPY_DIRECTION] = MEMCPY_DIRECTIONS.get(agg.detail, "default")
             spans.append(ReadableSpan(
-                name=f"{CALL_NAMES.get(agg.call, agg.call)} x{agg.count}",
+                name=f"{call_name(agg.call)} x{agg.count}",
                 context=_ctx(trace_id, self._rng.getrandbits(64) or 1), parent=parent,
                 resource=resource, attributes=attrs, kind=SpanKind.INTERNAL,
                 start_time=self.clock.to_epoch_ns(agg.first_ts),
@@ -144,33 +141,49 @@ class SpanBuilder:
                 instrumentation_scope=SCOPE))
         return spans
 
-    def _kernel_attributes(self, pid: int, func: int) -> dict:
-        attrs = {sc.GPU_KERNEL_FUNC: hex(func)}
-        name = self.kernel_name(pid, func)
-        if name:
-            attrs[sc.GPU_KERNEL_NAME] = name
-        return attrs
 
-    def _call_attributes(self, pid: int, c: CudaCall) -> dict:
-        attrs = {sc.GPU_CUDA_CALL: c.name, sc.GPU_TIMING: "host_enqueue"}
-        if c.ret >= 0:
-            attrs[sc.GPU_CUDA_RETURN_CODE] = c.ret
-        if c.call in KERNEL_LAUNCH_CALLS:
-            attrs.update(self._kernel_attributes(pid, c.func))
-            attrs[sc.GPU_GRID] = list(c.grid)
-            attrs[sc.GPU_BLOCK] = list(c.block)
-            attrs[sc.GPU_SHARED_MEMORY_BYTES] = c.shmem
-            attrs[sc.GPU_STREAM] = hex(c.stream)
-        elif c.call in MEMCPY_CALLS:
-            attrs[sc.GPU_MEMCPY_BYTES] = c.bytes
-            attrs[sc.GPU_MEMCPY_DIRECTION] = MEMCPY_DIRECTIONS.get(c.kind, "default")
-            if c.stream:
-                attrs[sc.GPU_STREAM] = hex(c.stream)
-        elif c.call == CALL_MALLOC:
-            attrs[sc.GPU_ALLOC_BYTES] = c.bytes
-        elif c.stream:
-            attrs[sc.GPU_STREAM] = hex(c.stream)
-        return attrs
+def _category(call: int):
+    spec = BY_ID.get(call)
+    return spec.category if spec else None
+
+
+def _kernel(func: int, names: dict) -> dict:
+    attrs = {sc.GPU_KERNEL_FUNC: hex(func)}
+    name = names.get(func)
+    if name:
+        attrs[sc.GPU_KERNEL_NAME] = name
+    return attrs
+
+
+def _stream(stream: int) -> dict:
+    return {sc.GPU_STREAM: hex(stream)} if stream else {}
+
+
+# What a call's span says, by category (probes/table.py): a new call of an existing
+# category needs nothing here.
+_ATTRIBUTES = {
+    Category.LAUNCH: lambda c, names: {**_kernel(c.func, names), sc.GPU_GRID: list(c.grid),
+                                       sc.GPU_BLOCK: list(c.block), sc.GPU_SHARED_MEMORY_BYTES: c.shmem,
+                                       sc.GPU_STREAM: hex(c.stream)},
+    Category.MEMCPY: lambda c, _n: {sc.GPU_MEMCPY_BYTES: c.bytes,
+                                    sc.GPU_MEMCPY_DIRECTION: MEMCPY_DIRECTIONS.get(c.direction, "default"),
+                                    **_stream(c.stream)},
+    Category.ALLOC: lambda c, _n: {sc.GPU_ALLOC_BYTES: c.bytes},
+    Category.FREE: lambda c, _n: {},
+    Category.SYNC: lambda c, _n: _stream(c.handle),
+    Category.GRAPH: lambda c, _n: _stream(c.stream),
+    Category.DEVICE: lambda c, _n: {},
+}
+
+
+def call_attributes(c: CudaCall, kernel_names: dict) -> dict:
+    attrs = {sc.GPU_CUDA_CALL: c.name, sc.GPU_TIMING: "host_enqueue"}
+    if c.ret >= 0:
+        attrs[sc.GPU_CUDA_RETURN_CODE] = c.ret
+    category = _category(c.call)
+    if category is not None:
+        attrs.update(_ATTRIBUTES[category](c, kernel_names))
+    return attrs
 
 
 def summary_attributes(s) -> dict:

@@ -7,14 +7,17 @@ between them. GPU seconds x price per GPU-hour / 3600 = cost.
 
 A finished request is held back until no other request that could overlap it is
 still open (one whose first CUDA call came before this window's end), so the split is
-exact; a request is never held longer than `max_hold_s`."""
+exact; a request is never held longer than `max_hold_s`. Which requests are open with a
+busy window, the stitcher says with BusyStarted records; held requests are released
+as records arrive, at each Tick, and all of them at the final Tick."""
 from __future__ import annotations
 
 import glob
 import time
-from typing import Callable, Optional
+from typing import Optional
 
-from .model import ProcessGone, Request
+from .model import Request
+from .records import BusyStarted, ProcessGone, Tick
 
 
 def split_seconds(window: tuple[int, int], others: list[tuple[int, int]]) -> float:
@@ -75,43 +78,52 @@ def gpu_model() -> Optional[str]:
 class CostStage:
     """Stage: sets gpu_seconds, cost and feature on finished requests; passes on the rest."""
 
-    def __init__(self, prices: Prices, open_requests: Callable[[int], list],
-                 feature_header: Optional[str] = None, route_of: Callable[[str], str] = lambda p: p,
+    def __init__(self, prices: Prices, feature_header: Optional[str] = None,
                  max_hold_s: float = 30.0, clock=time.monotonic) -> None:
         self.prices = prices
-        self.open_requests = open_requests
         self.feature_header = feature_header
-        self.route_of = route_of
         self.max_hold_s = max_hold_s
         self.clock = clock
         self._held: list[tuple[float, Request]] = []
+        self._open: dict[int, list[Request]] = {}  # pid -> open requests with a busy window
         self._recent: dict[tuple[int, int], list[tuple[int, int]]] = {}  # (pid, device) -> windows
 
     def process(self, records: list) -> list:
         out = []
         for r in records:
-            if isinstance(r, Request):
+            if isinstance(r, BusyStarted):
+                self._open.setdefault(r.request.tgid, []).append(r.request)
+            elif isinstance(r, Request):
+                self._close(r)
                 r.feature = self._feature(r)
                 if not r.busy.empty:
                     self._recent.setdefault((r.tgid, r.busy.device), []).append((r.busy.start_ns, r.busy.end_ns))
                 self._held.append((self.clock(), r))
             elif isinstance(r, ProcessGone):
                 # Its requests leave before it does: later stages still know the process.
+                self._open.pop(r.tgid, None)
                 out = self._release(out, force=False, pid=r.tgid) + [r]
+            elif isinstance(r, Tick) and r.final:
+                out = self._release(out, force=True) + [r]
             else:
                 out.append(r)
         return self._release(out, force=False)
 
-    def poll(self) -> list:
-        """Requests whose hold has ended without new records arriving."""
-        return self._release([], force=False)
+    def state(self) -> dict:
+        return {"held_for_cost": len(self._held)}
 
-    def flush(self) -> list:
-        return self._release([], force=True)
+    def _close(self, r: Request) -> None:
+        still = [o for o in self._open.get(r.tgid, ()) if o is not r]
+        if still:
+            self._open[r.tgid] = still
+        else:
+            self._open.pop(r.tgid, None)
 
     def _release(self, out: list, force: bool, pid: Optional[int] = None) -> list:
         """Prices and hands on the held requests that are settled (all of them with
         `force`, and all of process `pid`'s: nothing of a dead process can overlap)."""
+        if not self._held:
+            return out
         now, keep = self.clock(), []
         for held_since, r in self._held:
             if force or r.tgid == pid or now - held_since > self.max_hold_s or not self._may_still_overlap(r):
@@ -126,8 +138,8 @@ class CostStage:
     def _may_still_overlap(self, r: Request) -> bool:
         if r.busy.empty:
             return False
-        return any(o is not r and not o.busy.empty and o.busy.device == r.busy.device
-                   and o.busy.start_ns < r.busy.end_ns for o in self.open_requests(r.tgid))
+        return any(o is not r and o.busy.device == r.busy.device and o.busy.start_ns < r.busy.end_ns
+                   for o in self._open.get(r.tgid, ()))
 
     def _price(self, r: Request) -> None:
         if r.busy.empty:
@@ -143,7 +155,7 @@ class CostStage:
         """Keep only windows that a held or open request could still overlap."""
         starts = [r.busy.start_ns for _, r in self._held if not r.busy.empty]
         for pid in {pid for pid, _ in self._recent}:
-            starts += [o.busy.start_ns for o in self.open_requests(pid) if not o.busy.empty]
+            starts += [o.busy.start_ns for o in self._open.get(pid, ())]
         horizon = min(starts, default=None)
         for key in list(self._recent):
             kept = [w for w in self._recent[key] if horizon is not None and w[1] > horizon]
@@ -157,4 +169,4 @@ class CostStage:
             value = r.head.headers.get(self.feature_header)
             if value:
                 return value[:128]
-        return self.route_of(r.head.path)
+        return r.route or r.head.path

@@ -1,13 +1,14 @@
 """What the stitcher hands on: finished requests and per-process windows of CUDA
-calls that belong to no single request. Plain data; export builds spans from it."""
+calls that belong to no single request. Cost and enrich fill in their fields; export
+builds spans from them."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Any, Optional
 
-from .events import (CudaCall, KERNEL_LAUNCH_CALLS, LAUNCH_CALLS, MEMCPY_CALLS,
-                     MEMCPY_DIRECTIONS, SYNC_CALLS)
+from ..probes.table import BY_ID, MEMCPY_DIRECTIONS, Category
 from .http_parser import RequestHead
+from .records import CudaCall
 
 # How a CUDA call was tied to a request.
 THREAD = "thread"        # made on the thread that read the request, while it was open
@@ -19,9 +20,10 @@ ATTRIBUTIONS = (THREAD, PROCESS, AMBIGUOUS, OUTSIDE)
 
 @dataclass
 class RollupAgg:
-    """Calls folded together, by (call, function): counts always add up."""
+    """Calls folded together, by (call, detail): counts always add up. The detail is
+    what probes/table.py ROLLUP_DETAIL says for the call's category."""
     call: int
-    func: int
+    detail: int
     count: int = 0
     bytes: int = 0
     duration_ns: int = 0
@@ -29,14 +31,14 @@ class RollupAgg:
     last_ts: int = 0
     last_end_ts: int = 0
 
-    def add(self, c: CudaCall) -> None:
+    def add(self, c: CudaCall, nbytes: int, duration_ns: int) -> None:
         if not self.count:
             self.first_ts = c.ts_ns
         self.count += 1
-        self.bytes += c.bytes
-        self.duration_ns += c.duration_ns
+        self.bytes += nbytes
+        self.duration_ns += duration_ns
         self.last_ts = c.ts_ns
-        self.last_end_ts = max(self.last_end_ts, c.ts_ns + c.duration_ns)
+        self.last_end_ts = max(self.last_end_ts, c.ts_ns + duration_ns)
 
 
 @dataclass
@@ -48,53 +50,53 @@ class GpuSummary:
     kernels: set = field(default_factory=set)  # distinct kernel function pointers
     ambiguous: int = 0  # calls that may belong here but were not attributed
 
-    def add(self, c: CudaCall) -> None:
-        self.add_many(c.call, c.func, c.kind, 1, c.bytes, c.duration_ns)
-
-    def add_many(self, call: int, func: int, kind: int, count: int, nbytes: int, duration_ns: int) -> None:
+    def add_many(self, call: int, detail: int, count: int, nbytes: int, duration_ns: int) -> None:
         self.calls += count
-        if call in LAUNCH_CALLS:
+        spec = BY_ID.get(call)
+        if spec is None:
+            return
+        if spec.is_launch:
             self.launches += count
-            if call in KERNEL_LAUNCH_CALLS:
-                self.kernels.add(func)
-        elif call in MEMCPY_CALLS:
-            d = MEMCPY_DIRECTIONS.get(kind, "default")
+            if spec.category is Category.LAUNCH:
+                self.kernels.add(detail)
+        elif spec.category is Category.MEMCPY:
+            d = MEMCPY_DIRECTIONS.get(detail, "default")
             self.memcpy_bytes[d] = self.memcpy_bytes.get(d, 0) + nbytes
-        elif call in SYNC_CALLS:
+        elif spec.category is Category.SYNC:
             self.sync_ns += duration_ns
 
 
 class CallSink:
     """Children of one span: the first `budget` calls one by one, the rest rolled
-    up by (call, function)."""
+    up by (call, detail)."""
 
     def __init__(self, budget: int) -> None:
         self.budget = budget
         self.calls: list[tuple[CudaCall, str]] = []
         self.rollups: dict[tuple[int, int], RollupAgg] = {}
         self.summary = GpuSummary()
+        self.attributed: dict[str, int] = {}  # calls by attribution outcome
 
     def add(self, c: CudaCall, attribution: str) -> None:
-        self.summary.add(c)
+        detail, nbytes, duration_ns = c.amounts()
+        self.summary.add_many(c.call, detail, 1, nbytes, duration_ns)
+        self.attributed[attribution] = self.attributed.get(attribution, 0) + 1
         if len(self.calls) < self.budget:
             self.calls.append((c, attribution))
             return
-        # As in the BPF rollup map: a memcpy's direction takes the function's slot.
-        func = c.kind if c.call in MEMCPY_CALLS else c.func
-        agg = self.rollups.get((c.call, func))
+        agg = self.rollups.get((c.call, detail))
         if agg is None:
-            agg = self.rollups[(c.call, func)] = RollupAgg(c.call, func)
-        agg.add(c)
+            agg = self.rollups[(c.call, detail)] = RollupAgg(c.call, detail)
+        agg.add(c, nbytes, duration_ns)
 
-    def add_aggregate(self, call: int, func: int, count: int, nbytes: int, duration_ns: int,
-                      ts_ns: int) -> None:
-        """Calls already counted in the kernel (the BPF rollup map). For memcpy, `func`
-        carries the direction, as in the map's key."""
-        kind = func if call in MEMCPY_CALLS else 0
-        self.summary.add_many(call, func, kind, count, nbytes, duration_ns)
-        agg = self.rollups.get((call, func))
+    def add_aggregate(self, call: int, detail: int, count: int, nbytes: int, duration_ns: int,
+                      ts_ns: int, attribution: str) -> None:
+        """Calls already counted in the kernel (the BPF rollup map)."""
+        self.summary.add_many(call, detail, count, nbytes, duration_ns)
+        self.attributed[attribution] = self.attributed.get(attribution, 0) + count
+        agg = self.rollups.get((call, detail))
         if agg is None:
-            agg = self.rollups[(call, func)] = RollupAgg(call, func, first_ts=ts_ns)
+            agg = self.rollups[(call, detail)] = RollupAgg(call, detail, first_ts=ts_ns)
         agg.count += count
         agg.bytes += nbytes
         agg.duration_ns += duration_ns
@@ -103,6 +105,13 @@ class CallSink:
     @property
     def rolled_up(self) -> int:
         return sum(a.count for a in self.rollups.values())
+
+    def kernel_funcs(self) -> set:
+        """Kernel function pointers/handles named in this sink (for symbolising)."""
+        funcs = {c.func for c, _ in self.calls if BY_ID.get(c.call) and BY_ID[c.call].category is Category.LAUNCH}
+        funcs |= {a.detail for a in self.rollups.values()
+                  if BY_ID.get(a.call) and BY_ID[a.call].category is Category.LAUNCH}
+        return funcs
 
 
 @dataclass
@@ -114,7 +123,8 @@ class BusyWindow:
     end_ns: int = 0
 
     def add(self, c: CudaCall, device: int) -> None:
-        end = c.ts_ns + (c.duration_ns if c.call in SYNC_CALLS else 0)
+        spec = BY_ID.get(c.call)
+        end = c.ts_ns + (c.amounts()[2] if spec and spec.category is Category.SYNC else 0)
         if self.device is None:
             self.device, self.start_ns, self.end_ns = device, c.ts_ns, end
         else:
@@ -145,9 +155,12 @@ class Request:
     parent_trace_id: Optional[int] = None
     parent_span_id: Optional[int] = None
     busy: BusyWindow = field(default_factory=BusyWindow)
+    route: Optional[str] = None          # set by enrich: http.route
     gpu_seconds: Optional[float] = None  # set by the cost stage
     cost: Optional[float] = None
     feature: Optional[str] = None
+    resource: Any = None                 # set by enrich: the process's OTel Resource
+    kernel_names: dict = field(default_factory=dict)  # set by enrich: func -> name or None
 
 
 @dataclass
@@ -160,15 +173,5 @@ class ProcessWindow:
     end_ns: int
     sink: CallSink
     candidates: list = field(default_factory=list)  # (trace_id, span_id) of candidate requests
-
-
-@dataclass
-class ProcessSeen:
-    """First event of a process: enrichment reads /proc while it still exists."""
-    tgid: int
-
-
-@dataclass
-class ProcessGone:
-    tgid: int
-    comm: str = ""  # from the exit event: names a process /proc was never read for
+    resource: Any = None                 # set by enrich
+    kernel_names: dict = field(default_factory=dict)  # set by enrich

@@ -1,6 +1,7 @@
 """Who a traced process is: one OTel Resource per process, read from /proc while the
 process lives (service.name from its own OTEL_SERVICE_NAME, else its script or
-executable name; host; process; Kubernetes pod when a resolver is configured)."""
+executable name; host; process; Kubernetes pod when a resolver is configured).
+The enrich stage asks; nothing else does."""
 from __future__ import annotations
 
 import logging
@@ -10,30 +11,16 @@ from typing import Optional
 
 from opentelemetry.sdk.resources import Resource
 
+from .. import proc
 from .. import semconv as sc
 from ..config import resource_attributes
 from ..ratelimit import RateLimitedLog, Stats
-from .model import ProcessGone, ProcessSeen
 
 log = logging.getLogger(__name__)
 
 _INTERPRETERS = ("python", "node", "ruby", "perl", "java", "php")
 _OPTIONS_WITH_VALUE = frozenset({"-X", "-W", "-Q", "--check-hash-based-pycs", "-r", "--require"})
 _INLINE_CODE = frozenset({"-c", "-e", "--eval"})  # code on the command line: no script name
-
-
-def read_proc(proc_root: str, pid: int, name: str) -> bytes:
-    with open(os.path.join(proc_root, str(pid), name), "rb") as f:
-        return f.read()
-
-
-def start_time(proc_root: str, pid: int) -> Optional[int]:
-    """Field 22 of /proc/<pid>/stat (after the parenthesised comm, which may hold spaces)."""
-    try:
-        stat = read_proc(proc_root, pid, "stat")
-    except OSError:
-        return None
-    return int(stat.rsplit(b")", 1)[1].split()[19])
 
 
 def service_name_from(argv: list[str], exe: str) -> str:
@@ -53,9 +40,8 @@ def service_name_from(argv: list[str], exe: str) -> str:
     return base
 
 
-class ProcessCatalog:
-    """Stage: caches a Resource per live process (pid + start time, so a reused PID
-    is read again); passes every record on unchanged."""
+class ProcessResources:
+    """A Resource per live process, cached by pid + start time (a reused PID is read again)."""
 
     def __init__(self, proc_root: str = "/proc", k8s=None, base_attributes: Optional[dict] = None,
                  stats: Optional[Stats] = None) -> None:
@@ -68,26 +54,28 @@ class ProcessCatalog:
         self._pods_version: dict[int, int] = {}  # k8s pod-cache version each resource saw
         self._started: dict[int, Optional[int]] = {}  # pid -> start time the resource was read at
 
-    def process(self, records: list) -> list:
-        for r in records:
-            if isinstance(r, ProcessSeen):
-                self._resources[r.tgid] = self._build(r.tgid)
-            elif isinstance(r, ProcessGone) and r.tgid not in self._resources:
-                # Gone before /proc was read (its calls were only counted in the kernel):
-                # name it from the exit event. Kept until forget(), for its last rollups.
-                self._resources[r.tgid] = Resource({**self.base, sc.PROCESS_PID: r.tgid,
-                                                    sc.SERVICE_NAME: r.comm or f"unknown_service:pid{r.tgid}"})
-        return records
+    def __len__(self) -> int:
+        return len(self._resources)
+
+    def seen(self, tgid: int) -> None:
+        """A process appeared: read /proc now, while it surely lives (once)."""
+        if tgid not in self._resources and os.path.exists(os.path.join(self.proc_root, str(tgid))):
+            self._resources[tgid] = self._build(tgid)
 
     def forget(self, tgid: int) -> None:
-        """After a process's last spans are out (the collector's flush after its exit)."""
+        """After a process's last records have passed."""
         self._resources.pop(tgid, None)
         self._pods_version.pop(tgid, None)
         self._started.pop(tgid, None)
 
-    def resource(self, tgid: int) -> Resource:
+    def resource(self, tgid: int, exit_comm: Optional[str] = None) -> Resource:
+        """`exit_comm`: the process has exited (its name from the exit event): one never
+        read from /proc (its calls were only counted in the kernel) is named from it."""
         res = self._resources.get(tgid)
-        if res is None or self._pid_reused(tgid) or self._pod_appeared(tgid, res):
+        if res is None and exit_comm is not None:
+            res = self._resources[tgid] = Resource({**self.base, sc.PROCESS_PID: tgid,
+                                                    sc.SERVICE_NAME: exit_comm or f"unknown_service:pid{tgid}"})
+        elif res is None or self._pid_reused(tgid) or self._pod_appeared(tgid, res):
             res = self._resources[tgid] = self._build(tgid)
         return res
 
@@ -95,7 +83,7 @@ class ProcessCatalog:
         """Processes are (pid, start time), in case the exit event of the pid's previous
         owner was lost. One small /proc read per exported request."""
         started = self._started.get(pid)
-        current = start_time(self.proc_root, pid)
+        current = proc.start_time(self.proc_root, pid)
         return current is not None and started is not None and current != started
 
     def _pod_appeared(self, tgid: int, res: Resource) -> bool:
@@ -105,23 +93,19 @@ class ProcessCatalog:
                 and self._pods_version.get(tgid) != self.k8s.pods_version)
 
     def _build(self, pid: int) -> Resource:
-        self._started[pid] = start_time(self.proc_root, pid)
+        self._started[pid] = proc.start_time(self.proc_root, pid)
         attrs = dict(self.base)
         attrs[sc.PROCESS_PID] = pid
-        env: dict[str, str] = {}
-        argv: list[str] = []
-        exe = ""
-        try:
-            argv = [a.decode(errors="replace") for a in read_proc(self.proc_root, pid, "cmdline").split(b"\0") if a]
-            # A replaced binary reads "/path (deleted)": name the program, not the state.
-            exe = os.readlink(os.path.join(self.proc_root, str(pid), "exe")).removesuffix(" (deleted)")
-            for item in read_proc(self.proc_root, pid, "environ").split(b"\0"):
-                k, sep, v = item.partition(b"=")
-                if sep and k in (b"OTEL_SERVICE_NAME", b"OTEL_RESOURCE_ATTRIBUTES"):
-                    env[k.decode()] = v.decode(errors="replace")
-        except OSError as e:
+        argv = proc.cmdline(self.proc_root, pid)
+        exe = proc.exe(self.proc_root, pid)
+        env = proc.environ(self.proc_root, pid, ("OTEL_SERVICE_NAME", "OTEL_RESOURCE_ATTRIBUTES"))
+        missing = [name for name, v in (("cmdline", argv), ("exe", exe), ("environ", env)) if v is None]
+        if missing:
             self._log.event("proc_unreadable", logging.WARNING,
-                            "pid %d: cannot read /proc (%s); spans carry fewer attributes", pid, e)
+                            "pid %d: cannot read /proc/%d/%s; spans carry fewer attributes",
+                            pid, pid, ",".join(missing))
+        argv, env = argv or [], env or {}
+        exe = (exe or "").removesuffix(" (deleted)")  # a replaced binary: name the program, not the state
         if exe:
             attrs[sc.PROCESS_EXECUTABLE_PATH] = exe
             attrs[sc.PROCESS_EXECUTABLE_NAME] = os.path.basename(exe)

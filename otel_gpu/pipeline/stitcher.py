@@ -7,7 +7,11 @@ connection goes away. A CUDA call is attributed (see model.ATTRIBUTIONS):
   - else to the only open request of the process             -> process
   - else, with several candidates, to nobody: counted         -> ambiguous
   - with nothing open: counted in the process rollup          -> outside
-A call is never guessed onto a request."""
+A call is never guessed onto a request.
+
+Time arrives as Tick records: at each, the ambiguous/outside windows collected so far
+go out; at the final one (collector stopping), every open request is closed too.
+Calls the kernel counted by itself arrive as KernelRollup records (outside requests)."""
 from __future__ import annotations
 
 import logging
@@ -17,11 +21,10 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from ..ratelimit import RateLimitedLog, Stats
-from .events import (Accept, CALL_SET_DEVICE, CudaCall, EV_SOCK_READ, ProcExit, SockClose,
-                     SockIo)
 from .http_parser import HttpParseError, RequestStream, ResponseStream
-from .model import (AMBIGUOUS, OUTSIDE, PROCESS, THREAD, CallSink, ProcessGone,
-                    ProcessSeen, ProcessWindow, Request)
+from .model import AMBIGUOUS, OUTSIDE, PROCESS, THREAD, CallSink, ProcessWindow, Request
+from .records import (Accept, BusyStarted, CudaCall, DeviceCall, EV_SOCK_READ, KernelRollup,
+                      ProcessGone, ProcessSeen, ProcExit, SockClose, SockIo, Tick)
 from .traceparent import parse_traceparent
 
 log = logging.getLogger(__name__)
@@ -85,40 +88,47 @@ class Stitcher:
                 self._on_accept(ev, out)
             elif isinstance(ev, SockClose):
                 self._on_close(ev.tgid, ev.fd, ev.ts_ns, out)
+            elif isinstance(ev, KernelRollup):
+                self._on_kernel_rollup(ev, out)
             elif isinstance(ev, ProcExit):
                 self._on_exit(ev, out)
-            else:  # already stitched (flushed windows, closed requests): pass it on
+            elif isinstance(ev, Tick):
+                if ev.final:
+                    self._close_all(ev.now_ns, "collector stopped", out)
+                self._flush_windows(out)
+                out.append(ev)
+            else:  # not for this stage (e.g. ProcessSeen from discovery): pass it on
                 out.append(ev)
         return out
 
-    def add_kernel_rollups(self, deltas: list, now_ns: int, since_ns: Optional[int] = None) -> None:
+    def state(self) -> dict:
+        procs = self.procs.values()
+        return {"procs": len(self.procs), "conns": sum(len(p.conns) for p in procs),
+                "open_requests": sum(len(p.open) for p in procs)}
+
+    def _on_kernel_rollup(self, k: KernelRollup, out: list) -> None:
         """Calls the BPF side counted while no request could be open (rollup map),
         made some time between `since_ns` (the previous read) and `now_ns`."""
-        for tgid, call, func, count, nbytes, duration_ns in deltas:
-            p = self.procs.get(tgid) or self.procs.setdefault(tgid, Proc(tgid))
-            self.attributed[OUTSIDE] += count
-            w = self._window(p, OUTSIDE, now_ns if since_ns is None else since_ns)
-            w.sink.add_aggregate(call, func, count, nbytes, duration_ns, now_ns)
-            w.end_ns = max(w.end_ns, now_ns)
+        p = self._proc(k.tgid, out)
+        self.attributed[OUTSIDE] += k.count
+        w = self._window(p, OUTSIDE, k.now_ns if k.since_ns is None else k.since_ns)
+        w.sink.add_aggregate(k.call, k.detail, k.count, k.bytes, k.duration_ns, k.now_ns, OUTSIDE)
+        w.end_ns = max(w.end_ns, k.now_ns)
 
-    def flush_windows(self) -> list:
-        """Hands on the ambiguous/outside windows collected so far (called per interval)."""
-        out = []
+    def _flush_windows(self, out: list) -> None:
+        """Hands on the ambiguous/outside windows collected so far (once per Tick)."""
         for p in self.procs.values():
             for attr in ("ambiguous", "outside"):
                 w = getattr(p, attr)
                 if w is not None:
                     out.append(w)
                     setattr(p, attr, None)
-        return out
 
-    def close_all(self, now_ns: int, reason: str) -> list:
+    def _close_all(self, now_ns: int, reason: str, out: list) -> None:
         """Collector stopping: every open request is finished with an error."""
-        out: list = []
         for p in list(self.procs.values()):
             for conn in list(p.conns.values()):
                 self._drop_conn(p, conn, now_ns, reason, out)
-        return out + self.flush_windows()
 
     # --- processes and connections ----------------------------------------------
     def _proc(self, tgid: int, out: list) -> Proc:
@@ -280,18 +290,20 @@ class Stitcher:
     # --- CUDA ------------------------------------------------------------------
     def _on_cuda(self, ev: CudaCall, out: list) -> None:
         p = self._proc(ev.tgid, out)
-        if ev.call == CALL_SET_DEVICE:
-            p.device_by_tid[ev.tid] = ev.bytes
+        if isinstance(ev, DeviceCall):
+            p.device_by_tid[ev.tid] = ev.device
             return
         attribution, target = attribute(p.open, ev.tid, p.partial_heads)
         self.attributed[attribution] += 1
         if attribution in (THREAD, PROCESS):
             target.sink.add(ev, attribution)
+            if target.busy.empty:  # the cost stage learns which requests may still overlap
+                out.append(BusyStarted(target))
             target.busy.add(ev, p.device_by_tid.get(ev.tid, 0))
             return
         window = self._window(p, attribution, ev.ts_ns)
         window.sink.add(ev, attribution)
-        window.end_ns = max(window.end_ns, ev.ts_ns + ev.duration_ns)
+        window.end_ns = max(window.end_ns, ev.ts_ns + ev.amounts()[2])
         if attribution == AMBIGUOUS:
             for r in target:
                 r.sink.summary.ambiguous += 1

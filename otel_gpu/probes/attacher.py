@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 
 from .discovery import ProbeTarget
-from .table import DRIVER, rows_for
+from .table import rows_for
 
 log = logging.getLogger(__name__)
 
@@ -37,10 +37,6 @@ class Attacher:
                 else:
                     log.warning("cannot attach %s to %s in %s: %s", row.entry, row.symbol, target.path, e)
         self.probe_count += n
-        if target.kind == DRIVER and n:
-            # Runtime launches now may pass through libcuda: keep the de-dup state.
-            import ctypes as ct
-            self.bpf["driver_probed"][ct.c_int(0)] = ct.c_uint32(1)
         log.info("attached %d CUDA probes to %s", n, target.path)
         return n
 

@@ -8,35 +8,50 @@ from opentelemetry.trace import SpanKind, StatusCode
 from otel_gpu import semconv as sc
 from otel_gpu.clock import BpfClock
 from otel_gpu.export.spans import SpanBuilder
-from otel_gpu.pipeline.events import (CALL_LAUNCH_KERNEL, CALL_MALLOC, CALL_MEMCPY, CudaCall)
 from otel_gpu.pipeline.http_parser import RequestHead
 from otel_gpu.pipeline.model import CallSink, ProcessWindow, Request
 from otel_gpu.pipeline.routes import RouteTemplater
+from otel_gpu.probes.table import call_id
+from tests.unit.pipeline.calls import cuda
 
 PID, TID = 321, 322
 KERNEL = "void gemm<float>(float*, int)"
 T0 = 5_000_000_000
 
 
+class Enriched:
+    """The builder fed records as the enrich stage leaves them."""
+
+    def __init__(self, b: SpanBuilder) -> None:
+        self.b, self.clock = b, b.clock
+
+    def build(self, r):
+        if isinstance(r, (Request, ProcessWindow)):
+            r.resource = Resource({"service.name": "infer-svc", "process.pid": r.tgid})
+            r.kernel_names = {f: KERNEL for f in r.sink.kernel_funcs()}
+            if isinstance(r, Request):
+                r.route = RouteTemplater().route(r.head.path)
+        return self.b.build(r)
+
+
 def builder(**kw):
-    return SpanBuilder(BpfClock(), RouteTemplater(),
-                       lambda pid: Resource({"service.name": "infer-svc", "process.pid": pid}),
-                       lambda pid, func: KERNEL, ids=random.Random(3), **kw)
+    return Enriched(SpanBuilder(BpfClock(), ids=random.Random(3), **kw))
 
 
-def call(which, ts, tid=TID, **kw):
-    base = dict(ret=0, func=0xBEEF, grid=(8, 1, 1), block=(128, 1, 1), shmem=0, stream=0x5,
-                bytes=0, kind=0, duration_ns=2000)
-    base.update(kw)
-    return CudaCall(PID, tid, ts, which, **base)
+def call(name, ts, tid=TID, ret=0, nbytes=0, kind=0, stream=0x5, duration=2000):
+    return cuda(name, tid, 0xBEEF, nbytes, kind, PID, duration, ts=ts, ret=ret, grid=(8, 1, 1),
+                block=(128, 1, 1), stream=stream)
+
+
+CALL_LAUNCH_KERNEL, CALL_MEMCPY, CALL_MALLOC = "cudaLaunchKernel", "cudaMemcpy", "cudaMalloc"
 
 
 def request(target="/infer/42?model=a", status=200, error=None, parent=None, peer=("10.0.0.5", 5555),
             port=8080, calls=None, budget=256):
     sink = CallSink(budget)
     for c, attribution in calls or [(call(CALL_LAUNCH_KERNEL, T0 + 100), "thread"),
-                                    (call(CALL_MEMCPY, T0 + 200, bytes=4096, kind=1, stream=0), "thread"),
-                                    (call(CALL_MALLOC, T0 + 300, tid=999, bytes=1 << 20), "process")]:
+                                    (call(CALL_MEMCPY, T0 + 200, nbytes=4096, kind=1, stream=0), "thread"),
+                                    (call(CALL_MALLOC, T0 + 300, tid=999, nbytes=1 << 20), "process")]:
         sink.add(c, attribution)
     r = Request(PID, TID, 9, RequestHead("GET", target, "1.1", {}), T0, trace_id=0xABC, span_id=0xDEF,
                 sink=sink, peer_addr=peer[0] if peer else None, peer_port=peer[1] if peer else None,
@@ -109,7 +124,8 @@ def test_children_parented_to_the_server_span():
     assert tuple(launch[sc.GPU_GRID]) == (8, 1, 1) and tuple(launch[sc.GPU_BLOCK]) == (128, 1, 1)
     assert memcpy[sc.GPU_MEMCPY_BYTES] == 4096 and memcpy[sc.GPU_MEMCPY_DIRECTION] == "h2d"
     assert malloc[sc.GPU_ALLOC_BYTES] == 1 << 20 and malloc[sc.THREAD_ID] == 999
-    assert children[0].end_time - children[0].start_time == 2000
+    assert children[0].end_time == children[0].start_time  # launches: entry only
+    assert children[2].end_time - children[2].start_time == 2000  # cudaMalloc: entry to return
 
 
 def test_failed_cuda_call_has_error_status():
@@ -174,7 +190,7 @@ def test_process_window_links_to_candidates():
 
 def test_outside_window_without_links():
     w = ProcessWindow(PID, "outside", T0, T0 + 50, CallSink(10))
-    w.sink.add_aggregate(CALL_LAUNCH_KERNEL, 0xBEEF, 9, 0, 0, T0 + 10)
+    w.sink.add_aggregate(call_id(CALL_LAUNCH_KERNEL), 0xBEEF, 9, 0, 0, T0 + 10, "outside")
     span, rollup = builder().build(w)
     assert span.name == "GPU work outside requests" and list(span.links) == []
     assert sc.GPU_CANDIDATE_REQUESTS not in span.attributes

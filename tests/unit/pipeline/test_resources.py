@@ -5,8 +5,7 @@ import socket
 import pytest
 
 from otel_gpu import semconv as sc
-from otel_gpu.pipeline.enrich import ProcessCatalog, service_name_from, start_time
-from otel_gpu.pipeline.model import ProcessGone, ProcessSeen
+from otel_gpu.pipeline.resources import ProcessResources, service_name_from
 
 
 @pytest.mark.parametrize("argv,exe,name", [
@@ -56,7 +55,7 @@ def test_resource_from_proc_tree(tmp_path):
     fake_proc(tmp_path, 100, argv=("python3", "/srv/app.py", "--x"),
               env={"PATH": "/bin", "OTEL_SERVICE_NAME": "infer-api",
                    "OTEL_RESOURCE_ATTRIBUTES": "team=ml, deployment.environment=prod", "SECRET": "s"})
-    cat = ProcessCatalog(proc_root=str(tmp_path), base_attributes={"collector": "c1"})
+    cat = ProcessResources(proc_root=str(tmp_path), base_attributes={"collector": "c1"})
     a = cat.resource(100).attributes
     assert a[sc.SERVICE_NAME] == "infer-api"
     assert a[sc.PROCESS_PID] == 100
@@ -71,16 +70,16 @@ def test_resource_from_proc_tree(tmp_path):
 
 def test_service_name_falls_back_to_the_script(tmp_path):
     fake_proc(tmp_path, 7, argv=("python3", "serve.py"))
-    assert ProcessCatalog(proc_root=str(tmp_path)).resource(7).attributes[sc.SERVICE_NAME] == "serve"
+    assert ProcessResources(proc_root=str(tmp_path)).resource(7).attributes[sc.SERVICE_NAME] == "serve"
 
 
 def test_command_line_is_capped(tmp_path):
     fake_proc(tmp_path, 8, argv=("python3", "x.py") + ("a" * 100,) * 30)
-    assert len(ProcessCatalog(proc_root=str(tmp_path)).resource(8).attributes[sc.PROCESS_COMMAND_LINE]) == 1024
+    assert len(ProcessResources(proc_root=str(tmp_path)).resource(8).attributes[sc.PROCESS_COMMAND_LINE]) == 1024
 
 
 def test_unreadable_process_gives_a_resource_and_a_counted_stat(tmp_path):
-    cat = ProcessCatalog(proc_root=str(tmp_path))
+    cat = ProcessResources(proc_root=str(tmp_path))
     a = cat.resource(999).attributes  # no such /proc entry
     assert a[sc.SERVICE_NAME] == "unknown_service:pid999"
     assert a[sc.PROCESS_PID] == 999 and sc.HOST_NAME in a
@@ -90,7 +89,7 @@ def test_unreadable_process_gives_a_resource_and_a_counted_stat(tmp_path):
 def test_partly_unreadable_process_keeps_what_was_read(tmp_path):
     d = fake_proc(tmp_path, 5, argv=("python3", "worker.py"))
     (d / "environ").unlink()
-    cat = ProcessCatalog(proc_root=str(tmp_path))
+    cat = ProcessResources(proc_root=str(tmp_path))
     a = cat.resource(5).attributes
     assert a[sc.SERVICE_NAME] == "worker" and a[sc.PROCESS_EXECUTABLE_NAME] == "python3.11"
     assert cat.stats.snapshot()["proc_unreadable"] == 1
@@ -108,47 +107,41 @@ def test_k8s_resolver_fills_in(tmp_path):
 
     fake_proc(tmp_path, 11)
     fake_proc(tmp_path, 12, env={"OTEL_SERVICE_NAME": "own"})
-    cat = ProcessCatalog(proc_root=str(tmp_path), k8s=K8s())
+    cat = ProcessResources(proc_root=str(tmp_path), k8s=K8s())
     a = cat.resource(11).attributes
     assert (a[sc.SERVICE_NAME], a[sc.K8S_POD_NAME]) == ("infer-deploy", "infer-0")
     assert cat.resource(12).attributes[sc.SERVICE_NAME] == "own"  # the process's own name wins
 
 
-def test_stage_caches_until_the_collector_forgets_the_process(tmp_path):
+def test_cached_until_forgotten(tmp_path):
     fake_proc(tmp_path, 20, env={"OTEL_SERVICE_NAME": "first"})
-    cat = ProcessCatalog(proc_root=str(tmp_path))
-    records = [ProcessSeen(20)]
-    assert cat.process(records) is records
+    cat = ProcessResources(proc_root=str(tmp_path))
+    cat.seen(20)
     fake_proc(tmp_path, 20, env={"OTEL_SERVICE_NAME": "second"})
     assert cat.resource(20).attributes[sc.SERVICE_NAME] == "first"  # cached
-    cat.process([ProcessGone(20)])
-    assert cat.resource(20).attributes[sc.SERVICE_NAME] == "first"  # kept for its last rollups
+    cat.seen(20)
+    assert cat.resource(20).attributes[sc.SERVICE_NAME] == "first"  # seen twice: read once
     cat.forget(20)
     assert cat.resource(20).attributes[sc.SERVICE_NAME] == "second"
 
 
 def test_process_gone_before_proc_was_read_is_named_from_its_comm(tmp_path):
-    cat = ProcessCatalog(proc_root=str(tmp_path))  # no /proc entry: it exited already
-    cat.process([ProcessGone(21, "burst")])
-    res = cat.resource(21).attributes
+    cat = ProcessResources(proc_root=str(tmp_path))  # no /proc entry: it exited already
+    cat.seen(21)  # too late to read: nothing is built, nothing is logged
+    res = cat.resource(21, exit_comm="burst").attributes
     assert res[sc.SERVICE_NAME] == "burst" and res[sc.PROCESS_PID] == 21
+    assert "proc_unreadable" not in cat.stats.snapshot()
 
 
 def test_reused_pid_is_read_again(tmp_path):
     fake_proc(tmp_path, 30, env={"OTEL_SERVICE_NAME": "old"}, starttime=1000)
-    cat = ProcessCatalog(proc_root=str(tmp_path))
-    cat.process([ProcessSeen(30)])
+    cat = ProcessResources(proc_root=str(tmp_path))
+    cat.seen(30)
     fake_proc(tmp_path, 30, env={"OTEL_SERVICE_NAME": "new"}, starttime=2000)  # exit event lost
     assert cat.resource(30).attributes[sc.SERVICE_NAME] == "new"
 
 
-def test_start_time_parses_comm_with_spaces_and_parens(tmp_path):
-    fake_proc(tmp_path, 40, comm="my (weird) comm", starttime=987654)
-    assert start_time(str(tmp_path), 40) == 987654
-    assert start_time(str(tmp_path), 41) is None
-
-
 def test_replaced_executable_is_named_without_the_deleted_marker(tmp_path):
     fake_proc(tmp_path, 50, argv=("/srv/bin/infer-server",), exe="/srv/bin/infer-server (deleted)")
-    a = ProcessCatalog(proc_root=str(tmp_path)).resource(50).attributes
+    a = ProcessResources(proc_root=str(tmp_path)).resource(50).attributes
     assert (a[sc.PROCESS_EXECUTABLE_NAME], a[sc.SERVICE_NAME]) == ("infer-server", "infer-server")

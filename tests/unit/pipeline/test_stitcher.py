@@ -3,11 +3,15 @@ import random
 
 import pytest
 
-from otel_gpu.pipeline.events import (CALL_DEVICE_SYNC, CALL_LAUNCH_KERNEL, CALL_MEMCPY,
-                                      CALL_MEMCPY_ASYNC, CALL_SET_DEVICE, EV_SOCK_READ,
-                                      EV_SOCK_WRITE, Accept, CudaCall, ProcExit, SockClose, SockIo)
-from otel_gpu.pipeline.model import ProcessGone, ProcessSeen, ProcessWindow, Request
+from otel_gpu.pipeline.model import ProcessWindow, Request
+from otel_gpu.pipeline.records import (EV_SOCK_READ, EV_SOCK_WRITE, Accept, KernelRollup, ProcessGone,
+                                       ProcessSeen, ProcExit, SockClose, SockIo, Tick)
 from otel_gpu.pipeline.stitcher import Stitcher
+from otel_gpu.probes.table import call_id
+from tests.unit.pipeline import calls
+
+CALL_LAUNCH_KERNEL, CALL_MEMCPY, CALL_DEVICE_SYNC = (call_id("cudaLaunchKernel"), call_id("cudaMemcpy"),
+                                                     call_id("cudaDeviceSynchronize"))
 
 PID, FD = 4242, 10
 OK = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
@@ -41,8 +45,19 @@ def get(path="/infer/1", extra=b""):
     return b"GET " + path.encode() + b" HTTP/1.1\r\nHost: x\r\n" + extra + b"\r\n"
 
 
-def cuda(call=CALL_LAUNCH_KERNEL, tid=1, func=0x1000, nbytes=0, kind=0, pid=PID, duration=0):
-    return CudaCall(pid, tid, T(), call, 0, func, (1, 1, 1), (32, 1, 1), 0, 0, nbytes, kind, duration)
+def cuda(name="cudaLaunchKernel", tid=1, func=0x1000, nbytes=0, kind=0, pid=PID, duration=0):
+    return calls.cuda(name, tid, func, nbytes, kind, pid, duration, ts=T())
+
+
+def flush_windows(s):
+    """The windows a Tick hands on."""
+    out = s.process([Tick(T())])
+    assert isinstance(out[-1], Tick)
+    return out[:-1]
+
+
+def rollups(s, rows, now_ns, since_ns=None):
+    return s.process([KernelRollup(*row, now_ns, since_ns) for row in rows])
 
 
 def requests(out):
@@ -60,8 +75,8 @@ def test_requests_with_calls_on_the_reading_thread(n, k, m):
     for i in range(n):
         evs.append(read(get(f"/infer/{i}")))
         evs += [cuda(func=0x1000 + j % 2) for j in range(k)]
-        evs += [cuda(CALL_MEMCPY, nbytes=100, kind=1) for _ in range(m)]  # h2d
-        evs += [cuda(CALL_MEMCPY_ASYNC, nbytes=7, kind=2)]                # d2h
+        evs += [cuda("cudaMemcpy", nbytes=100, kind=1) for _ in range(m)]  # h2d
+        evs += [cuda("cudaMemcpyAsync", nbytes=7, kind=2)]                # d2h
         evs.append(write(OK))
     out = s.process(evs)
     assert isinstance(out[0], ProcessSeen) and out[0].tgid == PID
@@ -105,21 +120,21 @@ def test_call_on_a_third_thread_with_two_open_requests_is_ambiguous():
     for r in (a, b):
         assert r.sink.calls == [] and r.sink.summary.calls == 0
         assert r.sink.summary.ambiguous == 2
-    windows = s.flush_windows()
+    windows = flush_windows(s)
     (w,) = windows
     assert isinstance(w, ProcessWindow) and w.attribution == "ambiguous" and w.tgid == PID
     assert w.candidates == [(a.trace_id, a.span_id), (b.trace_id, b.span_id)]
     assert [att for _, att in w.sink.calls] == ["ambiguous", "ambiguous"]
     assert w.sink.summary.launches == 2
-    assert s.flush_windows() == []  # handed on once
+    assert flush_windows(s) == []  # handed on once
     assert s.attributed["ambiguous"] == 2
 
 
 def test_calls_with_no_open_request_go_to_an_outside_window():
     s = new()
     s.process([accept(), read(get()), write(OK)])
-    s.process([cuda(duration=500), cuda(CALL_MEMCPY, nbytes=64, kind=2)])
-    (w,) = s.flush_windows()
+    s.process([cuda(duration=500), cuda("cudaMemcpy", nbytes=64, kind=2)])
+    (w,) = flush_windows(s)
     assert w.attribution == "outside" and w.candidates == []
     assert w.sink.summary.calls == 2 and w.sink.summary.memcpy_bytes == {"d2h": 64}
     assert w.end_ns >= w.start_ns
@@ -197,7 +212,7 @@ def test_process_exit_hands_on_its_windows():
     s.process([cuda()])
     out = s.process([ProcExit(PID, T())])
     assert [type(x).__name__ for x in out] == ["ProcessWindow", "ProcessGone"]
-    assert s.flush_windows() == []
+    assert flush_windows(s) == []
 
 
 @pytest.mark.parametrize("raw", [b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03",
@@ -219,11 +234,11 @@ def test_malformed_response_drops_the_request_with_an_error():
 
 def test_kernel_rollups_appear_in_the_outside_window():
     s = new()
-    s.add_kernel_rollups([(PID, CALL_LAUNCH_KERNEL, 0xAB, 40, 0, 0),
+    rollups(s, [(PID, CALL_LAUNCH_KERNEL, 0xAB, 40, 0, 0),
                           (PID, CALL_MEMCPY, 1, 3, 3000, 90),      # func = direction h2d
                           (PID, CALL_DEVICE_SYNC, 0, 2, 0, 5000)], now_ns=5_000_000)
-    s.add_kernel_rollups([(PID, CALL_LAUNCH_KERNEL, 0xAB, 2, 0, 0)], now_ns=6_000_000)
-    (w,) = s.flush_windows()
+    rollups(s, [(PID, CALL_LAUNCH_KERNEL, 0xAB, 2, 0, 0)], now_ns=6_000_000)
+    (w,) = flush_windows(s)
     assert w.attribution == "outside" and w.end_ns == 6_000_000
     assert w.sink.rollups[(CALL_LAUNCH_KERNEL, 0xAB)].count == 42
     sm = w.sink.summary
@@ -234,12 +249,12 @@ def test_kernel_rollups_appear_in_the_outside_window():
 
 def test_set_device_is_not_a_child_span():
     s = new()
-    out = s.process([accept(), read(get()), cuda(CALL_SET_DEVICE, nbytes=3), cuda(), write(OK)])
+    out = s.process([accept(), read(get()), cuda("cudaSetDevice", kind=3), cuda(), write(OK)])
     (r,) = requests(out)
     assert [c.call for c, _ in r.sink.calls] == [CALL_LAUNCH_KERNEL]
     assert r.sink.summary.calls == 1
     assert s.procs[PID].device_by_tid == {1: 3}
-    assert s.flush_windows() == []
+    assert flush_windows(s) == []
 
 
 def test_connection_seen_without_its_accept():
@@ -252,9 +267,9 @@ def test_close_all_finishes_open_requests():
     s = new()
     s.process([accept(), read(get()), cuda(tid=5)])
     s.process([accept(fd=11), read(get("/b"), fd=11, tid=2), cuda(tid=5)])  # ambiguous
-    out = s.close_all(T(), "collector stopping")
+    out = s.process([Tick(T(), final=True)])
     reqs = requests(out)
-    assert len(reqs) == 2 and all(r.error == "collector stopping" for r in reqs)
+    assert len(reqs) == 2 and all(r.error == "collector stopped" for r in reqs)
     assert [w.attribution for w in out if isinstance(w, ProcessWindow)] == ["ambiguous"]
 
 
@@ -288,6 +303,6 @@ def test_thread_with_a_half_read_head_is_not_given_to_another_request():
 
 def test_kernel_rollups_span_the_interval_since_the_previous_read():
     s = new()
-    s.add_kernel_rollups([(PID, CALL_LAUNCH_KERNEL, 0xAB, 3, 0, 0)], now_ns=9_000_000, since_ns=4_000_000)
-    (w,) = s.flush_windows()
+    rollups(s, [(PID, CALL_LAUNCH_KERNEL, 0xAB, 3, 0, 0)], now_ns=9_000_000, since_ns=4_000_000)
+    (w,) = flush_windows(s)
     assert (w.start_ns, w.end_ns) == (4_000_000, 9_000_000) and w.sink.summary.launches == 3

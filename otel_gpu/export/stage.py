@@ -1,0 +1,21 @@
+"""Stage: builds the spans of each finished request and window and hands them to the
+destinations (console tree, local store, OTLP); passes every record on."""
+from __future__ import annotations
+
+from ..pipeline.model import ProcessWindow, Request
+from .spans import SpanBuilder
+
+
+class ExportStage:
+    def __init__(self, builder: SpanBuilder, destinations) -> None:
+        self.builder = builder
+        self.destinations = destinations  # export.destinations.Destinations
+
+    def process(self, records: list) -> list:
+        for r in records:
+            if isinstance(r, (Request, ProcessWindow)):
+                self.destinations.export(self.builder.build(r))
+        return records
+
+    def close(self) -> None:
+        self.destinations.shutdown()

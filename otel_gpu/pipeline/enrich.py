@@ -1,0 +1,44 @@
+"""Stage: writes onto each finished request and window what export needs to know
+beyond the calls themselves: the process's Resource (service, process, k8s pod), the
+route, and the names of the kernels its calls launched. Runs right after the
+stitcher, while the processes are most likely still alive to be read."""
+from __future__ import annotations
+
+from typing import Optional
+
+from .model import ProcessWindow, Request
+from .records import ProcessGone, ProcessSeen
+from .resources import ProcessResources
+from .routes import RouteTemplater
+
+
+class Enrich:
+    def __init__(self, resources: ProcessResources, routes: RouteTemplater, kernel_names) -> None:
+        self.resources = resources
+        self.routes = routes
+        self.kernel_names = kernel_names  # (pid, func) -> demangled name or None; has forget(pid)
+
+    def process(self, records: list) -> list:
+        # Records of a process that exits in this batch come before its ProcessGone; the
+        # exit event's comm names a process whose /proc was never read.
+        exiting = {r.tgid: r.comm for r in records if type(r) is ProcessGone}
+        for r in records:
+            if isinstance(r, (Request, ProcessWindow)):
+                self._enrich(r, exiting.get(r.tgid))
+            elif isinstance(r, ProcessSeen):
+                if r.tgid in exiting:
+                    continue
+                self.resources.seen(r.tgid)
+        for tgid in exiting:
+            self.resources.forget(tgid)
+            self.kernel_names.forget(tgid)
+        return records
+
+    def _enrich(self, r, exit_comm: Optional[str]) -> None:
+        r.resource = self.resources.resource(r.tgid, exit_comm)
+        r.kernel_names = {f: self.kernel_names(r.tgid, f) for f in r.sink.kernel_funcs()}
+        if isinstance(r, Request):
+            r.route = self.routes.route(r.head.path)
+
+    def state(self) -> dict:
+        return {"resources": len(self.resources)}

@@ -1,0 +1,181 @@
+"""The records that flow through the pipeline, in the order the stages see them.
+
+From the reader: socket events (Accept, SockIo, SockClose), one record per CUDA call
+in the shape of its category (LaunchCall, MemcpyCall, ...), ProcExit, KernelRollup
+(calls counted in the kernel while no request could be open) and Tick (time passing:
+the collector's flush interval, or the final one at shutdown). The stitcher turns
+them into Request / ProcessWindow (pipeline/model.py) plus ProcessSeen / ProcessGone.
+Plain slotted dataclasses: cheap to build on the hot path."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional, Union
+
+from ..probes.table import BY_ID, CallSpec, call_name
+
+EV_SOCK_READ, EV_SOCK_WRITE = 2, 3  # SockIo.kind (the event kinds of bpf/events.h)
+
+
+@dataclass(slots=True)
+class Accept:
+    tgid: int
+    tid: int
+    ts_ns: int
+    fd: int
+    listen_fd: int
+    peer_addr: Optional[str]
+    peer_port: Optional[int]
+
+
+@dataclass(slots=True)
+class SockIo:
+    kind: int  # EV_SOCK_READ or EV_SOCK_WRITE
+    tgid: int
+    tid: int
+    ts_ns: int
+    fd: int
+    ret: int
+    data: bytes
+    tail: bytes
+
+
+@dataclass(slots=True)
+class SockClose:
+    tgid: int
+    tid: int
+    ts_ns: int
+    fd: int
+
+
+@dataclass(slots=True)
+class ProcExit:
+    tgid: int
+    ts_ns: int
+    comm: str = ""
+
+
+# --- CUDA calls: one class per event shape; `call` is the table id (probes/table.py).
+@dataclass(slots=True)
+class CudaCall:
+    tgid: int
+    tid: int
+    ts_ns: int
+    call: int
+    ret: int  # return code; -1 where the call has no return probe
+
+    @property
+    def spec(self) -> Optional[CallSpec]:
+        return BY_ID.get(self.call)
+
+    @property
+    def name(self) -> str:
+        return call_name(self.call)
+
+    def amounts(self) -> tuple[int, int, int]:
+        """(rollup detail, bytes, duration_ns): what a rollup of this call adds up.
+        The detail means what probes/table.py ROLLUP_DETAIL says for the category."""
+        return 0, 0, 0
+
+
+@dataclass(slots=True)
+class LaunchCall(CudaCall):
+    func: int       # kernel function pointer (runtime) or CUfunction/CUkernel handle (driver)
+    grid: tuple
+    block: tuple
+    shmem: int
+    stream: int
+
+    def amounts(self) -> tuple[int, int, int]:
+        return self.func, 0, 0
+
+
+@dataclass(slots=True)
+class MemcpyCall(CudaCall):
+    bytes: int
+    direction: int  # cudaMemcpyKind
+    stream: int
+
+    def amounts(self) -> tuple[int, int, int]:
+        return self.direction, self.bytes, 0
+
+
+@dataclass(slots=True)
+class MemoryCall(CudaCall):
+    ptr: int        # the allocated pointer (read at return) or the freed one
+    bytes: int      # allocation size; 0 for a free
+    duration_ns: int
+
+    def amounts(self) -> tuple[int, int, int]:
+        return self.ptr, self.bytes, self.duration_ns
+
+
+@dataclass(slots=True)
+class SyncCall(CudaCall):
+    handle: int     # stream or event; 0 for cudaDeviceSynchronize
+    duration_ns: int
+
+    def amounts(self) -> tuple[int, int, int]:
+        return 0, 0, self.duration_ns
+
+
+@dataclass(slots=True)
+class GraphCall(CudaCall):
+    graph_exec: int
+    stream: int
+
+    def amounts(self) -> tuple[int, int, int]:
+        return self.graph_exec, 0, 0
+
+
+@dataclass(slots=True)
+class DeviceCall(CudaCall):
+    device: int
+
+    def amounts(self) -> tuple[int, int, int]:
+        return self.device, 0, 0
+
+
+# --- records that say something about time or processes -----------------------------
+@dataclass(slots=True)
+class KernelRollup:
+    """Calls the BPF side counted (no request could be open), made between the previous
+    read (`since_ns`, None for the first) and `now_ns`."""
+    tgid: int
+    call: int
+    detail: int
+    count: int
+    bytes: int
+    duration_ns: int
+    now_ns: int
+    since_ns: Optional[int] = None
+
+
+@dataclass(slots=True)
+class Tick:
+    """The flush interval passed (windows and held requests go out), or, `final`, the
+    collector is stopping (everything open is closed and goes out)."""
+    now_ns: int
+    final: bool = False
+
+
+@dataclass(slots=True)
+class BusyStarted:
+    """A request made its first CUDA call (its busy window opened): from the stitcher to
+    the cost stage, which must know which open requests may still overlap others."""
+    request: Any
+
+
+@dataclass(slots=True)
+class ProcessSeen:
+    """First event of a process: enrichment reads /proc while it still exists."""
+    tgid: int
+
+
+@dataclass(slots=True)
+class ProcessGone:
+    """A process exited; every record about it before this one has passed."""
+    tgid: int
+    comm: str = ""  # from the exit event: names a process /proc was never read for
+
+
+Event = Union[Accept, SockIo, SockClose, CudaCall, ProcExit, KernelRollup, Tick]

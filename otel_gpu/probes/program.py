@@ -1,0 +1,106 @@
+"""The one owner of the loaded BPF program: it loads it, attaches the CUDA probes to
+the files discovery finds, hands the pipeline its records (ring buffer and rollup
+map), marks processes traced, drops the map entries of processes that exited, and
+reports its tables' sizes. Map names and key layouts are spelled here and in bpf/
+only."""
+from __future__ import annotations
+
+import ctypes as ct
+import logging
+import time
+
+from ..pipeline.abi import COUNTER_NAMES
+from ..pipeline.reader import RingReader, RollupReader
+from ..ratelimit import Stats
+from .attacher import Attacher
+from .discovery import ProbeTarget
+from .source import ProgramOptions, load
+from .table import DRIVER
+
+log = logging.getLogger(__name__)
+
+# Maps keyed by tgid, and maps keyed by pid_tgid (tgid in the high 32 bits) or by a
+# struct with a tgid field: every entry of an exited process goes.
+_BY_TGID = ("traced", "http_active")
+_BY_PID_TGID = ("in_call", "reading", "writing", "accepting")
+_STATE_TABLES = ("traced", "http_active", "conns", "rollup", "in_call")
+
+
+class BpfProgram:
+    def __init__(self, options: ProgramOptions, stats: Stats) -> None:
+        self.stats = stats
+        self.bpf = load(options)
+        self.ring = RingReader(self.bpf, "events", stats)
+        self.rollups = RollupReader(self.bpf["rollup"])
+        self.attacher = Attacher(self.bpf)
+        self._lost_seen = 0
+
+    # --- records for the pipeline ---------------------------------------------------
+    def poll(self, timeout_ms: int) -> list:
+        """Records from the ring buffer. Before a process's exit, the calls the kernel
+        counted for it: its last KernelRollups go ahead of its ProcExit."""
+        batch, first_exit = self.ring.poll(timeout_ms)
+        if first_exit >= 0:
+            batch[first_exit:first_exit] = self.rollups.read(time.monotonic_ns())
+        return batch
+
+    def read_rollups(self) -> list:
+        """What the kernel counted since the last read; also takes in lost events."""
+        self._account_lost()
+        return self.rollups.read(time.monotonic_ns())
+
+    def _account_lost(self) -> None:
+        lost = self.counters()["ringbuf_full"]
+        if lost > self._lost_seen:
+            log.warning("ring buffer full: %d events lost so far", lost)
+            self.stats.add("lost_events", lost - self._lost_seen)
+            self._lost_seen = lost
+
+    def counters(self) -> dict[str, int]:
+        table = self.bpf["counters"]
+        return {name: sum(table[ct.c_int(i)]) for i, name in enumerate(COUNTER_NAMES)}
+
+    # --- probes and processes --------------------------------------------------------
+    def attach(self, target: ProbeTarget) -> int:
+        n = self.attacher.attach(target)
+        if target.kind == DRIVER and n:
+            # Runtime launches now may pass through libcuda: keep the de-dup state.
+            self.bpf["driver_probed"][ct.c_int(0)] = ct.c_uint32(1)
+        return n
+
+    def trace(self, pid: int) -> None:
+        self.bpf["traced"][ct.c_uint32(pid)] = ct.c_uint32(1)
+
+    def traced_count(self) -> int:
+        return len(self.bpf["traced"])
+
+    def forget(self, tgids: set) -> None:
+        """Drops every entry of processes that exited (their last records have passed)."""
+        if not tgids:
+            return
+        self.rollups.forget(tgids)
+        for name in _BY_TGID:
+            table = self.bpf[name]
+            for tgid in tgids:
+                try:
+                    del table[ct.c_uint32(tgid)]
+                except KeyError:
+                    pass
+        # One pass per table whatever the number of exits: reading a map key by key is slow.
+        for name, tgid_of in [("conns", lambda k: k.tgid)] + [(n, lambda k: k.value >> 32) for n in _BY_PID_TGID]:
+            table = self.bpf[name]
+            for k in [k for k in table.keys() if tgid_of(k) in tgids]:
+                try:
+                    del table[k]
+                except KeyError:
+                    pass
+
+    def describe(self) -> str:
+        return (f"{self.bpf.num_open_tracepoints()} tracepoints, {self.attacher.probe_count} CUDA probes "
+                f"on {len(self.attacher.attached)} files, {self.traced_count()} processes traced")
+
+    def state(self) -> dict:
+        return {f"bpf.{name}": len(self.bpf[name]) for name in _STATE_TABLES}
+
+    def close(self) -> None:
+        self.attacher.detach_all()

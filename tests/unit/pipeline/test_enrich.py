@@ -1,0 +1,72 @@
+"""The enrich stage: what it writes onto requests and windows, and when it forgets."""
+from otel_gpu import semconv as sc
+from otel_gpu.pipeline.enrich import Enrich
+from otel_gpu.pipeline.http_parser import RequestHead
+from otel_gpu.pipeline.model import OUTSIDE, THREAD, CallSink, ProcessWindow, Request
+from otel_gpu.pipeline.records import ProcessGone, ProcessSeen
+from otel_gpu.pipeline.resources import ProcessResources
+from otel_gpu.pipeline.routes import RouteTemplater
+from tests.unit.pipeline.calls import cuda
+from tests.unit.pipeline.test_resources import fake_proc
+
+
+class Names:
+    """A kernel namer that records what it was asked and forgotten."""
+
+    def __init__(self):
+        self.asked, self.forgotten = [], []
+
+    def __call__(self, pid, func):
+        self.asked.append((pid, func))
+        return f"kernel_{func:x}" if func != 0xBAD else None
+
+    def forget(self, pid):
+        self.forgotten.append(pid)
+
+
+def stage(tmp_path, names=None):
+    return Enrich(ProcessResources(str(tmp_path)), RouteTemplater(["/v1/models/{model}/infer"]),
+                  names or Names())
+
+
+def request(pid, path, calls=()):
+    r = Request(pid, pid, 3, RequestHead("GET", path, "1.1", {}), 0, 1, 2, CallSink(2))
+    for c in calls:
+        r.sink.add(c, THREAD)
+    return r
+
+
+def test_requests_get_resource_route_and_kernel_names(tmp_path):
+    fake_proc(tmp_path, 7, env={"OTEL_SERVICE_NAME": "infer"})
+    # Budget 2: the third launch is rolled up, and still named.
+    r = request(7, "/v1/models/bert/infer", [cuda(func=0x10, pid=7), cuda(func=0xBAD, pid=7),
+                                              cuda("cudaMemcpy", nbytes=4, kind=1, pid=7), cuda(func=0x20, pid=7)])
+    out = stage(tmp_path).process([ProcessSeen(7), r])
+    assert out[1] is r
+    assert r.resource.attributes[sc.SERVICE_NAME] == "infer"
+    assert r.route == "/v1/models/{model}/infer"
+    assert r.kernel_names == {0x10: "kernel_10", 0xBAD: None, 0x20: "kernel_20"}
+
+
+def test_windows_get_resource_and_names(tmp_path):
+    fake_proc(tmp_path, 8)
+    w = ProcessWindow(8, OUTSIDE, 0, 1, CallSink(8))
+    w.sink.add_aggregate(cuda().call, 0x30, 5, 0, 0, 1, OUTSIDE)
+    stage(tmp_path).process([w])
+    assert w.resource.attributes[sc.SERVICE_NAME] == "app" and w.kernel_names == {0x30: "kernel_30"}
+
+
+def test_a_process_exiting_in_the_batch_is_named_from_its_comm_then_forgotten(tmp_path):
+    names = Names()
+    s = stage(tmp_path, names)
+    w = ProcessWindow(9, OUTSIDE, 0, 1, CallSink(8))  # /proc/9 was never read: gone already
+    s.process([ProcessSeen(9), w, ProcessGone(9, "burst")])
+    assert w.resource.attributes[sc.SERVICE_NAME] == "burst"
+    assert names.forgotten == [9] and len(s.resources) == 0
+    assert "proc_unreadable" not in s.resources.stats.snapshot()
+
+
+def test_every_record_passes_in_order(tmp_path):
+    fake_proc(tmp_path, 7)
+    batch = [ProcessSeen(7), object(), request(7, "/a"), ProcessGone(7)]
+    assert stage(tmp_path).process(batch) == batch
