@@ -7,11 +7,10 @@ import ctypes as ct
 import glob
 import os
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
-H2H, H2D, D2H, D2D, DEFAULT = 0, 1, 2, 3, 4
+H2D, D2H = 1, 2  # cudaMemcpyKind
 KERNELS = {
     "matmul_tile": "_Z11matmul_tilePKfS0_Pfi",
     "softmax": "_Z14softmax_kernelPfi",
@@ -63,11 +62,6 @@ class CudaWork:
         rt = self.rt
         rt.cudaLaunchKernel.argtypes = [ct.c_void_p, Dim3, Dim3, ct.c_void_p, ct.c_size_t, ct.c_void_p]
         rt.cudaMemcpy.argtypes = [ct.c_void_p, ct.c_void_p, ct.c_size_t, ct.c_int]
-        rt.cudaMemcpyAsync.argtypes = [ct.c_void_p, ct.c_void_p, ct.c_size_t, ct.c_int, ct.c_void_p]
-        rt.cudaMalloc.argtypes = [ct.POINTER(ct.c_void_p), ct.c_size_t]
-        rt.cudaFree.argtypes = [ct.c_void_p]
-        rt.cudaStreamSynchronize.argtypes = [ct.c_void_p]
-        rt.cudaSetDevice.argtypes = [ct.c_int]
         self._host = ct.create_string_buffer(1 << 20)
 
     def kernel_address(self, name: str) -> int:
@@ -77,28 +71,10 @@ class CudaWork:
         return self.rt.cudaLaunchKernel(self.kernel_address(kernel), Dim3(*grid), Dim3(*block), None,
                                         shmem, stream)
 
-    def memcpy(self, nbytes: int, kind: int, stream: int | None = None) -> int:
-        # Host buffer on both sides: valid for H2H, and harmless without a device.
+    def memcpy(self, nbytes: int, kind: int) -> int:
+        # Host buffer on both sides: harmless without a device.
         buf = self._host if nbytes <= len(self._host) else ct.create_string_buffer(nbytes)
-        if stream is None:
-            return self.rt.cudaMemcpy(buf, buf, nbytes, kind)
-        return self.rt.cudaMemcpyAsync(buf, buf, nbytes, kind, stream)
-
-    def malloc(self, nbytes: int) -> tuple[int, int]:
-        p = ct.c_void_p()
-        rc = self.rt.cudaMalloc(ct.byref(p), nbytes)
-        return rc, p.value or 0
-
-    def free(self, ptr: int) -> int:
-        return self.rt.cudaFree(ptr)
+        return self.rt.cudaMemcpy(buf, buf, nbytes, kind)
 
     def synchronize(self) -> int:
         return self.rt.cudaDeviceSynchronize()
-
-    def stream_synchronize(self, stream: int = 0) -> int:
-        return self.rt.cudaStreamSynchronize(stream)
-
-
-if __name__ == "__main__":  # quick check: python -m otel_gpu.demo.cuda_work
-    w = CudaWork()
-    print(w.path, "launch ->", w.launch("softmax", (4, 1, 1), (64, 1, 1)), file=sys.stderr)
