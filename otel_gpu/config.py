@@ -165,7 +165,7 @@ class _Sources:
         value = self.raw(dest, var)
         if value is None or isinstance(value, int):
             return default if value is None else value
-        if not value.isdigit() or int(value) < minimum:
+        if not (value.isascii() and value.isdigit()) or int(value) < minimum:
             raise ConfigError(var, f"{value!r} is not an integer >= {minimum}")
         return int(value)
 
