@@ -56,6 +56,8 @@ def cmd_run(args) -> int:
         return 2
     logging.basicConfig(level=config.log_level.upper(), stream=sys.stderr, format=LOG_FORMAT)
     preflight()
+    if config.store_path:
+        log.info("local store: %s (otel-gpu report / otel-gpu traces read it)", config.store_path)
     from .collector import Collector
     k8s = None
     try:
