@@ -255,6 +255,14 @@ int cuda_memcpy_async(struct pt_regs *ctx)
     return memcpy_emit(CALL_MEMCPY_ASYNC, PT_REGS_PARM3(ctx), PT_REGS_PARM4(ctx), PT_REGS_PARM5(ctx));
 }
 
+/* cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, height, kind, stream):
+ * width bytes by height rows. */
+int cuda_memcpy_2d_async(struct pt_regs *ctx)
+{
+    return memcpy_emit(CALL_MEMCPY_2D_ASYNC, PT_REGS_PARM5(ctx) * PT_REGS_PARM6(ctx), stack_arg(ctx, 7),
+                       stack_arg(ctx, 8));
+}
+
 /* cudaFree(ptr): entry only; user space matches the pointer to its cudaMalloc. */
 int cuda_free(struct pt_regs *ctx)
 {

@@ -105,6 +105,8 @@ CALLS: tuple[CallSpec, ...] = (
     _row(12, "cuLaunchKernelEx", L, ["cuLaunchKernelEx", "cuLaunchKernelEx_ptsz"], "cu_launch_kernel_ex",
          library=DRIVER, const="CU_LAUNCH_KERNEL_EX"),
     _row(13, "cudaSetDevice", D, ["cudaSetDevice"], "cuda_set_device", const="SET_DEVICE"),
+    _row(14, "cudaMemcpy2DAsync", M, ["cudaMemcpy2DAsync", "cudaMemcpy2DAsync_ptsz"],
+         "cuda_memcpy_2d_async", const="MEMCPY_2D_ASYNC"),
 )
 del L, G, M, A, F, S, D
 

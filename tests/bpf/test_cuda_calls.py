@@ -41,6 +41,7 @@ for name in ("cudaFree", "cudaStreamSynchronize", "cudaEventSynchronize"):
     getattr(rt, name).argtypes = [vp]
 rt.cudaSetDevice.argtypes = [ct.c_int]
 rt.cudaGraphLaunch.argtypes = [vp, vp]
+rt.cudaMemcpy2DAsync.argtypes = [vp, size_t, vp, size_t, size_t, size_t, ct.c_int, vp]
 host = ct.create_string_buffer(4096)
 # Any code address stands for a kernel: without a driver the runtime never runs it.
 f = ct.cast(ct.CDLL(None).getpid, vp).value
@@ -61,6 +62,7 @@ def runtime():
     r["event_sync"] = rt.cudaEventSynchronize(0x9000)
     r["set_device"] = rt.cudaSetDevice(1)
     r["graph"] = rt.cudaGraphLaunch(0xa000, 0xb000)
+    r["memcpy_2d_async"] = rt.cudaMemcpy2DAsync(host, 64, host, 64, 48, 10, 3, 0xe000)
     return r
 
 def driver():
@@ -202,6 +204,7 @@ def runtime_expectations(pid: int, r: dict) -> dict:
         "cudaEventSynchronize": (SyncCall(*h, 9, r["event_sync"], 0x9000, 0), (0, 0), True),
         "cudaSetDevice": (DeviceCall(*h, 13, -1, 1), (1, 0), False),
         "cudaGraphLaunch": (GraphCall(*h, 10, -1, 0xa000, 0xb000), (0xa000, 0), False),
+        "cudaMemcpy2DAsync": (MemcpyCall(*h, 14, -1, 48 * 10, 3, 0xe000), (3, 480), False),
     }
 
 
