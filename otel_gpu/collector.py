@@ -109,7 +109,8 @@ class Collector:
             return True
         if self.config.exes:
             comm, exe = proc.comm(self.config.proc_root, pid), proc.exe(self.config.proc_root, pid)
-            return comm in self.config.exes or (exe is not None and Path(exe).name in self.config.exes)
+            name = Path(exe.removesuffix(proc.DELETED)).name if exe else None
+            return comm in self.config.exes or name in self.config.exes
         return False
 
     def start(self) -> None:

@@ -9,7 +9,7 @@ from otel_gpu.probes.table import CUDA_PROBES
 def test_every_cuda_handler_loads():
     from bcc import BPF
 
-    from otel_gpu.probes.program import ProgramOptions, load
+    from otel_gpu.probes.source import ProgramOptions, load
     for trace_all in (True, False):
         b = load(ProgramOptions(trace_all=trace_all))
         try:
