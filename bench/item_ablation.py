@@ -12,7 +12,8 @@ import time
 from pathlib import Path
 
 from otel_gpu.demo.cuda_work import find_cudart
-from otel_gpu.probes.program import ProgramOptions, bpf_dir, kernel_headers_hint
+from otel_gpu.probes.source import ProgramOptions, bpf_dir, kernel_headers_hint
+from otel_gpu.probes.table import c_defines
 
 from . import bpfstats
 from .native import LaunchLoop
@@ -73,7 +74,7 @@ def _untraced(iters: int, reps: int) -> float:
 def run(quick: bool) -> dict:
     from bcc import BPF
     kernel_headers_hint()
-    text = (bpf_dir() / "maps.h").read_text() + (Path(__file__).with_name("launch_variants.c")).read_text()
+    text = c_defines() + (bpf_dir() / "maps.h").read_text() + (Path(__file__).with_name("launch_variants.c")).read_text()
     bpf = BPF(text=text.encode(), cflags=ProgramOptions(trace_all=False).cflags())
     iters, reps = (100_000, 3) if quick else (300_000, 5)
     stop = threading.Event()

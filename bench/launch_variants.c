@@ -25,20 +25,18 @@ static __always_inline u64 v_stack_arg(struct pt_regs *ctx, int n)
     return v;
 }
 
-static __always_inline void v_rollup_add(struct cuda_event *e, int percpu)
+static __always_inline void v_rollup_add(struct launch_event *e, int percpu)
 {
-    struct rollup_key k = {.tgid = e->h.tgid, .call = e->call, .func = e->func};
+    struct rollup_key k = {.tgid = e->c.h.tgid, .call = e->c.call, .detail = e->func};
     struct rollup_value *v = percpu ? v_rollup_pc.lookup(&k) : v_rollup.lookup(&k);
     if (v && percpu) {
         v->count += 1;
-        v->bytes += e->bytes;
-        v->duration_ns += e->duration_ns;
     } else if (v) {
         __sync_fetch_and_add(&v->count, 1);
-        __sync_fetch_and_add(&v->bytes, e->bytes);
-        __sync_fetch_and_add(&v->duration_ns, e->duration_ns);
+        __sync_fetch_and_add(&v->bytes, 0);
+        __sync_fetch_and_add(&v->duration_ns, 0);
     } else {
-        struct rollup_value nv = {.count = 1, .bytes = e->bytes, .duration_ns = e->duration_ns};
+        struct rollup_value nv = {.count = 1};
         if (percpu)
             v_rollup_pc.update(&k, &nv);
         else
@@ -56,31 +54,31 @@ static __always_inline int v_launch(struct pt_regs *ctx, int step, int remember,
     u32 tgid = id >> 32;
     if (!is_traced(tgid))
         return 0;
-    struct cuda_event e = {};
-    fill_header(&e.h, EV_CUDA, id);
-    e.call = CALL_LAUNCH_KERNEL;
-    e.ret = -1;
+    struct launch_event e = {};
+    fill_header(&e.c.h, EV_CUDA_LAUNCH, id);
+    e.c.call = CALL_LAUNCH_KERNEL;
+    e.c.ret = -1;
     u64 gxy = PT_REGS_PARM2(ctx), bxy = PT_REGS_PARM4(ctx);
     e.func = PT_REGS_PARM1(ctx);
-    e.grid[0] = (u32)gxy;
-    e.grid[1] = gxy >> 32;
-    e.grid[2] = (u32)PT_REGS_PARM3(ctx);
-    e.block[0] = (u32)bxy;
-    e.block[1] = bxy >> 32;
-    e.block[2] = (u32)PT_REGS_PARM5(ctx);
+    e.dims.grid[0] = (u32)gxy;
+    e.dims.grid[1] = gxy >> 32;
+    e.dims.grid[2] = (u32)PT_REGS_PARM3(ctx);
+    e.dims.block[0] = (u32)bxy;
+    e.dims.block[1] = bxy >> 32;
+    e.dims.block[2] = (u32)PT_REGS_PARM5(ctx);
     if (step >= STEP_STACK) {
         e.shmem = v_stack_arg(ctx, 7);
         e.stream = v_stack_arg(ctx, 8);
     }
     if (step >= STEP_REMEMBER && remember) {
-        struct v_last_launch l = {.ts_ns = e.h.ts_ns};
-        __builtin_memcpy(l.grid, e.grid, sizeof(l.grid));
-        __builtin_memcpy(l.block, e.block, sizeof(l.block));
-        u32 tid = e.h.tid;
+        struct v_last_launch l = {.ts_ns = e.c.h.ts_ns};
+        __builtin_memcpy(l.grid, e.dims.grid, sizeof(l.grid));
+        __builtin_memcpy(l.block, e.dims.block, sizeof(l.block));
+        u32 tid = e.c.h.tid;
         v_last.update(&tid, &l);
     }
     if (step < STEP_FULL)
-        return e.h.ts_ns == 0; /* keeps the work above */
+        return e.c.h.ts_ns == 0; /* keeps the work above */
     s64 *active = http_active.lookup(&tgid);
     if (active && *active > 0) {
         count(CNT_CUDA_STREAMED);

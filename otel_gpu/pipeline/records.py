@@ -8,7 +8,7 @@ them into Request / ProcessWindow (pipeline/model.py) plus ProcessSeen / Process
 Plain slotted dataclasses: cheap to build on the hot path."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Optional, Union
 
 from ..probes.table import BY_ID, CallSpec, call_name
@@ -37,6 +37,7 @@ class SockIo:
     ret: int
     data: bytes
     tail: bytes
+    ctx: int = 0  # the Python contextvars.Context running on the thread (id()), 0: none/unknown
 
 
 @dataclass(slots=True)
@@ -62,6 +63,9 @@ class CudaCall:
     ts_ns: int
     call: int
     ret: int  # return code; -1 where the call has no return probe
+    # The Python contextvars.Context the calling thread was running (its id()), read
+    # from the thread's PyThreadState; 0 when not a Python thread or not known.
+    ctx: int = field(default=0, kw_only=True)
 
     @property
     def spec(self) -> Optional[CallSpec]:
@@ -135,6 +139,18 @@ class DeviceCall(CudaCall):
         return self.device, 0, 0
 
 
+@dataclass(slots=True)
+class ContextCopy:
+    """A Python process copied its current contextvars.Context (PyContext_CopyCurrent:
+    a new asyncio Task, call_soon, copy_context() before a worker thread runs code in
+    it): `ctx` was derived from `parent`, the context running on the thread then."""
+    tgid: int
+    tid: int
+    ts_ns: int
+    ctx: int
+    parent: int
+
+
 # --- records that say something about time or processes -----------------------------
 @dataclass(slots=True)
 class KernelRollup:
@@ -178,4 +194,4 @@ class ProcessGone:
     comm: str = ""  # from the exit event: names a process /proc was never read for
 
 
-Event = Union[Accept, SockIo, SockClose, CudaCall, ProcExit, KernelRollup, Tick]
+Event = Union[Accept, SockIo, SockClose, CudaCall, ContextCopy, ProcExit, KernelRollup, Tick]

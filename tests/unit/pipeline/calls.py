@@ -5,20 +5,20 @@ from otel_gpu.probes.table import BY_NAME, Category
 
 
 def cuda(name="cudaLaunchKernel", tid=1, func=0x1000, nbytes=0, kind=0, pid=1, duration=0, ts=0,
-         ret=0, grid=(1, 1, 1), block=(32, 1, 1), stream=0):
+         ret=0, grid=(1, 1, 1), block=(32, 1, 1), stream=0, ctx=0):
     """`func` is the kernel, graph exec, pointer or handle; `kind` the memcpy direction
     or the device ordinal, as the call's category has it."""
     spec = BY_NAME[name]
     head = (pid, tid, ts, spec.id, ret)
     c = spec.category
     if c is Category.LAUNCH:
-        return LaunchCall(*head, func, grid, block, 0, stream)
+        return LaunchCall(*head, func, grid, block, 0, stream, ctx=ctx)
     if c is Category.MEMCPY:
-        return MemcpyCall(*head, nbytes, kind, stream)
+        return MemcpyCall(*head, nbytes, kind, stream, ctx=ctx)
     if c in (Category.ALLOC, Category.FREE):
-        return MemoryCall(*head, func, nbytes, duration)
+        return MemoryCall(*head, func, nbytes, duration, ctx=ctx)
     if c is Category.SYNC:
-        return SyncCall(*head, func, duration)
+        return SyncCall(*head, func, duration, ctx=ctx)
     if c is Category.GRAPH:
-        return GraphCall(*head, func, stream)
-    return DeviceCall(*head, kind)
+        return GraphCall(*head, func, stream, ctx=ctx)
+    return DeviceCall(*head, kind, ctx=ctx)
