@@ -4,7 +4,9 @@ malformed, since a process may exit between any two reads; `read`/`read_text` ra
 OSError for callers that tell those cases apart."""
 from __future__ import annotations
 
+import ipaddress
 import os
+from dataclasses import dataclass
 from typing import Iterable, Optional
 
 DELETED = " (deleted)"  # suffix of an exe link whose file was replaced or removed
@@ -108,13 +110,59 @@ def local_port(proc_root: str, pid: int, fd: int) -> Optional[int]:
     inode = socket_inode(proc_root, pid, fd)
     if inode is None:
         return None
+    for s in tcp_sockets(proc_root, pid):
+        if s.inode == inode:
+            return s.local_port
+    return None
+
+
+TCP_ESTABLISHED, TCP_LISTEN = 0x01, 0x0A
+
+
+@dataclass(frozen=True)
+class TcpSocket:
+    """One row of /proc/<pid>/net/tcp{,6} (the process's network namespace)."""
+    local_addr: str
+    local_port: int
+    peer_addr: str
+    peer_port: int
+    state: int
+    inode: int
+
+
+def _addr(hex_addr: str) -> str:
+    """The kernel prints addresses as host-order 32-bit words in hex."""
+    raw = bytes.fromhex(hex_addr)
+    raw = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
+    a = ipaddress.ip_address(raw)
+    return str(a.ipv4_mapped or a) if a.version == 6 else str(a)
+
+
+def tcp_sockets(proc_root: str, pid: int) -> list[TcpSocket]:
+    out = []
     for table in ("net/tcp", "net/tcp6"):
         text = _maybe(proc_root, pid, table)
         for line in (text or b"").decode(errors="replace").splitlines()[1:]:
             cols = line.split()
-            if len(cols) > 9 and cols[9] == str(inode):
-                try:
-                    return int(cols[1].rsplit(":", 1)[1], 16)
-                except (IndexError, ValueError):
-                    return None
-    return None
+            try:
+                (la, lp), (ra, rp) = (c.rsplit(":", 1) for c in cols[1:3])
+                out.append(TcpSocket(_addr(la), int(lp, 16), _addr(ra), int(rp, 16), int(cols[3], 16),
+                                     int(cols[9])))
+            except (IndexError, ValueError):
+                continue  # a malformed row names no socket we could use
+    return out
+
+
+def socket_fds(proc_root: str, pid: int) -> dict[int, int]:
+    """inode -> fd for every socket the process holds open."""
+    out = {}
+    try:
+        names = os.listdir(path(proc_root, pid, "fd"))
+    except OSError:
+        return out
+    for name in names:
+        if name.isdigit():
+            inode = socket_inode(proc_root, pid, int(name))
+            if inode is not None:
+                out[inode] = int(name)
+    return out

@@ -1,10 +1,12 @@
-"""server.port of a request: the local TCP port of the listening (else the accepted)
-socket, read from /proc once per listening socket."""
+"""Sockets of traced processes, from /proc: server.port of a request (the local port of
+the listening, else the accepted, socket), and the server connections a process held
+before we traced it."""
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Optional
 
-from ..proc import local_port
+from ..proc import TCP_ESTABLISHED, TCP_LISTEN, local_port, socket_fds, tcp_sockets
 
 
 class PortCache:
@@ -28,3 +30,31 @@ class PortCache:
     def forget(self, pid: int) -> None:
         for key in [k for k in self._ports if k[0] == pid]:
             del self._ports[key]
+
+
+@dataclass(frozen=True)
+class ServerConnection:
+    """An accepted connection a process already held when we started tracing it."""
+    fd: int
+    listen_fd: int   # the listening socket on the same local port, -1 if not held
+    peer_addr: str
+    peer_port: int
+
+
+def existing_server_connections(proc_root: str, pid: int) -> list[ServerConnection]:
+    """Established TCP connections on a port the process itself listens on: the server
+    side of keep-alive connections opened before the collector (their accept was never
+    seen). Client connections of the process (to a database, say) are left out."""
+    fds = socket_fds(proc_root, pid)
+    sockets = [s for s in tcp_sockets(proc_root, pid) if s.inode in fds]
+    listening = {(s.local_addr, s.local_port): fds[s.inode] for s in sockets if s.state == TCP_LISTEN}
+    out = []
+    for s in sockets:
+        if s.state != TCP_ESTABLISHED:
+            continue
+        listen_fd = listening.get((s.local_addr, s.local_port))
+        for wildcard in ("0.0.0.0", "::"):
+            listen_fd = listen_fd if listen_fd is not None else listening.get((wildcard, s.local_port))
+        if listen_fd is not None:
+            out.append(ServerConnection(fds[s.inode], listen_fd, s.peer_addr, s.peer_port))
+    return out

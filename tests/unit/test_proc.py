@@ -108,3 +108,25 @@ def test_reads_the_real_proc_of_this_process():
     assert proc.start_time("/proc", pid) > 0
     assert proc.cmdline("/proc", pid)
     assert proc.exe("/proc", pid)
+
+
+TCP_HEADER = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n"
+
+
+def test_tcp_rows_decode_host_order_addresses(root):
+    d = os.path.join(root, str(PID), "net")
+    with open(os.path.join(d, "tcp"), "w") as f:
+        f.write(TCP_HEADER + "   0: 0100007F:1F90 0A00000A:C350 01 0:0 00:0 0 0 0 4242 1\n"
+                "   1: garbage\n")
+    with open(os.path.join(d, "tcp6"), "w") as f:  # ::ffff:10.0.0.9 port 443, established
+        f.write(TCP_HEADER + "   0: 0000000000000000FFFF00000900000A:01BB "
+                "00000000000000000000000001000000:0050 01 0:0 00:0 0 0 0 77 1\n")
+    (a, b) = proc.tcp_sockets(root, PID)
+    assert (a.local_addr, a.local_port, a.peer_addr, a.peer_port, a.state, a.inode) == \
+        ("127.0.0.1", 8080, "10.0.0.10", 50000, proc.TCP_ESTABLISHED, 4242)
+    assert (b.local_addr, b.local_port, b.peer_addr, b.peer_port) == ("10.0.0.9", 443, "::1", 80)
+
+
+def test_socket_fds_map_inodes_to_fds(root):
+    assert proc.socket_fds(root, PID) == {31337: 3}
+    assert proc.socket_fds(root, 999) == {}
