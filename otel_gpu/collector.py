@@ -24,10 +24,10 @@ from .export.spans import SpanBuilder
 from .export.stage import ExportStage
 from .pipeline.cost import CostStage, Prices
 from .pipeline.enrich import Enrich
-from .pipeline.records import ProcessGone, ProcessSeen, Tick
+from .pipeline.records import Accept, ProcessGone, ProcessSeen, Tick
 from .pipeline.resources import ProcessResources
 from .pipeline.routes import RouteTemplater
-from .pipeline.sockets import PortCache
+from .pipeline.sockets import PortCache, existing_server_connections
 from .pipeline.stitcher import Stitcher
 from .pipeline.symbols import KernelNames
 from .probes.discovery import Discovery
@@ -133,8 +133,22 @@ class Collector:
         for pid in new:
             self.program.trace(pid)
             log.info("tracing pid %d", pid)
-        self._push([ProcessSeen(pid) for pid in sorted(new)])  # read /proc while they surely live
+        self._push([ProcessSeen(pid) for pid in sorted(new)]  # read /proc while they surely live
+                   + self._seed_connections(new))
         self._traced_pids = found.cuda_pids
+
+    def _seed_connections(self, pids: set) -> list:
+        """Accept records for the keep-alive connections new processes already held, so
+        their next request is traced (the real accept happened before us)."""
+        now, out = time.monotonic_ns(), []
+        for pid in sorted(pids):
+            for c in existing_server_connections(self.config.proc_root, pid):
+                if self.program.seed_connection(pid, c.fd):
+                    out.append(Accept(pid, pid, now, c.fd, c.listen_fd, c.peer_addr, c.peer_port))
+            if out:
+                log.info("pid %d: %d connections opened before tracing are followed from their next request",
+                         pid, sum(1 for a in out if a.tgid == pid))
+        return out
 
     def _push(self, batch: list) -> None:
         """One batch through the pipeline; then the program forgets processes that left."""

@@ -71,6 +71,19 @@ class BpfProgram:
     def trace(self, pid: int) -> None:
         self.bpf["traced"][ct.c_uint32(pid)] = ct.c_uint32(1)
 
+    def seed_connection(self, tgid: int, fd: int) -> bool:
+        """A server connection the process held before we traced it (its accept was
+        never seen): from now on its next read is parsed like any other. False when
+        the kernel already tracks it."""
+        table = self.bpf["conns"]
+        key = table.Key(tgid, fd)
+        try:
+            table[key]
+            return False
+        except KeyError:
+            table[key] = table.Leaf()  # state unknown: the next read decides
+            return True
+
     def traced_count(self) -> int:
         return len(self.bpf["traced"])
 
