@@ -142,12 +142,13 @@ class Collector:
         their next request is traced (the real accept happened before us)."""
         now, out = time.monotonic_ns(), []
         for pid in sorted(pids):
-            for c in existing_server_connections(self.config.proc_root, pid):
-                if self.program.seed_connection(pid, c.fd):
-                    out.append(Accept(pid, pid, now, c.fd, c.listen_fd, c.peer_addr, c.peer_port))
-            if out:
+            seeded = [Accept(pid, pid, now, c.fd, c.listen_fd, c.peer_addr, c.peer_port)
+                      for c in existing_server_connections(self.config.proc_root, pid)
+                      if self.program.seed_connection(pid, c.fd)]
+            if seeded:
                 log.info("pid %d: %d connections opened before tracing are followed from their next request",
-                         pid, sum(1 for a in out if a.tgid == pid))
+                         pid, len(seeded))
+            out += seeded
         return out
 
     def _push(self, batch: list) -> None:
