@@ -49,6 +49,7 @@ class Config:
     store_path: Optional[str] = None  # local SQLite store; None: off
     resource_attributes: dict = field(default_factory=dict)  # our OTEL_RESOURCE_ATTRIBUTES
     self_service_name: str = "otel-gpu"  # service.name of the collector's own metrics
+    python_context: bool = True   # probe Python interpreters for asyncio task / context attribution
     log_level: str = "info"
 
     def validate(self) -> "Config":
@@ -134,6 +135,10 @@ def add_run_arguments(p) -> None:
     p.add_argument("--no-store", dest="store", action="store_const", const="",
                    help="do not write the local store")
     p.add_argument("--log-level", help="debug, info, warning, error (OTEL_GPU_LOG_LEVEL; default info)")
+    p.add_argument("--python-context", dest="python_context", action="store_true", default=None,
+                   help="attribute CUDA calls of Python services by asyncio task / contextvars context "
+                        "(OTEL_GPU_PYTHON_CONTEXT; default on)")
+    p.add_argument("--no-python-context", dest="python_context", action="store_false")
 
 
 class _Sources:
@@ -177,10 +182,12 @@ class _Sources:
             self.from_env[dest] = var
         return env_list(var, self.env)
 
-    def boolean(self, dest: str, var: str) -> bool:
+    def boolean(self, dest: str, var: str, default: bool = False) -> bool:
         value = self.raw(dest, var)
-        if value is None or isinstance(value, bool):
-            return bool(value)
+        if value is None:
+            return default
+        if isinstance(value, bool):
+            return value
         if value.lower() not in ("true", "false"):
             raise ConfigError(var, f"{value!r} is not true or false")
         return value.lower() == "true"
@@ -244,6 +251,7 @@ def load_config(args=None, env: Mapping[str, str] = os.environ) -> Config:
         resource_attributes=resource_attributes(env.get("OTEL_RESOURCE_ATTRIBUTES", "")),
         self_service_name=src.text(None, "OTEL_SERVICE_NAME", "otel-gpu"),
         log_level=src.text("log_level", "OTEL_GPU_LOG_LEVEL", "info").lower(),
+        python_context=src.boolean("python_context", "OTEL_GPU_PYTHON_CONTEXT", True),
     )
     try:
         return config.validate()

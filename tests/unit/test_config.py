@@ -197,3 +197,9 @@ def test_pids_and_exes_come_from_flags_only():
     with pytest.raises(ConfigError) as e:
         load("--pid", "0")
     assert e.value.field == "pid"
+
+
+def test_python_context_is_on_unless_turned_off():
+    from otel_gpu.config import load_config
+    assert load_config(None, {}).python_context is True
+    assert load_config(None, {"OTEL_GPU_PYTHON_CONTEXT": "false"}).python_context is False
