@@ -69,12 +69,20 @@ GPU_MEMCPY_OTHER_BYTES = "gpu.memcpy.other.bytes"
 GPU_SYNC_DURATION_NS = "gpu.sync.duration_ns"
 GPU_DISTINCT_KERNELS = "gpu.kernels.distinct"
 GPU_CALLS = "gpu.calls"
+# A double: each ambiguous call adds 1/N to each of its N candidate requests, so the
+# sum over server spans is the number of ambiguous calls (never more).
 GPU_CALLS_AMBIGUOUS = "otel_gpu.calls.ambiguous"
 GPU_SPANS_DROPPED = "otel_gpu.spans.rolled_up"  # calls beyond the span budget
 
-# Per-request GPU cost estimate (ours): host-side busy-window model, see README.
+# GPU cost estimate (ours) on server spans and on ambiguous/outside window spans:
+# host-side busy-window model, see README.
 GPU_COST_SECONDS = "otel_gpu.cost.gpu_seconds"
 GPU_COST_AMOUNT = "otel_gpu.cost.amount"      # gpu_seconds x price per GPU-hour / 3600
 GPU_COST_CURRENCY = "otel_gpu.cost.currency"  # e.g. USD
 GPU_FEATURE = "otel_gpu.feature"              # what cost is grouped by: http.route by default
 GPU_DEVICE = "gpu.device"                     # device ordinal (cudaSetDevice) of the request's work
+
+# On an ambiguous window's span: its GPU seconds split among the candidate requests by
+# how long each was open during the window's busy time; lists aligned with the links.
+GPU_COST_SPLIT_SECONDS = "otel_gpu.cost.split.gpu_seconds"  # double[]
+GPU_COST_SPLIT_FEATURES = "otel_gpu.cost.split.features"     # string[]: each candidate's feature

@@ -100,6 +100,7 @@ class SpanBuilder:
         links = [Link(_ctx(t, s)) for t, s in w.candidates]
         if w.candidates:
             attrs[sc.GPU_CANDIDATE_REQUESTS] = len(w.candidates)
+        attrs.update(self._window_cost(w))
         name = "GPU work, ambiguous request" if w.attribution == "ambiguous" else "GPU work outside requests"
         span = ReadableSpan(
             name=name, context=_ctx(trace_id, span_id), parent=None, resource=resource,
@@ -107,6 +108,20 @@ class SpanBuilder:
             start_time=self.clock.to_epoch_ns(w.start_ns), end_time=self.clock.to_epoch_ns(w.end_ns),
             instrumentation_scope=SCOPE)
         return [span] + self._children(w, trace_id, span_id)
+
+    def _window_cost(self, w: ProcessWindow) -> dict:
+        """The window's GPU time (pipeline/cost.py), and its split among the candidates
+        as lists aligned with the span's links: what the store reads split rows from."""
+        seconds = getattr(w, "gpu_seconds", None)  # getattr: set by the cost stage when it ran
+        if seconds is None:
+            return {}
+        attrs = {sc.GPU_COST_SECONDS: seconds, sc.GPU_COST_AMOUNT: getattr(w, "cost", None) or 0.0,
+                 sc.GPU_COST_CURRENCY: self.currency}
+        split, features = getattr(w, "split", None), getattr(w, "split_features", None) or {}
+        if w.candidates and split is not None:
+            attrs[sc.GPU_COST_SPLIT_SECONDS] = [float(split.get(c, 0.0)) for c in w.candidates]
+            attrs[sc.GPU_COST_SPLIT_FEATURES] = [str(features.get(c) or "(unknown)") for c in w.candidates]
+        return attrs
 
     def _children(self, record, trace_id: int, parent_id: int) -> list[ReadableSpan]:
         parent = _ctx(trace_id, parent_id)

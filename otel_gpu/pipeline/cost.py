@@ -9,20 +9,58 @@ A finished request is held back until no other request that could overlap it is
 still open (one whose first CUDA call came before this window's end), so the split is
 exact; a request is never held longer than `max_hold_s`. Which requests are open with a
 busy window, the stitcher says with BusyStarted records; held requests are released
-as records arrive, at each Tick, and all of them at the final Tick."""
+as records arrive, at each Tick, and all of them at the final Tick.
+
+ProcessWindows (ambiguous/outside calls of one process, one per flush) are busy by
+the same rule, from their calls. A window is charged only the stretches of its busy
+interval that no request's window covers (the requests were charged those) and no
+window priced before it covers; windows priced together split shared stretches
+evenly. So per process and device, requests + windows = the union of busy time.
+An ambiguous window's seconds are split among its candidate requests by how long each
+request was open during the window's busy interval: `w.split`, labelled split, on
+the window (the requests' spans may be out already)."""
 from __future__ import annotations
 
 import glob
 import time
+from collections import OrderedDict
+from dataclasses import dataclass
 from typing import Optional
 
-from .model import Request
+from ..probes.table import BY_ID, Category
+from .model import CallSink, ProcessWindow, Request
 from .records import BusyStarted, ProcessGone, Tick
+
+UNKNOWN_FEATURE = "(unknown)"  # a candidate request the stage never saw finish
+MAX_FINISHED = 200_000         # finished requests remembered for windows' candidates
+
+
+def remainder_seconds(window: tuple[int, int], taken, peers) -> float:
+    """Seconds of `window` that no `taken` interval covers, each stretch divided by
+    1 + the number of `peers` covering it. One sweep over the sorted edges."""
+    start, end = window
+    if end <= start:
+        return 0.0
+    edges = [(start, 0, 0), (end, 0, 0)]  # (time, 0 taken / 1 peer, change in count)
+    for kind, intervals in ((0, taken), (1, peers)):
+        for s, e in intervals:
+            if s < end and e > start and e > s:
+                edges += [(max(s, start), kind, +1), (min(e, end), kind, -1)]
+    edges.sort()
+    total, covering, prev = 0.0, [0, 0], start
+    for t, kind, delta in edges:
+        if t > prev:
+            if not covering[0]:
+                total += (t - prev) / (1 + covering[1])
+            prev = t
+        covering[kind] += delta
+    return total / 1e9
 
 
 def split_seconds(window: tuple[int, int], others: list[tuple[int, int]]) -> float:
     """Seconds of `window` with each stretch divided by how many windows cover it.
-    One sweep over the sorted edges: O(n log n) in the number of windows."""
+    One sweep over the sorted edges: O(n log n) in the number of windows. (It is
+    remainder_seconds with nothing taken, kept apart: it runs once per request.)"""
     start, end = window
     if end <= start:
         return 0.0
@@ -39,6 +77,32 @@ def split_seconds(window: tuple[int, int], others: list[tuple[int, int]]) -> flo
             prev = t
         covering += delta
     return total / 1e9
+
+
+def sink_busy(sink: CallSink) -> Optional[tuple[int, int]]:
+    """A window's busy interval by BusyWindow's rule: first call to the end of the last
+    synchronising call (else the last entry); a rollup spans first_ts..its last end."""
+    spans = []
+    for c, _ in sink.calls:
+        spec = BY_ID.get(c.call)
+        spans.append((c.ts_ns, c.ts_ns + (c.amounts()[2] if spec and spec.category is Category.SYNC else 0)))
+    spans += [(a.first_ts, max(a.last_end_ts, a.last_ts)) for a in sink.rollups.values() if a.count]
+    if not spans:
+        return None
+    return min(s for s, _ in spans), max(e for _, e in spans)
+
+
+def split_by_overlap(seconds: float, busy: tuple[int, int], intervals: dict) -> dict:
+    """`seconds` among the keys of `intervals` in proportion to how long each interval
+    overlaps `busy` (None, not known: all of it); evenly when none does."""
+    if not intervals:
+        return {}
+    s, e = busy
+    weights = {k: e - s if iv is None else max(0, min(iv[1], e) - max(iv[0], s)) for k, iv in intervals.items()}
+    total = sum(weights.values())
+    if total <= 0:
+        return {k: seconds / len(intervals) for k in intervals}
+    return {k: seconds * w / total for k, w in weights.items()}
 
 
 class Prices:
@@ -75,8 +139,23 @@ def gpu_model() -> Optional[str]:
     return None
 
 
+@dataclass
+class _HeldWindow:
+    since: float
+    w: ProcessWindow
+    device: int
+    busy: Optional[tuple[int, int]]
+
+
+def _device(w: ProcessWindow) -> int:
+    # Windows carry no device yet: 0 is what the stitcher assumes before cudaSetDevice.
+    d = getattr(w, "device", None)
+    return 0 if d is None else d
+
+
 class CostStage:
-    """Stage: sets gpu_seconds, cost and feature on finished requests; passes on the rest."""
+    """Stage: sets gpu_seconds, cost and feature on finished requests, gpu_seconds, cost
+    and split on windows; passes on the rest."""
 
     def __init__(self, prices: Prices, feature_header: Optional[str] = None,
                  max_hold_s: float = 30.0, clock=time.monotonic) -> None:
@@ -87,6 +166,14 @@ class CostStage:
         self._held: list[tuple[float, Request]] = []
         self._open: dict[int, list[Request]] = {}  # pid -> open requests with a busy window
         self._recent: dict[tuple[int, int], list[tuple[int, int]]] = {}  # (pid, device) -> windows
+        # (pid, device) -> (start, end, Tick generation): time already charged, to a
+        # request or a priced window, kept for the windows still to come.
+        self._charged: dict[tuple[int, int], list[tuple[int, int, int]]] = {}
+        self._held_windows: list[_HeldWindow] = []
+        # (trace_id, span_id) -> (start_ns, end_ns, feature, generation): windows come at
+        # the Tick after their candidates finished.
+        self._finished: OrderedDict = OrderedDict()
+        self._gen = 0  # Ticks seen
 
     def process(self, records: list) -> list:
         out = []
@@ -97,20 +184,27 @@ class CostStage:
                 self._close(r)
                 r.feature = self._feature(r)
                 if not r.busy.empty:
-                    self._recent.setdefault((r.tgid, r.busy.device), []).append((r.busy.start_ns, r.busy.end_ns))
+                    key, busy = (r.tgid, r.busy.device), (r.busy.start_ns, r.busy.end_ns)
+                    self._recent.setdefault(key, []).append(busy)
+                    self._charged.setdefault(key, []).append((*busy, self._gen))
+                self._finished[(r.trace_id, r.span_id)] = (r.start_ns, r.end_ns, r.feature, self._gen)
                 self._held.append((self.clock(), r))
+            elif isinstance(r, ProcessWindow):
+                self._held_windows.append(_HeldWindow(self.clock(), r, _device(r), sink_busy(r.sink)))
             elif isinstance(r, ProcessGone):
                 # Its requests leave before it does: later stages still know the process.
                 self._open.pop(r.tgid, None)
                 out = self._release(out, force=False, pid=r.tgid) + [r]
-            elif isinstance(r, Tick) and r.final:
-                out = self._release(out, force=True) + [r]
+            elif isinstance(r, Tick):
+                out = (self._release(out, force=True) if r.final else out) + [r]
+                self._gen += 1
+                self._trim_for_windows()
             else:
                 out.append(r)
         return self._release(out, force=False)
 
     def state(self) -> dict:
-        return {"held_for_cost": len(self._held)}
+        return {"held_for_cost": len(self._held), "windows_held_for_cost": len(self._held_windows)}
 
     def _close(self, r: Request) -> None:
         still = [o for o in self._open.get(r.tgid, ()) if o is not r]
@@ -120,11 +214,14 @@ class CostStage:
             self._open.pop(r.tgid, None)
 
     def _release(self, out: list, force: bool, pid: Optional[int] = None) -> list:
-        """Prices and hands on the held requests that are settled (all of them with
-        `force`, and all of process `pid`'s: nothing of a dead process can overlap)."""
+        """Prices and hands on the held requests and windows that are settled (all of them
+        with `force`, and all of process `pid`'s: nothing of a dead process can overlap)."""
+        now = self.clock()
+        if self._held_windows:
+            self._release_windows(out, now, force, pid)
         if not self._held:
             return out
-        now, keep = self.clock(), []
+        keep = []
         for held_since, r in self._held:
             if force or r.tgid == pid or now - held_since > self.max_hold_s or not self._may_still_overlap(r):
                 self._price(r)
@@ -151,6 +248,47 @@ class CostStage:
             r.gpu_seconds = split_seconds(mine, others)
         r.cost = r.gpu_seconds * self.prices.per_hour / 3600.0
 
+    # --- windows -----------------------------------------------------------------
+    def _release_windows(self, out: list, now: float, force: bool, pid: Optional[int]) -> None:
+        """A process's windows go together (their shared stretches split evenly), once
+        every candidate has finished and no open request can overlap them."""
+        by_pid: dict[int, list[_HeldWindow]] = {}
+        for hw in self._held_windows:
+            by_pid.setdefault(hw.w.tgid, []).append(hw)
+        keep = []
+        for tgid, group in by_pid.items():
+            if force or tgid == pid or any(now - hw.since > self.max_hold_s for hw in group) \
+                    or not any(self._window_waits(hw) for hw in group):
+                self._price_windows(group)
+                out.extend(hw.w for hw in group)
+            else:
+                keep += group
+        self._held_windows = keep
+
+    def _window_waits(self, hw: _HeldWindow) -> bool:
+        if any(c not in self._finished for c in hw.w.candidates):
+            return True
+        return hw.busy is not None and any(
+            o.busy.device == hw.device and o.busy.start_ns < hw.busy[1] for o in self._open.get(hw.w.tgid, ()))
+
+    def _price_windows(self, group: list[_HeldWindow]) -> None:
+        for hw in group:
+            key = (hw.w.tgid, hw.device)
+            seconds = 0.0
+            if hw.busy is not None:
+                taken = [(s, e) for s, e, _ in self._charged.get(key, ())]
+                peers = [o.busy for o in group if o is not hw and o.busy is not None and o.device == hw.device]
+                seconds = remainder_seconds(hw.busy, taken, peers)
+            w = hw.w  # setattr: model.ProcessWindow declares no cost fields yet
+            w.gpu_seconds, w.cost = seconds, seconds * self.prices.per_hour / 3600.0
+            known = {c: self._finished.get(c) for c in w.candidates}
+            w.split = split_by_overlap(seconds, hw.busy or (0, 0),
+                                       {c: info and info[:2] for c, info in known.items()})
+            w.split_features = {c: (info and info[2]) or UNKNOWN_FEATURE for c, info in known.items()}
+        for hw in group:
+            if hw.busy is not None:
+                self._charged.setdefault((hw.w.tgid, hw.device), []).append((*hw.busy, self._gen))
+
     def _trim(self) -> None:
         """Keep only windows that a held or open request could still overlap."""
         starts = [r.busy.start_ns for _, r in self._held if not r.busy.empty]
@@ -163,6 +301,25 @@ class CostStage:
                 self._recent[key] = kept
             else:
                 del self._recent[key]
+
+    def _trim_for_windows(self) -> None:
+        """At each Tick: keep what this and the last Tick brought (a window comes at the
+        Tick after its requests) and what a held window still needs."""
+        horizon = min((hw.busy[0] for hw in self._held_windows if hw.busy is not None), default=None)
+        for key in list(self._charged):
+            kept = [w for w in self._charged[key]
+                    if w[2] >= self._gen - 1 or (horizon is not None and w[1] > horizon)]
+            if kept:
+                self._charged[key] = kept
+            else:
+                del self._charged[key]
+        wanted = {c for hw in self._held_windows for c in hw.w.candidates}
+        for key in list(self._finished):
+            over = len(self._finished) > MAX_FINISHED
+            if not over and self._finished[key][3] >= self._gen - 1:
+                break  # insertion order is generation order
+            if over or key not in wanted:
+                del self._finished[key]
 
     def _feature(self, r: Request) -> str:
         if self.feature_header:

@@ -1,6 +1,7 @@
-"""StoreExporter: an SDK SpanExporter writing each record's spans, and one summary row
-per SERVER span, to the local SQLite store, with bounded retention (age and request
-count)."""
+"""StoreExporter: an SDK SpanExporter writing each record's spans, one summary row per
+SERVER span, and the GPU time of ambiguous/outside windows (window_costs, read from
+their root spans' cost attributes) to the local SQLite store, with bounded retention
+(age and request count)."""
 from __future__ import annotations
 
 import json
@@ -47,6 +48,8 @@ _OWN_COLUMNS = ("ts", "trace_id", "span_id", "service", "k8s_namespace", "k8s_po
 _REQUEST_COLUMNS = _OWN_COLUMNS + tuple(REQUEST_ATTRIBUTES)
 _REQUEST_SQL = (f"INSERT INTO requests ({', '.join(_REQUEST_COLUMNS)})"
                 f" VALUES ({', '.join('?' * len(_REQUEST_COLUMNS))})")
+_WINDOW_SQL = ("INSERT INTO window_costs (ts, trace_id, span_id, service, pid, kind, feature, request_trace_id,"
+               " request_span_id, gpu_seconds, cost, currency) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)")
 
 
 def _resource(span: ReadableSpan):
@@ -76,6 +79,29 @@ def request_row(s: ReadableSpan) -> tuple:
            res.get(sc.K8S_NAMESPACE_NAME), res.get(sc.K8S_POD_NAME), feature,
            max(0, (s.end_time or s.start_time) - s.start_time))
     return own + tuple(a.get(attr, default) for attr, default in REQUEST_ATTRIBUTES.values())
+
+
+def window_rows(s: ReadableSpan) -> list[tuple]:
+    """window_costs rows of a window's root span, from the cost attributes the span
+    builder put on it: one per candidate's split share, or one for an outside window.
+    A split that does not line up with the links goes to one "(unknown)" row, so the
+    window's seconds are never lost."""
+    a = s.attributes or {}
+    seconds = a.get(sc.GPU_COST_SECONDS)
+    if s.parent is not None or s.kind != SpanKind.INTERNAL or not seconds or sc.GPU_ATTRIBUTION not in a:
+        return []
+    cost, currency = a.get(sc.GPU_COST_AMOUNT) or 0.0, a.get(sc.GPU_COST_CURRENCY)
+    head = (s.start_time, f"{s.context.trace_id:032x}", f"{s.context.span_id:016x}", _service(s),
+            _resource(s).get(sc.PROCESS_PID, a.get(sc.PROCESS_PID)))
+    if a[sc.GPU_ATTRIBUTION] == "outside":
+        return [head + ("outside", None, None, None, seconds, cost, currency)]
+    shares, features = a.get(sc.GPU_COST_SPLIT_SECONDS) or (), a.get(sc.GPU_COST_SPLIT_FEATURES) or ()
+    links = s.links or ()
+    if not (len(shares) == len(features) == len(links)):
+        return [head + ("split", "(unknown)", None, None, seconds, cost, currency)]
+    return [head + ("split", f, f"{link.context.trace_id:032x}", f"{link.context.span_id:016x}",
+                    share, cost * share / seconds, currency)
+            for share, f, link in zip(shares, features, links) if share]
 
 
 class StoreExporter(SpanExporter):
@@ -112,10 +138,12 @@ class StoreExporter(SpanExporter):
         group_ts = min(s.start_time for s in (servers or spans))
         span_rows = [span_row(s, group_ts) for s in spans]
         request_rows = [request_row(s) for s in servers]
+        cost_rows = [row for s in spans if s.parent is None for row in window_rows(s)]
 
         def insert() -> None:
             self._conn.executemany(_SPAN_SQL, span_rows)
             self._conn.executemany(_REQUEST_SQL, request_rows)
+            self._conn.executemany(_WINDOW_SQL, cost_rows)
         if not self._transaction(insert, len(request_rows)):
             return SpanExportResult.FAILURE
         self.spans_written += len(span_rows)
@@ -161,6 +189,7 @@ class StoreExporter(SpanExporter):
     def _delete_before(self, ts: int) -> int:
         gone = self._conn.execute("DELETE FROM requests WHERE ts < ?", (ts,)).rowcount
         self.rows_pruned += gone + self._conn.execute("DELETE FROM spans WHERE group_ts < ?", (ts,)).rowcount
+        self.rows_pruned += self._conn.execute("DELETE FROM window_costs WHERE ts < ?", (ts,)).rowcount
         return gone
 
     def shutdown(self) -> None:

@@ -1,8 +1,11 @@
 """`otel-gpu report`: per-(service, feature) GPU usage and cost from the local store.
 
 Rows are grouped by (service, feature), where feature is `otel_gpu.feature` on the
-server span, or its `http.route` when unset. Sorted by cost, then GPU seconds, then
-requests, all descending.
+server span, or its `http.route` when unset. A feature's GPU time is what its requests
+were charged exactly plus its split shares of ambiguous windows; each service also has
+one row (feature null) for its processes' GPU time outside requests. Over all rows the
+GPU seconds add up to the processes' busy time (pipeline/cost.py). Sorted by cost, then
+GPU seconds, then requests, all descending.
 
 `--format json` prints one object:
 
@@ -16,13 +19,19 @@ requests, all descending.
                   or "requests" when both are 0
     rows          list, one object per (service, feature):
         service               service.name of the process that served the requests
-        feature               otel_gpu.feature, else http.route
+        feature               otel_gpu.feature, else http.route; null: the row of the
+                              service's GPU time outside requests
         requests              number of requests
         p50_ms, p95_ms        request latency percentiles in ms (nearest rank), null if none
         launches_per_request  mean kernel launches per request
         copy_bytes            total bytes copied by cudaMemcpy* (h2d + d2h + d2d + other)
-        gpu_seconds           total estimated GPU seconds (otel_gpu.cost.gpu_seconds)
-        cost                  total estimated cost (otel_gpu.cost.amount), in `currency`
+        gpu_seconds           estimated GPU seconds: exact + split + outside
+        exact_gpu_seconds     charged to the requests themselves (otel_gpu.cost.gpu_seconds)
+        split_gpu_seconds     shares of ambiguous windows' time, split among their
+                              candidate requests by overlap (otel_gpu.cost.split.gpu_seconds)
+        outside_gpu_seconds   GPU time outside any request (outside windows); only in
+                              the feature-null row
+        cost                  estimated cost of gpu_seconds (otel_gpu.cost.amount), in `currency`
         share                 fraction (0..1) of the total `share_of`; rows sum to 1
     totals        the same fields as a row without service and feature, over all rows
                   (share is 1, or 0 when there are no requests)
@@ -36,11 +45,14 @@ import json
 from datetime import datetime, timezone
 from typing import Optional
 
+from .schema import has_table
 from .since import iso_utc
 from .text import fit, split_width
 
 ROW_FIELDS = ("service", "feature", "requests", "p50_ms", "p95_ms", "launches_per_request",
-              "copy_bytes", "gpu_seconds", "cost", "share")
+              "copy_bytes", "gpu_seconds", "exact_gpu_seconds", "split_gpu_seconds", "outside_gpu_seconds",
+              "cost", "share")
+OUTSIDE_LABEL = "(outside)"  # the text table's name for the feature-null row
 TOTAL_FIELDS = ROW_FIELDS[2:]
 REPORT_FIELDS = ("since", "service", "generated_at", "currency", "share_of", "rows", "totals")
 
@@ -57,6 +69,10 @@ _NTH_IN_GROUP_SQL = ("SELECT duration_ns FROM requests INDEXED BY requests_laten
                      " WHERE service = ? AND feature = ? AND ts >= ? ORDER BY duration_ns LIMIT 1 OFFSET ?")
 _SORTED_SQL = f"SELECT duration_ns FROM requests INDEXED BY requests_ts {_FILTER} ORDER BY duration_ns"
 _CURRENCY_SQL = f"SELECT DISTINCT currency FROM requests {_FILTER} AND currency IS NOT NULL AND currency != ''"
+_WINDOWS_SQL = f"""
+SELECT service, CASE kind WHEN 'outside' THEN NULL ELSE feature END, kind, SUM(gpu_seconds), SUM(cost)
+FROM window_costs {_FILTER} GROUP BY 1, 2, 3"""
+_WINDOW_CURRENCY_SQL = _CURRENCY_SQL.replace("FROM requests", "FROM window_costs")
 PERCENTILES = (50, 95)
 
 
@@ -82,22 +98,36 @@ def _figures(requests, launches, copy_bytes, gpu_s, cost, pcts) -> dict:
             "p50_ms": pcts[0] / 1e6 if pcts else None,
             "p95_ms": pcts[1] / 1e6 if pcts else None,
             "launches_per_request": (launches or 0) / requests if requests else 0.0,
-            "copy_bytes": int(copy_bytes or 0), "gpu_seconds": float(gpu_s or 0.0),
-            "cost": float(cost or 0.0)}
+            "copy_bytes": int(copy_bytes or 0), "exact_gpu_seconds": float(gpu_s or 0.0),
+            "split_gpu_seconds": 0.0, "outside_gpu_seconds": 0.0, "cost": float(cost or 0.0)}
 
 
 def _read(conn, params: dict) -> tuple[list[dict], dict, list[str]]:
-    rows = []
+    rows = {}
     for service, feature, n, *sums in conn.execute(_GROUPS_SQL, params).fetchall():
         pcts = [conn.execute(_NTH_IN_GROUP_SQL, (service, feature, params["since"], k)).fetchone()[0]
                 for k in _rank_offsets(n)]
-        rows.append(dict(service=service, feature=feature, **_figures(n, *sums, pcts)))
+        rows[service, feature] = dict(service=service, feature=feature, **_figures(n, *sums, pcts))
+    currencies = {r[0] for r in conn.execute(_CURRENCY_SQL, params)}
+    if has_table(conn, "window_costs"):  # a v1 store, never opened by a newer collector, has none
+        for service, feature, kind, seconds, cost in conn.execute(_WINDOWS_SQL, params).fetchall():
+            row = rows.get((service, feature))
+            if row is None:  # time split to a feature none of whose requests are in range
+                row = rows[service, feature] = dict(service=service, feature=feature,
+                                                    **_figures(0, 0, 0, 0.0, 0.0, []))
+            row["outside_gpu_seconds" if kind == "outside" else "split_gpu_seconds"] += seconds or 0.0
+            row["cost"] += cost or 0.0
+        currencies |= {r[0] for r in conn.execute(_WINDOW_CURRENCY_SQL, params)}
+    rows = list(rows.values())
+    for r in rows:
+        r["gpu_seconds"] = r["exact_gpu_seconds"] + r["split_gpu_seconds"] + r["outside_gpu_seconds"]
     n = sum(r["requests"] for r in rows)
     pcts = _nth_sorted(conn.execute(_SORTED_SQL, params), _rank_offsets(n)) if n else []
-    sums = [sum(r[k] for r in rows) for k in ("copy_bytes", "gpu_seconds", "cost")]
     launches = sum(r["launches_per_request"] * r["requests"] for r in rows)
-    totals = _figures(n, launches, *sums, pcts)
-    return rows, totals, sorted(r[0] for r in conn.execute(_CURRENCY_SQL, params))
+    totals = _figures(n, launches, sum(r["copy_bytes"] for r in rows), 0.0, 0.0, pcts)
+    for k in ("gpu_seconds", "exact_gpu_seconds", "split_gpu_seconds", "outside_gpu_seconds", "cost"):
+        totals[k] = sum(r[k] for r in rows)
+    return rows, totals, sorted(currencies)
 
 
 def build_report(conn, since_ns: Optional[int] = None, service: Optional[str] = None,
@@ -114,7 +144,8 @@ def build_report(conn, since_ns: Optional[int] = None, service: Optional[str] = 
     for r in rows:
         r["share"] = r[share_of] / whole if whole else 0.0
     totals["share"] = 1.0 if whole else 0.0
-    rows.sort(key=lambda r: (-r["cost"], -r["gpu_seconds"], -r["requests"], r["service"], r["feature"]))
+    rows.sort(key=lambda r: (-r["cost"], -r["gpu_seconds"], -r["requests"], r["service"],
+                             r["feature"] is None, r["feature"] or ""))
     return {"since": iso_utc(since_ns), "service": service,
             "generated_at": (now or datetime.now(timezone.utc)).isoformat(timespec="seconds").replace("+00:00", "Z"),
             "currency": currencies[0] if len(currencies) == 1 else ("mixed" if currencies else None),
@@ -146,13 +177,30 @@ def _sig(v: float) -> str:
     return "0" if v == 0 else f"{v:.3g}"
 
 
+# GPU s is the row's whole time, SPLIT s the part of it split from ambiguous windows
+# (exact = GPU s - SPLIT s). When the names need the room, COPY then L/REQ go (JSON
+# keeps every field).
 _NUMERIC = (("REQS", 5), ("P50 ms", 6), ("P95 ms", 6), ("L/REQ", 5), ("COPY", 5), ("GPU s", 7),
-            ("COST", 8), ("SHARE", 6))
+            ("SPLIT s", 7), ("COST", 8), ("SHARE", 6))
+_OPTIONAL = ("COPY", "L/REQ")
 
 
-def _cells(r: dict) -> list[str]:
-    return [str(r["requests"]), _ms(r["p50_ms"]), _ms(r["p95_ms"]), f"{r['launches_per_request']:.1f}",
-            _bytes(r["copy_bytes"]), _sig(r["gpu_seconds"]), _sig(r["cost"]), f"{r['share'] * 100:.1f}%"]
+def _cells(r: dict) -> dict:
+    return {"REQS": str(r["requests"]), "P50 ms": _ms(r["p50_ms"]), "P95 ms": _ms(r["p95_ms"]),
+            "L/REQ": f"{r['launches_per_request']:.1f}", "COPY": _bytes(r["copy_bytes"]),
+            "GPU s": _sig(r["gpu_seconds"]), "SPLIT s": _sig(r["split_gpu_seconds"]), "COST": _sig(r["cost"]),
+            "SHARE": f"{r['share'] * 100:.1f}%"}
+
+
+def _columns(width: int, services: list[str], features: list[str]) -> tuple[list, int]:
+    """The numeric columns that fit beside the names, and the width left for the names."""
+    columns = list(_NUMERIC)
+    need = max(map(len, features)) + (max(map(len, services)) + 1 if len(services) > 1 else 0)
+    for name in _OPTIONAL:
+        if need <= width - sum(w + 1 for _, w in columns):
+            break
+        columns = [c for c in columns if c[0] != name]
+    return columns, width - sum(w + 1 for _, w in columns)
 
 
 def to_text(report: dict, width: int = 80) -> str:
@@ -160,10 +208,10 @@ def to_text(report: dict, width: int = 80) -> str:
     width = max(80, width)
     rows = report["rows"]
     services = sorted({r["service"] for r in rows})
-    numeric_w = sum(w + 1 for _, w in _NUMERIC)
-    name_w = width - numeric_w
+    features = [r["feature"] or OUTSIDE_LABEL for r in rows] or [""]
+    columns, name_w = _columns(width, services or [""], features)
     if len(services) > 1:
-        svc_w, feat_w = split_width(name_w, services, [r["feature"] for r in rows])
+        svc_w, feat_w = split_width(name_w, services, features)
     else:
         svc_w, feat_w = 0, name_w
     cost_head = f"COST {report['currency']}" if report["currency"] and report["currency"] != "mixed" else "COST"
@@ -175,16 +223,17 @@ def to_text(report: dict, width: int = 80) -> str:
     if not rows:
         return "\n".join(lines + ["no requests in the store for this filter"])
 
-    def line(name_cells: list[str], cells: list[str]) -> str:
-        widths = [w for _, w in _NUMERIC]
-        return " ".join(name_cells + [c.rjust(w) for c, w in zip(cells, widths)]).rstrip()
+    def line(name_cells: list[str], cells: dict) -> str:
+        return " ".join(name_cells + [cells[h].rjust(w) for h, w in columns]).rstrip()
 
     def names(service: str, feature: str) -> list[str]:
         return ([fit(service, svc_w)] if svc_w else []) + [fit(feature, feat_w)]
 
-    heads = [h if h != "COST" else cost_head[:8] for h, _ in _NUMERIC]
+    heads = {h: h if h != "COST" else cost_head[:8] for h, _ in columns}
     lines.append(line(names("SERVICE", "FEATURE"), heads))
-    lines += [line(names(r["service"], r["feature"]), _cells(r)) for r in rows]
+    lines += [line(names(r["service"], r["feature"] or OUTSIDE_LABEL), _cells(r)) for r in rows]
     lines.append(line(names("TOTAL", "") if svc_w else names("", "TOTAL"), _cells(report["totals"])))
+    lines.append("GPU s = exact + SPLIT s (ambiguous windows' time, split by overlap among their")
+    lines.append("candidates); (outside): the service's GPU time with no request open.")
     lines.append("GPU seconds and cost are host-side estimates; CUDA timings are enqueue times.")
     return "\n".join(lines)

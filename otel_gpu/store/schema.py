@@ -8,7 +8,10 @@ import os
 import sqlite3
 from pathlib import Path
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+# v1 -> v2: the window_costs table (the DDL creates it), requests.ambiguous became a
+# fractional share. v1 stores keep its INTEGER declaration: SQLite stores a value that
+# is not a whole number as REAL whatever the column says, so no rewrite is needed.
 
 # group_ts: start of the root span of the write() batch a span arrived in. A request
 # row and its spans share it, so retention deletes both with one comparison each.
@@ -51,16 +54,40 @@ CREATE TABLE IF NOT EXISTS requests (
     gpu_seconds REAL NOT NULL,
     cost REAL NOT NULL,
     currency TEXT,
-    ambiguous INTEGER NOT NULL
+    ambiguous REAL NOT NULL          -- otel_gpu.calls.ambiguous: share of ambiguous calls
 );
 CREATE INDEX IF NOT EXISTS requests_ts ON requests (ts);
 -- Covering index for report's percentiles: each group's durations in order, ts to filter.
 CREATE INDEX IF NOT EXISTS requests_latency ON requests (service, feature, duration_ns, ts);
+-- GPU time of ambiguous/outside windows (their spans' cost attributes): one row per
+-- candidate's share of an ambiguous window (kind 'split', the candidate's feature), one
+-- per outside window (kind 'outside', feature NULL).
+CREATE TABLE IF NOT EXISTS window_costs (
+    ts INTEGER NOT NULL,             -- window span start, epoch ns
+    trace_id TEXT NOT NULL,          -- the window span
+    span_id TEXT NOT NULL,
+    service TEXT NOT NULL,
+    pid INTEGER,
+    kind TEXT NOT NULL,              -- 'split' or 'outside'
+    feature TEXT,
+    request_trace_id TEXT,           -- the candidate request (split rows)
+    request_span_id TEXT,
+    gpu_seconds REAL NOT NULL,
+    cost REAL NOT NULL,
+    currency TEXT
+);
+CREATE INDEX IF NOT EXISTS window_costs_ts ON window_costs (ts);
 """
 
 
 class StoreError(Exception):
     """A store that cannot be used; the message is one line for the user."""
+
+
+def has_table(conn: sqlite3.Connection, name: str) -> bool:
+    """A reader of an older store (no collector has migrated it) lacks newer tables."""
+    row = conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (name,)).fetchone()
+    return row is not None
 
 
 def _check_version(conn: sqlite3.Connection, path: str) -> int:
@@ -88,7 +115,8 @@ def open_writer(path: str) -> sqlite3.Connection:
     conn.execute("BEGIN IMMEDIATE")
     try:
         _check_version(conn, path)
-        # Idempotent: also adds an index a same-version store may lack.
+        # Idempotent: also adds an index a same-version store may lack, and migrates
+        # an older one (every change so far is a new table or index).
         for stmt in filter(str.strip, _DDL.split(";")):
             conn.execute(stmt)
         conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")

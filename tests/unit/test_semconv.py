@@ -66,6 +66,8 @@ PINNED = {
     "GPU_COST_CURRENCY": "otel_gpu.cost.currency",
     "GPU_FEATURE": "otel_gpu.feature",
     "GPU_DEVICE": "gpu.device",
+    "GPU_COST_SPLIT_SECONDS": "otel_gpu.cost.split.gpu_seconds",
+    "GPU_COST_SPLIT_FEATURES": "otel_gpu.cost.split.features",
 }
 
 

@@ -7,7 +7,7 @@ import io
 
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan
-from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
+from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
 from otel_gpu import semconv as sc
 from otel_gpu.store.commands import add_parsers, dispatch
@@ -65,12 +65,23 @@ def request(trace_id: int, start: int, duration: int, *, service="demo", route="
     return [server] + spans
 
 
-def window(trace_id: int, start: int, launches: int = 1, service="demo") -> list[ReadableSpan]:
-    """An INTERNAL root for GPU work outside any request, with launch children."""
+def window(trace_id: int, start: int, launches: int = 1, service="demo", gpu_seconds=None, cost=None,
+           split=None) -> list[ReadableSpan]:
+    """An INTERNAL root for GPU work outside any request, with launch children; with
+    `split` [(trace_id, span_id, seconds, feature)], an ambiguous one linked to those
+    candidates. Cost attributes as the span builder writes them after the cost stage."""
     res = Resource({sc.SERVICE_NAME: service, sc.PROCESS_PID: 4242})
     root_ctx = ctx(trace_id, trace_id * 1000 + 1)
-    root = ReadableSpan(name="GPU work outside requests", context=root_ctx, resource=res,
-                        attributes={sc.GPU_ATTRIBUTION: "outside", sc.GPU_LAUNCHES: launches},
+    attrs = {sc.GPU_ATTRIBUTION: "ambiguous" if split else "outside", sc.GPU_LAUNCHES: launches}
+    if gpu_seconds is not None:
+        attrs.update({sc.GPU_COST_SECONDS: gpu_seconds, sc.GPU_COST_AMOUNT: cost or 0.0,
+                      sc.GPU_COST_CURRENCY: "USD"})
+    links = [Link(ctx(t, s)) for t, s, _, _ in split or ()]
+    if split:
+        attrs[sc.GPU_COST_SPLIT_SECONDS] = [sec for *_, sec, _ in split]
+        attrs[sc.GPU_COST_SPLIT_FEATURES] = [f for *_, f in split]
+    root = ReadableSpan(name="GPU work outside requests" if not split else "GPU work, ambiguous request",
+                        context=root_ctx, resource=res, attributes=attrs, links=links,
                         kind=SpanKind.INTERNAL, start_time=start, end_time=start + MS)
     kids = [ReadableSpan(name="cudaLaunchKernel", context=ctx(trace_id, trace_id * 1000 + 2 + i), parent=root_ctx,
                          resource=res, attributes={sc.GPU_KERNEL_NAME: "outside_kernel(int)"},

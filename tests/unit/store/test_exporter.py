@@ -126,3 +126,83 @@ def test_k8s_and_service_come_from_the_resource(store, reader):
     assert store.export(spans) == SpanExportResult.SUCCESS
     row = reader().execute("SELECT service, k8s_namespace, k8s_pod, status_code, launches FROM requests").fetchone()
     assert row == ("demo", None, "api-1", 200, 2)
+
+
+def test_window_costs_from_window_spans(store, reader):
+    store.export(window(1, T0, gpu_seconds=0.5, cost=0.25))  # outside
+    store.export(window(2, T0 + 1, gpu_seconds=0.4, cost=0.2,
+                        split=[(0xA, 1, 0.3, "/infer"), (0xB, 2, 0.1, "/embed"), (0xC, 3, 0.0, "/x")]))
+    store.export(window(3, T0 + 2))  # no cost stage ran: no row
+    conn = reader()
+    conn.row_factory = sqlite3.Row
+    rows = [dict(r) for r in conn.execute("SELECT * FROM window_costs ORDER BY ts, feature")]
+    assert [(r["kind"], r["feature"], r["gpu_seconds"], r["cost"]) for r in rows] == [
+        ("outside", None, 0.5, 0.25), ("split", "/embed", 0.1, pytest.approx(0.05)),
+        ("split", "/infer", 0.3, pytest.approx(0.15))]  # a zero share writes no row
+    assert rows[2]["request_trace_id"] == f"{0xA:032x}" and rows[2]["request_span_id"] == f"{1:016x}"
+    assert rows[0]["trace_id"] == f"{1:032x}" and rows[0]["service"] == "demo" and rows[0]["pid"] == 4242
+    assert rows[0]["currency"] == "USD" and rows[0]["ts"] == T0
+
+
+def test_split_that_does_not_match_the_links_keeps_its_seconds(store, reader):
+    spans = window(1, T0, gpu_seconds=0.4, cost=0.2, split=[(0xA, 1, 0.3, "/infer"), (0xB, 2, 0.1, "/embed")])
+    root = spans[0]
+    spans[0] = ReadableSpan(name=root.name, context=root.context, resource=root.resource, kind=root.kind,
+                            attributes={**root.attributes, sc.GPU_COST_SPLIT_FEATURES: ["/infer"]},
+                            links=root.links, start_time=root.start_time, end_time=root.end_time)
+    store.export(spans)
+    assert reader().execute("SELECT kind, feature, gpu_seconds FROM window_costs").fetchall() == [
+        ("split", "(unknown)", 0.4)]
+
+
+V1_DDL = """
+CREATE TABLE spans (trace_id TEXT NOT NULL, span_id TEXT NOT NULL, parent_span_id TEXT, group_ts INTEGER NOT NULL,
+    name TEXT NOT NULL, kind INTEGER NOT NULL, start_ns INTEGER NOT NULL, end_ns INTEGER NOT NULL,
+    status_code INTEGER NOT NULL, status_message TEXT, attributes TEXT NOT NULL, service TEXT, pid INTEGER,
+    PRIMARY KEY (trace_id, span_id));
+CREATE TABLE requests (ts INTEGER NOT NULL, trace_id TEXT NOT NULL, span_id TEXT NOT NULL, service TEXT NOT NULL,
+    k8s_namespace TEXT, k8s_pod TEXT, method TEXT, route TEXT, feature TEXT NOT NULL, status_code INTEGER,
+    duration_ns INTEGER NOT NULL, launches INTEGER NOT NULL, h2d_bytes INTEGER NOT NULL,
+    d2h_bytes INTEGER NOT NULL, d2d_bytes INTEGER NOT NULL, other_bytes INTEGER NOT NULL, sync_ns INTEGER NOT NULL,
+    gpu_seconds REAL NOT NULL, cost REAL NOT NULL, currency TEXT, ambiguous INTEGER NOT NULL);
+CREATE INDEX spans_group_ts ON spans (group_ts);
+CREATE INDEX requests_ts ON requests (ts);
+CREATE INDEX requests_latency ON requests (service, feature, duration_ns, ts);
+INSERT INTO requests VALUES (1700000000000000000, 'aa', 'bb', 'demo', NULL, NULL, 'GET', '/old', '/old', 200,
+    1000000, 1, 0, 0, 0, 0, 0, 0.5, 0.1, 'USD', 3);
+PRAGMA user_version = 1;
+"""
+
+
+def _v1_store(db):
+    import os
+    os.makedirs(os.path.dirname(db), exist_ok=True)
+    with sqlite3.connect(db) as c:
+        c.executescript(V1_DDL)
+
+
+def test_v1_store_is_read_as_it_is_and_migrated_by_the_writer(db, clock, reader):
+    from otel_gpu.store.report import build_report
+    _v1_store(db)
+    rep = build_report(reader())  # no window_costs table yet: read without it
+    assert [(r["feature"], r["exact_gpu_seconds"], r["split_gpu_seconds"]) for r in rep["rows"]] == [
+        ("/old", 0.5, 0.0)]
+    s = StoreExporter(db, now_ns=clock)
+    s.export(request(1, T0, MS, gpu_seconds=0.25))
+    s.export(window(2, T0, gpu_seconds=0.1, cost=0.0))
+    s.shutdown()
+    conn = reader()
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 2
+    assert conn.execute("SELECT count(*) FROM requests").fetchone()[0] == 2  # the old row kept
+    rep = build_report(conn)
+    assert rep["totals"]["gpu_seconds"] == pytest.approx(0.85)
+    assert rep["totals"]["outside_gpu_seconds"] == pytest.approx(0.1)
+
+
+def test_fractional_ambiguous_share_is_kept(store, reader):
+    spans = request(1, T0, MS)
+    spans[0] = ReadableSpan(name=spans[0].name, context=spans[0].context, resource=spans[0].resource,
+                            attributes={**spans[0].attributes, sc.GPU_CALLS_AMBIGUOUS: 2 / 3},
+                            kind=spans[0].kind, start_time=T0, end_time=T0 + MS)
+    store.export(spans)
+    assert reader().execute("SELECT ambiguous FROM requests").fetchone()[0] == pytest.approx(2 / 3)

@@ -139,3 +139,29 @@ def test_text_columns_align(filled, reader):
     table = [line for line in lines if "%" in line or "SHARE" in line]
     assert len({len(line) for line in table}) == 1  # right-aligned numbers end together
     assert "service demo" in lines[0]
+
+
+def test_split_and_outside_time(store, reader, db):
+    from store_helpers import window
+    store.export(request(1, T0 + S, MS, route="/infer", gpu_seconds=0.2, cost=0.02))
+    store.export(window(2, T0 + 2 * S, gpu_seconds=0.3, cost=0.03,
+                        split=[(1, 1001, 0.1, "/infer"), (9, 9001, 0.2, "/only-split")]))
+    store.export(window(3, T0 + 3 * S, gpu_seconds=0.4, cost=0.04))               # outside
+    store.export(window(4, T0 + 4 * S, service="other", gpu_seconds=1.0, cost=0.1))  # another service
+    rep = build_report(reader(), service="demo")
+    rows = {r["feature"]: r for r in rep["rows"]}
+    assert [r["feature"] for r in rep["rows"]] == [None, "/infer", "/only-split"]  # by cost
+    assert (rows["/infer"]["exact_gpu_seconds"], rows["/infer"]["split_gpu_seconds"]) == (0.2, 0.1)
+    assert rows["/infer"]["gpu_seconds"] == pytest.approx(0.3) and rows["/infer"]["cost"] == pytest.approx(0.03)
+    assert rows["/only-split"]["requests"] == 0 and rows["/only-split"]["p50_ms"] is None
+    assert rows[None]["outside_gpu_seconds"] == 0.4 and rows[None]["gpu_seconds"] == 0.4
+    assert rep["totals"]["gpu_seconds"] == pytest.approx(0.9)
+    assert rep["totals"]["split_gpu_seconds"] == pytest.approx(0.3)
+    assert sum(r["share"] for r in rep["rows"]) == pytest.approx(1.0)
+    assert build_report(reader(), since_ns=T0 + 3 * S, service="demo")["totals"]["gpu_seconds"] == 0.4
+    code, out = run_cli("report", "--db", db, "--service", "demo")
+    lines = out.splitlines()
+    header = next(line for line in lines if line.startswith("FEATURE"))
+    assert "SPLIT s" in header and "GPU s" in header
+    outside = next(line for line in lines if line.startswith("(outside)"))
+    assert outside.split()[1:4] == ["0", "-", "-"]  # no requests, no latency

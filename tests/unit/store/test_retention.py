@@ -52,13 +52,15 @@ def test_age_bound(db, clock, reader):
     clock.now = T0 + 100 * S
     s = StoreExporter(db, retention_s=3600, prune_interval_s=5, now_ns=clock)
     s.export(request(1, T0, MS))                 # written when it is 100 s old
-    s.export(window(2, T0))                      # a window of the same age
+    s.export(window(2, T0, gpu_seconds=0.1))     # a window of the same age
     s.export(request(3, T0 + 1800 * S, MS))      # written "in the future" of the clock
     conn = reader()
     assert _counts(conn)[:2] == (2, 5 + 2 + 5)
+    assert conn.execute("SELECT count(*) FROM window_costs").fetchone()[0] == 1
     clock.now = T0 + 3601 * S                   # the first two pass 1 h; the third is 30 min old
     s.export(request(4, T0 + 3600 * S, MS))
     assert _counts(conn) == (2, 10, 0, 0)
+    assert conn.execute("SELECT count(*) FROM window_costs").fetchone()[0] == 0  # went with its window
     assert sorted(r[0] for r in conn.execute("SELECT trace_id FROM requests")) == [f"{3:032x}", f"{4:032x}"]
     s.shutdown()
 
