@@ -67,7 +67,7 @@ class GpuMetrics:
         m.create_observable_counter(
             "otel_gpu.cuda.calls",
             [lambda _o: [Observation(n, {sc.GPU_ATTRIBUTION: a}) for a, n in dict(self._attributed).items()]],
-            "{call}", "CUDA calls by attribution outcome: thread, process, ambiguous, outside")
+            "{call}", "CUDA calls by attribution outcome: task, thread, process, ambiguous, outside")
         m.create_observable_counter(
             "otel_gpu.events.lost", [lambda _o: [Observation(self.stats.snapshot().get("lost_events", 0))]],
             "{event}", "Events lost because the ring buffer was full")

@@ -3,7 +3,7 @@ calls that belong to no single request. Cost and enrich fill in their fields; ex
 builds spans from them."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Optional
 
 from ..probes.table import BY_ID, MEMCPY_DIRECTIONS, Category
@@ -11,11 +11,12 @@ from .http_parser import RequestHead
 from .records import CudaCall
 
 # How a CUDA call was tied to a request.
+TASK = "task"            # made in the Python context the request bound to, or one derived from it
 THREAD = "thread"        # made on the thread that read the request, while it was open
 PROCESS = "process"      # another thread, while the process had exactly one open request
 AMBIGUOUS = "ambiguous"  # several requests open and the thread does not decide: not guessed
-OUTSIDE = "outside"      # no request open in the process
-ATTRIBUTIONS = (THREAD, PROCESS, AMBIGUOUS, OUTSIDE)
+OUTSIDE = "outside"      # no request open in the process, or made in a context no request owns
+ATTRIBUTIONS = (TASK, THREAD, PROCESS, AMBIGUOUS, OUTSIDE)
 
 
 @dataclass
@@ -89,6 +90,22 @@ class CallSink:
             agg = self.rollups[(c.call, detail)] = RollupAgg(c.call, detail)
         agg.add(c, nbytes, duration_ns)
 
+    def add_rollup(self, agg: RollupAgg, attribution: str) -> None:
+        """Calls already folded together elsewhere (held while their request was not
+        known): merged into this sink's rollup for (call, detail)."""
+        self.summary.add_many(agg.call, agg.detail, agg.count, agg.bytes, agg.duration_ns)
+        self.attributed[attribution] = self.attributed.get(attribution, 0) + agg.count
+        mine = self.rollups.get((agg.call, agg.detail))
+        if mine is None:
+            self.rollups[(agg.call, agg.detail)] = replace(agg)
+            return
+        mine.first_ts = min(mine.first_ts, agg.first_ts) if mine.count else agg.first_ts
+        mine.count += agg.count
+        mine.bytes += agg.bytes
+        mine.duration_ns += agg.duration_ns
+        mine.last_ts = max(mine.last_ts, agg.last_ts)
+        mine.last_end_ts = max(mine.last_end_ts, agg.last_end_ts)
+
     def add_aggregate(self, call: int, detail: int, count: int, nbytes: int, duration_ns: int,
                       ts_ns: int, attribution: str) -> None:
         """Calls already counted in the kernel (the BPF rollup map)."""
@@ -114,21 +131,31 @@ class CallSink:
         return funcs
 
 
+def busy_end(c: CudaCall) -> int:
+    """Where a call's share of a busy window ends: a synchronising call's return, else
+    its entry."""
+    spec = BY_ID.get(c.call)
+    return c.ts_ns + (c.amounts()[2] if spec and spec.category is Category.SYNC else 0)
+
+
 @dataclass
 class BusyWindow:
     """The host-side estimate of when a request kept the GPU busy: from its first
-    CUDA call to the end of its last synchronising call (or its last call's entry)."""
+    CUDA call to the end of its last synchronising call (or its last call's entry).
+    Calls may arrive out of time order (held ones land when their request binds)."""
     device: Optional[int] = None  # current device of the thread at the first call
     start_ns: int = 0
     end_ns: int = 0
 
     def add(self, c: CudaCall, device: int) -> None:
-        spec = BY_ID.get(c.call)
-        end = c.ts_ns + (c.amounts()[2] if spec and spec.category is Category.SYNC else 0)
+        self.extend(device, c.ts_ns, busy_end(c))
+
+    def extend(self, device: int, start_ns: int, end_ns: int) -> None:
         if self.device is None:
-            self.device, self.start_ns, self.end_ns = device, c.ts_ns, end
+            self.device, self.start_ns, self.end_ns = device, start_ns, end_ns
         else:
-            self.end_ns = max(self.end_ns, end)
+            self.start_ns = min(self.start_ns, start_ns)
+            self.end_ns = max(self.end_ns, end_ns)
 
     @property
     def empty(self) -> bool:
@@ -161,6 +188,7 @@ class Request:
     feature: Optional[str] = None
     resource: Any = None                 # set by enrich: the process's OTel Resource
     kernel_names: dict = field(default_factory=dict)  # set by enrich: func -> name or None
+    context: int = 0  # the Python context (id()) it bound to (pipeline/contexts.py); 0: none
 
 
 @dataclass

@@ -3,10 +3,14 @@
 A request opens when its head is read (or, pipelined, when the response before it
 completes) and closes when its response has been written completely or the
 connection goes away. A CUDA call is attributed (see model.ATTRIBUTIONS):
+  - made in a Python context (ctx != 0) the probes saw created: to the request bound
+    to that context or an ancestor, or held until one binds (pipeline/contexts.py) -> task
+  - in an untracked context on an event-loop/worker thread: never by thread; below
   - to the one open request read by the calling thread       -> thread
   - else to the only open request of the process             -> process
   - else, with several candidates, to nobody: counted         -> ambiguous
-  - with nothing open: counted in the process rollup          -> outside
+  - with nothing open, or made in a context no request owns   -> outside
+A thread serving a connection that is not HTTP/1.x gives no thread/process attribution.
 A call is never guessed onto a request.
 
 Time arrives as Tick records: at each, the ambiguous/outside windows collected so far
@@ -22,8 +26,9 @@ from typing import Optional
 
 from ..ratelimit import RateLimitedLog, Stats
 from .http_parser import HttpParseError, RequestStream, ResponseStream
-from .model import AMBIGUOUS, OUTSIDE, PROCESS, THREAD, CallSink, ProcessWindow, Request
-from .records import (Accept, BusyStarted, CudaCall, DeviceCall, EV_SOCK_READ, KernelRollup,
+from .contexts import HELD, Outcome, ProcessContexts
+from .model import AMBIGUOUS, ATTRIBUTIONS, OUTSIDE, PROCESS, TASK, THREAD, CallSink, ProcessWindow, Request
+from .records import (Accept, BusyStarted, ContextCopy, CudaCall, DeviceCall, EV_SOCK_READ, KernelRollup,
                       ProcessGone, ProcessSeen, ProcExit, SockClose, SockIo, Tick)
 from .traceparent import parse_traceparent
 
@@ -58,6 +63,9 @@ class Proc:
     # Threads holding a half-read request head (fd): serving something we cannot see,
     # so their calls are never handed to another request by "process" attribution.
     partial_heads: dict = field(default_factory=dict)
+    # Threads that served a connection that is not HTTP/1.x (tid -> fds): nor "thread".
+    broken: dict = field(default_factory=dict)
+    contexts: Optional[ProcessContexts] = None
 
 
 class Stitcher:
@@ -71,7 +79,7 @@ class Stitcher:
         self._rng = rng or random.Random()
         self._port_of = port_of  # (pid, listen_fd, conn_fd) -> server port, or None
         self.procs: dict[int, Proc] = {}
-        self.attributed = {THREAD: 0, PROCESS: 0, AMBIGUOUS: 0, OUTSIDE: 0}
+        self.attributed = dict.fromkeys(ATTRIBUTIONS, 0)
 
     # --- stage interface -------------------------------------------------------
     def process(self, events: list) -> list:
@@ -84,6 +92,8 @@ class Stitcher:
                     self._on_read(ev, out)
                 else:
                     self._on_write(ev, out)
+            elif isinstance(ev, ContextCopy):
+                self._proc(ev.tgid, out).contexts.copied(ev)
             elif isinstance(ev, Accept):
                 self._on_accept(ev, out)
             elif isinstance(ev, SockClose):
@@ -95,6 +105,8 @@ class Stitcher:
             elif isinstance(ev, Tick):
                 if ev.final:
                     self._close_all(ev.now_ns, "collector stopped", out)
+                for p in self.procs.values():
+                    p.contexts.sweep(ev.now_ns, min((r.start_ns for r in p.open), default=None))
                 self._flush_windows(out)
                 out.append(ev)
             else:  # not for this stage (e.g. ProcessSeen from discovery): pass it on
@@ -103,8 +115,12 @@ class Stitcher:
 
     def state(self) -> dict:
         procs = self.procs.values()
-        return {"procs": len(self.procs), "conns": sum(len(p.conns) for p in procs),
-                "open_requests": sum(len(p.open) for p in procs)}
+        sizes = {"procs": len(self.procs), "conns": sum(len(p.conns) for p in procs),
+                 "open_requests": sum(len(p.open) for p in procs),
+                 "contexts_tracked": 0, "contexts_bound": 0, "pending_calls": 0}
+        for k, v in (kv for p in procs for kv in p.contexts.state().items()):
+            sizes[k] += v
+        return sizes
 
     def _on_kernel_rollup(self, k: KernelRollup, out: list) -> None:
         """Calls the BPF side counted while no request could be open (rollup map),
@@ -129,12 +145,14 @@ class Stitcher:
         for p in list(self.procs.values()):
             for conn in list(p.conns.values()):
                 self._drop_conn(p, conn, now_ns, reason, out)
+            self._settle(p, p.contexts.drain(), out)
 
     # --- processes and connections ----------------------------------------------
     def _proc(self, tgid: int, out: list) -> Proc:
         p = self.procs.get(tgid)
         if p is None:
             p = self.procs[tgid] = Proc(tgid)
+            p.contexts = ProcessContexts(tgid, self.span_budget, self.stats, self._log)
             out.append(ProcessSeen(tgid))
         return p
 
@@ -156,7 +174,10 @@ class Stitcher:
     def _on_read(self, ev: SockIo, out: list) -> None:
         p = self._proc(ev.tgid, out)
         c = self._conn(p, ev.fd)
+        if ev.ctx:
+            p.contexts.seen(ev.tid, ev.ctx, ev.ts_ns)
         if c.broken:
+            p.broken.setdefault(ev.tid, set()).add(ev.fd)
             return
         if not c.requests._head:
             c.head_start_ns, c.head_tid = ev.ts_ns, ev.tid
@@ -167,6 +188,7 @@ class Stitcher:
                             "pid %d fd %d: dropping connection that is not HTTP/1.x (%s)",
                             ev.tgid, ev.fd, e)
             c.broken = True
+            p.broken.setdefault(ev.tid, set()).add(ev.fd)
             self._drop_requests(p, c, ev.ts_ns, "malformed HTTP", out)
             return
         if heads and c.active is not None and c.responses.current is not None \
@@ -207,6 +229,7 @@ class Stitcher:
         c.active = req
         c.responses.start()
         p.open.append(req)
+        p.contexts.opened(req)
 
     def _on_write(self, ev: SockIo, out: list) -> None:
         p = self._proc(ev.tgid, out)
@@ -218,12 +241,15 @@ class Stitcher:
             self.stats.add("writes_without_request")
             return
         c.last_write_ns = ev.ts_ns
+        if ev.ctx:
+            self._settle(p, p.contexts.bind(req, ev), out)
         try:
             done = c.responses.feed(ev.data, ev.ret, ev.tail, req.head.method)
         except HttpParseError as e:
             self._log.event("http_response_errors", logging.WARNING,
                             "pid %d fd %d: response is not HTTP/1.x (%s)", ev.tgid, ev.fd, e)
             c.broken = True
+            p.broken.setdefault(ev.tid, set()).add(ev.fd)
             self._drop_requests(p, c, ev.ts_ns, "malformed HTTP response", out)
             return
         if done is None:
@@ -255,6 +281,10 @@ class Stitcher:
         p.conns.pop(c.fd, None)
         for tid in [t for t, fd in p.partial_heads.items() if fd == c.fd]:
             del p.partial_heads[tid]
+        for tid, fds in list(p.broken.items()):
+            fds.discard(c.fd)
+            if not fds:
+                del p.broken[tid]
 
     def _drop_requests(self, p: Proc, c: Conn, ts: int, reason: str, out: list) -> None:
         if c.active is not None:
@@ -272,6 +302,7 @@ class Stitcher:
         c.active = None
         if req in p.open:
             p.open.remove(req)
+        self._settle(p, p.contexts.finished(req), out)
         self.stats.add("requests_finished")
         out.append(req)
 
@@ -282,6 +313,7 @@ class Stitcher:
         if p is not None:
             for c in list(p.conns.values()):
                 self._drop_conn(p, c, ev.ts_ns, "process exited", out)
+            self._settle(p, p.contexts.drain(), out)
             for attr in ("ambiguous", "outside"):
                 if getattr(p, attr) is not None:
                     out.append(getattr(p, attr))
@@ -293,13 +325,14 @@ class Stitcher:
         if isinstance(ev, DeviceCall):
             p.device_by_tid[ev.tid] = ev.device
             return
-        attribution, target = attribute(p.open, ev.tid, p.partial_heads)
+        device = p.device_by_tid.get(ev.tid, 0)
+        verdict = p.contexts.call(ev, device) if ev.ctx else None
+        if verdict is HELD:  # counted when it settles
+            return
+        attribution, target = verdict or attribute(p.open, ev.tid, p.partial_heads, p.broken)
         self.attributed[attribution] += 1
-        if attribution in (THREAD, PROCESS):
-            target.sink.add(ev, attribution)
-            if target.busy.empty:  # the cost stage learns which requests may still overlap
-                out.append(BusyStarted(target))
-            target.busy.add(ev, p.device_by_tid.get(ev.tid, 0))
+        if attribution in (TASK, THREAD, PROCESS):
+            self._charge(target, ev, attribution, device, out)
             return
         window = self._window(p, attribution, ev.ts_ns)
         window.sink.add(ev, attribution)
@@ -307,23 +340,60 @@ class Stitcher:
         if attribution == AMBIGUOUS:
             for r in target:
                 r.sink.summary.ambiguous += 1
-                ids = (r.trace_id, r.span_id)
-                if ids not in window.candidates:
-                    window.candidates.append(ids)
+            self._link(window, target)
+
+    def _charge(self, r: Request, ev: CudaCall, attribution: str, device: int, out: list) -> None:
+        r.sink.add(ev, attribution)
+        if r.busy.empty:  # the cost stage learns which requests may still overlap
+            out.append(BusyStarted(r))
+        r.busy.add(ev, device)
+
+    def _settle(self, p: Proc, outcomes: list[Outcome], out: list) -> None:
+        """Held calls whose owner is now known (earlier than now: they were held). The
+        candidates of ambiguous ones counted them when they finished."""
+        for o in outcomes:
+            self.attributed[o.attribution] += o.count
+            if (r := o.request) is not None:
+                for ev, device in o.calls:
+                    self._charge(r, ev, o.attribution, device, out)
+                for agg, device, end in o.folds:
+                    out += [BusyStarted(r)] if r.busy.empty else []
+                    r.sink.add_rollup(agg, o.attribution)
+                    r.busy.extend(device, agg.first_ts, end)
+                continue
+            w = self._window(p, o.attribution, o.start_ns)
+            for ev, _ in o.calls:
+                w.sink.add(ev, o.attribution)
+                w.end_ns = max(w.end_ns, ev.ts_ns + ev.amounts()[2])
+            for agg, _, _ in o.folds:
+                w.sink.add_rollup(agg, o.attribution)
+                w.end_ns = max(w.end_ns, agg.last_end_ts)
+            self._link(w, o.links)
+
+    @staticmethod
+    def _link(window: ProcessWindow, requests: list) -> None:
+        for r in requests:
+            ids = (r.trace_id, r.span_id)
+            if ids not in window.candidates:
+                window.candidates.append(ids)
 
     def _window(self, p: Proc, attribution: str, ts: int) -> ProcessWindow:
         w = getattr(p, attribution)
         if w is None:
             w = ProcessWindow(p.tgid, attribution, ts, ts, CallSink(self.span_budget))
             setattr(p, attribution, w)
+        w.start_ns = min(w.start_ns, ts)
         return w
 
 
-def attribute(open_requests: list, tid: int, partial_heads: dict = {}):  # noqa: B006 (read only)
-    """(attribution, request or candidate list or None) for a call on thread `tid`."""
+def attribute(open_requests: list, tid: int, partial_heads: dict = {}, broken: dict = {}):  # noqa: B006
+    """(attribution, request or candidate list or None) for a call on thread `tid`
+    (partial_heads, broken: read only)."""
     if not open_requests:
         return OUTSIDE, None
     on_thread = [r for r in open_requests if r.tid == tid]
+    if tid in broken:  # it also serves a connection we cannot follow
+        return AMBIGUOUS, on_thread or list(open_requests)
     if len(on_thread) == 1:
         return THREAD, on_thread[0]
     if on_thread:

@@ -306,3 +306,40 @@ def test_kernel_rollups_span_the_interval_since_the_previous_read():
     rollups(s, [(PID, CALL_LAUNCH_KERNEL, 0xAB, 3, 0, 0)], now_ns=9_000_000, since_ns=4_000_000)
     (w,) = flush_windows(s)
     assert (w.start_ns, w.end_ns) == (4_000_000, 9_000_000) and w.sink.summary.launches == 3
+
+
+TLS = b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03"
+
+
+def test_thread_serving_a_connection_that_is_not_http_gives_no_thread_attribution():
+    """Thread 2 also serves a TLS connection (its requests are invisible): its calls
+    are ambiguous, never the one request it is known to serve; once that connection is
+    gone (its fd accepted anew), the thread rule is back."""
+    s = new()
+    out = s.process([accept(fd=9, tid=2), read(TLS, fd=9, tid=2), accept(fd=10, tid=2),
+                     read(get("/a"), fd=10, tid=2), cuda(tid=2)])
+    assert s.attributed["ambiguous"] == 1 and s.attributed["thread"] == 0
+    out = s.process([accept(fd=9, tid=2), cuda(tid=2), write(OK, fd=10, tid=2)])
+    (r,) = requests(out)
+    assert [a for _, a in r.sink.calls] == ["thread"] and r.sink.summary.ambiguous == 1
+    assert s.procs[PID].broken == {}
+
+
+def test_thread_serving_a_connection_that_is_not_http_gives_no_process_attribution():
+    s = new()
+    out = s.process([accept(fd=9, tid=3), read(TLS, fd=9, tid=3), accept(), read(get("/a")), cuda(tid=3),
+                     write(OK)])
+    (r,) = requests(out)
+    assert r.sink.calls == [] and r.sink.summary.ambiguous == 1
+    assert s.attributed["process"] == 0 and s.attributed["ambiguous"] == 1
+
+
+def test_calls_without_a_python_context_keep_the_thread_rules_beside_tracked_contexts():
+    """ctx == 0 (not Python, or an interpreter the probes cannot read): the thread and
+    process rules hold even on a thread where contexts are copied."""
+    from otel_gpu.pipeline.records import ContextCopy
+    s = new()
+    out = s.process([accept(), read(get("/a")), ContextCopy(PID, 1, T(), 0x77, 0x1), cuda(tid=1), cuda(tid=8),
+                     write(OK)])
+    (r,) = requests(out)
+    assert [a for _, a in r.sink.calls] == ["thread", "process"]

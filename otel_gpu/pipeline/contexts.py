@@ -1,0 +1,299 @@
+"""Python execution contexts of one traced process, and which request each belongs to.
+
+The probes report every copy of a contextvars.Context (ContextCopy: a new asyncio Task,
+a call_soon handle, copy_context() before a worker thread runs code in it) and the
+context running on the thread of each CUDA call and socket read/write. From those:
+
+- forest: ctx -> parent. A context is *tracked* once seen as the ctx of a ContextCopy;
+  a thread on which a tracked context ran is a *context thread* (event loop, worker).
+- binding: a request binds at its first response write made in a tracked context that
+  was created after the request started (its own task: the loop's base context and a
+  connection's callbacks are older, so their writes never bind), together with that
+  context's ancestors that are newer than the request too (the task that spawned the
+  streaming task, the task that registered a write callback). A context bound to an
+  open request is never bound to another; bindings end when the request finishes.
+- calls: a call made in context C belongs to the request bound to C or to its nearest
+  bound ancestor (task). A tracked C with no binding yet is *held*: when a request
+  binds C or an ancestor of C, the call is that request's; once every request open when
+  it was made (its candidates) has bound another context or finished, it is outside
+  (all of them bound their own contexts) or ambiguous (linked to the ones that never
+  bound). A call in an untracked context on a context thread (a task from before the
+  probes) is outside if every open request is bound, else ambiguous: never the one
+  open request's. ctx == 0 (not Python, or not known): the stitcher's thread rules.
+
+Nothing is guessed: a call reaches a request only through a binding. Tables are bounded:
+contexts by an LRU cap and an idle sweep at each Tick, held calls by a per-context cap
+(past the span budget they are folded by (call, detail)) and a per-process cap past
+which calls are ambiguous at once, counted."""
+from __future__ import annotations
+
+import logging
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Optional
+
+from ..ratelimit import RateLimitedLog, Stats
+from .model import AMBIGUOUS, OUTSIDE, TASK, Request, RollupAgg, busy_end
+from .records import ContextCopy, CudaCall
+
+HELD = "held"             # call() verdict: kept until its request is known
+MAX_CONTEXTS = 50_000     # tracked contexts per process (LRU past it)
+MAX_HELD = 100_000        # held calls and folds per process; past it, ambiguous at once
+MAX_DEPTH = 64            # ancestors walked from a context
+IDLE_NS = 120 * 10**9     # an unused context no open request may own is forgotten after this
+THREAD_IDLE_NS = 600 * 10**9  # a context thread not seen for this long is forgotten
+
+
+class Node:
+    """One incarnation of a context (an address can be reused once it is freed)."""
+    __slots__ = ("addr", "parent", "parent_created", "created", "used", "bound", "held", "kept",
+                 "worked")
+
+    def __init__(self, addr: int, parent: int, parent_created: Optional[int], created: int) -> None:
+        self.addr, self.parent, self.parent_created = addr, parent, parent_created
+        self.created = self.used = created
+        self.bound: Optional[Request] = None
+        self.held: list[Held] = []
+        self.kept = 0          # calls held one by one in this context (the rest are folded)
+        self.worked = False    # made a CUDA call since it was last passed over for eviction
+
+
+class Held:
+    """Calls made in one context while one set of requests could still own them."""
+    __slots__ = ("node", "cands", "live", "unbound", "calls", "folds", "count", "first_ts")
+
+    def __init__(self, node: Node, cands: tuple) -> None:
+        self.node, self.cands, self.live = node, cands, len(cands)
+        self.unbound: list[Request] = []  # candidates that finished without binding
+        self.calls: list = []             # (call, device)
+        self.folds: dict = {}             # (call, detail) -> [RollupAgg, device, busy end]
+        self.count = 0
+        self.first_ts = 0
+
+
+@dataclass
+class Outcome:
+    """Held calls whose owner is now known: `request` (task) or nobody, linked to the
+    candidates that never bound (ambiguous) or to none (outside)."""
+    attribution: str
+    request: Optional[Request]
+    links: list
+    calls: list                                # (call, device)
+    folds: list = field(default_factory=list)  # [RollupAgg, device, busy end]
+    count: int = 0
+    start_ns: int = 0
+
+
+class ProcessContexts:
+    def __init__(self, tgid: int, keep: int, stats: Stats, ratelog: RateLimitedLog,
+                 max_contexts: int = MAX_CONTEXTS, max_held: int = MAX_HELD) -> None:
+        self.tgid, self.keep, self.stats, self._log = tgid, keep, stats, ratelog
+        self.max_contexts, self.max_held = max_contexts, max_held
+        self.nodes: OrderedDict[int, Node] = OrderedDict()  # addr -> Node, least recently used first
+        self.threads: dict[int, int] = {}    # context thread -> last seen
+        self.unbound: dict[int, Request] = {}  # id -> open request not bound yet
+        self._cands: Optional[tuple] = None  # the same tuple while `unbound` is unchanged
+        self.bindings: dict[int, list] = {}  # id(request) -> Nodes bound to it
+        self.index: dict[int, dict] = {}     # id(request) -> {Held it is a candidate of: None}
+        self.entries = 0  # held calls and folds
+        self.held = 0     # calls held (folded ones counted one by one)
+
+    # --- the forest ------------------------------------------------------------------
+    def copied(self, ev: ContextCopy) -> None:
+        if not ev.ctx:
+            return
+        self.threads[ev.tid] = ev.ts_ns
+        parent = self.nodes.get(ev.parent)
+        if parent is not None:
+            self._touch(parent, ev.ts_ns)
+        self.nodes.pop(ev.ctx, None)  # still there: that context was freed, its address reused
+        self.nodes[ev.ctx] = Node(ev.ctx, ev.parent, parent.created if parent else None, ev.ts_ns)
+        if len(self.nodes) > self.max_contexts:
+            self._evict()
+
+    def seen(self, tid: int, ctx: int, ts: int) -> Optional[Node]:
+        """A socket read/write or CUDA call ran in `ctx` on `tid`: its node if tracked."""
+        node = self.nodes.get(ctx)
+        if node is not None:
+            self.threads[tid] = ts
+            self._touch(node, ts)
+        return node
+
+    def _touch(self, node: Node, ts: int) -> None:
+        node.used = max(node.used, ts)
+        self.nodes.move_to_end(node.addr)
+
+    def _parent(self, node: Node) -> Optional[Node]:
+        p = self.nodes.get(node.parent)
+        return p if p is not None and p.created == node.parent_created else None
+
+    def _owner(self, node: Node, ts: int = 0) -> Optional[Request]:
+        n, depth = node, 0
+        while n is not None and depth < MAX_DEPTH:
+            if n.bound is not None:
+                return n.bound
+            n, depth = self._parent(n), depth + 1
+            if n is not None and ts:
+                self._touch(n, ts)
+        return None
+
+    def _evict(self) -> None:
+        """Least recently used first; bound and holding contexts are kept, contexts that
+        made CUDA calls get a second chance."""
+        for _ in range(64):
+            addr, node = next(iter(self.nodes.items()))
+            if node.bound is not None or node.held or node.worked:
+                node.worked = False
+                self.nodes.move_to_end(addr)
+                continue
+            del self.nodes[addr]
+            self.stats.add("contexts_evicted")
+            return
+
+    def sweep(self, now_ns: int, oldest_open_ns: Optional[int]) -> None:
+        """At each Tick: forgets contexts no open request may own (created before the
+        oldest open request), neither bound nor holding calls, unused for IDLE_NS."""
+        gone = [a for a, n in self.nodes.items()
+                if n.bound is None and not n.held and now_ns - n.used > IDLE_NS
+                and (oldest_open_ns is None or n.created < oldest_open_ns)]
+        for a in gone:
+            del self.nodes[a]
+        for tid in [t for t, seen in self.threads.items() if now_ns - seen > THREAD_IDLE_NS]:
+            del self.threads[tid]
+
+    # --- requests --------------------------------------------------------------------
+    def opened(self, req: Request) -> None:
+        self.unbound[id(req)] = req
+        self._cands = None
+
+    def candidates(self) -> tuple:
+        if self._cands is None:
+            self._cands = tuple(self.unbound.values())
+        return self._cands
+
+    def bind(self, req: Request, ev) -> list[Outcome]:
+        """A response write of `req` (SockIo `ev`): binds it to the write's context when
+        that is tracked and newer than the request. The held calls it owns land."""
+        node = self.seen(ev.tid, ev.ctx, ev.ts_ns)
+        if node is None or id(req) not in self.unbound or node.created <= req.start_ns \
+                or node.bound is not None:
+            return []
+        chain: list[Node] = []
+        n: Optional[Node] = node
+        while n is not None and n.created > req.start_ns and n.bound is None and len(chain) < MAX_DEPTH:
+            n.bound = req
+            chain.append(n)
+            n = self._parent(n)
+        req.context = node.addr
+        self.bindings[id(req)] = chain
+        del self.unbound[id(req)]
+        self._cands = None
+        out = []
+        for h in self.index.pop(id(req), ()):
+            if self._owner(h.node) is req:
+                out.append(self._settle(h, req))
+            else:
+                out += self._lose(h)
+        return out
+
+    def finished(self, req: Request) -> list[Outcome]:
+        """`req` is done: its bindings end; held calls it never owned count on it as
+        ambiguous and settle once no other candidate may own them."""
+        if self.unbound.pop(id(req), None) is not None:
+            self._cands = None
+        for n in self.bindings.pop(id(req), ()):
+            if n.bound is req:
+                n.bound = None
+        out = []
+        for h in self.index.pop(id(req), ()):
+            req.sink.summary.ambiguous += h.count
+            h.unbound.append(req)
+            out += self._lose(h)
+        return out
+
+    def drain(self) -> list[Outcome]:
+        """Every held call settles now; candidates still open count as never bound."""
+        out = []
+        for h in list(dict.fromkeys(h for hs in self.index.values() for h in hs)):
+            for c in h.cands:
+                if id(c) in self.unbound:
+                    c.sink.summary.ambiguous += h.count
+                    h.unbound.append(c)
+            out.append(self._settle(h, None))
+        return out
+
+    # --- calls -----------------------------------------------------------------------
+    def call(self, ev: CudaCall, device: int):
+        """HELD, (attribution, request or candidates), or None: the thread rules decide."""
+        node = self.nodes.get(ev.ctx)
+        if node is None:
+            if ev.tid not in self.threads:
+                return None
+            cands = self.candidates()
+            return (AMBIGUOUS, list(cands)) if cands else (OUTSIDE, None)
+        self.threads[ev.tid] = ev.ts_ns
+        self._touch(node, ev.ts_ns)
+        node.worked = True
+        owner = self._owner(node, ev.ts_ns)
+        if owner is not None:
+            return TASK, owner
+        cands = self.candidates()
+        if not cands:
+            return OUTSIDE, None
+        if self.entries >= self.max_held:
+            self._log.event("held_calls_overflow", logging.WARNING,
+                            "pid %d: %d CUDA calls wait for their request's context; more are "
+                            "attributed ambiguous at once", self.tgid, self.held)
+            return AMBIGUOUS, list(cands)
+        self._hold(node, cands, ev, device)
+        return HELD
+
+    def _hold(self, node: Node, cands: tuple, ev: CudaCall, device: int) -> None:
+        h = node.held[-1] if node.held and node.held[-1].cands is cands else None
+        if h is None:
+            h = Held(node, cands)
+            h.first_ts = ev.ts_ns
+            node.held.append(h)
+            for c in cands:
+                self.index.setdefault(id(c), {})[h] = None
+        if node.kept < self.keep:
+            h.calls.append((ev, device))
+            node.kept += 1
+            self.entries += 1
+        else:  # past what any span could show one by one: folded by (call, detail)
+            detail, nbytes, duration = ev.amounts()
+            fold = h.folds.get((ev.call, detail))
+            if fold is None:
+                fold = h.folds[(ev.call, detail)] = [RollupAgg(ev.call, detail), device, 0]
+                self.entries += 1
+            fold[0].add(ev, nbytes, duration)
+            fold[2] = max(fold[2], busy_end(ev))
+        h.count += 1
+        h.first_ts = min(h.first_ts, ev.ts_ns)
+        self.held += 1
+
+    def _lose(self, h: Held) -> list[Outcome]:
+        """One candidate of `h` can no longer own it."""
+        h.live -= 1
+        return [self._settle(h, None)] if h.live <= 0 else []
+
+    def _settle(self, h: Held, req: Optional[Request]) -> Outcome:
+        node = h.node
+        if h in node.held:
+            node.held.remove(h)
+        node.kept -= len(h.calls)
+        for c in h.cands:
+            hs = self.index.get(id(c))
+            if hs is not None:
+                hs.pop(h, None)
+                if not hs:
+                    del self.index[id(c)]
+        self.entries -= len(h.calls) + len(h.folds)
+        self.held -= h.count
+        attribution = TASK if req is not None else AMBIGUOUS if h.unbound else OUTSIDE
+        return Outcome(attribution, req, h.unbound, h.calls, list(h.folds.values()), h.count,
+                       h.first_ts)
+
+    def state(self) -> dict:
+        return {"contexts_tracked": len(self.nodes), "pending_calls": self.held,
+                "contexts_bound": sum(len(c) for c in self.bindings.values())}

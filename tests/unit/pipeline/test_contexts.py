@@ -1,0 +1,420 @@
+"""Python-context attribution (pipeline/contexts.py through the stitcher), over synthetic
+records shaped like asyncio servers: one event-loop thread reads every request, each
+request runs in its own task context, worker threads run copies of it. Every call
+encodes its request in its kernel pointer, so the owner of every child is checked."""
+import logging
+import random
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from otel_gpu.pipeline.contexts import ProcessContexts
+from otel_gpu.pipeline.model import ProcessWindow, Request
+from otel_gpu.pipeline.records import (EV_SOCK_READ, EV_SOCK_WRITE, Accept, BusyStarted, ContextCopy,
+                                       ProcessGone, ProcExit, SockClose, SockIo, Tick)
+from otel_gpu.pipeline.stitcher import Stitcher
+from otel_gpu.ratelimit import RateLimitedLog, Stats
+from tests.unit.pipeline import calls
+
+PID, LOOP = 900, 1
+BASE = 0xB0000      # the loop's own context: older than the collector, never seen created
+BG_UNTRACKED = 0xB1000  # a background task created before the probes: never seen created
+OK = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
+CHUNKED = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+BACKGROUND = 0xBBBB  # kernel pointer of background work
+
+
+class Events:
+    """Builds records with increasing timestamps."""
+
+    def __init__(self):
+        self.t = 1_000_000_000
+
+    def ts(self):
+        self.t += 1000
+        return self.t
+
+    def accept(self, fd, tid=LOOP):
+        return Accept(PID, tid, self.ts(), fd, 3, "10.0.0.1", 50000 + fd)
+
+    def read(self, fd, raw=None, tid=LOOP, ctx=BASE):
+        raw = raw if raw is not None else f"GET /r/{fd} HTTP/1.1\r\nHost: x\r\n\r\n".encode()
+        return SockIo(EV_SOCK_READ, PID, tid, self.ts(), fd, len(raw), raw, b"")
+
+    def write(self, fd, ctx, raw=OK, tid=LOOP):
+        return SockIo(EV_SOCK_WRITE, PID, tid, self.ts(), fd, len(raw), raw[:1024], raw[-8:], ctx)
+
+    def copy(self, ctx, parent, tid=LOOP):
+        return ContextCopy(PID, tid, self.ts(), ctx, parent)
+
+    def call(self, ctx, func, tid=LOOP, name="cudaLaunchKernel", duration=0):
+        return calls.cuda(name, tid, func, pid=PID, ts=self.ts(), ctx=ctx, duration=duration)
+
+    def close(self, fd, tid=LOOP):
+        return SockClose(PID, tid, self.ts(), fd)
+
+    def tick(self, final=False, after_s=0):
+        self.t += int(after_s * 1e9)
+        return Tick(self.ts(), final)
+
+
+def new(budget=256):
+    return Stitcher(span_budget=budget, rng=random.Random(3))
+
+
+def requests(out):
+    return {r.fd: r for r in out if isinstance(r, Request)}
+
+
+def windows(out):
+    return {w.attribution: w for w in out if isinstance(w, ProcessWindow)}
+
+
+def funcs(sink, attribution=None):
+    return [c.func for c, a in sink.calls if attribution is None or a == attribution]
+
+
+def task(fd):
+    return 0x7000_0000 + fd
+
+
+def worker_ctx(fd, k=0):
+    return 0x8000_0000 + fd * 64 + k
+
+
+# --- the uvicorn flow ----------------------------------------------------------------
+def uvicorn_request(e, fd, launches, worker=None, streaming=False):
+    """The records of one request, in its own order (timestamps assigned when drawn):
+    the loop reads the head, creates the request's task; the task (or a copy of it run
+    by worker thread `worker`) makes calls; the task writes the response."""
+    t = task(fd)
+    steps = [lambda: e.read(fd), lambda: e.copy(t, BASE)]
+    if worker is not None:
+        w = worker_ctx(fd)
+        steps.append(lambda: e.copy(w, t))
+        steps += [lambda: e.call(w, fd, tid=worker)] * launches
+        steps.append(lambda: e.write(fd, t))
+    elif streaming:
+        half = launches // 2
+        steps += [lambda: e.call(t, fd)] * half
+        steps.append(lambda: e.write(fd, t, CHUNKED))
+        for _ in range(launches - half):
+            steps.append(lambda: e.call(t, fd))
+            steps.append(lambda: e.write(fd, t, b"5\r\nhello\r\n"))
+        steps.append(lambda: e.write(fd, t, b"0\r\n\r\n"))
+    else:
+        steps += [lambda: e.call(t, fd)] * launches
+        steps.append(lambda: e.write(fd, t))
+    return steps
+
+
+def interleave(rng, sequences):
+    """A random merge that keeps each sequence's own order."""
+    seqs = [list(s) for s in sequences]
+    out = []
+    while any(seqs):
+        s = rng.choice([s for s in seqs if s])
+        out.append(s.pop(0)())
+    return out
+
+
+def run_flow(n, seed, worker=False, streaming=False, background=False):
+    rng = random.Random(seed)
+    e = Events()
+    s = new()
+    fds = list(range(20, 20 + n))
+    launches = {fd: rng.randint(1, 6) for fd in fds}
+    out = s.process([e.copy(0xBB, BASE)] if background else [])  # a background task, before any request
+    out += s.process([e.accept(fd) for fd in fds])
+    seqs = [uvicorn_request(e, fd, launches[fd], worker=(2 + fd % 3) if worker else None,
+                            streaming=streaming and fd % 2 == 0) for fd in fds]
+    if background:
+        seqs.append([lambda: e.call(0xBB, BACKGROUND)] * 5 + [lambda: e.call(BG_UNTRACKED, BACKGROUND)] * 5)
+    records = interleave(rng, seqs)
+    for i in range(0, len(records), 7):  # batches of any size
+        out += s.process(records[i:i + 7])
+    out += s.process([e.tick()])
+    return s, out, launches
+
+
+@pytest.mark.parametrize("n", [1, 2, 8, 32])
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("shape", ["task", "worker", "streaming"])
+def test_uvicorn_flow_every_call_lands_on_its_own_request(n, seed, shape):
+    s, out, launches = run_flow(n, seed, worker=shape == "worker", streaming=shape == "streaming")
+    reqs = requests(out)
+    assert sorted(reqs) == sorted(launches)
+    for fd, r in reqs.items():
+        assert r.error is None and r.status == 200
+        assert funcs(r.sink) == [fd] * launches[fd]          # its own calls, nobody else's
+        assert set(r.sink.attributed) == {"task"}
+        assert r.sink.summary.ambiguous == 0
+        assert r.context == task(fd)
+        assert r.busy.start_ns <= r.busy.end_ns and not r.busy.empty
+    assert windows(out) == {}
+    assert s.attributed["task"] == sum(launches.values())
+    assert s.attributed["ambiguous"] == s.attributed["thread"] == s.attributed["process"] == 0
+    assert s.state()["pending_calls"] == 0
+
+
+@settings(max_examples=60, deadline=None)
+@given(n=st.integers(1, 12), seed=st.integers(0, 2**32 - 1), worker=st.booleans(),
+       streaming=st.booleans())
+def test_random_interleavings_with_background_work_never_charge_a_wrong_request(n, seed, worker, streaming):
+    s, out, launches = run_flow(n, seed, worker=worker, streaming=streaming, background=True)
+    reqs = requests(out)
+    for fd, r in reqs.items():
+        assert funcs(r.sink) == [fd] * launches[fd]
+        assert set(r.sink.attributed) == {"task"}
+    ws = windows(out)
+    # The tracked background task: outside once every candidate bound its own task.
+    # The untracked one: outside, or ambiguous while some request was not bound yet.
+    assert funcs(ws["outside"].sink).count(BACKGROUND) + (
+        funcs(ws["ambiguous"].sink).count(BACKGROUND) if "ambiguous" in ws else 0) == 10
+    if "ambiguous" in ws:
+        assert set(ws["ambiguous"].sink.attributed) == {"ambiguous"}
+    tracked_outside = [c for c, _ in ws["outside"].sink.calls if c.ctx == 0xBB]
+    assert len(tracked_outside) == 5
+    assert s.attributed["task"] == sum(launches.values())
+    assert s.attributed["outside"] + s.attributed["ambiguous"] == 10
+    assert s.attributed["thread"] == s.attributed["process"] == 0
+    assert s.state()["pending_calls"] == 0
+
+
+# --- the cases one by one -----------------------------------------------------------
+def test_fastapi_def_endpoint_calls_on_a_worker_thread_before_the_response():
+    """The endpoint runs in a copy W of the request's task T on worker thread 2: its
+    calls are held until T writes the response, then they are the request's."""
+    e, s = Events(), new()
+    t1, w1, t2 = task(10), worker_ctx(10), task(11)
+    out = s.process([e.accept(10), e.accept(11), e.read(10), e.copy(t1, BASE), e.read(11), e.copy(t2, BASE),
+                     e.copy(w1, t1)])
+    first = e.call(w1, 10, tid=2)
+    out = s.process([first, e.call(w1, 10, tid=2, name="cudaDeviceSynchronize", duration=500)])
+    assert requests(out) == {} and s.state()["pending_calls"] == 2
+    assert s.attributed["task"] == 0  # held calls are not counted yet
+    out = s.process([e.write(10, t1)])
+    (r,) = requests(out).values()
+    assert [type(x).__name__ for x in out] == ["BusyStarted", "Request"]
+    assert [a for _, a in r.sink.calls] == ["task", "task"]
+    assert r.busy.start_ns == first.ts_ns < r.end_ns  # from the held call, before the bind
+    assert r.busy.end_ns == r.sink.calls[1][0].ts_ns + 500
+    assert s.attributed["task"] == 2 and s.state()["pending_calls"] == 0
+    (r2,) = requests(s.process([e.write(11, t2)])).values()
+    assert r2.sink.calls == [] and r2.sink.summary.ambiguous == 0
+
+
+def test_background_task_in_an_untracked_context_is_never_the_one_open_request():
+    e, s = Events(), new()
+    t = task(10)
+    s.process([e.accept(10), e.read(10), e.copy(t, BASE)])
+    # Not bound yet: the background call may not be charged to it (ambiguous), never `thread`.
+    s.process([e.call(BG_UNTRACKED, BACKGROUND)])
+    # Bound at the first chunk: the background call is nobody's.
+    s.process([e.write(10, t, CHUNKED), e.call(BG_UNTRACKED, BACKGROUND), e.call(t, 10)])
+    out = s.process([e.write(10, t, b"0\r\n\r\n"), e.tick()])
+    (r,) = requests(out).values()
+    assert funcs(r.sink) == [10] and r.sink.summary.ambiguous == 1
+    ws = windows(out)
+    assert funcs(ws["outside"].sink) == [BACKGROUND] and funcs(ws["ambiguous"].sink) == [BACKGROUND]
+    assert ws["ambiguous"].candidates == [(r.trace_id, r.span_id)]
+    assert s.attributed["thread"] == s.attributed["process"] == 0
+
+
+def test_untracked_context_on_a_thread_with_no_tracked_context_keeps_the_thread_rules():
+    """A threaded server whose interpreter gives contexts but never copies one."""
+    e, s = Events(), new()
+    out = s.process([e.accept(10, tid=5), e.read(10, tid=5), e.call(0xC5, 10, tid=5),
+                     e.call(0xC6, 10, tid=6), e.write(10, 0xC5, tid=5)])
+    (r,) = requests(out).values()
+    assert [a for _, a in r.sink.calls] == ["thread", "process"]
+
+
+def test_background_task_tracked_before_any_request_is_outside_once_candidates_bind():
+    e, s = Events(), new()
+    bg = 0xBB
+    s.process([e.copy(bg, BASE), e.call(bg, BACKGROUND)])  # nothing open: outside at once
+    s.process([e.accept(10), e.accept(11), e.read(10), e.copy(task(10), BASE), e.read(11),
+               e.copy(task(11), BASE), e.call(bg, BACKGROUND), e.call(task(10), 10), e.call(bg, BACKGROUND)])
+    assert s.state()["pending_calls"] == 3
+    out = s.process([e.write(10, task(10))])
+    assert s.state()["pending_calls"] == 2  # request 11 may still own the background calls
+    out += s.process([e.write(11, task(11)), e.tick()])
+    reqs, ws = requests(out), windows(out)
+    assert funcs(reqs[10].sink) == [10] and reqs[11].sink.calls == []
+    assert all(r.sink.summary.ambiguous == 0 for r in reqs.values())
+    assert list(ws) == ["outside"] and funcs(ws["outside"].sink) == [BACKGROUND] * 3
+    assert ws["outside"].candidates == []
+    assert s.attributed["outside"] == 3 and s.state()["pending_calls"] == 0
+
+
+def test_request_that_closes_without_writing_leaves_its_held_calls_ambiguous_with_a_link():
+    e, s = Events(), new()
+    t1, t2 = task(10), task(11)
+    s.process([e.accept(10), e.accept(11), e.read(10), e.copy(t1, BASE), e.read(11), e.copy(t2, BASE),
+               e.call(t1, 10), e.call(t1, 10)])
+    out = s.process([e.close(10)])  # client went away: request 10 never wrote
+    (r1,) = requests(out).values()
+    assert r1.error and r1.sink.calls == [] and r1.sink.summary.ambiguous == 2
+    assert s.state()["pending_calls"] == 2  # request 11 (open, unbound) may still own them
+    out = s.process([e.write(11, t2), e.tick()])
+    (r2,) = requests(out).values()
+    assert r2.sink.calls == [] and r2.sink.summary.ambiguous == 0
+    w = windows(out)["ambiguous"]
+    assert funcs(w.sink) == [10, 10] and w.candidates == [(r1.trace_id, r1.span_id)]
+    assert s.attributed["ambiguous"] == 2 and s.state()["pending_calls"] == 0
+
+
+def test_streaming_binds_at_the_first_chunk_and_calls_between_chunks_are_the_requests():
+    """Starlette streams from a child task T2 of the request's task T: the first chunk
+    binds T2 and T (newer than the request), not the connection's callback context."""
+    e, s = Events(), new()
+    conn, t, t2 = 0xC0, task(10), task(10) + 1
+    s.process([e.accept(10), e.copy(conn, BASE)])  # the connection's reader callback: older
+    s.process([e.read(10), e.copy(t, conn), e.call(t, 1), e.copy(t2, t), e.call(t2, 2)])
+    s.process([e.write(10, t2, CHUNKED)])
+    assert s.state()["pending_calls"] == 0 and s.state()["contexts_bound"] == 2
+    s.process([e.call(t2, 3), e.write(10, t2, b"5\r\nhello\r\n"), e.call(t2, 4), e.call(t, 5),
+               e.write(10, t2, b"5\r\nhello\r\n")])
+    out = s.process([e.write(10, t2, b"0\r\n\r\n")])
+    (r,) = requests(out).values()
+    assert funcs(r.sink) == [1, 2, 3, 4, 5] and set(r.sink.attributed) == {"task"}
+    assert r.context == t2
+    assert s.state()["contexts_bound"] == 0
+    # After the request: its contexts belong to nobody (a task it left running).
+    s.process([e.call(t2, 6)])
+    assert windows(s.process([e.tick()]))["outside"].sink.summary.calls == 1
+
+
+def test_a_write_from_an_older_context_never_binds():
+    e, s = Events(), new()
+    conn, t = 0xC0, task(10)
+    s.process([e.accept(10), e.copy(conn, BASE), e.read(10), e.copy(t, conn), e.call(t, 10)])
+    # Written from the loop's base context (untracked) and the connection's (older): no binding.
+    out = s.process([e.write(10, BASE, b"HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\nok"),
+                     e.write(10, conn, b"ok")])
+    (r,) = requests(out).values()
+    assert r.context == 0 and r.sink.calls == [] and r.sink.summary.ambiguous == 1
+    assert funcs(windows(s.process([e.tick()]))["ambiguous"].sink) == [10]
+
+
+def test_a_context_bound_to_an_open_request_is_not_bound_again():
+    e, s = Events(), new()
+    t1 = task(10)
+    s.process([e.accept(10), e.accept(11), e.read(10), e.read(11), e.copy(t1, BASE),
+               e.write(10, t1, CHUNKED)])
+    out = s.process([e.write(11, t1), e.call(t1, 10), e.write(10, t1, b"0\r\n\r\n")])
+    reqs = requests(out)
+    assert reqs[11].context == 0 and reqs[10].context == t1
+    assert funcs(reqs[10].sink) == [10] and reqs[11].sink.calls == []
+
+
+def test_final_tick_settles_held_calls_with_open_candidates_as_unbound():
+    e, s = Events(), new()
+    s.process([e.accept(10), e.read(10), e.copy(task(10), BASE), e.call(task(10), 10)])
+    out = s.process([e.tick(final=True)])
+    (r,) = requests(out).values()
+    assert r.error == "collector stopped" and r.sink.summary.ambiguous == 1
+    w = windows(out)["ambiguous"]
+    assert funcs(w.sink) == [10] and w.candidates == [(r.trace_id, r.span_id)]
+    assert s.state()["pending_calls"] == 0
+
+
+def test_process_exit_settles_held_calls_before_process_gone():
+    e, s = Events(), new()
+    s.process([e.accept(10), e.read(10), e.copy(task(10), BASE), e.call(task(10), 10)])
+    out = s.process([ProcExit(PID, e.ts())])
+    assert [type(x).__name__ for x in out] == ["Request", "ProcessWindow", "ProcessGone"]
+    assert out[1].attribution == "ambiguous" and isinstance(out[-1], ProcessGone)
+
+
+def test_state_reports_held_calls_and_contexts_and_returns_to_zero():
+    e, s = Events(), new()
+    assert {k: s.state()[k] for k in ("pending_calls", "contexts_tracked", "contexts_bound")} == \
+        {"pending_calls": 0, "contexts_tracked": 0, "contexts_bound": 0}
+    s.process([e.accept(10), e.read(10), e.copy(task(10), BASE), e.copy(worker_ctx(10), task(10)),
+               e.call(worker_ctx(10), 10, tid=2)])
+    st0 = s.state()
+    assert (st0["pending_calls"], st0["contexts_tracked"], st0["contexts_bound"]) == (1, 2, 0)
+    s.process([e.write(10, task(10))])
+    assert s.state()["pending_calls"] == 0 and s.state()["contexts_bound"] == 0
+    s.process([e.tick()])
+    assert s.state()["contexts_tracked"] == 2  # recently used: kept a while
+    s.process([e.tick(after_s=300)])
+    assert s.state()["contexts_tracked"] == 0
+
+
+def test_contexts_a_long_request_may_still_bind_are_kept():
+    e, s = Events(), new()
+    s.process([e.accept(10), e.read(10), e.copy(task(10), BASE), e.copy(0xDEAD, BASE)])
+    s.process([e.tick(after_s=600)])
+    assert s.state()["contexts_tracked"] == 2  # created after the open request started
+    out = s.process([e.call(task(10), 10), e.write(10, task(10))])
+    assert funcs(requests(out)[10].sink) == [10]
+
+
+def test_held_calls_past_the_span_budget_are_folded_and_counts_add_up():
+    e, s = Events(), new(budget=3)
+    t = task(10)
+    s.process([e.accept(10), e.read(10), e.copy(t, BASE)])
+    s.process([e.call(t, 0x10 + i % 2) for i in range(10)] + [e.call(t, 0x30, name="cudaDeviceSynchronize",
+                                                                      duration=700)])
+    assert s.procs[PID].contexts.entries == 3 + 3  # three one by one, three folds
+    sync_ts = e.t  # the sync's entry: the last timestamp drawn
+    out = s.process([e.write(10, t)])
+    (r,) = requests(out).values()
+    assert len(r.sink.calls) == 3 and r.sink.rolled_up == 8 and r.sink.summary.calls == 11
+    assert r.sink.summary.launches == 10 and r.sink.summary.sync_ns == 700
+    assert r.sink.attributed == {"task": 11}
+    assert r.busy.end_ns == sync_ts + 700
+
+
+def test_past_the_hard_cap_calls_are_ambiguous_at_once_and_counted():
+    e, s = Events(), new()
+    s.process([e.accept(10), e.read(10), e.copy(task(10), BASE)])
+    s.procs[PID].contexts.max_held = 2
+    out = s.process([e.call(task(10), 10) for _ in range(4)] + [e.write(10, task(10)), e.tick()])
+    (r,) = requests(out).values()
+    assert funcs(r.sink) == [10, 10] and r.sink.summary.ambiguous == 2
+    assert funcs(windows(out)["ambiguous"].sink) == [10, 10]
+    assert s.stats.snapshot()["held_calls_overflow"] == 2
+
+
+# --- the forest on its own --------------------------------------------------------------
+def table(**kw):
+    stats = Stats()
+    return ProcessContexts(PID, 256, stats, RateLimitedLog(logging.getLogger("test"), stats), **kw)
+
+
+def test_lru_keeps_bound_holding_and_working_contexts():
+    e, c = Events(), table(max_contexts=3)
+    c.copied(e.copy(1, BASE))
+    c.copied(e.copy(2, BASE))
+    c.call(e.call(2, 0), 0)  # worked: a second chance
+    c.copied(e.copy(3, BASE))
+    c.copied(e.copy(4, BASE))  # over the cap: 1 goes (least recent, idle)
+    assert list(c.nodes) == [2, 3, 4] and c.stats.snapshot()["contexts_evicted"] == 1
+    c.copied(e.copy(5, BASE))  # 2 worked: passed over once, 3 goes
+    assert sorted(c.nodes) == [2, 4, 5]
+
+
+def test_a_reused_address_is_a_new_context():
+    e, s = Events(), new()
+    t = task(10)
+    s.process([e.accept(10), e.read(10), e.copy(t, BASE), e.copy(0x55, t)])
+    # t is freed and its address reused by a context of something else, before the bind
+    s.process([e.copy(t, BASE), e.call(0x55, 10)])
+    out = s.process([e.write(10, t), e.tick()])
+    (r,) = requests(out).values()
+    # the new t is newer than the request and binds, but 0x55 descends from the old t
+    assert r.context == t and r.sink.calls == []
+    assert funcs(windows(out)["outside"].sink) == [10]
+
+
+def test_busy_started_comes_before_the_request_when_held_calls_land():
+    e, s = Events(), new()
+    out = s.process([e.accept(10), e.read(10), e.copy(task(10), BASE), e.call(task(10), 10),
+                     e.write(10, task(10))])
+    kinds = [type(x) for x in out]
+    assert kinds.index(BusyStarted) < kinds.index(Request)
