@@ -67,4 +67,27 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   touch "$stamp"
 fi
 "$VENV/bin/python" -c 'import bcc, opentelemetry.sdk' || { log "venv cannot import bcc"; exit 1; }
+
+# 5. Interpreters for the target servers of tests/bpf/test_async_attribution.py (the
+#    collector stays in .venv): Debian's /usr/bin/python3, stripped to its exported
+#    symbols, and a pyenv CPython 3.12 that keeps its static symbols, when one exists.
+#    Each gets a plain venv with the servers from PyPI and the libcudart wheel.
+server_venv() {  # server_venv DIR PYTHON
+  local dir=$1 py=$2
+  [ -x "$dir/bin/python" ] || { log "creating $dir from $py"; "$py" -m venv "$dir"; }
+  if [ ! -f "$dir/.installed" ] || [ scripts/setup.sh -nt "$dir/.installed" ]; then
+    log "installing the async test servers into $dir"
+    "$dir/bin/pip" install -q --disable-pip-version-check "nvidia-cuda-runtime-cu12>=12.4" \
+      "uvicorn>=0.30" "fastapi>=0.110" "starlette>=0.37" "anyio>=4" "aiohttp>=3.9" "uvloop>=0.19"
+    touch "$dir/.installed"
+  fi
+}
+if [ -x /usr/bin/python3 ]; then
+  /usr/bin/python3 -c 'import ensurepip, venv' 2>/dev/null || {
+    log "installing python3-venv"
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv >/dev/null; }
+  server_venv "$ROOT/.venv-debian" /usr/bin/python3
+fi
+PY312=$(ls -d /root/.pyenv/versions/3.12.*/bin/python3 2>/dev/null | sort -V | tail -n1 || true)
+[ -z "$PY312" ] || server_venv "$ROOT/.venv-py312" "$PY312"
 log "ok"
