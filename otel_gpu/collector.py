@@ -126,13 +126,18 @@ class Collector:
             Path(self.config.health_file).write_text("ready\n")
 
     def _scan(self) -> None:
+        from .probes.table import PYTHON
         found = self.discovery.scan()
+        python = found.python if self.config.python_context else {}
         for target in found.targets:
-            self.program.attach(target)
+            if target.kind != PYTHON or self.config.python_context:
+                self.program.attach(target)
         new = found.cuda_pids - self._traced_pids
         for pid in new:
             self.program.trace(pid)
-            log.info("tracing pid %d", pid)
+            if pid in python:
+                self.program.trace_python(pid, python[pid])
+            log.info("tracing pid %d%s", pid, " (Python contexts)" if pid in python else "")
         self._push([ProcessSeen(pid) for pid in sorted(new)]  # read /proc while they surely live
                    + self._seed_connections(new))
         self._traced_pids = found.cuda_pids
@@ -199,5 +204,4 @@ class Collector:
         s = self.stats.snapshot()
         a = self.wiring.stitcher.attributed
         return (f"{s.get('requests_finished', 0)} requests, {self.wiring.destinations.spans_out} spans; CUDA calls by "
-                f"attribution: thread={a['thread']} process={a['process']} ambiguous={a['ambiguous']} "
-                f"outside={a['outside']}; dropped: {', '.join(f'{k}={v}' for k, v in sorted(s.items()) if k not in ('requests_finished',)) or 'none'}")
+                f"attribution: {' '.join(f'{k}={v}' for k, v in a.items())}; dropped: {', '.join(f'{k}={v}' for k, v in sorted(s.items()) if k not in ('requests_finished',)) or 'none'}")

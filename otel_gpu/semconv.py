@@ -86,3 +86,4 @@ GPU_DEVICE = "gpu.device"                     # device ordinal (cudaSetDevice) o
 # how long each was open during the window's busy time; lists aligned with the links.
 GPU_COST_SPLIT_SECONDS = "otel_gpu.cost.split.gpu_seconds"  # double[]
 GPU_COST_SPLIT_FEATURES = "otel_gpu.cost.split.features"     # string[]: each candidate's feature
+GPU_COST_SHARE = "otel_gpu.cost.share"  # metric label: exact (a request's own), split, outside

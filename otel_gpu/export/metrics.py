@@ -24,6 +24,7 @@ from ..ratelimit import Stats
 
 log = logging.getLogger(__name__)
 OTHER = "other"
+OUTSIDE_FEATURE = "(outside)"  # the feature of a process's GPU time outside requests
 HISTOGRAM_SAMPLE = 64  # calls per request recorded in the grid/block/sync histograms
 
 
@@ -80,6 +81,7 @@ class GpuMetrics:
                 self._request(r)
             elif isinstance(r, ProcessWindow):
                 self._calls(r, {sc.SERVICE_NAME: _service(r)})
+                self._window_cost(r)
             elif isinstance(r, ProcessGone):
                 self._live.pop(r.tgid, None)
                 self._services.pop(r.tgid, None)
@@ -93,10 +95,28 @@ class GpuMetrics:
             http_attrs[sc.HTTP_RESPONSE_STATUS_CODE] = r.status
         self.http.record(max(0, r.end_ns - r.start_ns) / 1e9, http_attrs)
         if r.gpu_seconds:
-            feature = {sc.SERVICE_NAME: base[sc.SERVICE_NAME], sc.GPU_FEATURE: r.feature or route}
-            self.gpu_seconds.add(r.gpu_seconds, feature)
-            self.cost.add(r.cost or 0.0, feature)
+            self._add_cost(base[sc.SERVICE_NAME], r.feature or route, "exact", r.gpu_seconds, r.cost or 0.0)
         self._calls(r, base)
+
+    def _window_cost(self, w: ProcessWindow) -> None:
+        """A window's GPU time no request covers: split among an ambiguous window's
+        candidates (by their features), else the process's outside time. With the
+        requests' exact time, the counters add up to the processes' busy time."""
+        if not w.gpu_seconds:
+            return
+        service, rate = _service(w), (w.cost or 0.0) / w.gpu_seconds
+        if w.split:
+            for key, seconds in w.split.items():
+                if seconds:
+                    self._add_cost(service, w.split_features.get(key) or "(unknown)", "split", seconds,
+                                   seconds * rate)
+        else:
+            self._add_cost(service, OUTSIDE_FEATURE, "outside", w.gpu_seconds, w.cost or 0.0)
+
+    def _add_cost(self, service: str, feature: str, share: str, seconds: float, amount: float) -> None:
+        labels = {sc.SERVICE_NAME: service, sc.GPU_FEATURE: feature, sc.GPU_COST_SHARE: share}
+        self.gpu_seconds.add(seconds, labels)
+        self.cost.add(amount, labels)
 
     def _calls(self, record, base: dict) -> None:
         """Aggregated per request first: one counter add per (kernel) and (direction),

@@ -112,15 +112,13 @@ class SpanBuilder:
     def _window_cost(self, w: ProcessWindow) -> dict:
         """The window's GPU time (pipeline/cost.py), and its split among the candidates
         as lists aligned with the span's links: what the store reads split rows from."""
-        seconds = getattr(w, "gpu_seconds", None)  # getattr: set by the cost stage when it ran
-        if seconds is None:
+        if w.gpu_seconds is None:  # no cost stage ran
             return {}
-        attrs = {sc.GPU_COST_SECONDS: seconds, sc.GPU_COST_AMOUNT: getattr(w, "cost", None) or 0.0,
+        attrs = {sc.GPU_COST_SECONDS: w.gpu_seconds, sc.GPU_COST_AMOUNT: w.cost or 0.0,
                  sc.GPU_COST_CURRENCY: self.currency}
-        split, features = getattr(w, "split", None), getattr(w, "split_features", None) or {}
-        if w.candidates and split is not None:
-            attrs[sc.GPU_COST_SPLIT_SECONDS] = [float(split.get(c, 0.0)) for c in w.candidates]
-            attrs[sc.GPU_COST_SPLIT_FEATURES] = [str(features.get(c) or "(unknown)") for c in w.candidates]
+        if w.candidates:
+            attrs[sc.GPU_COST_SPLIT_SECONDS] = [float(w.split.get(c, 0.0)) for c in w.candidates]
+            attrs[sc.GPU_COST_SPLIT_FEATURES] = [str(w.split_features.get(c) or "(unknown)") for c in w.candidates]
         return attrs
 
     def _children(self, record, trace_id: int, parent_id: int) -> list[ReadableSpan]:

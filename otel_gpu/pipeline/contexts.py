@@ -206,7 +206,7 @@ class ProcessContexts:
                 n.bound = None
         out = []
         for h in self.index.pop(id(req), ()):
-            req.sink.summary.ambiguous += h.count
+            req.sink.summary.ambiguous += h.count / len(h.cands)  # its share, as in stitcher
             h.unbound.append(req)
             out += self._lose(h)
         return out
@@ -217,7 +217,7 @@ class ProcessContexts:
         for h in list(dict.fromkeys(h for hs in self.index.values() for h in hs)):
             for c in h.cands:
                 if id(c) in self.unbound:
-                    c.sink.summary.ambiguous += h.count
+                    c.sink.summary.ambiguous += h.count / len(h.cands)
                     h.unbound.append(c)
             out.append(self._settle(h, None))
         return out

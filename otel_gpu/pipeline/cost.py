@@ -8,7 +8,7 @@ between them. GPU seconds x price per GPU-hour / 3600 = cost.
 A finished request is held back until no other request that could overlap it is
 still open (one whose first CUDA call came before this window's end), so the split is
 exact; a request is never held longer than `max_hold_s`. Which requests are open with a
-busy window, the stitcher says with BusyStarted records; held requests are released
+busy window, the stitcher says with RequestOpened records; held requests are released
 as records arrive, at each Tick, and all of them at the final Tick.
 
 ProcessWindows (ambiguous/outside calls of one process, one per flush) are busy by
@@ -29,7 +29,7 @@ from typing import Optional
 
 from ..probes.table import BY_ID, Category
 from .model import CallSink, ProcessWindow, Request
-from .records import BusyStarted, ProcessGone, Tick
+from .records import ProcessGone, RequestOpened, Tick
 
 UNKNOWN_FEATURE = "(unknown)"  # a candidate request the stage never saw finish
 MAX_FINISHED = 200_000         # finished requests remembered for windows' candidates
@@ -148,9 +148,17 @@ class _HeldWindow:
 
 
 def _device(w: ProcessWindow) -> int:
-    # Windows carry no device yet: 0 is what the stitcher assumes before cudaSetDevice.
-    d = getattr(w, "device", None)
-    return 0 if d is None else d
+    # 0 is what the stitcher assumes before cudaSetDevice.
+    return 0 if w.device is None else w.device
+
+
+def _may_overlap(o: Request, device: int, end_ns: int) -> bool:
+    """Could open request `o` still add GPU time on `device` before `end_ns`? Its busy
+    window may not be open yet (its calls may be held until it binds a context), but it
+    cannot start before the request did."""
+    if o.busy.empty:
+        return o.start_ns < end_ns
+    return o.busy.device == device and o.busy.start_ns < end_ns
 
 
 class CostStage:
@@ -164,7 +172,7 @@ class CostStage:
         self.max_hold_s = max_hold_s
         self.clock = clock
         self._held: list[tuple[float, Request]] = []
-        self._open: dict[int, list[Request]] = {}  # pid -> open requests with a busy window
+        self._open: dict[int, list[Request]] = {}  # pid -> open requests
         self._recent: dict[tuple[int, int], list[tuple[int, int]]] = {}  # (pid, device) -> windows
         # (pid, device) -> (start, end, Tick generation): time already charged, to a
         # request or a priced window, kept for the windows still to come.
@@ -178,7 +186,7 @@ class CostStage:
     def process(self, records: list) -> list:
         out = []
         for r in records:
-            if isinstance(r, BusyStarted):
+            if isinstance(r, RequestOpened):
                 self._open.setdefault(r.request.tgid, []).append(r.request)
             elif isinstance(r, Request):
                 self._close(r)
@@ -235,7 +243,7 @@ class CostStage:
     def _may_still_overlap(self, r: Request) -> bool:
         if r.busy.empty:
             return False
-        return any(o is not r and o.busy.device == r.busy.device and o.busy.start_ns < r.busy.end_ns
+        return any(o is not r and _may_overlap(o, r.busy.device, r.busy.end_ns)
                    for o in self._open.get(r.tgid, ()))
 
     def _price(self, r: Request) -> None:
@@ -269,7 +277,7 @@ class CostStage:
         if any(c not in self._finished for c in hw.w.candidates):
             return True
         return hw.busy is not None and any(
-            o.busy.device == hw.device and o.busy.start_ns < hw.busy[1] for o in self._open.get(hw.w.tgid, ()))
+            _may_overlap(o, hw.device, hw.busy[1]) for o in self._open.get(hw.w.tgid, ()))
 
     def _price_windows(self, group: list[_HeldWindow]) -> None:
         for hw in group:
@@ -279,7 +287,7 @@ class CostStage:
                 taken = [(s, e) for s, e, _ in self._charged.get(key, ())]
                 peers = [o.busy for o in group if o is not hw and o.busy is not None and o.device == hw.device]
                 seconds = remainder_seconds(hw.busy, taken, peers)
-            w = hw.w  # setattr: model.ProcessWindow declares no cost fields yet
+            w = hw.w
             w.gpu_seconds, w.cost = seconds, seconds * self.prices.per_hour / 3600.0
             known = {c: self._finished.get(c) for c in w.candidates}
             w.split = split_by_overlap(seconds, hw.busy or (0, 0),
@@ -293,7 +301,7 @@ class CostStage:
         """Keep only windows that a held or open request could still overlap."""
         starts = [r.busy.start_ns for _, r in self._held if not r.busy.empty]
         for pid in {pid for pid, _ in self._recent}:
-            starts += [o.busy.start_ns for o in self._open.get(pid, ())]
+            starts += [o.start_ns if o.busy.empty else o.busy.start_ns for o in self._open.get(pid, ())]
         horizon = min(starts, default=None)
         for key in list(self._recent):
             kept = [w for w in self._recent[key] if horizon is not None and w[1] > horizon]

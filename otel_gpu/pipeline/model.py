@@ -49,7 +49,9 @@ class GpuSummary:
     memcpy_bytes: dict = field(default_factory=dict)  # direction -> bytes
     sync_ns: int = 0
     kernels: set = field(default_factory=set)  # distinct kernel function pointers
-    ambiguous: int = 0  # calls that may belong here but were not attributed
+    # Calls that may belong here but were not attributed: each counts 1/N on each of its
+    # N candidates, so the sum over spans never exceeds the ambiguous calls.
+    ambiguous: float = 0.0
 
     def add_many(self, call: int, detail: int, count: int, nbytes: int, duration_ns: int) -> None:
         self.calls += count
@@ -201,5 +203,12 @@ class ProcessWindow:
     end_ns: int
     sink: CallSink
     candidates: list = field(default_factory=list)  # (trace_id, span_id) of candidate requests
+    device: Optional[int] = None         # current device of the thread of its first call
     resource: Any = None                 # set by enrich
     kernel_names: dict = field(default_factory=dict)  # set by enrich
+    # Set by the cost stage: its GPU time no request's window covers, and for an
+    # ambiguous window that time split among the candidates ((trace_id, span_id) -> s).
+    gpu_seconds: Optional[float] = None
+    cost: Optional[float] = None
+    split: dict = field(default_factory=dict)
+    split_features: dict = field(default_factory=dict)

@@ -175,9 +175,11 @@ class Tick:
 
 
 @dataclass(slots=True)
-class BusyStarted:
-    """A request made its first CUDA call (its busy window opened): from the stitcher to
-    the cost stage, which must know which open requests may still overlap others."""
+class RequestOpened:
+    """A request began (its head was read): from the stitcher to the cost stage, which
+    must know which open requests may still overlap the finished ones. Its busy window
+    may open later, and even start before that (held calls land when it binds), but
+    never before the request itself."""
     request: Any
 
 

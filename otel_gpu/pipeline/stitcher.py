@@ -28,7 +28,7 @@ from ..ratelimit import RateLimitedLog, Stats
 from .http_parser import HttpParseError, RequestStream, ResponseStream
 from .contexts import HELD, Outcome, ProcessContexts
 from .model import AMBIGUOUS, ATTRIBUTIONS, OUTSIDE, PROCESS, TASK, THREAD, CallSink, ProcessWindow, Request
-from .records import (Accept, BusyStarted, ContextCopy, CudaCall, DeviceCall, EV_SOCK_READ, KernelRollup,
+from .records import (Accept, RequestOpened, ContextCopy, CudaCall, DeviceCall, EV_SOCK_READ, KernelRollup,
                       ProcessGone, ProcessSeen, ProcExit, SockClose, SockIo, Tick)
 from .traceparent import parse_traceparent
 
@@ -197,11 +197,11 @@ class Stitcher:
             # probe's copy): a new request on the connection means it was complete.
             self._finish(p, c, c.active, c.last_write_ns, None, out)
             if c.queued:
-                self._activate(p, c, c.queued.popleft(), c.last_write_ns)
+                self._activate(p, c, c.queued.popleft(), c.last_write_ns, out)
         for head in heads:
             req = self._new_request(p, c, head, c.head_start_ns or ev.ts_ns, c.head_tid or ev.tid)
             if c.active is None:
-                self._activate(p, c, req, req.start_ns)
+                self._activate(p, c, req, req.start_ns, out)
             else:
                 c.queued.append(req)
             c.head_start_ns, c.head_tid = ev.ts_ns, ev.tid  # next pipelined head
@@ -224,12 +224,13 @@ class Stitcher:
             req.parent_trace_id = parent[0]
         return req
 
-    def _activate(self, p: Proc, c: Conn, req: Request, start_ns: int) -> None:
+    def _activate(self, p: Proc, c: Conn, req: Request, start_ns: int, out: list) -> None:
         req.start_ns = start_ns
         c.active = req
         c.responses.start()
         p.open.append(req)
         p.contexts.opened(req)
+        out.append(RequestOpened(req))  # the cost stage learns which requests may still overlap
 
     def _on_write(self, ev: SockIo, out: list) -> None:
         p = self._proc(ev.tgid, out)
@@ -258,7 +259,7 @@ class Stitcher:
         req.status = done.status
         self._finish(p, c, req, ev.ts_ns, None, out)
         if c.queued:
-            self._activate(p, c, c.queued.popleft(), ev.ts_ns)
+            self._activate(p, c, c.queued.popleft(), ev.ts_ns, out)
 
     def _on_close(self, tgid: int, fd: int, ts: int, out: list) -> None:
         p = self.procs.get(tgid)
@@ -334,18 +335,16 @@ class Stitcher:
         if attribution in (TASK, THREAD, PROCESS):
             self._charge(target, ev, attribution, device, out)
             return
-        window = self._window(p, attribution, ev.ts_ns)
+        window = self._window(p, attribution, ev.ts_ns, device)
         window.sink.add(ev, attribution)
         window.end_ns = max(window.end_ns, ev.ts_ns + ev.amounts()[2])
         if attribution == AMBIGUOUS:
-            for r in target:
-                r.sink.summary.ambiguous += 1
+            for r in target:  # a share each: summed over spans, never more than the calls
+                r.sink.summary.ambiguous += 1 / len(target)
             self._link(window, target)
 
     def _charge(self, r: Request, ev: CudaCall, attribution: str, device: int, out: list) -> None:
         r.sink.add(ev, attribution)
-        if r.busy.empty:  # the cost stage learns which requests may still overlap
-            out.append(BusyStarted(r))
         r.busy.add(ev, device)
 
     def _settle(self, p: Proc, outcomes: list[Outcome], out: list) -> None:
@@ -357,7 +356,6 @@ class Stitcher:
                 for ev, device in o.calls:
                     self._charge(r, ev, o.attribution, device, out)
                 for agg, device, end in o.folds:
-                    out += [BusyStarted(r)] if r.busy.empty else []
                     r.sink.add_rollup(agg, o.attribution)
                     r.busy.extend(device, agg.first_ts, end)
                 continue
@@ -377,11 +375,13 @@ class Stitcher:
             if ids not in window.candidates:
                 window.candidates.append(ids)
 
-    def _window(self, p: Proc, attribution: str, ts: int) -> ProcessWindow:
+    def _window(self, p: Proc, attribution: str, ts: int, device: Optional[int] = None) -> ProcessWindow:
         w = getattr(p, attribution)
         if w is None:
-            w = ProcessWindow(p.tgid, attribution, ts, ts, CallSink(self.span_budget))
+            w = ProcessWindow(p.tgid, attribution, ts, ts, CallSink(self.span_budget), device=device)
             setattr(p, attribution, w)
+        elif w.device is None:
+            w.device = device
         w.start_ns = min(w.start_ns, ts)
         return w
 

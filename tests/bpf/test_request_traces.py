@@ -89,7 +89,7 @@ def test_concurrent_requests_are_flagged_ambiguous_not_guessed(receiver, start_c
     collector.stop()  # flushes the ambiguous window
     for s in spans:
         assert children_of(receiver.spans, s) == []
-        assert s.attributes["otel_gpu.calls.ambiguous"] == 4  # both requests' calls may be its own
+        assert s.attributes["otel_gpu.calls.ambiguous"] == 2  # 4 calls, 2 candidates: a half share each
         assert s.attributes["gpu.launches"] == 0
     windows = [s for s in receiver.spans if s.attributes.get("otel_gpu.attribution") == "ambiguous"
                and s.attributes.get("process.pid") == target.pid and s.parent_span_id == ""]

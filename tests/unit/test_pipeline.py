@@ -3,6 +3,8 @@ every record passes each stage once, in order; stages know nothing of each other
 request, a window and a process's exit come out as spans and metrics."""
 import random
 
+import pytest
+
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
@@ -71,13 +73,13 @@ def test_a_request_passes_every_stage_once_in_order(tmp_path):
     events = request_events()
     w.pipeline.push(events)
     # Ring-buffer records reach the stitcher only; what it makes (the request, ProcessSeen,
-    # BusyStarted) reaches each later stage exactly once, in stage order.
+    # RequestOpened) reaches each later stage exactly once, in stage order.
     assert {id(e) for e in events} == {rid for i, rid in log if i == 0}
     assert not {id(e) for e in events} & {rid for i, rid in log if i > 0}
     made = {rid for i, rid in log if i == 1}
     assert len(made) == 3
     paths = sorted(tuple(i for i, r in log if r == rid) for rid in made)
-    # BusyStarted ends at the cost stage; ProcessSeen and the Request go all the way.
+    # RequestOpened ends at the cost stage; ProcessSeen and the Request go all the way.
     assert paths == [(1, 2), (1, 2, 3, 4), (1, 2, 3, 4)]
     (server,) = [s for s in spans.get_finished_spans() if s.kind.name == "SERVER"]
     assert server.attributes[sc.GPU_LAUNCHES] == 3
@@ -159,3 +161,25 @@ def test_live_memory_gauge_follows_malloc_and_free(tmp_path):
     assert list(_points(reader, "gpu.memory.allocated").values()) == [4096]
     w.pipeline.push([free, Tick(2_000)])  # outside a request: in the outside window
     assert list(_points(reader, "gpu.memory.allocated").values()) == [0]
+
+
+def test_cost_metrics_add_exact_split_and_outside(tmp_path):
+    """Two overlapping requests and calls on a third thread (ambiguous), then calls after
+    both finished (outside): the cost counters by share add up to the busy time."""
+    w, _, reader = wired(tmp_path, gpu_price="3600")
+    a, b = request_events(ts=1_000_000, fd=7, tid=1), request_events(ts=1_000_500, fd=8, tid=2)
+    amb = [cuda("cudaDeviceSynchronize", pid=PID, tid=9, ts=1_000_600, duration=4_000_000)]
+    w.pipeline.push(a[:-1] + b[:-1] + amb + [a[-1], b[-1]])
+    w.pipeline.push([cuda("cudaDeviceSynchronize", pid=PID, tid=9, ts=9_000_000, duration=1_000_000),
+                     Tick(20_000_000)])
+    seconds = _points(reader, "otel_gpu.cost.gpu_seconds")
+    by_share: dict = {}
+    for labels, v in seconds.items():
+        share = dict(labels)[sc.GPU_COST_SHARE]
+        by_share[share] = by_share.get(share, 0) + v
+    assert set(by_share) == {"exact", "split", "outside"}
+    assert by_share["outside"] == pytest.approx(0.001)  # the sync at 9 ms, after both requests
+    # The union of the busy time while requests were open: each request's own window
+    # (first call to last call, 8 ns each) and the ambiguous sync (4 ms).
+    assert by_share["exact"] == pytest.approx(16e-9)
+    assert by_share["exact"] + by_share["split"] == pytest.approx(4_000_016e-9, rel=1e-9)

@@ -68,6 +68,7 @@ PINNED = {
     "GPU_DEVICE": "gpu.device",
     "GPU_COST_SPLIT_SECONDS": "otel_gpu.cost.split.gpu_seconds",
     "GPU_COST_SPLIT_FEATURES": "otel_gpu.cost.split.features",
+    "GPU_COST_SHARE": "otel_gpu.cost.share",
 }
 
 

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from otel_gpu.pipeline.contexts import ProcessContexts
 from otel_gpu.pipeline.model import ProcessWindow, Request
-from otel_gpu.pipeline.records import (EV_SOCK_READ, EV_SOCK_WRITE, Accept, BusyStarted, ContextCopy,
+from otel_gpu.pipeline.records import (EV_SOCK_READ, EV_SOCK_WRITE, Accept, RequestOpened, ContextCopy,
                                        ProcessGone, ProcExit, SockClose, SockIo, Tick)
 from otel_gpu.pipeline.stitcher import Stitcher
 from otel_gpu.ratelimit import RateLimitedLog, Stats
@@ -196,7 +196,7 @@ def test_fastapi_def_endpoint_calls_on_a_worker_thread_before_the_response():
     assert s.attributed["task"] == 0  # held calls are not counted yet
     out = s.process([e.write(10, t1)])
     (r,) = requests(out).values()
-    assert [type(x).__name__ for x in out] == ["BusyStarted", "Request"]
+    assert [type(x).__name__ for x in out] == ["Request"]  # RequestOpened came at the read
     assert [a for _, a in r.sink.calls] == ["task", "task"]
     assert r.busy.start_ns == first.ts_ns < r.end_ns  # from the held call, before the bind
     assert r.busy.end_ns == r.sink.calls[1][0].ts_ns + 500
@@ -256,7 +256,7 @@ def test_request_that_closes_without_writing_leaves_its_held_calls_ambiguous_wit
                e.call(t1, 10), e.call(t1, 10)])
     out = s.process([e.close(10)])  # client went away: request 10 never wrote
     (r1,) = requests(out).values()
-    assert r1.error and r1.sink.calls == [] and r1.sink.summary.ambiguous == 2
+    assert r1.error and r1.sink.calls == [] and r1.sink.summary.ambiguous == 1  # 2 calls, 2 candidates
     assert s.state()["pending_calls"] == 2  # request 11 (open, unbound) may still own them
     out = s.process([e.write(11, t2), e.tick()])
     (r2,) = requests(out).values()
@@ -412,9 +412,9 @@ def test_a_reused_address_is_a_new_context():
     assert funcs(windows(out)["outside"].sink) == [10]
 
 
-def test_busy_started_comes_before_the_request_when_held_calls_land():
+def test_request_opened_comes_before_the_request_when_held_calls_land():
     e, s = Events(), new()
     out = s.process([e.accept(10), e.read(10), e.copy(task(10), BASE), e.call(task(10), 10),
                      e.write(10, task(10))])
     kinds = [type(x) for x in out]
-    assert kinds.index(BusyStarted) < kinds.index(Request)
+    assert kinds.index(RequestOpened) < kinds.index(Request)

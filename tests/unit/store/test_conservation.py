@@ -13,7 +13,7 @@ from otel_gpu.export.spans import SpanBuilder
 from otel_gpu.pipeline.cost import CostStage, Prices
 from otel_gpu.pipeline.http_parser import RequestHead
 from otel_gpu.pipeline.model import CallSink, ProcessWindow, Request
-from otel_gpu.pipeline.records import BusyStarted, Tick
+from otel_gpu.pipeline.records import RequestOpened, Tick
 from otel_gpu.probes.table import call_id
 from otel_gpu.store.report import build_report
 from store_helpers import run_cli
@@ -87,7 +87,7 @@ def test_exact_split_and_outside_add_up_to_the_busy_time(pipeline, reader, db):
                  candidates=[b, c, d], budget=2)
     outside = window("outside", busy_calls(180, 260))
     outside.sink.add_aggregate(call_id("cudaLaunchKernel"), 0, 5, 0, 0, t(230), "outside")
-    pipeline([BusyStarted(a), BusyStarted(b), a, b, c, BusyStarted(d), amb, outside, Tick(t(205))])
+    pipeline([RequestOpened(a), RequestOpened(b), a, b, c, RequestOpened(d), amb, outside, Tick(t(205))])
     assert amb not in pipeline.released and outside not in pipeline.released  # d is still open
     amb2 = window("ambiguous", busy_calls(310, 330), candidates=[d])  # the next flush
     pipeline([d, amb2, Tick(t(400)), Tick(t(401), final=True)])
