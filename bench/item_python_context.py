@@ -1,0 +1,141 @@
+"""Item 6: what the Python-context probes cost a real asyncio service. Requests/s of
+FastAPI `async def` on uvicorn (tests/bpf/targets/async_servers.py fastapi-async:
+3 cudaLaunchKernel + 1 cudaMemcpy per request, yielding to the loop between calls)
+under a fixed load (bench/load.py: 8 keep-alive connections), on one service process:
+untraced, then the collector with --no-python-context and with --python-context in
+alternating phases (a fresh collector per phase, exporting OTLP/gRPC to the counting
+receiver), then untraced again. Loss = 1 - mean(--python-context) / mean(--no-python-context)."""
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from otel_gpu.demo.runner import LineWatcher, stop_process
+
+from .collector import Collector
+from .receiver import CountingReceiver
+
+ROOT = Path(__file__).resolve().parents[1]
+SERVER = ROOT / "tests" / "bpf" / "targets" / "async_servers.py"
+PATH = "/infer?id=7&launches=3"
+CONNS = 8
+TARGET_LOSS_PCT = 3.0
+MODES = ("--no-python-context", "--python-context")
+
+
+class AsyncService:
+    """The fastapi-async target, run by this interpreter, serving once told to."""
+
+    def __init__(self) -> None:
+        self.proc = subprocess.Popen([sys.executable, str(SERVER), "fastapi-async", "0"], stdin=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True, cwd=ROOT)
+        self.pid = self.proc.pid
+        log = LineWatcher(self.proc.stderr, echo=None)
+        if not log.wait_for("listening on", 30):
+            self.stop()
+            raise RuntimeError("async service did not start:\n" + "".join(log.lines))
+        self.port = int(next(l for l in log.lines if "listening on" in l).split()[2])
+        self.proc.stdin.write("go\n")
+        self.proc.stdin.flush()
+        time.sleep(0.5)
+
+    def load(self, seconds: float, max_requests: int = 2_000_000) -> dict:
+        out = subprocess.run([sys.executable, "-m", "bench.load", "--port", str(self.port), "--path", PATH,
+                              "--conns", str(CONNS), "--seconds", str(seconds), "--max", str(max_requests)],
+                             capture_output=True, text=True, timeout=seconds + 120, check=True, cwd=ROOT)
+        return json.loads(out.stdout)
+
+    def stop(self) -> None:
+        stop_process(self.proc, timeout=10)
+
+
+def _settle(rx: CountingReceiver, timeout: float = 15) -> None:
+    last, deadline = -1, time.monotonic() + timeout
+    while time.monotonic() < deadline and rx.span_count != last:
+        last = rx.span_count
+        time.sleep(1.0)
+
+
+def _phase(svc: AsyncService, rx: CountingReceiver, mode: str, seconds: float, starts: list) -> dict:
+    col = Collector(otlp_endpoint=rx.endpoint, args=(mode,))
+    starts.append(col.ready_s)
+    try:
+        col.wait_traced(svc.pid)
+        traced_line = next((l.strip() for l in col.log.lines if f"tracing pid {svc.pid}" in l), "")
+        svc.load(2)  # warm-up with the probes on
+        _settle(rx, 5)
+        rx.reset()
+        cpu0, t0 = col.cpu_seconds(), time.monotonic()
+        res = svc.load(seconds)
+        res["collector_cores"] = (col.cpu_seconds() - cpu0) / (time.monotonic() - t0)
+    finally:
+        res_summary = col.stop()
+        stopped = next((l.strip() for l in reversed(col.log.lines) if "stopped:" in l), "")
+    _settle(rx, 10)
+    return {"mode": mode, **res, "python_context_probes": "Python contexts" in traced_line,
+            "traced_line": traced_line, "server_spans": len(rx.servers), "stopped": stopped,
+            "collector": res_summary}
+
+
+def run(quick: bool, starts: list) -> dict:
+    seconds, rounds = (5, 1) if quick else (15, 2)
+    out = {"seconds": seconds, "rounds": rounds, "conns": CONNS, "path": PATH,
+           "python": sys.version.split()[0], "phases": []}
+    svc, rx = AsyncService(), CountingReceiver().start()
+    try:
+        svc.load(2)  # warm-up
+        out["untraced"] = svc.load(seconds)
+        for r in range(rounds):  # alternate which mode goes first: drift hits both alike
+            for mode in (MODES if r % 2 == 0 else tuple(reversed(MODES))):
+                out["phases"].append(_phase(svc, rx, mode, seconds, starts))
+        out["untraced_after"] = svc.load(seconds)
+    finally:
+        svc.stop()
+        rx.stop()
+    for mode in MODES:
+        key = mode.strip("-").replace("-", "_")
+        phases = [p for p in out["phases"] if p["mode"] == mode]
+        out[key] = {"rps": statistics.mean(p["rps"] for p in phases),
+                    "rps_each": [round(p["rps"]) for p in phases],
+                    "collector_cores": statistics.mean(p["collector_cores"] for p in phases),
+                    "server_spans": sum(p["server_spans"] for p in phases),
+                    "served": sum(p["ok"] for p in phases),
+                    "probes_attached": all(p["python_context_probes"] for p in phases)}
+    base = (out["untraced"]["rps"] + out["untraced_after"]["rps"]) / 2
+    out["base_rps"] = base
+    on, off = out["python_context"]["rps"], out["no_python_context"]["rps"]
+    out["loss_vs_no_context_pct"] = 100 * (1 - on / off) if off else None
+    out["loss_vs_untraced_pct"] = {"python_context": 100 * (1 - on / base) if base else None,
+                                   "no_python_context": 100 * (1 - off / base) if base else None}
+    return out
+
+
+def rows(r: dict) -> list:
+    on, off = r["python_context"], r["no_python_context"]
+    loss = r["loss_vs_no_context_pct"]
+    vs = r["loss_vs_untraced_pct"]
+    what = f"FastAPI async on uvicorn, {r['conns']} conns, 3 launches + 1 copy/request"
+    return [
+        ("6", f"{what}: req/s untraced (before, after)",
+         f"{r['untraced']['rps']:.0f}, {r['untraced_after']['rps']:.0f}", "", None),
+        ("6", "  req/s traced --no-python-context (each phase)",
+         f"{off['rps']:.0f} ({', '.join(map(str, off['rps_each']))}); {vs['no_python_context']:.1f}% vs untraced",
+         "", None),
+        ("6", "  req/s traced --python-context (each phase)",
+         f"{on['rps']:.0f} ({', '.join(map(str, on['rps_each']))}); {vs['python_context']:.1f}% vs untraced",
+         "", None),
+        ("6", "  throughput loss of the Python-context probes",
+         "n/a" if loss is None else f"{loss:.1f}%", f"<= {TARGET_LOSS_PCT:.0f}% loss vs --no-python-context",
+         None if loss is None else loss <= TARGET_LOSS_PCT),
+        ("6", "  Python-context probes attached in every --python-context phase",
+         "yes" if on["probes_attached"] else "NO", "yes", on["probes_attached"]),
+        ("6", "  server spans / requests served (--python-context; --no-python-context)",
+         f"{on['server_spans']} / {on['served']}; {off['server_spans']} / {off['served']}", "all",
+         on["server_spans"] >= on["served"] and off["server_spans"] >= off["served"]),
+        ("6", "  collector CPU during load (cores): --python-context, --no-python-context",
+         f"{on['collector_cores']:.2f}, {off['collector_cores']:.2f}", "", None),
+    ]
