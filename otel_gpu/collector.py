@@ -76,7 +76,8 @@ def build_pipeline(config: Config, stats: Stats, k8s=None, destinations=None,
     Tests pass their own destinations, readers and kernel namer."""
     ports = PortCache(config.proc_root)
     kept_headers = config.export_headers | ({config.feature_header} if config.feature_header else set())
-    stitcher = Stitcher(config.span_budget, frozenset(kept_headers), stats, port_of=ports.port)
+    stitcher = Stitcher(config.span_budget, frozenset(kept_headers), stats, port_of=ports.port,
+                        peer_of=ports.peer)
     enrich = Enrich(ProcessResources(config.proc_root, k8s, config.resource_attributes, stats),
                     RouteTemplater(config.route_patterns), kernel_names or KernelNames())
     cost = CostStage(Prices(config.gpu_price, config.currency), config.feature_header)

@@ -18,8 +18,8 @@ context running on the thread of each CUDA call and socket read/write. From thos
   it was made (its candidates) has bound another context or finished, it is outside
   (all of them bound their own contexts) or ambiguous (linked to the ones that never
   bound). A call in an untracked context on a context thread (a task from before the
-  probes) is outside if every open request is bound, else ambiguous: never the one
-  open request's. ctx == 0 (not Python, or not known): the stitcher's thread rules.
+  probes) is held the same way, in a context no request can bind: never the one open
+  request's. ctx == 0 (not Python, or not known): the stitcher's thread rules.
 
 Nothing is guessed: a call reaches a request only through a binding. Tables are bounded:
 contexts by an LRU cap and an idle sweep at each Tick, held calls by a per-context cap
@@ -110,6 +110,17 @@ class ProcessContexts:
         self.nodes[ev.ctx] = Node(ev.ctx, ev.parent, parent.created if parent else None, ev.ts_ns)
         if len(self.nodes) > self.max_contexts:
             self._evict()
+
+    def _adopt(self, addr: int) -> Node:
+        """A context whose creation we never saw, met on a context thread (a task started
+        before the probes, the loop's own context). Every context a request owns is
+        created after the request began, so this one can never be bound (created = 0):
+        its calls are held like any unbound context's, outside once every open request
+        bound its own context, ambiguous if one never did."""
+        node = self.nodes[addr] = Node(addr, 0, None, 0)
+        if len(self.nodes) > self.max_contexts:
+            self._evict()
+        return node
 
     def seen(self, tid: int, ctx: int, ts: int) -> Optional[Node]:
         """A socket read/write or CUDA call ran in `ctx` on `tid`: its node if tracked."""
@@ -229,8 +240,7 @@ class ProcessContexts:
         if node is None:
             if ev.tid not in self.threads:
                 return None
-            cands = self.candidates()
-            return (AMBIGUOUS, list(cands)) if cands else (OUTSIDE, None)
+            node = self._adopt(ev.ctx)
         self.threads[ev.tid] = ev.ts_ns
         self._touch(node, ev.ts_ns)
         node.worked = True

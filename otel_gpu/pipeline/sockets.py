@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from ..proc import TCP_ESTABLISHED, TCP_LISTEN, local_port, socket_fds, tcp_sockets
+from ..proc import TCP_ESTABLISHED, TCP_LISTEN, local_port, socket_fds, socket_inode, tcp_sockets
 
 
 class PortCache:
@@ -26,6 +26,14 @@ class PortCache:
         if listen_fd >= 0 and port is not None:
             self._ports[key] = port
         return port
+
+    def peer(self, pid: int, fd: int) -> Optional[tuple[str, int]]:
+        """The remote end of an accepted connection, for accepts that did not ask for it."""
+        inode = socket_inode(self.proc_root, pid, fd)
+        for s in tcp_sockets(self.proc_root, pid) if inode is not None else ():
+            if s.inode == inode:
+                return s.peer_addr, s.peer_port
+        return None
 
     def forget(self, pid: int) -> None:
         for key in [k for k in self._ports if k[0] == pid]:

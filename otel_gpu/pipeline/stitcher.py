@@ -71,13 +71,14 @@ class Proc:
 class Stitcher:
     def __init__(self, span_budget: int = 256, extra_headers: frozenset = frozenset(),
                  stats: Optional[Stats] = None, rng: Optional[random.Random] = None,
-                 port_of=None) -> None:
+                 port_of=None, peer_of=None) -> None:
         self.span_budget = span_budget
         self.extra_headers = extra_headers
         self.stats = stats or Stats()
         self._log = RateLimitedLog(log, self.stats, interval_s=30.0)
         self._rng = rng or random.Random()
         self._port_of = port_of  # (pid, listen_fd, conn_fd) -> server port, or None
+        self._peer_of = peer_of  # (pid, conn_fd) -> (address, port) or None: accepts without one
         self.procs: dict[int, Proc] = {}
         self.attributed = dict.fromkeys(ATTRIBUTIONS, 0)
 
@@ -167,8 +168,10 @@ class Stitcher:
         p = self._proc(ev.tgid, out)
         if ev.fd in p.conns:  # the old connection's close was not seen
             self._drop_conn(p, p.conns[ev.fd], ev.ts_ns, "connection replaced", out)
-        c = p.conns[ev.fd] = Conn(ev.fd, ev.peer_addr, ev.peer_port, ev.listen_fd,
-                                  RequestStream(self.extra_headers))
+        peer = (ev.peer_addr, ev.peer_port)
+        if peer[0] is None and self._peer_of:  # accept(fd, NULL, NULL), as uvloop/libuv do
+            peer = self._peer_of(ev.tgid, ev.fd) or peer
+        c = p.conns[ev.fd] = Conn(ev.fd, *peer, ev.listen_fd, RequestStream(self.extra_headers))
         c.server_port = self._port_of(ev.tgid, ev.listen_fd, ev.fd) if self._port_of else None
 
     def _on_read(self, ev: SockIo, out: list) -> None:

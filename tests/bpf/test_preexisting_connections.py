@@ -33,5 +33,5 @@ def test_keep_alive_connection_from_before_the_collector(kind, receiver, start_c
         assert s.attributes["server.port"] == target.port
         kids = children_of(receiver.spans, s)
         assert len(kids) == s.attributes["gpu.launches"] + 1
-        assert {k.attributes["otel_gpu.attribution"] for k in kids} <= {"thread"}
+        assert {k.attributes["otel_gpu.attribution"] for k in kids} <= {"thread", "task"}
     conn.close()

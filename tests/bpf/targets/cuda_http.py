@@ -128,7 +128,7 @@ def run_asgi(port: int, ready) -> None:
                     "headers": [(b"content-length", str(len(body)).encode())]})
         await send({"type": "http.response.body", "body": body})
 
-    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off")
+    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off", loop="asyncio")
     server = uvicorn.Server(config)
     ready()
     server.run()

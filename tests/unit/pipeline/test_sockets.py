@@ -2,7 +2,7 @@
 import os
 import socket
 
-from otel_gpu.pipeline.sockets import existing_server_connections
+from otel_gpu.pipeline.sockets import PortCache, existing_server_connections
 
 
 def test_finds_the_server_side_of_keep_alive_connections_only():
@@ -28,3 +28,17 @@ def test_finds_the_server_side_of_keep_alive_connections_only():
 
 def test_a_process_without_sockets_has_none(tmp_path):
     assert existing_server_connections(str(tmp_path), 1) == []
+
+
+def test_peer_of_an_accepted_connection():
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen()
+    cli = socket.create_connection(srv.getsockname())
+    conn, _ = srv.accept()
+    try:
+        assert PortCache().peer(os.getpid(), conn.fileno()) == ("127.0.0.1", cli.getsockname()[1])
+        assert PortCache().peer(os.getpid(), 9999) is None
+    finally:
+        for s in (cli, conn, srv):
+            s.close()
