@@ -81,6 +81,7 @@ static __always_inline void cuda_emit(struct cuda_header *c, u32 size, u64 detai
                                       u64 duration_ns)
 {
     if (streaming(c->h.tgid)) {
+        c->ctx = py_context(c->h.tgid, c->h.tid);
         count(CNT_CUDA_STREAMED);
         submit(c, size);
         return;
@@ -155,6 +156,7 @@ int cuda_launch_kernel(struct pt_regs *ctx)
     }
     e.shmem = stack_arg(ctx, 7);
     e.stream = stack_arg(ctx, 8);
+    e.c.ctx = py_context(tgid, (u32)id);
     count(CNT_CUDA_STREAMED);
     submit(&e, sizeof(e));
     return 0;

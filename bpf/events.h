@@ -34,6 +34,7 @@ enum event_kind {
     EV_CUDA_SYNC = 9,
     EV_CUDA_GRAPH = 10,
     EV_CUDA_DEVICE = 11,
+    EV_PY_CONTEXT = 12, /* a traced Python process copied its contextvars.Context */
 };
 
 struct event_header {
@@ -60,6 +61,7 @@ struct sock_io_event {
     s32 fd;
     u32 data_len;     /* bytes copied into data, <= HTTP_DATA_CAP */
     s64 ret;          /* bytes transferred by the syscall */
+    u64 ctx;          /* Python context of the thread (struct py_context_event); 0: none */
     u32 tail_len;     /* bytes copied into tail (writes only) */
     u32 pad;
     u8 tail[HTTP_TAIL_CAP];
@@ -77,6 +79,7 @@ struct cuda_header {
     struct event_header h;
     u32 call;          /* CALL_* id */
     s32 ret;           /* return code; -1 when the probe has no return probe */
+    u64 ctx;           /* Python context of the thread (struct py_context_event); 0: none */
 };
 
 struct launch_dims {
@@ -138,6 +141,15 @@ struct user_launch_config {
     u64 stream;
 };
 
+/* EV_PY_CONTEXT, from PyContext_CopyCurrent's return (asyncio Task and Handle,
+ * contextvars.copy_context()). A context is named by its address, which is its
+ * CPython id(): the PyThreadState.context pointer of the thread running it. */
+struct py_context_event {
+    struct event_header h;
+    u64 ctx;          /* the new copy */
+    u64 parent;       /* the context running on the thread when it was copied; 0: unknown */
+};
+
 struct proc_exit_event {
     struct event_header h;
     char comm[16];    /* names a process that exited before /proc was read */
@@ -156,6 +168,12 @@ struct rollup_value {
     u64 count;
     u64 bytes;
     u64 duration_ns;
+};
+
+/* py_procs value: a traced Python process's interpreter layout (otel_gpu/probes/python.py). */
+struct py_proc {
+    u32 context_offset; /* offsetof(PyThreadState, context) */
+    u32 pad;
 };
 
 /* Collector-side counters (array map indices). */

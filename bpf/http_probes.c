@@ -171,6 +171,7 @@ static __always_inline void io_exit(u8 kind, long ret)
     e->ret = ret;
     e->data_len = len;
     e->tail_len = 0;
+    e->ctx = py_context(key.tgid, (u32)id);
     if (kind == EV_SOCK_WRITE && p.is_iov == 0 && ret >= HTTP_TAIL_CAP) {
         bpf_probe_read_user(e->tail, HTTP_TAIL_CAP, (void *)(buf + ret - HTTP_TAIL_CAP));
         e->tail_len = HTTP_TAIL_CAP;

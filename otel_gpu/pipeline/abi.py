@@ -22,6 +22,7 @@ EV_CUDA_MEMORY = 8
 EV_CUDA_SYNC = 9
 EV_CUDA_GRAPH = 10
 EV_CUDA_DEVICE = 11
+EV_PY_CONTEXT = 12
 
 # enum counter: indices of the per-CPU `counters` array
 CNT_RINGBUF_FULL = 0
@@ -44,7 +45,7 @@ class AcceptEvent(ct.Structure):
 
 
 class SockIoEvent(ct.Structure):
-    _fields_ = [("h", EventHeader), ("fd", s32), ("data_len", u32), ("ret", s64),
+    _fields_ = [("h", EventHeader), ("fd", s32), ("data_len", u32), ("ret", s64), ("ctx", u64),
                 ("tail_len", u32), ("pad", u32), ("tail", u8 * HTTP_TAIL_CAP),
                 ("data", u8 * HTTP_DATA_CAP)]
 
@@ -53,13 +54,17 @@ class CloseEvent(ct.Structure):
     _fields_ = [("h", EventHeader), ("fd", s32), ("pad", u32)]
 
 
+class PyContextEvent(ct.Structure):
+    _fields_ = [("h", EventHeader), ("ctx", u64), ("parent", u64)]
+
+
 class ProcExitEvent(ct.Structure):
     _fields_ = [("h", EventHeader), ("comm", ct.c_char * 16)]
 
 
 # --- CUDA records: one shape per call category (probes/table.py Shape) -----------
 class CudaHeader(ct.Structure):
-    _fields_ = [("h", EventHeader), ("call", u32), ("ret", s32)]
+    _fields_ = [("h", EventHeader), ("call", u32), ("ret", s32), ("ctx", u64)]
 
 
 class LaunchDims(ct.Structure):
@@ -103,6 +108,11 @@ class UserLaunchConfig(ct.Structure):
 
 
 # --- maps ---------------------------------------------------------------------------
+class PyProc(ct.Structure):
+    """py_procs value: where the interpreter keeps PyThreadState.context."""
+    _fields_ = [("context_offset", u32), ("pad", u32)]
+
+
 class RollupKey(ct.Structure):
     _fields_ = [("tgid", u32), ("call", u32), ("detail", u64)]
 
@@ -114,9 +124,9 @@ class RollupValue(ct.Structure):
 # C struct name -> mirror (the layout test walks this).
 STRUCTS: dict[str, type] = {
     "event_header": EventHeader, "accept_event": AcceptEvent, "sock_io_event": SockIoEvent,
-    "close_event": CloseEvent, "proc_exit_event": ProcExitEvent, "cuda_header": CudaHeader,
-    "launch_dims": LaunchDims, "launch_event": LaunchEvent, "memcpy_event": MemcpyEvent,
-    "memory_event": MemoryEvent, "sync_event": SyncEvent, "graph_event": GraphEvent,
-    "device_event": DeviceEvent, "user_launch_config": UserLaunchConfig,
-    "rollup_key": RollupKey, "rollup_value": RollupValue,
+    "close_event": CloseEvent, "py_context_event": PyContextEvent, "proc_exit_event": ProcExitEvent,
+    "cuda_header": CudaHeader, "launch_dims": LaunchDims, "launch_event": LaunchEvent,
+    "memcpy_event": MemcpyEvent, "memory_event": MemoryEvent, "sync_event": SyncEvent,
+    "graph_event": GraphEvent, "device_event": DeviceEvent, "user_launch_config": UserLaunchConfig,
+    "py_proc": PyProc, "rollup_key": RollupKey, "rollup_value": RollupValue,
 }

@@ -13,28 +13,30 @@ from typing import Optional
 
 from . import abi
 from .abi import (EV_ACCEPT, EV_CUDA_DEVICE, EV_CUDA_GRAPH, EV_CUDA_LAUNCH, EV_CUDA_MEMCPY,
-                  EV_CUDA_MEMORY, EV_CUDA_SYNC, EV_PROC_EXIT, EV_SOCK_CLOSE, EV_SOCK_READ,
-                  EV_SOCK_WRITE, HTTP_DATA_CAP, HTTP_TAIL_CAP)
-from .records import (Accept, DeviceCall, GraphCall, LaunchCall, MemcpyCall, MemoryCall, ProcExit,
-                      SockClose, SockIo, SyncCall)
+                  EV_CUDA_MEMORY, EV_CUDA_SYNC, EV_PROC_EXIT, EV_PY_CONTEXT, EV_SOCK_CLOSE,
+                  EV_SOCK_READ, EV_SOCK_WRITE, HTTP_DATA_CAP, HTTP_TAIL_CAP)
+from .records import (Accept, ContextCopy, DeviceCall, GraphCall, LaunchCall, MemcpyCall, MemoryCall,
+                      ProcExit, SockClose, SockIo, SyncCall)
 
 
 class DecodeError(ValueError):
     """A record that does not match the header: counted and dropped by the reader."""
 
 
-# struct cuda_header: kind, pad[3], tgid, tid, pad2, ts_ns, call, ret
-_CUDA_HEADER = "<B3xII4xQIi"
+# struct cuda_header: kind, pad[3], tgid, tid, pad2, ts_ns, call, ret, ctx
+_CUDA_HEADER = "<B3xII4xQIiQ"
 LAUNCH = struct.Struct(_CUDA_HEADER + "Q3I3IQQ")  # func, grid, block, shmem, stream
 MEMCPY = struct.Struct(_CUDA_HEADER + "QQI4x")    # bytes, stream, direction, pad
 MEMORY = struct.Struct(_CUDA_HEADER + "QQQ")      # ptr, bytes, duration_ns
 SYNC = struct.Struct(_CUDA_HEADER + "QQ")         # handle, duration_ns
 GRAPH = struct.Struct(_CUDA_HEADER + "QQ")        # graph_exec, stream
 DEVICE = struct.Struct(_CUDA_HEADER + "I4x")      # device, pad
+PY_CONTEXT = struct.Struct("<B3xII4xQQQ")         # header, ctx, parent
 
 # Each Struct beside the ctypes mirror it must match (checked by the layout test).
 STRUCT_MIRRORS = ((LAUNCH, abi.LaunchEvent), (MEMCPY, abi.MemcpyEvent), (MEMORY, abi.MemoryEvent),
-                  (SYNC, abi.SyncEvent), (GRAPH, abi.GraphEvent), (DEVICE, abi.DeviceEvent))
+                  (SYNC, abi.SyncEvent), (GRAPH, abi.GraphEvent), (DEVICE, abi.DeviceEvent),
+                  (PY_CONTEXT, abi.PyContextEvent))
 
 _HEADER_SIZE = ct.sizeof(abi.EventHeader)
 _IO_FIXED = abi.SockIoEvent.data.offset
@@ -50,28 +52,33 @@ def _exact(buf, size: int, s: struct.Struct, what: str):
 
 
 def _memcpy(buf, size):
-    _, tgid, tid, ts, call, ret, nbytes, stream, direction = _exact(buf, size, MEMCPY, "memcpy")
-    return MemcpyCall(tgid, tid, ts, call, ret, nbytes, direction, stream)
+    _, tgid, tid, ts, call, ret, ctx, nbytes, stream, direction = _exact(buf, size, MEMCPY, "memcpy")
+    return MemcpyCall(tgid, tid, ts, call, ret, nbytes, direction, stream, ctx=ctx)
 
 
 def _memory(buf, size):
-    _, tgid, tid, ts, call, ret, ptr, nbytes, duration = _exact(buf, size, MEMORY, "memory")
-    return MemoryCall(tgid, tid, ts, call, ret, ptr, nbytes, duration)
+    _, tgid, tid, ts, call, ret, ctx, ptr, nbytes, duration = _exact(buf, size, MEMORY, "memory")
+    return MemoryCall(tgid, tid, ts, call, ret, ptr, nbytes, duration, ctx=ctx)
 
 
 def _sync(buf, size):
-    _, tgid, tid, ts, call, ret, handle, duration = _exact(buf, size, SYNC, "sync")
-    return SyncCall(tgid, tid, ts, call, ret, handle, duration)
+    _, tgid, tid, ts, call, ret, ctx, handle, duration = _exact(buf, size, SYNC, "sync")
+    return SyncCall(tgid, tid, ts, call, ret, handle, duration, ctx=ctx)
 
 
 def _graph(buf, size):
-    _, tgid, tid, ts, call, ret, graph_exec, stream = _exact(buf, size, GRAPH, "graph")
-    return GraphCall(tgid, tid, ts, call, ret, graph_exec, stream)
+    _, tgid, tid, ts, call, ret, ctx, graph_exec, stream = _exact(buf, size, GRAPH, "graph")
+    return GraphCall(tgid, tid, ts, call, ret, graph_exec, stream, ctx=ctx)
 
 
 def _device(buf, size):
-    _, tgid, tid, ts, call, ret, device = _exact(buf, size, DEVICE, "device")
-    return DeviceCall(tgid, tid, ts, call, ret, device)
+    _, tgid, tid, ts, call, ret, ctx, device = _exact(buf, size, DEVICE, "device")
+    return DeviceCall(tgid, tid, ts, call, ret, device, ctx=ctx)
+
+
+def _py_context(buf, size):
+    _, tgid, tid, ts, ctx, parent = _exact(buf, size, PY_CONTEXT, "Python context")
+    return ContextCopy(tgid, tid, ts, ctx, parent)
 
 
 def _addr(family: int, raw) -> Optional[str]:
@@ -96,7 +103,7 @@ def _sock_io(buf, size):
     if e.data_len > HTTP_DATA_CAP or _IO_FIXED + e.data_len > size or e.tail_len > HTTP_TAIL_CAP:
         raise DecodeError(f"socket record claims {e.data_len} data bytes in {size}")
     data = buf[_IO_FIXED:_IO_FIXED + e.data_len]
-    return SockIo(e.h.kind, e.h.tgid, e.h.tid, e.h.ts_ns, e.fd, e.ret, data, bytes(e.tail[:e.tail_len]))
+    return SockIo(e.h.kind, e.h.tgid, e.h.tid, e.h.ts_ns, e.fd, e.ret, data, bytes(e.tail[:e.tail_len]), e.ctx)
 
 
 def _accept(buf, size):
@@ -121,7 +128,7 @@ def _proc_exit(buf, size):
 _BY_KIND = {EV_CUDA_MEMCPY: _memcpy, EV_CUDA_MEMORY: _memory, EV_CUDA_SYNC: _sync,
             EV_CUDA_GRAPH: _graph, EV_CUDA_DEVICE: _device, EV_SOCK_READ: _sock_io,
             EV_SOCK_WRITE: _sock_io, EV_ACCEPT: _accept, EV_SOCK_CLOSE: _close,
-            EV_PROC_EXIT: _proc_exit}
+            EV_PROC_EXIT: _proc_exit, EV_PY_CONTEXT: _py_context}
 # Indexing bytes gives an int, a ctypes c_char array (the reader's zero-copy view)
 # a 1-byte bytes: both spellings are keys, so one lookup serves either buffer.
 _BY_KIND.update({bytes([k]): fn for k, fn in list(_BY_KIND.items())})
@@ -138,9 +145,11 @@ def decode(buf):
     if kind in _LAUNCH_KINDS:  # the hot path, inline
         if size != _LAUNCH_SIZE:
             raise DecodeError(f"launch record needs {_LAUNCH_SIZE} bytes, got {size}")
-        (_, tgid, tid, ts, call, ret, func, g0, g1, g2, b0, b1, b2, shmem,
+        (_, tgid, tid, ts, call, ret, ctx, func, g0, g1, g2, b0, b1, b2, shmem,
          stream) = _unpack_launch(buf)
-        return LaunchCall(tgid, tid, ts, call, ret, func, (g0, g1, g2), (b0, b1, b2), shmem, stream)
+        r = LaunchCall(tgid, tid, ts, call, ret, func, (g0, g1, g2), (b0, b1, b2), shmem, stream)
+        r.ctx = ctx  # a keyword argument costs ~20% of the decode here; an attribute ~5%
+        return r
     fn = _BY_KIND.get(kind)
     if fn is None:
         raise DecodeError(f"unknown event kind {kind!r}")

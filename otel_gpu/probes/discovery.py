@@ -1,17 +1,19 @@
 """Finds CUDA processes and the files to probe, through /proc: libcudart under any
 name and path (wheels, toolkit, libcudart-<hash>.so.11.0), libcuda, and
-executables with cudart linked in statically (nvcc's default). Re-run every few
-seconds, so processes that start or dlopen CUDA later are picked up."""
+executables with cudart linked in statically (nvcc's default); and, for a CUDA
+process that runs CPython, its interpreter file (probes/python.py says which).
+Re-run every few seconds, so processes that start or dlopen CUDA later are picked up."""
 from __future__ import annotations
 
 import logging
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Iterable, Optional
 
 from .. import proc
-from .table import DRIVER, RUNTIME
+from . import python
+from .table import DRIVER, PYTHON, RUNTIME
 
 log = logging.getLogger(__name__)
 
@@ -22,7 +24,7 @@ DRIVER_RE = re.compile(r"/libcuda\.so(?:\.[^/]*)?$")
 @dataclass(frozen=True)
 class ProbeTarget:
     """A file to attach uprobes to; one attach covers every process mapping it."""
-    kind: str          # RUNTIME or DRIVER
+    kind: str          # RUNTIME, DRIVER or PYTHON
     path: str          # openable from here (through /proc/<pid>/root for containers)
     key: tuple         # (st_dev, st_ino): the same file seen from several processes
 
@@ -31,6 +33,8 @@ class ProbeTarget:
 class ScanResult:
     cuda_pids: set
     targets: list
+    # CUDA processes running a recognised CPython: pid -> offsetof(PyThreadState, context)
+    python: dict = field(default_factory=dict)
 
 
 def libraries_in_maps(maps_text: str) -> list[tuple[str, str]]:
@@ -55,6 +59,7 @@ class Discovery:
         self.pid_filter = pid_filter
         self._has_static = has_static_cudart or _elf_defines_cuda_launch
         self._static_cache: dict[tuple, bool] = {}
+        self._python_cache: dict[tuple, Optional[int]] = {}  # exe (dev, ino) -> context offset
         self._known: dict[int, int] = {}  # pid -> start time, once found to use CUDA
         self.self_pid = os.getpid()
 
@@ -64,10 +69,18 @@ class Discovery:
         for pid in self._pids():
             if pid == self.self_pid or (self.pid_filter and not self.pid_filter(pid)):
                 continue
-            targets = self._targets_of(pid)
+            maps = proc.maps(self.proc_root, pid)
+            if maps is None:
+                continue  # gone, or a kernel thread
+            exe = self._exe(pid)
+            targets = self._targets_of(pid, maps, exe)
             if not targets:
                 continue
             result.cuda_pids.add(pid)
+            py = self._python(pid, maps, exe)
+            if py:
+                targets.append(py[0])
+                result.python[pid] = py[1]
             for t in targets:
                 if t.key not in seen_keys:
                     seen_keys.add(t.key)
@@ -77,19 +90,32 @@ class Discovery:
     def _pids(self) -> Iterable[int]:
         return proc.pids(self.proc_root)
 
-    def _targets_of(self, pid: int) -> list[ProbeTarget]:
-        maps = proc.maps(self.proc_root, pid)
-        if maps is None:
-            return []  # gone, or a kernel thread
+    def _targets_of(self, pid: int, maps: str, exe: Optional[tuple]) -> list[ProbeTarget]:
         out = []
         for kind, path in libraries_in_maps(maps):
             t = self._target(pid, kind, path)
             if t:
                 out.append(t)
-        exe = self._static_exe(pid)
-        if exe:
-            out.append(exe)
+        static = self._static_exe(exe)
+        if static:
+            out.append(static)
         return out
+
+    def _python(self, pid: int, maps: str, exe: Optional[tuple]) -> Optional[tuple[ProbeTarget, int]]:
+        """The interpreter file to probe and its context offset, or None (not Python,
+        or a CPython whose layout is not known)."""
+        lib = python.libpython_in_maps(maps)
+        if lib:
+            offset = python.context_offset(python.version_of_name(lib))
+            target = self._target(pid, PYTHON, lib) if offset is not None else None
+            return (target, offset) if target else None
+        if exe is None:
+            return None
+        link, path, key = exe
+        if key not in self._python_cache:
+            self._python_cache[key] = python.context_offset(python.exe_version(link, path))
+        offset = self._python_cache[key]
+        return None if offset is None else (ProbeTarget(PYTHON, path, key), offset)
 
     def _target(self, pid: int, kind: str, path: str) -> Optional[ProbeTarget]:
         # Through the process's root, so a container's files are reached from the host.
@@ -101,7 +127,8 @@ class Discovery:
                 continue
         return None
 
-    def _static_exe(self, pid: int) -> Optional[ProbeTarget]:
+    def _exe(self, pid: int) -> Optional[tuple[str, str, tuple]]:
+        """(exe link, the file's path from here, (st_dev, st_ino)), read once per scan."""
         try:
             st = os.stat(proc.path(self.proc_root, pid, "exe"))  # the running file, even if replaced
         except OSError:
@@ -109,8 +136,12 @@ class Discovery:
         link = proc.exe(self.proc_root, pid)
         if link is None:
             return None
-        path = proc.path(self.proc_root, pid, "root") + link
-        key = (st.st_dev, st.st_ino)
+        return link, proc.path(self.proc_root, pid, "root") + link, (st.st_dev, st.st_ino)
+
+    def _static_exe(self, exe: Optional[tuple]) -> Optional[ProbeTarget]:
+        if exe is None:
+            return None
+        _, path, key = exe
         if key not in self._static_cache:
             self._static_cache[key] = os.path.exists(path) and self._has_static(path)
         return ProbeTarget(RUNTIME, path, key) if self._static_cache[key] else None

@@ -9,7 +9,7 @@ import ctypes as ct
 import logging
 import time
 
-from ..pipeline.abi import COUNTER_NAMES
+from ..pipeline.abi import COUNTER_NAMES, PyProc
 from ..pipeline.reader import RingReader, RollupReader
 from ..ratelimit import Stats
 from .attacher import Attacher
@@ -21,9 +21,9 @@ log = logging.getLogger(__name__)
 
 # Maps keyed by tgid, and maps keyed by pid_tgid (tgid in the high 32 bits) or by a
 # struct with a tgid field: every entry of an exited process goes.
-_BY_TGID = ("traced", "http_active")
-_BY_PID_TGID = ("in_call", "reading", "writing", "accepting")
-_STATE_TABLES = ("traced", "http_active", "conns", "rollup", "in_call")
+_BY_TGID = ("traced", "http_active", "py_procs")
+_BY_PID_TGID = ("in_call", "reading", "writing", "accepting", "py_tstate")
+_STATE_TABLES = ("traced", "http_active", "conns", "rollup", "in_call", "py_procs", "py_tstate")
 
 
 class BpfProgram:
@@ -83,6 +83,11 @@ class BpfProgram:
         except KeyError:
             table[key] = table.Leaf()  # state unknown: the next read decides
             return True
+
+    def trace_python(self, pid: int, context_offset: int) -> None:
+        """The process runs a CPython whose PyThreadState keeps its context at this
+        offset (probes/python.py): its CUDA and socket records carry `ctx` from now on."""
+        self.bpf["py_procs"][ct.c_uint32(pid)] = PyProc(context_offset=context_offset)
 
     def traced_count(self) -> int:
         return len(self.bpf["traced"])

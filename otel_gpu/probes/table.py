@@ -1,4 +1,5 @@
-"""What is attached where, as data: the CUDA call table and the HTTP tracepoints.
+"""What is attached where, as data: the CUDA call table, the HTTP tracepoints and the
+Python context probes.
 
 One row per CUDA call says everything the rest of otel-gpu needs to know about it:
 its id (shared with the BPF side, which gets the ids as generated #defines), the
@@ -14,6 +15,7 @@ from typing import Optional
 
 RUNTIME = "cudart"  # libcudart.so*, or an executable with cudart linked statically
 DRIVER = "cuda"     # libcuda.so*
+PYTHON = "python"   # a CPython interpreter (libpython3.X.so* or the executable): not CUDA calls
 
 
 class Category(str, Enum):
@@ -143,7 +145,7 @@ def c_defines() -> str:
 
 @dataclass(frozen=True)
 class UprobeRow:
-    library: str            # RUNTIME or DRIVER
+    library: str            # RUNTIME, DRIVER or PYTHON
     symbol: str
     entry: str              # BPF function run at entry
     ret: Optional[str] = None
@@ -162,5 +164,17 @@ HTTP_TRACEPOINTS: tuple[str, ...] = tuple(
 ) + ("syscalls:sys_enter_close", "sched:sched_process_exit")
 
 
+# The Python execution-context probes (bpf/python_probes.c), exported symbols only:
+# the thread's PyThreadState* (first argument) where a thread takes the GIL, and each
+# contextvars.Context copy (the return value).
+PYTHON_PROBES: tuple[UprobeRow, ...] = (
+    UprobeRow(PYTHON, "PyEval_RestoreThread", "py_thread_state"),
+    UprobeRow(PYTHON, "PyEval_AcquireThread", "py_thread_state"),
+    UprobeRow(PYTHON, "PyContext_CopyCurrent", "py_copy_context_enter", "py_copy_context_return"),
+)
+
+
 def rows_for(library: str) -> list[UprobeRow]:
+    if library == PYTHON:
+        return list(PYTHON_PROBES)
     return [r for r in CUDA_PROBES if r.library == library]

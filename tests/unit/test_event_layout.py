@@ -158,7 +158,17 @@ def test_decoder_structs_match_their_mirrors(s, mirror):
 def test_every_cuda_shape_has_a_struct():
     mirrored = {m for _, m in decode.STRUCT_MIRRORS}
     cuda = {cls for cls in abi.STRUCTS.values() if cls._fields_[0][1] is abi.CudaHeader}
-    assert mirrored == cuda
+    assert mirrored == cuda | {abi.PyContextEvent}
+
+
+def test_python_context_fields(c_layout):
+    """ctx is in every CUDA record (through cuda_header) and in socket records; the
+    py_procs value the collector writes is the one the probes read."""
+    _, fields, _ = c_layout
+    assert fields["cuda_header.ctx"] == [32, 8]
+    assert fields["sock_io_event.ctx"][1] == 8
+    assert fields["py_context_event.ctx"] == [24, 8] and fields["py_context_event.parent"] == [32, 8]
+    assert fields["py_proc.context_offset"] == [0, 4]
 
 
 def test_caps_match(c_layout):

@@ -8,8 +8,8 @@ from hypothesis import strategies as st
 
 from otel_gpu.pipeline import abi
 from otel_gpu.pipeline.decode import DecodeError, decode
-from otel_gpu.pipeline.records import (Accept, CudaCall, DeviceCall, GraphCall, LaunchCall, MemcpyCall,
-                                       MemoryCall, ProcExit, SockClose, SockIo, SyncCall)
+from otel_gpu.pipeline.records import (Accept, ContextCopy, CudaCall, DeviceCall, GraphCall, LaunchCall,
+                                       MemcpyCall, MemoryCall, ProcExit, SockClose, SockIo, SyncCall)
 from otel_gpu.probes.table import call_id
 
 HEAD = (100, 101, 123456789)  # tgid, tid, ts_ns
@@ -19,8 +19,8 @@ def header(kind, tgid=100, tid=101, ts=123456789):
     return abi.EventHeader(kind=kind, tgid=tgid, tid=tid, ts_ns=ts)
 
 
-def cuda(mirror, kind, call, ret=-1, **fields):
-    return bytes(mirror(c=abi.CudaHeader(h=header(kind), call=call, ret=ret), **fields))
+def cuda(mirror, kind, call, ret=-1, ctx=0, **fields):
+    return bytes(mirror(c=abi.CudaHeader(h=header(kind), call=call, ret=ret, ctx=ctx), **fields))
 
 
 def view(buf: bytes):
@@ -35,9 +35,9 @@ def accept_record(family, addr: bytes, port=8080):
     return bytes(e)
 
 
-def io_record(kind, data: bytes, ret=None, tail=b""):
+def io_record(kind, data: bytes, ret=None, tail=b"", ctx=0):
     e = abi.SockIoEvent(h=header(kind), fd=9, data_len=len(data),
-                        ret=len(data) if ret is None else ret, tail_len=len(tail))
+                        ret=len(data) if ret is None else ret, tail_len=len(tail), ctx=ctx)
     ct.memmove(e.tail, tail, len(tail))
     ct.memmove(e.data, data, len(data))
     return bytes(e)[:abi.SockIoEvent.data.offset + len(data)]  # the probe sends only data_len bytes
@@ -66,6 +66,19 @@ def test_sock_io_variable_length(kind):
     r = decode(io_record(kind, data, ret=5000, tail=b"0\r\n\r\n"))
     assert r == SockIo(kind, 100, 101, 123456789, 9, 5000, data, b"0\r\n\r\n")
     assert decode(view(io_record(kind, data, ret=5000, tail=b"0\r\n\r\n"))) == r
+
+
+def test_sock_io_carries_the_python_context():
+    r = decode(io_record(abi.EV_SOCK_WRITE, b"HTTP/1.1 200 OK\r\n", ctx=0x7F00DEAD0000))
+    assert r.ctx == 0x7F00DEAD0000 and decode(io_record(abi.EV_SOCK_READ, b"x")).ctx == 0
+
+
+def test_context_copy():
+    rec = bytes(abi.PyContextEvent(h=header(abi.EV_PY_CONTEXT), ctx=0x7F01, parent=0x7F02))
+    assert decode(rec) == decode(view(rec)) == ContextCopy(*HEAD, 0x7F01, 0x7F02)
+    for bad in (rec[:-1], rec + bytes(8)):
+        with pytest.raises(DecodeError):
+            decode(bad)
 
 
 def test_sock_io_full_cap_and_empty():
@@ -101,7 +114,7 @@ def test_launch():
                dims=abi.LaunchDims((ct.c_uint32 * 3)(4, 2, 1), (ct.c_uint32 * 3)(256, 1, 1)),
                shmem=48, stream=0x77)
     want = LaunchCall(*HEAD, 1, -1, 0xDEAD, (4, 2, 1), (256, 1, 1), 48, 0x77)
-    assert decode(rec) == want and decode(view(rec)) == want
+    assert decode(rec) == want and decode(view(rec)) == want and want.ctx == 0
     assert decode(rec).name == "cudaLaunchKernel" and decode(rec).amounts() == (0xDEAD, 0, 0)
 
 
@@ -124,6 +137,7 @@ def test_each_cuda_shape(mirror, kind, call, fields, want):
     assert decode(rec).name == call
 
 
+
 def test_return_code_is_signed():
     r = decode(cuda(abi.SyncEvent, abi.EV_CUDA_SYNC, call_id("cudaDeviceSynchronize"), ret=35))
     assert r.ret == 35 and r.handle == 0
@@ -139,8 +153,16 @@ SHAPES = [(abi.LaunchEvent, abi.EV_CUDA_LAUNCH), (abi.MemcpyEvent, abi.EV_CUDA_M
           (abi.GraphEvent, abi.EV_CUDA_GRAPH), (abi.DeviceEvent, abi.EV_CUDA_DEVICE)]
 
 
+@pytest.mark.parametrize("mirror,kind", SHAPES)
+def test_every_cuda_shape_carries_the_python_context(mirror, kind):
+    ctx = 0x7F12_3456_7890
+    assert decode(cuda(mirror, kind, 1, ctx=ctx)).ctx == ctx
+    assert decode(view(cuda(mirror, kind, 1, ctx=ctx))).ctx == ctx
+
+
 @pytest.mark.parametrize("mirror,kind", SHAPES + [(abi.AcceptEvent, abi.EV_ACCEPT),
                                                   (abi.CloseEvent, abi.EV_SOCK_CLOSE),
+                                                  (abi.PyContextEvent, abi.EV_PY_CONTEXT),
                                                   (abi.ProcExitEvent, abi.EV_PROC_EXIT)])
 def test_short_records_rejected(mirror, kind):
     rec = bytes([kind]) + bytes(ct.sizeof(mirror) - 1)
@@ -157,7 +179,7 @@ def test_cuda_record_of_another_shape_rejected(mirror, kind):
         decode(bytes([kind]) + bytes(ct.sizeof(mirror) + 7))
 
 
-@pytest.mark.parametrize("buf", [b"", b"\x05", bytes(15), bytes([0]) + bytes(40), bytes([12]) + bytes(40),
+@pytest.mark.parametrize("buf", [b"", b"\x05", bytes(15), bytes([0]) + bytes(40), bytes([13]) + bytes(40),
                                  bytes([255]) + bytes(100)])
 def test_garbage_rejected(buf):
     with pytest.raises(DecodeError):
@@ -172,14 +194,14 @@ def test_oversized_socket_record_is_a_decode_error():
 
 
 @settings(max_examples=2500, deadline=None, database=None)
-@given(st.sampled_from(range(0, 13)), st.binary(max_size=ct.sizeof(abi.SockIoEvent) + 8))
+@given(st.sampled_from(range(0, 14)), st.binary(max_size=ct.sizeof(abi.SockIoEvent) + 8))
 def test_random_bytes_decode_or_raise_decode_error(kind, rest):
     buf = bytes([kind]) + rest
     try:
         r = decode(buf)
     except DecodeError:
         return
-    assert isinstance(r, (Accept, SockIo, SockClose, CudaCall, ProcExit))
+    assert isinstance(r, (Accept, SockIo, SockClose, CudaCall, ContextCopy, ProcExit))
     assert decode(view(buf)) == r
     if isinstance(r, SockIo):
         assert len(r.data) <= abi.HTTP_DATA_CAP and len(r.tail) <= abi.HTTP_TAIL_CAP
