@@ -85,6 +85,7 @@ server_venv() {  # server_venv DIR PYTHON
 if [ -x /usr/bin/python3 ]; then
   /usr/bin/python3 -c 'import ensurepip, venv' 2>/dev/null || {
     log "installing python3-venv"
+    as_root apt-get update -qq
     as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv >/dev/null; }
   server_venv "$ROOT/.venv-debian" /usr/bin/python3
 fi

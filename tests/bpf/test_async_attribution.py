@@ -20,7 +20,8 @@ rules give `task`; the parenting is what is checked).
 
 Interpreters of the target (the collector always runs from .venv): Debian's
 /usr/bin/python3 (3.11, stripped to its exported symbols) for every kind, from
-.venv-debian; a pyenv CPython 3.12 (static symbols kept) for the FastAPI kinds, from
+.venv-debian; a pyenv CPython 3.12 (static symbols kept) for the FastAPI, aiohttp and
+streaming kinds, from
 .venv-py312. scripts/setup.sh builds both venvs; a missing one is a skip."""
 from __future__ import annotations
 
@@ -48,7 +49,7 @@ INTERPRETERS = {  # id -> (venv python, what it is)
 ALL_KINDS = ("threaded", "fastapi-async", "fastapi-def", "aiohttp", "uvloop", "starlette-stream")
 # (interpreter, kind), in run order; the background kind last, so that its outside check
 # (which stops the collector to flush the per-process windows) reuses its target.
-MATRIX = ([("py312_pyenv", k) for k in ("fastapi-async", "fastapi-def")]
+MATRIX = ([("py312_pyenv", k) for k in ("fastapi-async", "fastapi-def", "aiohttp", "starlette-stream")]
           + [("py311_debian_stripped", k) for k in ALL_KINDS]
           + [("py311_debian_stripped", "background")])
 LAUNCH, MEMCPY = "cudaLaunchKernel", "cudaMemcpy"
