@@ -54,6 +54,34 @@ def start_time(proc_root: str, pid: int) -> Optional[int]:
         return None
 
 
+def ppid(proc_root: str, pid: int) -> Optional[int]:
+    """Field 4 of stat: the parent's pid (0 for init and kernel threads' parent)."""
+    stat = _maybe(proc_root, pid, "stat")
+    if stat is None:
+        return None
+    end = stat.rfind(b")")
+    fields = stat[end + 1:].split() if end >= 0 else []
+    try:
+        return int(fields[1])  # fields[0] is field 3 (state)
+    except (IndexError, ValueError):
+        return None
+
+
+def cgroup(proc_root: str, pid: int) -> Optional[list[tuple[str, str]]]:
+    """(controllers, path) per line of /proc/<pid>/cgroup: ("", path) is the unified
+    v2 hierarchy, the others v1 hierarchies. None when unreadable; malformed lines are
+    skipped (k8s/cgroup.py is the strict parser)."""
+    raw = _maybe(proc_root, pid, "cgroup")
+    if raw is None:
+        return None
+    out = []
+    for line in raw.decode(errors="replace").splitlines():
+        parts = line.split(":", 2)
+        if len(parts) == 3 and parts[0].isdigit() and parts[2].startswith("/"):
+            out.append((parts[1], parts[2]))
+    return out
+
+
 def comm(proc_root: str, pid: int) -> Optional[str]:
     raw = _maybe(proc_root, pid, "comm")
     return None if raw is None else raw.decode(errors="replace").rstrip("\n")

@@ -40,6 +40,12 @@ class PortCache:
             del self._ports[key]
 
 
+def listens(proc_root: str, pid: int) -> bool:
+    """Does the process hold a listening TCP socket (may it serve HTTP)?"""
+    fds = socket_fds(proc_root, pid)
+    return bool(fds) and any(s.state == TCP_LISTEN and s.inode in fds for s in tcp_sockets(proc_root, pid))
+
+
 @dataclass(frozen=True)
 class ServerConnection:
     """An accepted connection a process already held when we started tracing it."""

@@ -2,7 +2,11 @@
 name and path (wheels, toolkit, libcudart-<hash>.so.11.0), libcuda, and
 executables with cudart linked in statically (nvcc's default); and, for a CUDA
 process that runs CPython, its interpreter file (probes/python.py says which).
-Re-run every few seconds, so processes that start or dlopen CUDA later are picked up."""
+Re-run every few seconds, so processes that start or dlopen CUDA later are picked up.
+
+With a ProcessGroups (pipeline/groups.py): the processes related to a CUDA process
+(same cgroup, or parent/child) that listen on TCP are found too, as servers to trace
+(a front-end whose GPU work its worker does), and which CUDA processes listen."""
 from __future__ import annotations
 
 import logging
@@ -12,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterable, Optional
 
 from .. import proc
+from ..pipeline import sockets
 from . import python
 from .table import DRIVER, PYTHON, RUNTIME
 
@@ -35,6 +40,11 @@ class ScanResult:
     targets: list
     # CUDA processes running a recognised CPython: pid -> offsetof(PyThreadState, context)
     python: dict = field(default_factory=dict)
+    # Processes that use no CUDA, listen on TCP and are related to a CUDA process
+    # (groups): their requests may be what a related process's GPU work is for.
+    servers: set = field(default_factory=set)
+    # CUDA processes that listen on TCP themselves.
+    listening: set = field(default_factory=set)
 
 
 def libraries_in_maps(maps_text: str) -> list[tuple[str, str]]:
@@ -54,8 +64,11 @@ def libraries_in_maps(maps_text: str) -> list[tuple[str, str]]:
 
 class Discovery:
     def __init__(self, proc_root: str = "/proc", pid_filter: Optional[Callable[[int], bool]] = None,
-                 has_static_cudart: Optional[Callable[[str], bool]] = None) -> None:
+                 has_static_cudart: Optional[Callable[[str], bool]] = None, groups=None,
+                 listens: Optional[Callable[[int], bool]] = None) -> None:
         self.proc_root = proc_root
+        self.groups = groups  # pipeline.groups.ProcessGroups, or None: CUDA processes only
+        self._listens = listens or (lambda pid: sockets.listens(proc_root, pid))
         self.pid_filter = pid_filter
         self._has_static = has_static_cudart or _elf_defines_cuda_launch
         self._static_cache: dict[tuple, bool] = {}
@@ -66,7 +79,9 @@ class Discovery:
     def scan(self) -> ScanResult:
         result = ScanResult(set(), [])
         seen_keys = set()
-        for pid in self._pids():
+        pids = list(self._pids())
+        others = []  # processes that pass the filters and use no CUDA
+        for pid in pids:
             if pid == self.self_pid or (self.pid_filter and not self.pid_filter(pid)):
                 continue
             maps = proc.maps(self.proc_root, pid)
@@ -75,6 +90,7 @@ class Discovery:
             exe = self._exe(pid)
             targets = self._targets_of(pid, maps, exe)
             if not targets:
+                others.append(pid)
                 continue
             result.cuda_pids.add(pid)
             py = self._python(pid, maps, exe)
@@ -85,6 +101,11 @@ class Discovery:
                 if t.key not in seen_keys:
                     seen_keys.add(t.key)
                     result.targets.append(t)
+        if self.groups is not None:
+            self.groups.retain(pids)
+            if result.cuda_pids:
+                result.servers = {p for p in self.groups.relatives(others, result.cuda_pids) if self._listens(p)}
+                result.listening = {p for p in result.cuda_pids if self._listens(p)}
         return result
 
     def _pids(self) -> Iterable[int]:
