@@ -1,7 +1,9 @@
 /* CUDA runtime (libcudart) and driver (libcuda) uprobes. Entry-only wherever no
  * duration or return value is needed: a return probe roughly doubles the cost.
  * A call is streamed to user space (one typed record per category, bpf/events.h)
- * while its process has HTTP activity, and otherwise only counted in `rollup`.
+ * while its process, or the related server it follows (maps.h `traced`), has HTTP
+ * activity, and otherwise only counted in `rollup`. Every handler carries the
+ * process's `traced` value from its one lookup (tv) to the streaming decision.
  *
  * ABI (x86-64 SysV, at function entry): integer arguments 1-6 in di, si, dx, cx,
  * r8, r9 (PT_REGS_PARM1..6); [sp] is the return address, argument 7 is at [sp+8],
@@ -28,7 +30,7 @@ struct call_entry {
     u64 arg0;
     u64 arg1;
     u32 call;
-    u32 pad;
+    u32 tv;  /* the process's traced value at entry */
 };
 /* LRU: a thread that dies inside a call must not leak its entry forever. */
 BPF_TABLE("lru_hash", u64, struct call_entry, in_call, 16384);
@@ -44,20 +46,32 @@ struct last_launch {
 BPF_TABLE("lru_hash", u32, struct last_launch, last_rt_launch, 16384);
 #define DRIVER_DEDUP_WINDOW_NS 10000000 /* 10 ms */
 
-static __always_inline int cuda_admit(u32 tgid)
+/* The process's traced value (maps.h), 0 when it is not traced. */
+static __always_inline u32 cuda_admit(u32 tgid)
 {
 #if TRACE_ALL
-    u32 one = 1;
-    traced.lookup_or_try_init(&tgid, &one);
-    return 1;
+    u32 one = TRACED;
+    u32 *tv = traced.lookup_or_try_init(&tgid, &one);
+    return tv ? *tv : TRACED;
 #else
-    return is_traced(tgid);
+    u32 *tv = traced.lookup(&tgid);
+    return tv ? *tv : 0;
 #endif
 }
 
-static __always_inline int streaming(u32 tgid)
+/* A process that follows no server (tv == TRACED) pays one lookup, as before
+ * following existed; a follower first looks at its server's activity. */
+static __always_inline int streaming(u32 tgid, u32 tv)
 {
-    s64 *active = http_active.lookup(&tgid);
+    s64 *active;
+    if (tv != TRACED) {
+        if (tv == FOLLOW_ALL)
+            return 1;
+        active = http_active.lookup(&tv);
+        if (active && *active > 0)
+            return 1;
+    }
+    active = http_active.lookup(&tgid);
     return active && *active > 0;
 }
 
@@ -77,10 +91,10 @@ static __always_inline void rollup_add(u32 tgid, u32 call, u64 detail, u64 bytes
 
 /* The one way out for a CUDA call: the whole record while streaming, else its
  * rollup (detail as probes/table.py ROLLUP_DETAIL says for the category). */
-static __always_inline void cuda_emit(struct cuda_header *c, u32 size, u64 detail, u64 bytes,
+static __always_inline void cuda_emit(struct cuda_header *c, u32 size, u32 tv, u64 detail, u64 bytes,
                                       u64 duration_ns)
 {
-    if (streaming(c->h.tgid)) {
+    if (streaming(c->h.tgid, tv)) {
         c->ctx = py_context(c->h.tgid, c->h.tid);
         count(CNT_CUDA_STREAMED);
         submit(c, size);
@@ -88,7 +102,7 @@ static __always_inline void cuda_emit(struct cuda_header *c, u32 size, u64 detai
     }
     rollup_add(c->h.tgid, c->call, detail, bytes, duration_ns);
 }
-#define EMIT(e, detail, bytes, duration_ns) cuda_emit(&(e).c, sizeof(e), detail, bytes, duration_ns)
+#define EMIT(e, tv, detail, bytes, duration_ns) cuda_emit(&(e).c, sizeof(e), tv, detail, bytes, duration_ns)
 
 static __always_inline int driver_is_probed(void)
 {
@@ -97,15 +111,17 @@ static __always_inline int driver_is_probed(void)
     return on && *on;
 }
 
-static __always_inline int cuda_begin(struct cuda_header *c, u8 kind, u32 call)
+/* The process's traced value (non-zero), or 0: not traced, nothing to do. */
+static __always_inline u32 cuda_begin(struct cuda_header *c, u8 kind, u32 call)
 {
     u64 id = bpf_get_current_pid_tgid();
-    if (!cuda_admit(id >> 32))
+    u32 tv = cuda_admit(id >> 32);
+    if (!tv)
         return 0;
     fill_header(&c->h, kind, id);
     c->call = call;
     c->ret = -1;
-    return 1;
+    return tv;
 }
 
 static __always_inline u64 stack_arg(struct pt_regs *ctx, int n)
@@ -129,9 +145,10 @@ int cuda_launch_kernel(struct pt_regs *ctx)
 {
     u64 id = bpf_get_current_pid_tgid();
     u32 tgid = id >> 32;
-    if (!cuda_admit(tgid))
+    u32 tv = cuda_admit(tgid);
+    if (!tv)
         return 0;
-    int stream_it = streaming(tgid), dedup = driver_is_probed();
+    int stream_it = streaming(tgid, tv), dedup = driver_is_probed();
     if (!stream_it && !dedup) {
         rollup_add(tgid, CALL_LAUNCH_KERNEL, PT_REGS_PARM1(ctx), 0, 0);
         return 0;
@@ -166,7 +183,8 @@ int cuda_launch_kernel(struct pt_regs *ctx)
 int cuda_launch_kernel_exc(struct pt_regs *ctx)
 {
     struct launch_event e = {};
-    if (!cuda_begin(&e.c, EV_CUDA_LAUNCH, CALL_LAUNCH_KERNEL_EXC))
+    u32 tv = cuda_begin(&e.c, EV_CUDA_LAUNCH, CALL_LAUNCH_KERNEL_EXC);
+    if (!tv)
         return 0;
     struct user_launch_config cfg = {};
     bpf_probe_read_user(&cfg, sizeof(cfg), (void *)PT_REGS_PARM1(ctx));
@@ -176,7 +194,7 @@ int cuda_launch_kernel_exc(struct pt_regs *ctx)
     e.func = PT_REGS_PARM2(ctx);
     if (driver_is_probed())
         remember_rt_launch(&e);
-    EMIT(e, e.func, 0, 0);
+    EMIT(e, tv, e.func, 0, 0);
     return 0;
 }
 
@@ -200,7 +218,8 @@ static __always_inline int driver_duplicate(struct launch_event *e)
 int cu_launch_kernel(struct pt_regs *ctx)
 {
     struct launch_event e = {};
-    if (!cuda_begin(&e.c, EV_CUDA_LAUNCH, CALL_CU_LAUNCH_KERNEL))
+    u32 tv = cuda_begin(&e.c, EV_CUDA_LAUNCH, CALL_CU_LAUNCH_KERNEL);
+    if (!tv)
         return 0;
     e.func = PT_REGS_PARM1(ctx);
     e.dims.grid[0] = PT_REGS_PARM2(ctx);
@@ -212,7 +231,7 @@ int cu_launch_kernel(struct pt_regs *ctx)
     e.shmem = (u32)stack_arg(ctx, 8);
     e.stream = stack_arg(ctx, 9);
     if (!driver_duplicate(&e))
-        EMIT(e, e.func, 0, 0);
+        EMIT(e, tv, e.func, 0, 0);
     return 0;
 }
 
@@ -220,7 +239,8 @@ int cu_launch_kernel(struct pt_regs *ctx)
 int cu_launch_kernel_ex(struct pt_regs *ctx)
 {
     struct launch_event e = {};
-    if (!cuda_begin(&e.c, EV_CUDA_LAUNCH, CALL_CU_LAUNCH_KERNEL_EX))
+    u32 tv = cuda_begin(&e.c, EV_CUDA_LAUNCH, CALL_CU_LAUNCH_KERNEL_EX);
+    if (!tv)
         return 0;
     struct user_launch_config cfg = {};
     bpf_probe_read_user(&cfg, sizeof(cfg), (void *)PT_REGS_PARM1(ctx));
@@ -229,19 +249,20 @@ int cu_launch_kernel_ex(struct pt_regs *ctx)
     e.stream = cfg.stream;
     e.func = PT_REGS_PARM2(ctx);
     if (!driver_duplicate(&e))
-        EMIT(e, e.func, 0, 0);
+        EMIT(e, tv, e.func, 0, 0);
     return 0;
 }
 
 static __always_inline int memcpy_emit(u32 call, u64 bytes, u64 direction, u64 stream)
 {
     struct memcpy_event e = {};
-    if (!cuda_begin(&e.c, EV_CUDA_MEMCPY, call))
+    u32 tv = cuda_begin(&e.c, EV_CUDA_MEMCPY, call);
+    if (!tv)
         return 0;
     e.bytes = bytes;
     e.direction = (u32)direction;
     e.stream = stream;
-    EMIT(e, e.direction, e.bytes, 0);
+    EMIT(e, tv, e.direction, e.bytes, 0);
     return 0;
 }
 
@@ -269,10 +290,11 @@ int cuda_memcpy_2d_async(struct pt_regs *ctx)
 int cuda_free(struct pt_regs *ctx)
 {
     struct memory_event e = {};
-    if (!cuda_begin(&e.c, EV_CUDA_MEMORY, CALL_FREE))
+    u32 tv = cuda_begin(&e.c, EV_CUDA_MEMORY, CALL_FREE);
+    if (!tv)
         return 0;
     e.ptr = PT_REGS_PARM1(ctx);
-    EMIT(e, e.ptr, 0, 0);
+    EMIT(e, tv, e.ptr, 0, 0);
     return 0;
 }
 
@@ -280,11 +302,12 @@ int cuda_free(struct pt_regs *ctx)
 int cuda_graph_launch(struct pt_regs *ctx)
 {
     struct graph_event e = {};
-    if (!cuda_begin(&e.c, EV_CUDA_GRAPH, CALL_GRAPH_LAUNCH))
+    u32 tv = cuda_begin(&e.c, EV_CUDA_GRAPH, CALL_GRAPH_LAUNCH);
+    if (!tv)
         return 0;
     e.graph_exec = PT_REGS_PARM1(ctx);
     e.stream = PT_REGS_PARM2(ctx);
-    EMIT(e, e.graph_exec, 0, 0);
+    EMIT(e, tv, e.graph_exec, 0, 0);
     return 0;
 }
 
@@ -292,10 +315,11 @@ int cuda_graph_launch(struct pt_regs *ctx)
 int cuda_set_device(struct pt_regs *ctx)
 {
     struct device_event e = {};
-    if (!cuda_begin(&e.c, EV_CUDA_DEVICE, CALL_SET_DEVICE))
+    u32 tv = cuda_begin(&e.c, EV_CUDA_DEVICE, CALL_SET_DEVICE);
+    if (!tv)
         return 0;
     e.device = (u32)PT_REGS_PARM1(ctx);
-    EMIT(e, e.device, 0, 0);
+    EMIT(e, tv, e.device, 0, 0);
     return 0;
 }
 
@@ -303,9 +327,10 @@ int cuda_set_device(struct pt_regs *ctx)
 static __always_inline int call_enter(struct pt_regs *ctx, u32 call)
 {
     u64 id = bpf_get_current_pid_tgid();
-    if (!cuda_admit(id >> 32))
+    u32 tv = cuda_admit(id >> 32);
+    if (!tv)
         return 0;
-    struct call_entry c = {.ts_ns = bpf_ktime_get_ns(), .call = call,
+    struct call_entry c = {.ts_ns = bpf_ktime_get_ns(), .call = call, .tv = tv,
                            .arg0 = PT_REGS_PARM1(ctx), .arg1 = PT_REGS_PARM2(ctx)};
     in_call.update(&id, &c);
     return 0;
@@ -335,6 +360,7 @@ int cuda_call_return(struct pt_regs *ctx)
     if (!c)
         return 0;
     u64 duration_ns = bpf_ktime_get_ns() - c->ts_ns;
+    u32 tv = c->tv; /* read before the entry is deleted */
     if (c->call == CALL_MALLOC) {
         struct memory_event e = {};
         returned(&e.c, EV_CUDA_MEMORY, id, c, ctx);
@@ -343,14 +369,14 @@ int cuda_call_return(struct pt_regs *ctx)
         e.bytes = c->arg1;
         e.duration_ns = duration_ns;
         in_call.delete(&id);
-        EMIT(e, e.ptr, e.bytes, duration_ns);
+        EMIT(e, tv, e.ptr, e.bytes, duration_ns);
     } else {
         struct sync_event e = {};
         returned(&e.c, EV_CUDA_SYNC, id, c, ctx);
         e.handle = c->call == CALL_DEVICE_SYNC ? 0 : c->arg0; /* stream or event */
         e.duration_ns = duration_ns;
         in_call.delete(&id);
-        EMIT(e, 0, 0, duration_ns);
+        EMIT(e, tv, 0, 0, duration_ns);
     }
     return 0;
 }

@@ -23,9 +23,14 @@
 
 BPF_RINGBUF_OUTPUT(events, RINGBUF_PAGES);
 
-/* Processes being traced: tgid -> 1. Filled by user space (discovery, filters)
- * and, with TRACE_ALL, by the CUDA probes themselves. */
+/* Processes being traced: tgid -> TRACED, or (user space, for a GPU process
+ * related to HTTP servers: otel_gpu/pipeline/groups.py) the tgid of the one related
+ * server whose HTTP activity also streams its CUDA calls, or FOLLOW_ALL (several
+ * related servers: always streamed). Filled by user space (discovery, filters) and,
+ * with TRACE_ALL, by the CUDA probes themselves (TRACED). */
 BPF_HASH(traced, u32, u32, MAX_PROCS);
+#define TRACED 1
+#define FOLLOW_ALL 0xffffffffu
 
 /* Processes with at least one server connection that carried an HTTP request:
  * tgid -> number of such connections. While non-zero, CUDA calls are streamed

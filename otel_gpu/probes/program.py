@@ -8,6 +8,7 @@ from __future__ import annotations
 import ctypes as ct
 import logging
 import time
+from typing import Optional
 
 from ..pipeline.abi import COUNTER_NAMES, PyProc
 from ..pipeline.reader import RingReader, RollupReader
@@ -24,6 +25,8 @@ log = logging.getLogger(__name__)
 _BY_TGID = ("traced", "http_active", "py_procs")
 _BY_PID_TGID = ("in_call", "reading", "writing", "accepting", "py_tstate")
 _STATE_TABLES = ("traced", "http_active", "conns", "rollup", "in_call", "py_procs", "py_tstate")
+# `traced` values (bpf/maps.h): traced, following no server; every related server.
+TRACED, FOLLOW_ALL = 1, 0xFFFFFFFF
 
 
 class BpfProgram:
@@ -69,7 +72,15 @@ class BpfProgram:
         return n
 
     def trace(self, pid: int) -> None:
-        self.bpf["traced"][ct.c_uint32(pid)] = ct.c_uint32(1)
+        self.bpf["traced"][ct.c_uint32(pid)] = ct.c_uint32(TRACED)
+
+    def follow(self, pid: int, server: Optional[int]) -> None:
+        """Traced process `pid` streams its CUDA calls while `server` (a related
+        process: pipeline/groups.py) has HTTP activity, as well as while it has some
+        itself; FOLLOW_ALL: always (several related servers); None: its own only.
+        The kernel decides at each call, from the one `traced` lookup it makes anyway."""
+        value = TRACED if server is None else FOLLOW_ALL if server <= TRACED else server
+        self.bpf["traced"][ct.c_uint32(pid)] = ct.c_uint32(value)
 
     def seed_connection(self, tgid: int, fd: int) -> bool:
         """A server connection the process held before we traced it (its accept was
