@@ -15,7 +15,7 @@ from otel_gpu.demo.runner import LineWatcher, stop_process
 ROOT = Path(__file__).resolve().parents[1]
 TICK = os.sysconf("SC_CLK_TCK")
 STOPPED_RE = re.compile(r"stopped: (\d+) requests, (\d+) spans; CUDA calls by attribution: "
-                        r"thread=(\d+) process=(\d+) ambiguous=(\d+) outside=(\d+); dropped: (.*)$")
+                        r"((?:\w+=\d+ ?)+); dropped: (.*)$")
 
 
 def cpu_seconds(pid: int) -> float:
@@ -72,11 +72,12 @@ class Collector:
         for line in self.log.lines:
             m = STOPPED_RE.search(line.strip())
             if m:
-                keys = ("requests", "spans", "thread", "process", "ambiguous", "outside")
-                out.update(zip(keys, map(int, m.groups()[:6])))
-                out["dropped"] = dict(kv.split("=") for kv in m.group(7).split(", ") if "=" in kv)
+                out.update(requests=int(m.group(1)), spans=int(m.group(2)))
+                out.update((k, int(v)) for k, v in (kv.split("=") for kv in m.group(3).split()))
+                out["dropped"] = dict(kv.split("=") for kv in m.group(4).split(", ") if "=" in kv)
                 out["dropped"] = {k: int(v) for k, v in out["dropped"].items()}
-        out["cuda_calls_seen"] = sum(out.get(k, 0) for k in ("thread", "process", "ambiguous", "outside"))
+        out["cuda_calls_seen"] = sum(out.get(k, 0) for k in ("task", "thread", "process", "ambiguous", "shared",
+                                                            "outside"))
         return out
 
     def errors(self) -> list[str]:

@@ -4,9 +4,10 @@ passes them:
     probes (BpfProgram) -> stitcher -> enrich -> cost -> export -> metrics
 
 and the Collector runs it: it polls the program for records, pushes them through,
-scans /proc for new CUDA processes, and at each flush interval pushes the kernel's
-rollups and a Tick. Records are the only channel between stages: no stage calls
-another, and nothing re-enters the middle of the pipeline."""
+scans /proc for new CUDA processes (and the HTTP servers related to them, whose
+requests their GPU work may serve: pipeline/groups.py), and at each flush interval
+pushes the kernel's rollups and a Tick. Records are the only channel between stages:
+no stage calls another, and nothing re-enters the middle of the pipeline."""
 from __future__ import annotations
 
 import logging
@@ -24,6 +25,7 @@ from .export.spans import SpanBuilder
 from .export.stage import ExportStage
 from .pipeline.cost import CostStage, Prices
 from .pipeline.enrich import Enrich
+from .pipeline.groups import ProcessGroups
 from .pipeline.records import Accept, ProcessGone, ProcessSeen, Tick
 from .pipeline.resources import ProcessResources
 from .pipeline.routes import RouteTemplater
@@ -68,6 +70,7 @@ class Wiring:
     stitcher: Stitcher       # kept for the final counters only
     destinations: object     # export.destinations.Destinations
     ports: PortCache
+    groups: ProcessGroups    # related processes, for the stitcher and discovery
 
 
 def build_pipeline(config: Config, stats: Stats, k8s=None, destinations=None,
@@ -75,9 +78,10 @@ def build_pipeline(config: Config, stats: Stats, k8s=None, destinations=None,
     """The stages, from configuration. Metrics are left out when no reader is asked for.
     Tests pass their own destinations, readers and kernel namer."""
     ports = PortCache(config.proc_root)
+    groups = ProcessGroups(config.proc_root)
     kept_headers = config.export_headers | ({config.feature_header} if config.feature_header else set())
     stitcher = Stitcher(config.span_budget, frozenset(kept_headers), stats, port_of=ports.port,
-                        peer_of=ports.peer)
+                        peer_of=ports.peer, group_of=groups)
     enrich = Enrich(ProcessResources(config.proc_root, k8s, config.resource_attributes, stats),
                     RouteTemplater(config.route_patterns), kernel_names or KernelNames())
     cost = CostStage(Prices(config.gpu_price, config.currency), config.feature_header)
@@ -91,7 +95,7 @@ def build_pipeline(config: Config, stats: Stats, k8s=None, destinations=None,
     if metric_readers:
         from .export.metrics import GpuMetrics
         stages.append(GpuMetrics(metric_readers, stats, service_name=config.self_service_name))
-    return Wiring(Pipeline(stages), stitcher, destinations, ports)
+    return Wiring(Pipeline(stages), stitcher, destinations, ports, groups)
 
 
 class Collector:
@@ -100,9 +104,15 @@ class Collector:
         self.stats = stats or Stats()  # one set of counters for the whole collector
         self.wiring = build_pipeline(config, self.stats, k8s)
         self.pipeline = self.wiring.pipeline
-        self.discovery = Discovery(config.proc_root, None if config.trace_all else self._wanted)
+        self.groups = self.wiring.groups
+        self.discovery = Discovery(config.proc_root, None if config.trace_all else self._wanted,
+                                   groups=self.groups)
         self.program = None  # probes.program.BpfProgram, once started
         self._traced_pids: set[int] = set()
+        # HTTP servers traced for a related CUDA process (until they exit), and which
+        # server each CUDA process follows (BpfProgram.follow).
+        self._servers: set[int] = set()
+        self._follows: dict[int, Optional[int]] = {}
         self.state_requested = threading.Event()
 
     def _wanted(self, pid: int) -> bool:
@@ -136,12 +146,39 @@ class Collector:
         new = found.cuda_pids - self._traced_pids
         for pid in new:
             self.program.trace(pid)
+            self._follows.pop(pid, None)  # trace() reset it
             if pid in python:
                 self.program.trace_python(pid, python[pid])
             log.info("tracing pid %d%s", pid, " (Python contexts)" if pid in python else "")
+        servers = found.servers - found.cuda_pids - self._servers
+        for pid in sorted(servers):
+            self.program.trace(pid)
+            log.info("tracing pid %d (HTTP server related to a traced GPU process)", pid)
+        self._servers |= servers
+        self.groups.set_traced(found.cuda_pids | self._servers)
+        self._follow(found)
+        new |= servers
         self._push([ProcessSeen(pid) for pid in sorted(new)]  # read /proc while they surely live
                    + self._seed_connections(new))
         self._traced_pids = found.cuda_pids
+
+    def _follow(self, found) -> None:
+        """A CUDA process related to traced HTTP servers (one or several) streams its
+        calls while they have HTTP activity (one) or always (several): its calls are
+        then per-call records the stitcher can cut into batch steps."""
+        from .probes.program import FOLLOW_ALL
+        listening = self._servers | found.listening
+        for pid in found.cuda_pids:
+            key = self.groups.key(pid)
+            servers = sorted(s for s in listening if s != pid and self.groups.key(s) == key)
+            follow = None if not servers else servers[0] if len(servers) == 1 else FOLLOW_ALL
+            if self._follows.get(pid) != follow:
+                self.program.follow(pid, follow)
+                self._follows[pid] = follow
+                if follow is not None:
+                    log.info("pid %d: CUDA calls streamed while %s", pid,
+                             f"pid {follow} has HTTP activity" if follow != FOLLOW_ALL
+                             else f"related HTTP servers run ({len(servers)})")
 
     def _seed_connections(self, pids: set) -> list:
         """Accept records for the keep-alive connections new processes already held, so
@@ -164,7 +201,11 @@ class Collector:
         if gone:
             self.program.forget(gone)
             self.wiring.ports.forget(gone)
+            self.groups.forget(gone)
             self._traced_pids -= gone
+            self._servers -= gone
+            for pid in gone:
+                self._follows.pop(pid, None)
 
     def run(self, stop: threading.Event) -> None:
         next_scan = next_flush = time.monotonic()

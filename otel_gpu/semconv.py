@@ -56,7 +56,7 @@ GPU_ROLLUP_BYTES = "gpu.rollup.bytes"
 GPU_ROLLUP_DURATION_NS = "gpu.rollup.duration_ns"
 GPU_TIMING = "gpu.timing"  # always "host_enqueue": spans show host-side call time
 
-# How a CUDA call was tied to a request: thread, process, ambiguous, outside.
+# How a CUDA call was tied to a request: task, thread, process, ambiguous, shared, outside.
 GPU_ATTRIBUTION = "otel_gpu.attribution"
 GPU_CANDIDATE_REQUESTS = "otel_gpu.candidate_requests"
 
@@ -74,7 +74,7 @@ GPU_CALLS = "gpu.calls"
 GPU_CALLS_AMBIGUOUS = "otel_gpu.calls.ambiguous"
 GPU_SPANS_DROPPED = "otel_gpu.spans.rolled_up"  # calls beyond the span budget
 
-# GPU cost estimate (ours) on server spans and on ambiguous/outside window spans:
+# GPU cost estimate (ours) on server spans and on ambiguous/shared/outside window spans:
 # host-side busy-window model, see README.
 GPU_COST_SECONDS = "otel_gpu.cost.gpu_seconds"
 GPU_COST_AMOUNT = "otel_gpu.cost.amount"      # gpu_seconds x price per GPU-hour / 3600
@@ -82,7 +82,7 @@ GPU_COST_CURRENCY = "otel_gpu.cost.currency"  # e.g. USD
 GPU_FEATURE = "otel_gpu.feature"              # what cost is grouped by: http.route by default
 GPU_DEVICE = "gpu.device"                     # device ordinal (cudaSetDevice) of the request's work
 
-# On an ambiguous window's span: its GPU seconds split among the candidate requests by
+# On an ambiguous or shared window's span: its GPU seconds split among the candidate requests by
 # how long each was open during the window's busy time; lists aligned with the links.
 GPU_COST_SPLIT_SECONDS = "otel_gpu.cost.split.gpu_seconds"  # double[]
 GPU_COST_SPLIT_FEATURES = "otel_gpu.cost.split.features"     # string[]: each candidate's feature

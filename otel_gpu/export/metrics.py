@@ -68,7 +68,7 @@ class GpuMetrics:
         m.create_observable_counter(
             "otel_gpu.cuda.calls",
             [lambda _o: [Observation(n, {sc.GPU_ATTRIBUTION: a}) for a, n in dict(self._attributed).items()]],
-            "{call}", "CUDA calls by attribution outcome: task, thread, process, ambiguous, outside")
+            "{call}", "CUDA calls by attribution outcome: task, thread, process, ambiguous, shared, outside")
         m.create_observable_counter(
             "otel_gpu.events.lost", [lambda _o: [Observation(self.stats.snapshot().get("lost_events", 0))]],
             "{event}", "Events lost because the ring buffer was full")
@@ -99,7 +99,7 @@ class GpuMetrics:
         self._calls(r, base)
 
     def _window_cost(self, w: ProcessWindow) -> None:
-        """A window's GPU time no request covers: split among an ambiguous window's
+        """A window's GPU time no request covers: split among an ambiguous or shared window's
         candidates (by their features), else the process's outside time. With the
         requests' exact time, the counters add up to the processes' busy time."""
         if not w.gpu_seconds:

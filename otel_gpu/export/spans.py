@@ -16,6 +16,9 @@ from ..probes.table import BY_ID, MEMCPY_DIRECTIONS, Category, call_name
 
 SCOPE = InstrumentationScope("otel-gpu", __version__)
 SAMPLED = TraceFlags(TraceFlags.SAMPLED)
+# Span names of the windows of calls no single request owns, by attribution.
+WINDOW_NAMES = {"ambiguous": "GPU work, ambiguous request", "shared": "GPU work, shared by requests",
+                "outside": "GPU work outside requests"}
 
 
 
@@ -101,7 +104,7 @@ class SpanBuilder:
         if w.candidates:
             attrs[sc.GPU_CANDIDATE_REQUESTS] = len(w.candidates)
         attrs.update(self._window_cost(w))
-        name = "GPU work, ambiguous request" if w.attribution == "ambiguous" else "GPU work outside requests"
+        name = WINDOW_NAMES.get(w.attribution, "GPU work outside requests")
         span = ReadableSpan(
             name=name, context=_ctx(trace_id, span_id), parent=None, resource=resource,
             attributes=attrs, links=links, kind=SpanKind.INTERNAL,

@@ -15,8 +15,10 @@ TASK = "task"            # made in the Python context the request bound to, or o
 THREAD = "thread"        # made on the thread that read the request, while it was open
 PROCESS = "process"      # another thread, while the process had exactly one open request
 AMBIGUOUS = "ambiguous"  # several requests open and the thread does not decide: not guessed
+SHARED = "shared"        # none open in the process, but in a related one (pipeline/groups.py):
+                         # a batch step for the requests in flight there, linked to all of them
 OUTSIDE = "outside"      # no request open in the process, or made in a context no request owns
-ATTRIBUTIONS = (TASK, THREAD, PROCESS, AMBIGUOUS, OUTSIDE)
+ATTRIBUTIONS = (TASK, THREAD, PROCESS, AMBIGUOUS, SHARED, OUTSIDE)
 
 
 @dataclass
@@ -196,7 +198,9 @@ class Request:
 @dataclass
 class ProcessWindow:
     """CUDA calls of one process, over one flush interval, that no single request
-    owns: `ambiguous` ones (with the candidate requests as links) or `outside`."""
+    owns: `ambiguous` ones (with the candidate requests as links), `shared` ones (one
+    window per batch step, cut at synchronising calls, linked to the requests in flight
+    in related processes) or `outside`."""
     tgid: int
     attribution: str
     start_ns: int
@@ -207,7 +211,7 @@ class ProcessWindow:
     resource: Any = None                 # set by enrich
     kernel_names: dict = field(default_factory=dict)  # set by enrich
     # Set by the cost stage: its GPU time no request's window covers, and for an
-    # ambiguous window that time split among the candidates ((trace_id, span_id) -> s).
+    # ambiguous or shared window that time split among the candidates ((trace_id, span_id) -> s).
     gpu_seconds: Optional[float] = None
     cost: Optional[float] = None
     split: dict = field(default_factory=dict)

@@ -9,13 +9,18 @@ connection goes away. A CUDA call is attributed (see model.ATTRIBUTIONS):
   - to the one open request read by the calling thread       -> thread
   - else to the only open request of the process             -> process
   - else, with several candidates, to nobody: counted         -> ambiguous
+  - with nothing open in the process while related processes
+    (pipeline/groups.py: same cgroup, or parent/child) have
+    requests open: to nobody, linked to all of those           -> shared
   - with nothing open, or made in a context no request owns   -> outside
 A thread serving a connection that is not HTTP/1.x gives no thread/process attribution.
 A call is never guessed onto a request.
 
-Time arrives as Tick records: at each, the ambiguous/outside windows collected so far
-go out; at the final one (collector stopping), every open request is closed too.
-Calls the kernel counted by itself arrive as KernelRollup records (outside requests)."""
+Time arrives as Tick records: at each, the ambiguous/shared/outside windows collected so
+far go out; at the final one (collector stopping), every open request is closed too. A
+shared window also goes out at each synchronising call of its process (one batch step).
+Calls the kernel counted by itself arrive as KernelRollup records (outside requests, or
+shared while related processes have requests open)."""
 from __future__ import annotations
 
 import logging
@@ -27,9 +32,10 @@ from typing import Optional
 from ..ratelimit import RateLimitedLog, Stats
 from .http_parser import HttpParseError, RequestStream, ResponseStream
 from .contexts import HELD, Outcome, ProcessContexts
-from .model import AMBIGUOUS, ATTRIBUTIONS, OUTSIDE, PROCESS, TASK, THREAD, CallSink, ProcessWindow, Request
+from .model import (AMBIGUOUS, ATTRIBUTIONS, OUTSIDE, PROCESS, SHARED, TASK, THREAD, CallSink, ProcessWindow,
+                    Request)
 from .records import (Accept, RequestOpened, ContextCopy, CudaCall, DeviceCall, EV_SOCK_READ, KernelRollup,
-                      ProcessGone, ProcessSeen, ProcExit, SockClose, SockIo, Tick)
+                      ProcessGone, ProcessSeen, ProcExit, SockClose, SockIo, SyncCall, Tick)
 from .traceparent import parse_traceparent
 
 log = logging.getLogger(__name__)
@@ -58,6 +64,7 @@ class Proc:
     conns: dict = field(default_factory=dict)   # fd -> Conn
     open: list = field(default_factory=list)    # open Requests
     ambiguous: Optional[ProcessWindow] = None
+    shared: Optional[ProcessWindow] = None  # the batch step in progress (cut at syncs)
     outside: Optional[ProcessWindow] = None
     device_by_tid: dict = field(default_factory=dict)
     # Threads holding a half-read request head (fd): serving something we cannot see,
@@ -71,7 +78,7 @@ class Proc:
 class Stitcher:
     def __init__(self, span_budget: int = 256, extra_headers: frozenset = frozenset(),
                  stats: Optional[Stats] = None, rng: Optional[random.Random] = None,
-                 port_of=None, peer_of=None) -> None:
+                 port_of=None, peer_of=None, group_of=None) -> None:
         self.span_budget = span_budget
         self.extra_headers = extra_headers
         self.stats = stats or Stats()
@@ -79,7 +86,9 @@ class Stitcher:
         self._rng = rng or random.Random()
         self._port_of = port_of  # (pid, listen_fd, conn_fd) -> server port, or None
         self._peer_of = peer_of  # (pid, conn_fd) -> (address, port) or None: accepts without one
+        self._group_of = group_of  # pid -> group key or None (pipeline/groups.py): related processes
         self.procs: dict[int, Proc] = {}
+        self._serving: dict[int, Proc] = {}  # processes with open requests
         self.attributed = dict.fromkeys(ATTRIBUTIONS, 0)
 
     # --- stage interface -------------------------------------------------------
@@ -125,17 +134,21 @@ class Stitcher:
 
     def _on_kernel_rollup(self, k: KernelRollup, out: list) -> None:
         """Calls the BPF side counted while no request could be open (rollup map),
-        made some time between `since_ns` (the previous read) and `now_ns`."""
+        made some time between `since_ns` (the previous read) and `now_ns`: shared
+        (one window per Tick: no cut points) while related processes have requests open."""
         p = self._proc(k.tgid, out)
-        self.attributed[OUTSIDE] += k.count
-        w = self._window(p, OUTSIDE, k.now_ns if k.since_ns is None else k.since_ns)
-        w.sink.add_aggregate(k.call, k.detail, k.count, k.bytes, k.duration_ns, k.now_ns, OUTSIDE)
+        group = [] if p.open else self._group_requests(p)
+        attribution = SHARED if group else OUTSIDE
+        self.attributed[attribution] += k.count
+        w = self._window(p, attribution, k.now_ns if k.since_ns is None else k.since_ns)
+        w.sink.add_aggregate(k.call, k.detail, k.count, k.bytes, k.duration_ns, k.now_ns, attribution)
         w.end_ns = max(w.end_ns, k.now_ns)
+        self._link(w, group)
 
     def _flush_windows(self, out: list) -> None:
-        """Hands on the ambiguous/outside windows collected so far (once per Tick)."""
+        """Hands on the ambiguous/shared/outside windows collected so far (once per Tick)."""
         for p in self.procs.values():
-            for attr in ("ambiguous", "outside"):
+            for attr in ("ambiguous", "shared", "outside"):
                 w = getattr(p, attr)
                 if w is not None:
                     out.append(w)
@@ -232,6 +245,7 @@ class Stitcher:
         c.active = req
         c.responses.start()
         p.open.append(req)
+        self._serving[p.tgid] = p
         p.contexts.opened(req)
         out.append(RequestOpened(req))  # the cost stage learns which requests may still overlap
 
@@ -306,6 +320,8 @@ class Stitcher:
         c.active = None
         if req in p.open:
             p.open.remove(req)
+            if not p.open:
+                self._serving.pop(p.tgid, None)
         self._settle(p, p.contexts.finished(req), out)
         self.stats.add("requests_finished")
         out.append(req)
@@ -318,7 +334,8 @@ class Stitcher:
             for c in list(p.conns.values()):
                 self._drop_conn(p, c, ev.ts_ns, "process exited", out)
             self._settle(p, p.contexts.drain(), out)
-            for attr in ("ambiguous", "outside"):
+            self._serving.pop(ev.tgid, None)
+            for attr in ("ambiguous", "shared", "outside"):
                 if getattr(p, attr) is not None:
                     out.append(getattr(p, attr))
         out.append(ProcessGone(ev.tgid, ev.comm))
@@ -329,11 +346,21 @@ class Stitcher:
         if isinstance(ev, DeviceCall):
             p.device_by_tid[ev.tid] = ev.device
             return
+        self._on_call(p, ev, out)
+        if p.shared is not None and type(ev) is SyncCall:  # the batch step ends
+            out.append(p.shared)
+            p.shared = None
+
+    def _on_call(self, p: Proc, ev: CudaCall, out: list) -> None:
         device = p.device_by_tid.get(ev.tid, 0)
         verdict = p.contexts.call(ev, device) if ev.ctx else None
         if verdict is HELD:  # counted when it settles
             return
         attribution, target = verdict or attribute(p.open, ev.tid, p.partial_heads, p.broken)
+        if attribution == OUTSIDE and not p.open:
+            target = self._group_requests(p)
+            if target:
+                attribution = SHARED
         self.attributed[attribution] += 1
         if attribution in (TASK, THREAD, PROCESS):
             self._charge(target, ev, attribution, device, out)
@@ -345,6 +372,18 @@ class Stitcher:
             for r in target:  # a share each: summed over spans, never more than the calls
                 r.sink.summary.ambiguous += 1 / len(target)
             self._link(window, target)
+        elif attribution == SHARED:
+            self._link(window, target)
+
+    def _group_requests(self, p: Proc) -> list:
+        """The open requests of the other processes in `p`'s group (pipeline/groups.py)."""
+        if self._group_of is None or not self._serving or list(self._serving) == [p.tgid]:
+            return []
+        key = self._group_of(p.tgid)
+        if key is None:
+            return []
+        return [r for q in self._serving.values() if q is not p and self._group_of(q.tgid) == key
+                for r in q.open]
 
     def _charge(self, r: Request, ev: CudaCall, attribution: str, device: int, out: list) -> None:
         r.sink.add(ev, attribution)

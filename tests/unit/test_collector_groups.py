@@ -1,0 +1,85 @@
+"""The collector's scan with related processes: HTTP servers related to a CUDA process
+are traced (once), the CUDA process follows the one server (or all of several), and
+everything is forgotten when the processes go. Discovery and the BPF program are fakes."""
+from otel_gpu.collector import Collector
+from otel_gpu.config import Config
+from otel_gpu.pipeline.records import ProcExit
+from otel_gpu.probes.discovery import ScanResult
+from otel_gpu.probes.program import FOLLOW_ALL
+
+FRONT, WORKER, OTHER = 100, 200, 300
+
+
+class FakeProgram:
+    def __init__(self):
+        self.calls = []
+
+    def attach(self, target):
+        return 0
+
+    def trace(self, pid):
+        self.calls.append(("trace", pid))
+
+    def follow(self, pid, server):
+        self.calls.append(("follow", pid, server))
+
+    def trace_python(self, pid, offset):
+        self.calls.append(("python", pid))
+
+    def seed_connection(self, pid, fd):
+        return True
+
+    def forget(self, pids):
+        self.calls.append(("forget", sorted(pids)))
+
+
+class FakeDiscovery:
+    def __init__(self):
+        self.result = ScanResult(set(), [])
+
+    def scan(self):
+        return self.result
+
+
+def collector(tmp_path):
+    c = Collector(Config(proc_root=str(tmp_path)))
+    c.program, c.discovery = FakeProgram(), FakeDiscovery()
+    keys = {FRONT: "cgroup:/a", WORKER: "cgroup:/a", OTHER: "cgroup:/a"}
+    c.groups.key = keys.get  # the grouping rule itself is tests/unit/pipeline/test_groups.py's
+    return c
+
+
+def test_related_servers_are_traced_and_the_worker_follows_them(tmp_path):
+    c = collector(tmp_path)
+    c.discovery.result = ScanResult({WORKER}, [], servers={FRONT})
+    c._scan()
+    assert c.program.calls == [("trace", WORKER), ("trace", FRONT), ("follow", WORKER, FRONT)]
+    assert c.groups.traced == {WORKER, FRONT}
+    c.program.calls.clear()
+    c._scan()  # nothing new
+    assert c.program.calls == []
+
+    c.discovery.result = ScanResult({WORKER}, [], servers={FRONT, OTHER})
+    c._scan()  # a second related server: the worker streams always
+    assert c.program.calls == [("trace", OTHER), ("follow", WORKER, FOLLOW_ALL)]
+
+    c.program.calls.clear()
+    c.discovery.result = ScanResult({WORKER}, [], servers={FRONT})
+    c._push([ProcExit(OTHER, 1)])
+    assert c.program.calls == [("forget", [OTHER])] and OTHER not in c._servers
+    c._scan()
+    assert c.program.calls[1:] == [("follow", WORKER, FRONT)]
+
+    c.program.calls.clear()
+    c.discovery.result = ScanResult({WORKER}, [])
+    c._push([ProcExit(FRONT, 2)])
+    c._scan()  # no related server left: its own HTTP activity only
+    assert c.program.calls == [("forget", [FRONT]), ("follow", WORKER, None)]
+
+
+def test_a_cuda_process_that_listens_is_followed_too(tmp_path):
+    c = collector(tmp_path)
+    c.discovery.result = ScanResult({WORKER, FRONT}, [], listening={FRONT})
+    c._scan()
+    assert ("follow", WORKER, FRONT) in c.program.calls
+    assert not [call for call in c.program.calls if call[:2] == ("follow", FRONT)]  # follows no one but itself
