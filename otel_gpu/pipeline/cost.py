@@ -11,14 +11,15 @@ exact; a request is never held longer than `max_hold_s`. Which requests are open
 busy window, the stitcher says with RequestOpened records; held requests are released
 as records arrive, at each Tick, and all of them at the final Tick.
 
-ProcessWindows (ambiguous/outside calls of one process, one per flush) are busy by
-the same rule, from their calls. A window is charged only the stretches of its busy
+ProcessWindows (ambiguous/outside calls of one process, one per flush; shared ones, one
+per batch step) are busy by the same rule, from their calls. A window is charged only the stretches of its busy
 interval that no request's window covers (the requests were charged those) and no
 window priced before it covers; windows priced together split shared stretches
 evenly. So per process and device, requests + windows = the union of busy time.
-An ambiguous window's seconds are split among its candidate requests by how long each
-request was open during the window's busy interval: `w.split`, labelled split, on
-the window (the requests' spans may be out already)."""
+An ambiguous or shared window's seconds are split among its candidate requests (a shared
+window's are requests of related processes) by how long each request was open during the
+window's busy interval: `w.split`, labelled split, on the window (the requests' spans
+may be out already)."""
 from __future__ import annotations
 
 import glob
@@ -152,6 +153,11 @@ def _device(w: ProcessWindow) -> int:
     return 0 if w.device is None else w.device
 
 
+def _overlap(a: Optional[tuple[int, int]], b: Optional[tuple[int, int]]) -> bool:
+    """Do two busy intervals overlap? A window with none (no calls) overlaps nothing."""
+    return a is not None and b is not None and a[0] < b[1] and b[0] < a[1]
+
+
 def _may_overlap(o: Request, device: int, end_ns: int) -> bool:
     """Could open request `o` still add GPU time on `device` before `end_ns`? Its busy
     window may not be open yet (its calls may be held until it binds a context), but it
@@ -259,18 +265,24 @@ class CostStage:
     # --- windows -----------------------------------------------------------------
     def _release_windows(self, out: list, now: float, force: bool, pid: Optional[int]) -> None:
         """A process's windows go together (their shared stretches split evenly), once
-        every candidate has finished and no open request can overlap them."""
+        every candidate has finished and no open request can overlap them. While some
+        wait, the others that overlap none of those go (a process under steady load has
+        a batch step in flight at all times)."""
         by_pid: dict[int, list[_HeldWindow]] = {}
         for hw in self._held_windows:
             by_pid.setdefault(hw.w.tgid, []).append(hw)
         keep = []
         for tgid, group in by_pid.items():
-            if force or tgid == pid or any(now - hw.since > self.max_hold_s for hw in group) \
-                    or not any(self._window_waits(hw) for hw in group):
-                self._price_windows(group)
-                out.extend(hw.w for hw in group)
+            if force or tgid == pid or any(now - hw.since > self.max_hold_s for hw in group):
+                ready = group
             else:
-                keep += group
+                waiting = [hw for hw in group if self._window_waits(hw)]
+                ready = [hw for hw in group if hw not in waiting
+                         and not any(_overlap(hw.busy, o.busy) for o in waiting)]
+            if ready:
+                self._price_windows(ready)
+                out.extend(hw.w for hw in ready)
+            keep += [hw for hw in group if hw not in ready]
         self._held_windows = keep
 
     def _window_waits(self, hw: _HeldWindow) -> bool:

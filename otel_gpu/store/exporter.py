@@ -1,5 +1,5 @@
 """StoreExporter: an SDK SpanExporter writing each record's spans, one summary row per
-SERVER span, and the GPU time of ambiguous/outside windows (window_costs, read from
+SERVER span, and the GPU time of ambiguous/shared/outside windows (window_costs, read from
 their root spans' cost attributes) to the local SQLite store, with bounded retention
 (age and request count)."""
 from __future__ import annotations

@@ -2,7 +2,8 @@
 
 Rows are grouped by (service, feature), where feature is `otel_gpu.feature` on the
 server span, or its `http.route` when unset. A feature's GPU time is what its requests
-were charged exactly plus its split shares of ambiguous windows; each service also has
+were charged exactly plus its split shares of ambiguous and shared windows (a shared
+window's shares count under the service of the process that did the work); each service also has
 one row (feature null) for its processes' GPU time outside requests. Over all rows the
 GPU seconds add up to the processes' busy time (pipeline/cost.py). Sorted by cost, then
 GPU seconds, then requests, all descending.
@@ -27,7 +28,7 @@ GPU seconds, then requests, all descending.
         copy_bytes            total bytes copied by cudaMemcpy* (h2d + d2h + d2d + other)
         gpu_seconds           estimated GPU seconds: exact + split + outside
         exact_gpu_seconds     charged to the requests themselves (otel_gpu.cost.gpu_seconds)
-        split_gpu_seconds     shares of ambiguous windows' time, split among their
+        split_gpu_seconds     shares of ambiguous and shared windows' time, split among their
                               candidate requests by overlap (otel_gpu.cost.split.gpu_seconds)
         outside_gpu_seconds   GPU time outside any request (outside windows); only in
                               the feature-null row
@@ -177,7 +178,7 @@ def _sig(v: float) -> str:
     return "0" if v == 0 else f"{v:.3g}"
 
 
-# GPU s is the row's whole time, SPLIT s the part of it split from ambiguous windows
+# GPU s is the row's whole time, SPLIT s the part of it split from ambiguous/shared windows
 # (exact = GPU s - SPLIT s). When the names need the room, COPY then L/REQ go (JSON
 # keeps every field).
 _NUMERIC = (("REQS", 5), ("P50 ms", 6), ("P95 ms", 6), ("L/REQ", 5), ("COPY", 5), ("GPU s", 7),
@@ -233,7 +234,7 @@ def to_text(report: dict, width: int = 80) -> str:
     lines.append(line(names("SERVICE", "FEATURE"), heads))
     lines += [line(names(r["service"], r["feature"] or OUTSIDE_LABEL), _cells(r)) for r in rows]
     lines.append(line(names("TOTAL", "") if svc_w else names("", "TOTAL"), _cells(report["totals"])))
-    lines.append("GPU s = exact + SPLIT s (ambiguous windows' time, split by overlap among their")
-    lines.append("candidates); (outside): the service's GPU time with no request open.")
+    lines.append("GPU s = exact + SPLIT s (ambiguous/shared windows' time, split by overlap among")
+    lines.append("their candidates); (outside): the service's GPU time with no request open.")
     lines.append("GPU seconds and cost are host-side estimates; CUDA timings are enqueue times.")
     return "\n".join(lines)

@@ -59,8 +59,8 @@ CREATE TABLE IF NOT EXISTS requests (
 CREATE INDEX IF NOT EXISTS requests_ts ON requests (ts);
 -- Covering index for report's percentiles: each group's durations in order, ts to filter.
 CREATE INDEX IF NOT EXISTS requests_latency ON requests (service, feature, duration_ns, ts);
--- GPU time of ambiguous/outside windows (their spans' cost attributes): one row per
--- candidate's share of an ambiguous window (kind 'split', the candidate's feature), one
+-- GPU time of ambiguous/shared/outside windows (their spans' cost attributes): one row per
+-- candidate's share of an ambiguous or shared window (kind 'split', the candidate's feature), one
 -- per outside window (kind 'outside', feature NULL).
 CREATE TABLE IF NOT EXISTS window_costs (
     ts INTEGER NOT NULL,             -- window span start, epoch ns

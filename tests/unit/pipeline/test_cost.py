@@ -263,3 +263,34 @@ def test_ambiguous_call_shares_sum_to_the_ambiguous_calls():
     ok = b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n"
     out = s.process([_io(EV_SOCK_WRITE, 20, 10, 1, ok), _io(EV_SOCK_WRITE, 21, 11, 2, ok)])
     assert sum(r.sink.summary.ambiguous for r in out if isinstance(r, Request)) == pytest.approx(2)
+
+
+def test_shared_windows_split_among_requests_of_another_process_and_go_step_by_step():
+    """A worker's batch steps (shared windows of pid 2) split among the front-end's
+    requests (pid 1) like ambiguous ones; under steady load a step whose candidates
+    have finished goes while the next one still waits for its own."""
+    s = stage()
+    a, b, c = (finished(0, 60, (1, 1), path="/a"), finished(10, 100, (2, 2), path="/b"),
+               finished(70, 300, (3, 3), path="/c"))
+    s1 = window("shared", (20, 50), candidates=[(1, 1), (2, 2)], pid=2)
+    s2 = window("shared", (80, 120), candidates=[(2, 2), (3, 3)], pid=2)
+    out = s.process([RequestOpened(a), RequestOpened(b), RequestOpened(c), s1, a, b, s2])
+    assert s1 in out and s2 not in out  # c is still open
+    assert s1.gpu_seconds == pytest.approx(0.03) and s1.split == pytest.approx({(1, 1): 0.015, (2, 2): 0.015})
+    assert s1.split_features == {(1, 1): "/a", (2, 2): "/b"}
+    out = s.process([c])
+    assert s2 in out and s2.gpu_seconds == pytest.approx(0.04)
+    # b was open 20 ms of s2's busy time, c 40 ms.
+    assert s2.split == pytest.approx({(2, 2): 0.04 / 3, (3, 3): 0.08 / 3})
+    assert sum(s2.split.values()) == pytest.approx(s2.gpu_seconds)
+
+
+def test_a_ready_window_overlapping_a_waiting_one_waits_with_it():
+    s = stage()
+    a = finished(0, 60, (1, 1))
+    w1 = window("shared", (20, 50), candidates=[(1, 1)], pid=2)
+    w2 = window("shared", (40, 90), candidates=[(2, 2)], pid=2)  # overlaps w1; (2, 2) open
+    assert s.process([a, w1, w2]) == [a]
+    out = s.process([finished(30, 100, (2, 2))])
+    assert w1 in out and w2 in out  # priced together: 40..50 split evenly
+    assert w1.gpu_seconds == pytest.approx(0.025) and w2.gpu_seconds == pytest.approx(0.045)

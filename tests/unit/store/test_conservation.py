@@ -139,3 +139,45 @@ def test_window_span_carries_its_split_aligned_with_its_links():
     assert (a[sc.GPU_COST_SECONDS], a[sc.GPU_COST_AMOUNT], a[sc.GPU_COST_CURRENCY]) == (0.01, 0.02, "EUR")
     bare = SpanBuilder(BpfClock()).build(window("outside", busy_calls(0, 10)))[0]
     assert sc.GPU_COST_SECONDS not in bare.attributes  # no cost stage ran: nothing claimed
+
+
+def test_shared_windows_of_a_worker_add_up_with_the_front_ends_requests(pipeline, reader):
+    """A front-end (PID) whose requests make no CUDA calls, and a worker process that
+    does the work in batch steps (shared windows linked to the requests in flight) and
+    some work of its own (outside): the worker's busy time is all there, split among
+    the front-end's features."""
+    worker = PID + 1
+    a = request(1, "/gen", (0, 100))
+    b = request(2, "/embed", (20, 180))
+    c = request(3, "/gen", (110, 260))
+
+    def step(start_ms, end_ms, candidates):
+        w = window("shared", busy_calls(start_ms, end_ms), candidates=candidates)
+        w.tgid = worker
+        return w
+
+    s1, s2, s3 = step(10, 60, [a, b]), step(60, 90, [a, b]), step(120, 200, [b, c])
+    own = window("outside", busy_calls(280, 300))
+    own.tgid = worker
+    pipeline([RequestOpened(a), RequestOpened(b), s1, s2, a, RequestOpened(c), s3, b, c, own,
+              Tick(t(400)), Tick(t(401), final=True)])
+    assert {id(r) for r in pipeline.released if isinstance(r, (Request, ProcessWindow))} == \
+        {id(r) for r in (a, b, c, s1, s2, s3, own)}
+    assert a.gpu_seconds == b.gpu_seconds == c.gpu_seconds == 0.0
+    for w in (s1, s2, s3):
+        assert sum(w.split.values()) == pytest.approx(w.gpu_seconds)
+    assert [w.gpu_seconds for w in (s1, s2, s3, own)] == pytest.approx([0.050, 0.030, 0.080, 0.020])
+    # s3 (120..200): b open 60 ms of it, c 80 ms.
+    assert s3.split == pytest.approx({(0x102, 2): 0.080 * 60 / 140, (0x103, 3): 0.080 * 80 / 140})
+
+    rep = build_report(reader())
+    rows = {r["feature"]: r for r in rep["rows"]}
+    union = 0.050 + 0.030 + 0.080 + 0.020
+    assert rep["totals"]["gpu_seconds"] == pytest.approx(union)
+    assert rep["totals"]["exact_gpu_seconds"] == 0.0
+    assert rep["totals"]["split_gpu_seconds"] == pytest.approx(union - 0.020)
+    assert rows[None]["outside_gpu_seconds"] == pytest.approx(0.020)
+    assert rows["/embed"]["split_gpu_seconds"] == pytest.approx(
+        s1.split[(0x102, 2)] + s2.split[(0x102, 2)] + s3.split[(0x102, 2)])
+    assert rows["/gen"]["requests"] == 2 and rows["/gen"]["split_gpu_seconds"] == pytest.approx(
+        s1.split[(0x101, 1)] + s2.split[(0x101, 1)] + s3.split[(0x103, 3)])
