@@ -200,7 +200,8 @@ class Collector:
         gone = {r.tgid for r in out if type(r) is ProcessGone}
         if gone:
             self.program.forget(gone)
-            self.wiring.ports.forget(gone)
+            for pid in gone:
+                self.wiring.ports.forget(pid)
             self.groups.forget(gone)
             self._traced_pids -= gone
             self._servers -= gone
