@@ -44,6 +44,12 @@ class RollupAgg:
         self.last_end_ts = max(self.last_end_ts, c.ts_ns + duration_ns)
 
 
+# Call id -> the category a request summary counts it by (None: only in `calls`).
+_SUMMARY_KIND = {c.id: c.category for c in BY_ID.values()
+                 if c.category in (Category.LAUNCH, Category.GRAPH, Category.MEMCPY, Category.SYNC)}
+_SYNC_IDS = frozenset(i for i, k in _SUMMARY_KIND.items() if k is Category.SYNC)
+
+
 @dataclass
 class GpuSummary:
     calls: int = 0
@@ -57,17 +63,18 @@ class GpuSummary:
 
     def add_many(self, call: int, detail: int, count: int, nbytes: int, duration_ns: int) -> None:
         self.calls += count
-        spec = BY_ID.get(call)
-        if spec is None:
+        kind = _SUMMARY_KIND.get(call)  # one dict lookup: this runs for every call
+        if kind is None:
             return
-        if spec.is_launch:
+        if kind is Category.LAUNCH:
             self.launches += count
-            if spec.category is Category.LAUNCH:
-                self.kernels.add(detail)
-        elif spec.category is Category.MEMCPY:
+            self.kernels.add(detail)
+        elif kind is Category.GRAPH:
+            self.launches += count
+        elif kind is Category.MEMCPY:
             d = MEMCPY_DIRECTIONS.get(detail, "default")
             self.memcpy_bytes[d] = self.memcpy_bytes.get(d, 0) + nbytes
-        elif spec.category is Category.SYNC:
+        elif kind is Category.SYNC:
             self.sync_ns += duration_ns
 
 
@@ -138,8 +145,7 @@ class CallSink:
 def busy_end(c: CudaCall) -> int:
     """Where a call's share of a busy window ends: a synchronising call's return, else
     its entry."""
-    spec = BY_ID.get(c.call)
-    return c.ts_ns + (c.amounts()[2] if spec and spec.category is Category.SYNC else 0)
+    return c.ts_ns + c.duration_ns if c.call in _SYNC_IDS else c.ts_ns
 
 
 @dataclass
@@ -152,7 +158,14 @@ class BusyWindow:
     end_ns: int = 0
 
     def add(self, c: CudaCall, device: int) -> None:
-        self.extend(device, c.ts_ns, busy_end(c))
+        end = c.ts_ns + c.duration_ns if c.call in _SYNC_IDS else c.ts_ns
+        if self.device is None:
+            self.device, self.start_ns, self.end_ns = device, c.ts_ns, end
+        else:  # held calls may land late, out of time order
+            if c.ts_ns < self.start_ns:
+                self.start_ns = c.ts_ns
+            if end > self.end_ns:
+                self.end_ns = end
 
     def extend(self, device: int, start_ns: int, end_ns: int) -> None:
         if self.device is None:

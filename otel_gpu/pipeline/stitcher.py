@@ -342,8 +342,9 @@ class Stitcher:
 
     # --- CUDA ------------------------------------------------------------------
     def _on_cuda(self, ev: CudaCall, out: list) -> None:
-        p = self._proc(ev.tgid, out)
-        if isinstance(ev, DeviceCall):
+        # The hot path (every streamed call): lookups kept to the minimum.
+        p = self.procs.get(ev.tgid) or self._proc(ev.tgid, out)
+        if type(ev) is DeviceCall:
             p.device_by_tid[ev.tid] = ev.device
             return
         self._on_call(p, ev, out)
@@ -362,8 +363,9 @@ class Stitcher:
             if target:
                 attribution = SHARED
         self.attributed[attribution] += 1
-        if attribution in (TASK, THREAD, PROCESS):
-            self._charge(target, ev, attribution, device, out)
+        if attribution is THREAD or attribution is TASK or attribution is PROCESS:
+            target.sink.add(ev, attribution)
+            target.busy.add(ev, device)
             return
         window = self._window(p, attribution, ev.ts_ns, device)
         window.sink.add(ev, attribution)
