@@ -40,31 +40,29 @@ def _maybe(proc_root: str, pid: int, name: str) -> Optional[bytes]:
         return None
 
 
-def start_time(proc_root: str, pid: int) -> Optional[int]:
-    """Field 22 of stat: start time in clock ticks since boot; with the pid it names a
-    process for good. Counted from the last ')', as comm may hold spaces and ')'."""
+def _stat_field(proc_root: str, pid: int, index: int) -> Optional[int]:
+    """An integer field of /proc/<pid>/stat, counted from the last ')' (comm may hold
+    spaces and ')'): index 0 is field 3 (state)."""
     stat = _maybe(proc_root, pid, "stat")
     if stat is None:
         return None
     end = stat.rfind(b")")
     fields = stat[end + 1:].split() if end >= 0 else []
     try:
-        return int(fields[19])  # fields[0] is field 3 (state)
+        return int(fields[index])
     except (IndexError, ValueError):
         return None
+
+
+def start_time(proc_root: str, pid: int) -> Optional[int]:
+    """Field 22 of stat: start time in clock ticks since boot; with the pid it names a
+    process for good."""
+    return _stat_field(proc_root, pid, 19)
 
 
 def ppid(proc_root: str, pid: int) -> Optional[int]:
     """Field 4 of stat: the parent's pid (0 for init and kernel threads' parent)."""
-    stat = _maybe(proc_root, pid, "stat")
-    if stat is None:
-        return None
-    end = stat.rfind(b")")
-    fields = stat[end + 1:].split() if end >= 0 else []
-    try:
-        return int(fields[1])  # fields[0] is field 3 (state)
-    except (IndexError, ValueError):
-        return None
+    return _stat_field(proc_root, pid, 1)
 
 
 def cgroup(proc_root: str, pid: int) -> Optional[list[tuple[str, str]]]:
