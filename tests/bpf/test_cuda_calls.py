@@ -8,18 +8,16 @@ from __future__ import annotations
 
 import ctypes as ct
 import dataclasses
-import json
-import select
 import subprocess
 import sys
 
 import pytest
 
 from otel_gpu.pipeline.abi import CNT_DRIVER_DEDUPED
-from otel_gpu.pipeline.decode import decode
 from otel_gpu.pipeline.records import DeviceCall, GraphCall, LaunchCall, MemcpyCall, MemoryCall, SyncCall
-from otel_gpu.probes.table import CALLS, DRIVER, RUNTIME, BY_NAME, Category, rows_for
-from tests.harness import ROOT, TARGETS
+from otel_gpu.probes.table import CALLS, DRIVER, RUNTIME, BY_NAME, Category
+from tests.bpf.probe_harness import Child, Probes
+from tests.harness import TARGETS
 
 # The child: loads libcudart (and a stub libcuda when given), then runs one named
 # batch of calls per stdin line and prints what it passed and got back as JSON.
@@ -82,51 +80,8 @@ for line in sys.stdin:
 '''
 
 
-class Child:
-    def __init__(self, *args: str) -> None:
-        self.proc = subprocess.Popen([sys.executable, "-c", CHILD, *args], cwd=ROOT, text=True,
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE)
-        self.pid = self.proc.pid
-        self.cudart = self._reply()["cudart"]
-
-    def _reply(self) -> dict:
-        ready, _, _ = select.select([self.proc.stdout], [], [], 60)
-        line = self.proc.stdout.readline() if ready else ""
-        assert line, f"child {self.pid} gave no answer (exit {self.proc.poll()})"
-        return json.loads(line)
-
-    def run(self, batch: str) -> dict:
-        self.proc.stdin.write(batch + "\n")
-        self.proc.stdin.flush()
-        return self._reply()
-
-    def stop(self) -> None:
-        self.proc.stdin.close()
-        self.proc.wait(10)
-
-
-class Probes:
-    """The loaded program, the records it streamed, and its maps."""
-
-    def __init__(self) -> None:
-        from otel_gpu.probes.source import ProgramOptions, load
-        self.bpf = load(ProgramOptions())
-        self.records: list = []
-        self.bpf["events"].open_ring_buffer(self._on_record)
-
-    def _on_record(self, _ctx, data, size) -> int:
-        self.records.append(decode((ct.c_char * size).from_address(data)))
-        return 0
-
-    def attach(self, library: str, path: str, pid: int) -> None:
-        for row in rows_for(library):
-            try:
-                self.bpf.attach_uprobe(name=path.encode(), sym=row.symbol.encode(), fn_name=row.entry.encode(), pid=pid)
-            except Exception as e:
-                assert "could not determine address" in str(e), e
-                continue
-            if row.ret:
-                self.bpf.attach_uretprobe(name=path.encode(), sym=row.symbol.encode(), fn_name=row.ret.encode(), pid=pid)
+class CudaProbes(Probes):
+    """The shared harness, plus the maps these tests turn and read."""
 
     def streaming(self, pid: int, on: bool) -> None:
         table = self.bpf["http_active"]
@@ -140,10 +95,6 @@ class Probes:
 
     def driver_probed(self, on: bool) -> None:
         self.bpf["driver_probed"][ct.c_int(0)] = ct.c_uint32(int(on))
-
-    def streamed(self, pid: int) -> list:
-        self.bpf.ring_buffer_consume()
-        return [r for r in self.records if r.tgid == pid]
 
     def rollup(self, pid: int) -> dict:
         """(call, detail) -> [count, bytes, duration_ns], summed over CPUs."""
@@ -160,7 +111,7 @@ class Probes:
 
 @pytest.fixture(scope="module")
 def probes():
-    p = Probes()
+    p = CudaProbes()
     yield p
     p.bpf.cleanup()
 
@@ -170,9 +121,9 @@ def child(probes):
     made = []
 
     def start(stub: str | None = None) -> Child:
-        c = Child(*([stub] if stub else []))
+        c = Child([sys.executable, "-c", CHILD, *([stub] if stub else [])])
         made.append(c)
-        probes.attach(RUNTIME, c.cudart, c.pid)
+        probes.attach(RUNTIME, c.hello["cudart"], c.pid)
         if stub:
             probes.attach(DRIVER, stub, c.pid)
         return c
@@ -221,7 +172,7 @@ def test_streamed_calls_arrive_as_typed_records(probes, child):
     probes.streaming(c.pid, True)
     r = c.run("runtime")
     want = runtime_expectations(c.pid, r)
-    got = probes.streamed(c.pid)
+    got = probes.of(c.pid)
     assert [stable(x) for x in got] == [stable(w) for w, _, _ in want.values()]
     for rec, (_, _, timed) in zip(got, want.values()):
         assert rec.call == BY_NAME[rec.name].id
@@ -238,7 +189,7 @@ def test_calls_outside_requests_are_rolled_up_by_detail(probes, child):
     assert r2["ptr"] == r["ptr"]
     want = runtime_expectations(c.pid, r)
     got = probes.rollup(c.pid)
-    assert probes.streamed(c.pid) == []
+    assert probes.of(c.pid) == []
     expected = {(BY_NAME[name].id, detail): [2, 2 * nbytes] for name, (_, (detail, nbytes), _) in want.items()}
     assert {k: v[:2] for k, v in got.items()} == expected
     for name, (_, (detail, _), timed) in want.items():
@@ -266,7 +217,7 @@ def test_driver_launches_and_runtime_driver_dedup(probes, child, tmp_path):
         probes.streaming(c.pid, True)
         r = c.run("driver")
         f, h = r["func"], (c.pid, c.pid, 0)
-        assert [stable(x) for x in probes.streamed(c.pid)] == [stable(x) for x in (
+        assert [stable(x) for x in probes.of(c.pid)] == [stable(x) for x in (
             LaunchCall(*h, 11, -1, f, (7, 3, 1), (128, 2, 1), 256, 0xc000),
             LaunchCall(*h, 12, -1, f, (5, 1, 1), (64, 1, 1), 512, 0xd000),  # u32 shared memory: junk ignored
             LaunchCall(*h, 1, -1, f, (2, 2, 1), (32, 4, 1), 64, 0),  # its cuLaunchKernel not again

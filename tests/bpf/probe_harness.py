@@ -1,0 +1,78 @@
+"""For bpf-tier tests that load the program themselves (no collector): a child process
+driven one JSON line at a time, and the loaded program with the records it streamed."""
+from __future__ import annotations
+
+import ctypes as ct
+import json
+import select
+import subprocess
+
+from otel_gpu.pipeline.decode import decode
+from otel_gpu.probes.table import rows_for
+from tests.harness import ROOT
+
+
+class Child:
+    """argv runs a script that prints one JSON line at start (`hello`) and one per
+    command read from stdin."""
+
+    def __init__(self, argv: list[str]) -> None:
+        self.proc = subprocess.Popen(argv, cwd=ROOT, text=True, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        self.pid = self.proc.pid
+        self.hello = self._reply()
+
+    def _reply(self) -> dict:
+        ready, _, _ = select.select([self.proc.stdout], [], [], 60)
+        line = self.proc.stdout.readline() if ready else ""
+        assert line, f"child {self.pid} gave no answer (exit {self.proc.poll()})"
+        return json.loads(line)
+
+    def send(self, command: str) -> None:
+        self.proc.stdin.write(command + "\n")
+        self.proc.stdin.flush()
+
+    def run(self, command: str) -> dict:
+        self.send(command)
+        return self._reply()
+
+    def stop(self) -> None:
+        self.proc.stdin.close()
+        self.proc.wait(10)
+
+
+class Probes:
+    """The loaded program, the records it streamed, and its maps."""
+
+    def __init__(self) -> None:
+        from otel_gpu.probes.source import ProgramOptions, load
+        self.bpf = load(ProgramOptions())
+        self.records: list = []
+        self.bpf["events"].open_ring_buffer(self._on_record)
+
+    def _on_record(self, _ctx, data, size) -> int:
+        self.records.append(decode((ct.c_char * size).from_address(data)))
+        return 0
+
+    def attach(self, library: str, path: str, pid: int) -> int:
+        """Every row of `library` the file defines, for `pid` only; how many attached."""
+        n = 0
+        for row in rows_for(library):
+            try:
+                self.bpf.attach_uprobe(name=path.encode(), sym=row.symbol.encode(), fn_name=row.entry.encode(),
+                                       pid=pid)
+            except Exception as e:
+                assert "could not determine address" in str(e), e
+                continue
+            n += 1
+            if row.ret:
+                self.bpf.attach_uretprobe(name=path.encode(), sym=row.symbol.encode(), fn_name=row.ret.encode(),
+                                          pid=pid)
+        return n
+
+    def set(self, table: str, pid: int, value) -> None:
+        self.bpf[table][ct.c_uint32(pid)] = value
+
+    def of(self, pid: int) -> list:
+        """The records of `pid` streamed so far."""
+        self.bpf.ring_buffer_consume()
+        return [r for r in self.records if r.tgid == pid]
