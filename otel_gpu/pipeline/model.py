@@ -119,16 +119,8 @@ class CallSink:
 
     def add_aggregate(self, call: int, detail: int, count: int, nbytes: int, duration_ns: int,
                       ts_ns: int, attribution: str) -> None:
-        """Calls already counted in the kernel (the BPF rollup map)."""
-        self.summary.add_many(call, detail, count, nbytes, duration_ns)
-        self.attributed[attribution] = self.attributed.get(attribution, 0) + count
-        agg = self.rollups.get((call, detail))
-        if agg is None:
-            agg = self.rollups[(call, detail)] = RollupAgg(call, detail, first_ts=ts_ns)
-        agg.count += count
-        agg.bytes += nbytes
-        agg.duration_ns += duration_ns
-        agg.last_ts = agg.last_end_ts = max(agg.last_ts, ts_ns)
+        """Calls already counted in the kernel (the BPF rollup map), read at `ts_ns`."""
+        self.add_rollup(RollupAgg(call, detail, count, nbytes, duration_ns, ts_ns, ts_ns, ts_ns), attribution)
 
     @property
     def rolled_up(self) -> int:
