@@ -150,6 +150,7 @@ class BusyWindow:
     end_ns: int = 0
 
     def add(self, c: CudaCall, device: int) -> None:
+        # busy_end() and extend(), written out: this runs for every attributed call.
         end = c.ts_ns + c.duration_ns if c.call in _SYNC_IDS else c.ts_ns
         if self.device is None:
             self.device, self.start_ns, self.end_ns = device, c.ts_ns, end
