@@ -37,7 +37,7 @@ class Config:
     currency: str = "USD"
     feature_header: Optional[str] = None  # request header naming the feature (default: http.route)
     prometheus_port: Optional[int] = None
-    prometheus_addr: str = "0.0.0.0"  # OTEL_GPU_PROMETHEUS_ADDR
+    prometheus_addr: str = "127.0.0.1"  # OTEL_GPU_PROMETHEUS_ADDR: localhost unless told otherwise
     proc_root: str = "/proc"
     # Export. The SDK's OTLP exporters read endpoint, headers and timeout themselves.
     otlp_traces: bool = False     # an OTLP endpoint for traces is configured
@@ -47,6 +47,8 @@ class Config:
     export_batch_size: int = 512  # OTEL_BSP_MAX_EXPORT_BATCH_SIZE (capped at queue_size)
     schedule_delay_ms: Optional[int] = None  # OTEL_BSP_SCHEDULE_DELAY (None: SDK default)
     store_path: Optional[str] = None  # local SQLite store; None: off
+    store_group: Optional[int] = None  # gid that may read the store (file 0640, dir 0750); None: 0600/0700
+    shutdown_timeout_s: int = 5   # SIGTERM to exit, whatever the backend does; undelivered spans are counted
     resource_attributes: dict = field(default_factory=dict)  # our OTEL_RESOURCE_ATTRIBUTES
     self_service_name: str = "otel-gpu"  # service.name of the collector's own metrics
     python_context: bool = True   # probe Python interpreters for asyncio task / context attribution
@@ -70,6 +72,11 @@ class Config:
             raise ConfigError("gpu_price", f"{self.gpu_price!r}: {e}") from None
         if self.prometheus_port is not None and not 0 < self.prometheus_port < 65536:
             raise ConfigError("prometheus_port", f"{self.prometheus_port} is not a TCP port")
+        try:
+            import ipaddress
+            ipaddress.ip_address(self.prometheus_addr)
+        except ValueError:
+            raise ConfigError("prometheus_addr", f"{self.prometheus_addr!r} is not an IP address") from None
         if self.scan_interval_s <= 0 or self.flush_interval_s <= 0:
             raise ConfigError("interval", "scan and flush intervals must be positive")
         if self.otlp_protocol not in OTLP_PROTOCOLS:
@@ -128,12 +135,19 @@ def add_run_arguments(p) -> None:
                         "default: http.route)")
     p.add_argument("--prometheus-port", type=int,
                    help="serve the GPU metrics for Prometheus on this port (OTEL_GPU_PROMETHEUS_PORT)")
+    p.add_argument("--prometheus-addr",
+                   help="address the Prometheus endpoint binds (OTEL_GPU_PROMETHEUS_ADDR; default 127.0.0.1)")
     p.add_argument("--ringbuf-pages", type=int,
                    help="ring buffer size in 4 KiB pages, a power of two (OTEL_GPU_RINGBUF_PAGES; default 2048)")
     p.add_argument("--store", dest="store", help="local store (SQLite) path (OTEL_GPU_STORE); "
                    "default: on, at the default path, when no OTLP endpoint is set")
     p.add_argument("--no-store", dest="store", action="store_const", const="",
                    help="do not write the local store")
+    p.add_argument("--store-group", help="group (name or gid) that may read the store: file 0640, directory "
+                   "0750 (OTEL_GPU_STORE_GROUP; default: root only, 0600/0700)")
+    p.add_argument("--shutdown-timeout", type=int,
+                   help="seconds from SIGTERM to exit, whatever the backend does (OTEL_GPU_SHUTDOWN_TIMEOUT; "
+                        "default 5)")
     p.add_argument("--log-level", help="debug, info, warning, error (OTEL_GPU_LOG_LEVEL; default info)")
     p.add_argument("--python-context", dest="python_context", action="store_true", default=None,
                    help="attribute CUDA calls of Python services by asyncio task / contextvars context "
@@ -207,6 +221,20 @@ def _store_path(src: _Sources, otlp_traces: bool) -> Optional[str]:
     return value.strip() or None
 
 
+def _group(value: Optional[str], src: _Sources) -> Optional[int]:
+    """A group name or a numeric gid (one that /etc/group may not list)."""
+    if value is None:
+        return None
+    var = src.from_env.get("store_group", "store_group")
+    if value.isascii() and value.isdigit():
+        return int(value)
+    import grp
+    try:
+        return grp.getgrnam(value).gr_gid
+    except KeyError:
+        raise ConfigError(var, f"no group named {value!r}") from None
+
+
 def _otlp_protocol(src: _Sources) -> str:
     traces = "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"
     var = traces if src.env.get(traces, "").strip() else "OTEL_EXPORTER_OTLP_PROTOCOL"
@@ -239,7 +267,7 @@ def load_config(args=None, env: Mapping[str, str] = os.environ) -> Config:
         currency=src.text("currency", "OTEL_GPU_CURRENCY", "USD"),
         feature_header=feature.lower() if feature else None,
         prometheus_port=src.integer("prometheus_port", "OTEL_GPU_PROMETHEUS_PORT", None),
-        prometheus_addr=src.text(None, "OTEL_GPU_PROMETHEUS_ADDR", "0.0.0.0"),
+        prometheus_addr=src.text("prometheus_addr", "OTEL_GPU_PROMETHEUS_ADDR", "127.0.0.1"),
         otlp_traces=otlp_traces,
         otlp_metrics=bool(env.get("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT") or env.get("OTEL_EXPORTER_OTLP_ENDPOINT")),
         otlp_protocol=_otlp_protocol(src),
@@ -248,6 +276,8 @@ def load_config(args=None, env: Mapping[str, str] = os.environ) -> Config:
         export_batch_size=min(src.integer(None, "OTEL_BSP_MAX_EXPORT_BATCH_SIZE", 512), queue_size),
         schedule_delay_ms=delay,
         store_path=_store_path(src, otlp_traces),
+        store_group=_group(src.text("store_group", "OTEL_GPU_STORE_GROUP", None), src),
+        shutdown_timeout_s=src.integer("shutdown_timeout", "OTEL_GPU_SHUTDOWN_TIMEOUT", 5),
         resource_attributes=resource_attributes(env.get("OTEL_RESOURCE_ATTRIBUTES", "")),
         self_service_name=src.text(None, "OTEL_SERVICE_NAME", "otel-gpu"),
         log_level=src.text("log_level", "OTEL_GPU_LOG_LEVEL", "info").lower(),

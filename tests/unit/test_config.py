@@ -84,7 +84,8 @@ def test_defaults_without_flags_or_environment():
     assert (c.span_budget, c.ringbuf_pages, c.gpu_price, c.currency) == (256, 2048, "0", "USD")
     assert c.trace_all and c.route_patterns == [] and c.export_headers == frozenset()
     assert c.export_query is False and c.feature_header is None and c.prometheus_port is None
-    assert c.prometheus_addr == "0.0.0.0" and c.health_file is None and c.log_level == "info"
+    assert c.prometheus_addr == "127.0.0.1" and c.health_file is None and c.log_level == "info"
+    assert c.store_group is None and c.shutdown_timeout_s == 5
     assert not c.otlp_traces and not c.otlp_metrics and c.otlp_protocol == "grpc"
     assert (c.queue_size, c.export_batch_size, c.schedule_delay_ms) == (8192, 512, None)
     assert c.resource_attributes == {} and c.self_service_name == "otel-gpu"
@@ -107,6 +108,9 @@ SETTINGS = [
     (["--prometheus-port", "9464"], {"OTEL_GPU_PROMETHEUS_PORT": "9100"}, "prometheus_port", 9464, 9100),
     (["--store", "/tmp/a.db"], {"OTEL_GPU_STORE": "/tmp/b.db"}, "store_path", "/tmp/a.db", "/tmp/b.db"),
     (["--log-level", "DEBUG"], {"OTEL_GPU_LOG_LEVEL": "warning"}, "log_level", "debug", "warning"),
+    (["--prometheus-addr", "0.0.0.0"], {"OTEL_GPU_PROMETHEUS_ADDR": "::1"}, "prometheus_addr", "0.0.0.0", "::1"),
+    (["--store-group", "4242"], {"OTEL_GPU_STORE_GROUP": "root"}, "store_group", 4242, 0),
+    (["--shutdown-timeout", "2"], {"OTEL_GPU_SHUTDOWN_TIMEOUT": "9"}, "shutdown_timeout_s", 2, 9),
     (["--no-console"], {}, "console", False, True),
 ]
 
@@ -145,7 +149,9 @@ def test_environment_only_settings(env, name, value):
     ("OTEL_GPU_LOG_LEVEL", "loud"), ("OTEL_EXPORTER_OTLP_PROTOCOL", "carrier-pigeon"),
     ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "json"), ("OTEL_BSP_MAX_QUEUE_SIZE", "0"),
     ("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", "x"), ("OTEL_BSP_SCHEDULE_DELAY", "0"),
-    ("OTEL_RESOURCE_ATTRIBUTES", "novalue"),
+    ("OTEL_RESOURCE_ATTRIBUTES", "novalue"), ("OTEL_GPU_PROMETHEUS_ADDR", "localhost:9464"),
+    ("OTEL_GPU_STORE_GROUP", "no-such-group-otel-gpu"), ("OTEL_GPU_SHUTDOWN_TIMEOUT", "0"),
+    ("OTEL_GPU_SHUTDOWN_TIMEOUT", "1.5"),
 ])
 def test_each_invalid_variable_is_named(var, value):
     with pytest.raises(ConfigError) as e:
