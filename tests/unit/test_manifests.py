@@ -3,6 +3,7 @@
 the ports, names and paths that tie the pieces together."""
 
 import copy
+import json
 import re
 import shutil
 import subprocess
@@ -123,7 +124,7 @@ def test_generated_configmaps_use_every_config_file_and_only_existing_ones():
             assert source.resolve().is_relative_to(source.parent.resolve())  # kustomize's rule
             assert source.is_file(), source
     used = {s.resolve() for files in k8s_files.values() for s in files.values()}
-    assert used == {p.resolve() for p in (K8S / "config").glob("*")}
+    assert used == {p.resolve() for folder in ("config", "grafana") for p in (K8S / folder).glob("*")}
     assert set(collector_files["otel-gateway-config"]) == {p.name for p in COLLECTOR.glob("gateway*.yaml")}
 
 
@@ -144,6 +145,8 @@ def test_workloads_read_config_files_their_configmaps_hold():
     assert set(gateway_keys) <= set(generator_files(COLLECTOR)["otel-gateway-config"])
     tempo_keys = config_mount(find("Deployment", "tempo"), "tempo-config", "-config.file")
     assert set(tempo_keys) <= set(generator_files(K8S)["tempo-config"])
+    prometheus_keys = config_mount(find("Deployment", "prometheus"), "prometheus-config", "--config.file")
+    assert set(prometheus_keys) <= set(generator_files(K8S)["prometheus-config"])
 
 
 @pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl (with kustomize) not installed")
@@ -159,7 +162,8 @@ def test_kustomize_build_is_valid_and_wires_generated_names():
     referenced = {v["configMap"]["name"] for d in docs if d["kind"] == "Deployment"
                   for v in d["spec"]["template"]["spec"]["volumes"] if "configMap" in v}
     assert referenced and referenced <= configmaps  # hashed names rewritten in the Deployments
-    assert len(docs) == len(OBJECTS) + 2  # every manifest plus the two generated ConfigMaps
+    generated = len(generator_files(K8S)) + len(generator_files(COLLECTOR))
+    assert len(docs) == len(OBJECTS) + generated  # every manifest plus the generated ConfigMaps
 
 
 # --- RBAC and the DaemonSet -------------------------------------------------------------
@@ -335,3 +339,84 @@ def test_dockerfile_builds_from_debian_with_bcc_and_copies_what_exists():
             assert (ROOT / source).exists(), f"Dockerfile copies {source}, which the repository lacks"
     entrypoint = re.search(r'^ENTRYPOINT \["([^"]+)"\]', dockerfile, re.M).group(1)
     assert entrypoint == container(find("DaemonSet", "otel-gpu"))["command"][0]
+
+
+# --- Grafana and Prometheus: the dashboard's path to the collector's metrics -------------
+
+GRAFANA = K8S / "grafana"
+DASHBOARD = json.loads((GRAFANA / "otel-gpu-dashboard.json").read_text())
+
+
+def mounted_configmaps(workload):
+    """mountPath -> (ConfigMap name, the keys its generator puts in it)."""
+    volumes = {v["name"]: v["configMap"]["name"] for v in workload["spec"]["template"]["spec"]["volumes"]
+               if "configMap" in v}
+    files = generator_files(K8S)
+    return {m["mountPath"]: (volumes[m["name"]], set(files[volumes[m["name"]]]))
+            for m in container(workload)["volumeMounts"] if m["name"] in volumes}
+
+
+def reaches(url_or_target, port_name="http"):
+    """host:port (or http://host:port) names a Service whose port leads to its Deployment's port."""
+    hostport = urlsplit(url_or_target).netloc if "//" in url_or_target else url_or_target
+    host, port = hostport.split(":")
+    service = find("Service", host)
+    return container_port(find("Deployment", host), service_port(service, int(port))["targetPort"])
+
+
+def test_grafana_mounts_its_provisioning_where_grafana_reads_it():
+    mounts = mounted_configmaps(find("Deployment", "grafana"))
+    assert mounts["/etc/grafana/provisioning/datasources"] == ("grafana-datasources", {"datasources.yaml"})
+    assert mounts["/etc/grafana/provisioning/dashboards"] == ("grafana-dashboard-providers", {"dashboards.yaml"})
+    provider = yaml.safe_load((GRAFANA / "dashboards.yaml").read_text())
+    (entry,) = provider["providers"]
+    assert entry["type"] == "file"
+    name, keys = mounts[entry["options"]["path"]]
+    assert (name, keys) == ("grafana-dashboards", {"otel-gpu-dashboard.json"})
+    home = env_of(find("Deployment", "grafana"))["GF_DASHBOARDS_DEFAULT_HOME_DASHBOARD_PATH"]["value"]
+    assert home == f"{entry['options']['path']}/otel-gpu-dashboard.json"
+
+
+def test_grafana_writes_only_to_its_volumes_and_admits_only_viewers():
+    grafana = find("Deployment", "grafana")
+    assert container(grafana)["securityContext"]["readOnlyRootFilesystem"] is True
+    pod = grafana["spec"]["template"]["spec"]
+    writable = {m["mountPath"] for m in container(grafana)["volumeMounts"]
+                if "emptyDir" in next(v for v in pod["volumes"] if v["name"] == m["name"])}
+    assert writable == {"/var/lib/grafana", "/tmp"}
+    env = {k: v["value"] for k, v in env_of(grafana).items()}
+    assert env["GF_LOG_MODE"] == "console"  # the image's default also writes files under /var/log
+    assert (env["GF_AUTH_ANONYMOUS_ORG_ROLE"], env["GF_AUTH_DISABLE_LOGIN_FORM"]) == ("Viewer", "true")
+
+
+def test_datasources_reach_prometheus_and_tempo_and_the_dashboard_uses_only_them():
+    datasources = {d["uid"]: d for d in yaml.safe_load((GRAFANA / "datasources.yaml").read_text())["datasources"]}
+    assert {(d["type"], uid) for uid, d in datasources.items()} == {("prometheus", "prometheus"), ("tempo", "tempo")}
+    assert reaches(datasources["prometheus"]["url"]) == 9090
+    tempo_config = yaml.safe_load((K8S / "config" / "tempo.yaml").read_text())
+    assert reaches(datasources["tempo"]["url"]) == tempo_config["server"]["http_listen_port"]
+    used = {(t["datasource"]["type"], t["datasource"]["uid"]) for p in DASHBOARD["panels"] for t in p.get("targets", [])}
+    used |= {(v["datasource"]["type"], v["datasource"]["uid"]) for v in DASHBOARD["templating"]["list"]}
+    assert used == {("prometheus", "prometheus")}
+
+
+def test_prometheus_scrapes_the_gateway_prometheus_exporter():
+    config = yaml.safe_load((K8S / "config" / "prometheus.yaml").read_text())
+    (job,) = config["scrape_configs"]
+    (target,) = [t for group in job["static_configs"] for t in group["targets"]]
+    assert reaches(target) == endpoint_port(GATEWAY["exporters"]["prometheus"]["endpoint"])
+    assert job["honor_labels"] is True  # keep the gateway's per-sender job/instance
+
+
+def test_dashboard_panels_are_unique_and_laid_out_without_overlap():
+    panels = DASHBOARD["panels"]
+    assert len({p["id"] for p in panels}) == len(panels)
+    cells = set()
+    for p in panels:
+        g = p["gridPos"]
+        assert 0 <= g["x"] and g["x"] + g["w"] <= 24, p["title"]
+        mine = {(x, y) for x in range(g["x"], g["x"] + g["w"]) for y in range(g["y"], g["y"] + g["h"])}
+        assert not mine & cells, f"{p['title']} overlaps another panel"
+        cells |= mine
+        if p["type"] != "row":
+            assert p["targets"] and all(t["expr"] for t in p["targets"]), p["title"]
