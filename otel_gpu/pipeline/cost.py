@@ -29,8 +29,10 @@ from dataclasses import dataclass
 from typing import Optional
 
 from ..probes.table import BY_ID, Category
+from ..semconv import SERVICE_NAME
 from .model import CallSink, ProcessWindow, Request
 from .records import ProcessGone, RequestOpened, Tick
+from .route_cap import ValueCap
 
 UNKNOWN_FEATURE = "(unknown)"  # a candidate request the stage never saw finish
 MAX_FINISHED = 200_000         # finished requests remembered for windows' candidates
@@ -172,9 +174,11 @@ class CostStage:
     and split on windows; passes on the rest."""
 
     def __init__(self, prices: Prices, feature_header: Optional[str] = None,
-                 max_hold_s: float = 30.0, clock=time.monotonic) -> None:
+                 max_hold_s: float = 30.0, clock=time.monotonic, feature_cap: Optional[ValueCap] = None) -> None:
         self.prices = prices
         self.feature_header = feature_header
+        # A header's values are the client's choice: bounded per service like routes.
+        self.feature_cap = feature_cap or ValueCap(counter="features_folded")
         self.max_hold_s = max_hold_s
         self.clock = clock
         self._held: list[tuple[float, Request]] = []
@@ -345,5 +349,6 @@ class CostStage:
         if self.feature_header:
             value = r.head.headers.get(self.feature_header)
             if value:
-                return value[:128]
-        return r.route or r.head.path
+                service = r.resource.attributes.get(SERVICE_NAME, "") if r.resource is not None else ""
+                return self.feature_cap.bound(str(service), value[:128])
+        return r.route or r.head.path  # enrich set the bounded route (path: no enrich stage)

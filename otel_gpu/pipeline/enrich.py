@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Optional
 
+from .. import semconv as sc
 from .model import ProcessWindow, Request
 from .records import ProcessGone, ProcessSeen
 from .resources import ProcessResources
@@ -38,7 +39,7 @@ class Enrich:
         r.resource = self.resources.resource(r.tgid, exit_comm)
         r.kernel_names = {f: self.kernel_names(r.tgid, f) for f in r.sink.kernel_funcs()}
         if isinstance(r, Request):
-            r.route = self.routes.route(r.head.path)
+            r.route = self.routes.route(r.head.path, str(r.resource.attributes.get(sc.SERVICE_NAME, "")))
 
     def state(self) -> dict:
         return {"resources": len(self.resources)}

@@ -1,9 +1,15 @@
 """http.route from a URL path: explicit patterns first, then per-segment rules that
-turn ids into placeholders, so that /users/42 and /users/43 are one route."""
+turn ids into placeholders, so that /users/42 and /users/43 are one route; then a
+per-service bound on distinct routes (route_cap.py) for paths no rule recognises
+(/search/<any word>). Explicit patterns are configured, hence bounded: never capped."""
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from typing import Optional
+
+from ..ratelimit import Stats
+from .route_cap import ValueCap
 
 # (name, segment regex): first match wins. Applied to whole path segments.
 DEFAULT_SEGMENT_RULES: tuple[tuple[str, str], ...] = (
@@ -27,6 +33,8 @@ def _compile_pattern(pattern: str) -> re.Pattern:
 class RouteTemplater:
     patterns: list[str] = field(default_factory=list)  # explicit routes, e.g. /v1/models/{model}
     segment_rules: tuple[tuple[str, str], ...] = DEFAULT_SEGMENT_RULES
+    max_routes: int = 100  # distinct routes per service (config: --max-routes)
+    stats: Optional[Stats] = None  # counts folds as routes_folded
 
     def __post_init__(self) -> None:
         for p in self.patterns:
@@ -35,8 +43,16 @@ class RouteTemplater:
         self._patterns = [(p, _compile_pattern(p)) for p in self.patterns]
         self._rules = [(name, re.compile(f"^(?:{rx})$")) for name, rx in self.segment_rules]
         self._cache: dict[str, str] = {}
+        self._explicit = frozenset(self.patterns)
+        self.cap = ValueCap(self.max_routes, self.stats, "routes_folded")
 
-    def route(self, path: str) -> str:
+    def route(self, path: str, service: str = "") -> str:
+        """The bounded route of `path` for `service`."""
+        route = self.template(path)
+        return route if route in self._explicit else self.cap.bound(service, route)
+
+    def template(self, path: str) -> str:
+        """The route before the per-service bound."""
         cached = self._cache.get(path)
         if cached is not None:
             return cached
