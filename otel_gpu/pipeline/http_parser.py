@@ -8,6 +8,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Optional
 
+from .. import sanitize
+
 METHODS = frozenset({b"GET", b"POST", b"PUT", b"HEAD", b"DELETE", b"PATCH", b"OPTIONS",
                      b"TRACE", b"CONNECT"})
 _REQUEST_LINE = re.compile(rb"^([A-Z]{3,7}) (\S{1,8192}) HTTP/(1\.[01])$")
@@ -16,6 +18,8 @@ _STATUS_LINE = re.compile(rb"^HTTP/(1\.[01]) (\d{3})(?: .*)?$")
 _KEPT_HEADERS = frozenset({"content-length", "transfer-encoding", "connection",
                            "traceparent", "tracestate"})
 MAX_HEAD = 64 * 1024  # a request head beyond this is dropped as malformed
+# Absolute-form target (RFC 9112 3.2.2): scheme and authority, userinfo included.
+_ABSOLUTE_PREFIX = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://[^/?#]*")
 
 
 class HttpParseError(ValueError):
@@ -25,7 +29,7 @@ class HttpParseError(ValueError):
 @dataclass
 class RequestHead:
     method: str
-    target: str
+    target: str  # origin-form (absolute-form cut to its path), sanitised, bounded (safe_target)
     version: str
     headers: dict = field(default_factory=dict)  # lower-cased names, _KEPT_HEADERS + configured
     truncated: bool = False  # some head bytes were not copied by the probe
@@ -49,11 +53,32 @@ def _parse_headers(lines: list[bytes], extra: frozenset) -> dict:
     for line in lines:
         name, sep, value = line.partition(b":")
         if not sep or not name or name != name.strip():
-            raise HttpParseError(f"bad header line {line[:40]!r}")
+            raise HttpParseError(f"bad header line ({len(line)} bytes)")  # values may be secrets
         key = name.decode("latin-1").lower()
         if key in _KEPT_HEADERS or key in extra:
-            headers[key] = value.strip().decode("latin-1")
+            headers[key] = sanitize.from_bytes(value.strip(), sanitize.MAX_NETWORK_CHARS)
     return headers
+
+
+def safe_target(raw: bytes) -> str:
+    """The request target as exported: an absolute-form target (`http://user:pw@host/a`)
+    loses scheme and authority, so userinfo never goes further; then sanitised and cut
+    to MAX_NETWORK_CHARS (path and query are split from this)."""
+    target = raw.decode("utf-8", "replace")
+    m = _ABSOLUTE_PREFIX.match(target)
+    if m:
+        target = target[m.end():]
+        target = target if target.startswith("/") else "/" + target
+    return sanitize.text(target, sanitize.MAX_NETWORK_CHARS)
+
+
+def describe_request_line(line: bytes) -> str:
+    """What the log may say of a request line that is refused: its method (when it is
+    one) and length, never the target or its query."""
+    token = line.split(b" ", 1)[0]
+    if token in METHODS:
+        return f"{token.decode()}, {len(line)} bytes"
+    return f"no method, {len(line)} bytes, first byte 0x{line[:1].hex() or '--'}"
 
 
 def _body_length(headers: dict) -> Optional[int]:
@@ -127,13 +152,13 @@ class RequestStream:
         lines = head_bytes.split(b"\r\n")
         m = _REQUEST_LINE.match(lines[0])
         if not m or m.group(1) not in METHODS:
-            raise HttpParseError(f"bad request line {lines[0][:60]!r}")
+            raise HttpParseError(f"bad request line ({describe_request_line(lines[0])})")
         if truncated and len(lines) == 1:
             raise HttpParseError("request line longer than the probe's copy")
         # A cut-short head's last line may be partial: not trusted.
         complete_lines = lines[1:-1] if truncated else lines[1:]
         headers = _parse_headers(complete_lines, self.extra_headers)
-        return RequestHead(m.group(1).decode(), m.group(2).decode("latin-1"), m.group(3).decode(),
+        return RequestHead(m.group(1).decode(), safe_target(m.group(2)), m.group(3).decode(),
                            headers, truncated)
 
 
@@ -145,7 +170,7 @@ def _check_start(chunk: bytes) -> None:
     """Rejects a head-to-be as soon as its first token cannot be a method."""
     token = chunk.split(b" ", 1)[0]
     if (b" " in chunk[:9] or len(chunk) >= 8) and token not in METHODS:
-        raise HttpParseError(f"not an HTTP/1.x request: {chunk[:16]!r}")
+        raise HttpParseError(f"not an HTTP/1.x request ({describe_request_line(chunk)})")
 
 
 @dataclass
@@ -180,7 +205,8 @@ class ResponseStream:
             end = chunk.find(b"\r\n\r\n")
             if end < 0:
                 if not chunk.startswith(b"HTTP/"[: len(chunk)]):
-                    raise HttpParseError(f"not an HTTP/1.x response: {chunk[:16]!r}")
+                    raise HttpParseError(f"not an HTTP/1.x response ({len(chunk)} bytes, "
+                                         f"first byte 0x{chunk[:1].hex()})")
                 if length > len(data) or len(chunk) > MAX_HEAD:
                     # The head's end was not copied: keep the status, stop framing this
                     # response; it ends when the next request arrives or the connection closes.
@@ -195,7 +221,7 @@ class ResponseStream:
             lines = chunk[:end].split(b"\r\n")
             m = _STATUS_LINE.match(lines[0])
             if not m:
-                raise HttpParseError(f"bad status line {lines[0][:60]!r}")
+                raise HttpParseError(f"bad status line ({len(lines[0])} bytes)")
             status = int(m.group(2))
             headers = _parse_headers(lines[1:], frozenset())
             head_len = end + 4 - len(self._head)

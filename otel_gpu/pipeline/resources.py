@@ -1,7 +1,8 @@
 """Who a traced process is: one OTel Resource per process, read from /proc while the
 process lives (service.name from its own OTEL_SERVICE_NAME, else its script or
 executable name; host; process; Kubernetes pod when a resolver is configured).
-The enrich stage asks; nothing else does."""
+The enrich stage asks; nothing else does. Every value comes from another process (its
+environment, argv, comm, pod): each Resource is sanitised here, once."""
 from __future__ import annotations
 
 import logging
@@ -11,7 +12,7 @@ from typing import Optional
 
 from opentelemetry.sdk.resources import Resource
 
-from .. import proc
+from .. import proc, sanitize
 from .. import semconv as sc
 from ..config import resource_attributes
 from ..ratelimit import RateLimitedLog, Stats
@@ -44,9 +45,11 @@ class ProcessResources:
     """A Resource per live process, cached by pid + start time (a reused PID is read again)."""
 
     def __init__(self, proc_root: str = "/proc", k8s=None, base_attributes: Optional[dict] = None,
-                 stats: Optional[Stats] = None) -> None:
+                 stats: Optional[Stats] = None, export_command_line: bool = False) -> None:
         self.proc_root = proc_root
         self.k8s = k8s
+        # argv often holds secrets (--api-key=...): process.command_line only when asked.
+        self.export_command_line = export_command_line
         self.base = {sc.HOST_NAME: socket.gethostname(), **(base_attributes or {})}
         self.stats = stats or Stats()
         self._log = RateLimitedLog(log, self.stats, interval_s=60.0)
@@ -73,8 +76,8 @@ class ProcessResources:
         read from /proc (its calls were only counted in the kernel) is named from it."""
         res = self._resources.get(tgid)
         if res is None and exit_comm is not None:
-            res = self._resources[tgid] = Resource({**self.base, sc.PROCESS_PID: tgid,
-                                                    sc.SERVICE_NAME: exit_comm or f"unknown_service:pid{tgid}"})
+            res = self._resources[tgid] = _safe_resource({**self.base, sc.PROCESS_PID: tgid,
+                                                          sc.SERVICE_NAME: exit_comm or f"unknown_service:pid{tgid}"})
         elif res is None or self._pid_reused(tgid) or self._pod_appeared(tgid, res):
             res = self._resources[tgid] = self._build(tgid)
         return res
@@ -109,8 +112,8 @@ class ProcessResources:
         if exe:
             attrs[sc.PROCESS_EXECUTABLE_PATH] = exe
             attrs[sc.PROCESS_EXECUTABLE_NAME] = os.path.basename(exe)
-        if argv:
-            attrs[sc.PROCESS_COMMAND_LINE] = " ".join(argv)[:1024]
+        if argv and self.export_command_line:
+            attrs[sc.PROCESS_COMMAND_LINE] = " ".join(argv)
         attrs.update(resource_attributes(env.get("OTEL_RESOURCE_ATTRIBUTES", ""), strict=False))
         service = env.get("OTEL_SERVICE_NAME")
         if self.k8s is not None:
@@ -120,4 +123,8 @@ class ProcessResources:
         if not service:
             service = service_name_from(argv, exe) if (argv or exe) else f"unknown_service:pid{pid}"
         attrs[sc.SERVICE_NAME] = service
-        return Resource(attrs)
+        return _safe_resource(attrs)
+
+
+def _safe_resource(attrs: dict) -> Resource:
+    return Resource(sanitize.attributes(attrs, sanitize.MAX_NETWORK_CHARS))

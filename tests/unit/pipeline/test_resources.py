@@ -62,7 +62,7 @@ def test_resource_from_proc_tree(tmp_path):
     assert a[sc.HOST_NAME] == socket.gethostname()
     assert a[sc.PROCESS_EXECUTABLE_PATH] == "/usr/bin/python3.11"
     assert a[sc.PROCESS_EXECUTABLE_NAME] == "python3.11"
-    assert a[sc.PROCESS_COMMAND_LINE] == "python3 /srv/app.py --x"
+    assert sc.PROCESS_COMMAND_LINE not in a  # opt-in: argv often holds secrets
     assert a["team"] == "ml" and a["deployment.environment"] == "prod" and a["collector"] == "c1"
     assert "s" not in a.values()  # other environment variables are never exported
     assert cat.stats.snapshot() == {}
@@ -73,9 +73,49 @@ def test_service_name_falls_back_to_the_script(tmp_path):
     assert ProcessResources(proc_root=str(tmp_path)).resource(7).attributes[sc.SERVICE_NAME] == "serve"
 
 
+def test_command_line_only_when_asked(tmp_path):
+    fake_proc(tmp_path, 9, argv=("python3", "app.py", "--api-key=s3cret"))
+    default = ProcessResources(proc_root=str(tmp_path)).resource(9).attributes
+    assert sc.PROCESS_COMMAND_LINE not in default
+    assert "s3cret" not in repr(dict(default))
+    assert default[sc.PROCESS_EXECUTABLE_NAME] == "python3.11"  # kept by default
+    assert default[sc.PROCESS_EXECUTABLE_PATH] == "/usr/bin/python3.11"
+    asked = ProcessResources(proc_root=str(tmp_path), export_command_line=True).resource(9).attributes
+    assert asked[sc.PROCESS_COMMAND_LINE] == "python3 app.py --api-key=s3cret"
+
+
 def test_command_line_is_capped(tmp_path):
     fake_proc(tmp_path, 8, argv=("python3", "x.py") + ("a" * 100,) * 30)
-    assert len(ProcessResources(proc_root=str(tmp_path)).resource(8).attributes[sc.PROCESS_COMMAND_LINE]) == 1024
+    line = ProcessResources(proc_root=str(tmp_path), export_command_line=True).resource(8) \
+        .attributes[sc.PROCESS_COMMAND_LINE]
+    assert len(line) == 1024 and line.endswith("…")
+
+
+def test_values_from_the_process_are_sanitised(tmp_path):
+    """OTEL_SERVICE_NAME, OTEL_RESOURCE_ATTRIBUTES, argv and exe of another process may
+    hold escape sequences or bytes that are not UTF-8."""
+    d = tmp_path / "30"
+    d.mkdir()
+    (d / "cmdline").write_bytes(b"python3\0/srv/\x1b]0;t\x07app.py\0")
+    (d / "environ").write_bytes(b"OTEL_SERVICE_NAME=svc\x1b[2J\x9b\xff\0"
+                                b"OTEL_RESOURCE_ATTRIBUTES=te\x1bam=m\x07l\0")
+    (d / "stat").write_bytes(b"30 (x) S " + b"0 " * 40)
+    os.symlink(os.fsdecode(b"/opt/bin/infer\x1b[31m\xfe"), d / "exe")
+    a = ProcessResources(proc_root=str(tmp_path), export_command_line=True).resource(30).attributes
+    assert a[sc.SERVICE_NAME] == "svc\ufffd[2J\ufffd\ufffd"
+    assert a["te\ufffdam"] == "m\ufffdl"
+    assert a[sc.PROCESS_EXECUTABLE_PATH] == "/opt/bin/infer\ufffd[31m\ufffd"
+    assert a[sc.PROCESS_EXECUTABLE_NAME] == "infer\ufffd[31m\ufffd"
+    assert a[sc.PROCESS_COMMAND_LINE] == "python3 /srv/\ufffd]0;t\ufffdapp.py"
+    for k, v in a.items():
+        for s in (k, str(v)):
+            s.encode("utf-8")  # valid UTF-8: no lone surrogates
+            assert not any(ord(c) < 0x20 or 0x7f <= ord(c) <= 0x9f for c in s), (k, v)
+
+
+def test_a_name_from_the_exit_event_is_sanitised(tmp_path):
+    a = ProcessResources(proc_root=str(tmp_path)).resource(31, exit_comm="w\x1b[2Jx").attributes
+    assert a[sc.SERVICE_NAME] == "w\ufffd[2Jx"
 
 
 def test_unreadable_process_gives_a_resource_and_a_counted_stat(tmp_path):
@@ -145,3 +185,18 @@ def test_replaced_executable_is_named_without_the_deleted_marker(tmp_path):
     fake_proc(tmp_path, 50, argv=("/srv/bin/infer-server",), exe="/srv/bin/infer-server (deleted)")
     a = ProcessResources(proc_root=str(tmp_path)).resource(50).attributes
     assert (a[sc.PROCESS_EXECUTABLE_NAME], a[sc.SERVICE_NAME]) == ("infer-server", "infer-server")
+
+
+def test_pod_attributes_are_sanitised(tmp_path):
+    class K8s:
+        pods_version = 1
+
+        def attributes_for(self, pid):
+            return {sc.K8S_POD_NAME: "infer-0\x1b]0;x\x07", sc.K8S_NAMESPACE_NAME: "ml"}
+
+        def service_name_for(self, pid):
+            return "dep\x9b1m"
+
+    fake_proc(tmp_path, 40)
+    a = ProcessResources(proc_root=str(tmp_path), k8s=K8s()).resource(40).attributes
+    assert (a[sc.K8S_POD_NAME], a[sc.SERVICE_NAME]) == ("infer-0\ufffd]0;x\ufffd", "dep\ufffd1m")
