@@ -1,0 +1,173 @@
+"""The Grafana dashboard (k8s/grafana/otel-gpu-dashboard.json) queries only metrics and
+labels the collector exports. The exported names come from the real path: the metrics
+stage (GpuMetrics) with the SDK MeterProvider and the real Prometheus exporter, fed a
+batch of records that exercises every instrument; the Prometheus text it serves is
+parsed with prometheus_client's own parser, so `_total`, unit suffixes and dots to
+underscores are the exporter's, not guessed here."""
+import ast
+import json
+import re
+from pathlib import Path
+
+import pytest
+from opentelemetry.exporter.prometheus import PrometheusMetricReader
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.resources import Resource
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from otel_gpu import semconv as sc
+from otel_gpu.export import metrics as metrics_module
+from otel_gpu.export.metrics import GpuMetrics
+from otel_gpu.pipeline.http_parser import RequestHead
+from otel_gpu.pipeline.model import CallSink, ProcessWindow, Request
+from otel_gpu.ratelimit import Stats
+from tests.unit.pipeline.calls import cuda
+
+ROOT = Path(__file__).resolve().parents[3]
+DASHBOARD = json.loads((ROOT / "k8s/grafana/otel-gpu-dashboard.json").read_text())
+PID = 41
+
+
+def _request(n, path, calls):
+    r = Request(PID, 1, 3, RequestHead("GET", path, "1.1", {}), 1_000, trace_id=n, span_id=n,
+                sink=CallSink(8), end_ns=3_000_000, status=200)
+    for c in calls:
+        r.sink.add(c, "thread")
+    r.resource, r.route, r.feature = Resource({sc.SERVICE_NAME: "svc"}), path, path
+    r.kernel_names = {0x1000: "gemm(float*)"}
+    r.gpu_seconds, r.cost = 0.002, 0.0001
+    return r
+
+
+def _batch():
+    """Requests with every call category the instruments count, and an ambiguous and an
+    outside window with GPU time (split and outside cost)."""
+    calls = [cuda(pid=PID), cuda("cudaMemcpy", pid=PID, nbytes=4096, kind=1),
+             cuda("cudaMemcpy", pid=PID, nbytes=64, kind=2), cuda("cudaMalloc", pid=PID, func=0xA0, nbytes=1 << 20),
+             cuda("cudaDeviceSynchronize", pid=PID, duration=500_000)]
+    a, b = _request(1, "/infer", calls), _request(2, "/embed", calls[:1])
+    ambiguous = ProcessWindow(PID, "ambiguous", 0, 10, CallSink(8), candidates=[(1, 1), (2, 2)])
+    ambiguous.sink.add(cuda(pid=PID, tid=9), "ambiguous")
+    ambiguous.split, ambiguous.split_features = {(1, 1): 0.001, (2, 2): 0.001}, {(1, 1): "/infer", (2, 2): "/embed"}
+    outside = ProcessWindow(PID, "outside", 0, 10, CallSink(8))
+    outside.sink.add(cuda(pid=PID, tid=9), "outside")
+    for w in (ambiguous, outside):
+        w.resource, w.gpu_seconds, w.cost = a.resource, 0.002, 0.0001
+    return [a, b, ambiguous, outside]
+
+
+@pytest.fixture(scope="module")
+def exported():
+    """{Prometheus sample name: label names} and the OTel metric names, from one collection."""
+    registry, memory = CollectorRegistry(), InMemoryMetricReader()
+    stats = Stats()
+    stats.add("lost_events", 3)
+    gpu = GpuMetrics([PrometheusMetricReader(registry=registry), memory], stats)
+    gpu.process(_batch())
+    otel_names = {m.name for rm in memory.get_metrics_data().resource_metrics
+                  for sm in rm.scope_metrics for m in sm.metrics}
+    samples = {}
+    for family in text_string_to_metric_families(generate_latest(registry).decode()):
+        for s in family.samples:
+            samples.setdefault(s.name, set()).update(s.labels)
+    gpu.shutdown()
+    return samples, otel_names
+
+
+def _instruments():
+    """Every instrument metrics.py creates: the first argument of each meter.create_*()."""
+    tree = ast.parse(Path(metrics_module.__file__).read_text())
+    return {node.args[0].value for node in ast.walk(tree)
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+            and node.func.attr.startswith("create_") and node.args and isinstance(node.args[0], ast.Constant)}
+
+
+# --- PromQL: the names an expression uses ---------------------------------------------------
+
+KEYWORDS = {"by", "without", "on", "ignoring", "group_left", "group_right", "bool", "and", "or", "unless",
+            "offset", "inf", "nan"}
+
+
+def promql_names(expr: str) -> tuple[set, set]:
+    """(metric names, label names) an expression refers to. Strings, Grafana variables,
+    range/offset durations, function names and keywords are not metrics."""
+    labels = set()
+    body = re.sub(r'"(?:[^"\\]|\\.)*"', '""', expr)
+    for block in re.findall(r"\{([^}]*)\}", body):
+        labels |= set(re.findall(r"([A-Za-z_]\w*)\s*(?:=~|!~|!=|=)", block))
+    for group in re.findall(r"\b(?:by|without|on|ignoring)\s*\(([^)]*)\)", body):
+        labels |= {g.strip() for g in group.split(",") if g.strip()}
+    body = re.sub(r"\{[^}]*\}|\[[^\]]*\]|\$\w+", " ", body)
+    body = re.sub(r"\b(?:by|without|on|ignoring)\s*\([^)]*\)", " ", body)
+    names = set()
+    for m in re.finditer(r"(?<![\w.])([A-Za-z_:][\w:]*)(\s*\()?", body):
+        if not m.group(2) and m.group(1).lower() not in KEYWORDS:
+            names.add(m.group(1))
+    return names, labels
+
+
+def test_promql_names_finds_metrics_and_labels_and_nothing_else():
+    names, labels = promql_names(
+        'histogram_quantile(0.95, sum by (le, http_route) (rate(a_bucket{service_name=~"$service",x="y{z}"}'
+        '[$__rate_interval]))) / on (job) sum(b_total offset 5m) * 3600')
+    assert names == {"a_bucket", "b_total"}
+    assert labels == {"le", "http_route", "service_name", "x", "job"}
+
+
+def _queries():
+    """(panel title, expression) for every query of the dashboard, the variables' included."""
+    out = [(p["title"], t["expr"]) for p in DASHBOARD["panels"] for t in p.get("targets", [])]
+    for v in DASHBOARD["templating"]["list"]:
+        out.append((f"variable {v['name']}", re.fullmatch(r"label_values\((.+)\)", v["definition"]).group(1)))
+    return out
+
+
+# --- the checks -------------------------------------------------------------------------------
+
+
+def test_the_batch_exercises_every_instrument(exported):
+    samples, otel_names = exported
+    assert _instruments() <= otel_names, _instruments() - otel_names
+    assert "otel_gpu_events_lost_total" in samples and "gpu_memory_allocated_bytes" in samples
+
+
+def test_every_dashboard_query_uses_only_exported_metrics_and_their_labels(exported):
+    samples, _ = exported
+    for title, expr in _queries():
+        if title.startswith("variable"):  # label_values(metric, label)
+            metric, label = (x.strip() for x in expr.split(","))
+            assert label in samples.get(metric, ()), (title, metric, label)
+            continue
+        names, labels = promql_names(expr)
+        assert names, (title, expr)
+        missing = names - samples.keys()
+        assert not missing, f"{title}: {sorted(missing)} not exported (exported: {sorted(samples)})"
+        known = set().union(*(samples[n] for n in names))
+        assert labels <= known, f"{title}: labels {sorted(labels - known)} on none of {sorted(names)}"
+
+
+def test_every_panel_has_a_query_on_an_exported_metric(exported):
+    samples, _ = exported
+    for panel in DASHBOARD["panels"]:
+        if panel["type"] == "row":
+            continue
+        assert any(promql_names(t["expr"])[0] & samples.keys() for t in panel["targets"]), panel["title"]
+
+
+@pytest.mark.parametrize("topic,metric", [
+    ("cost per route", "otel_gpu_cost_amount_total"), ("GPU seconds", "otel_gpu_cost_gpu_seconds_total"),
+    ("launches by kernel", "gpu_kernel_launches_total"), ("memcpy bytes", "gpu_memcpy_bytes_total"),
+    ("sync time", "gpu_sync_duration_seconds_sum"), ("attribution outcomes", "otel_gpu_cuda_calls_total"),
+    ("events lost", "otel_gpu_events_lost_total")])
+def test_the_dashboard_shows_each_topic_the_issue_names(topic, metric, exported):
+    assert metric in exported[0], f"{topic}: {metric} is not what the exporter calls it"
+    assert any(metric in promql_names(expr)[0] for _, expr in _queries()), topic
+
+
+def test_a_wrong_name_is_caught(exported):
+    """The check can fail: names without the exporter's suffixes, or with a doubled one."""
+    samples, _ = exported
+    for wrong in ("gpu_kernel_launches", "gpu_sync_duration_bucket", "gpu_memcpy_bytes_bytes_total"):
+        assert promql_names(f"sum(rate({wrong}[5m]))")[0] == {wrong}
+        assert wrong not in samples
