@@ -82,7 +82,8 @@ def build_pipeline(config: Config, stats: Stats, k8s=None, destinations=None,
     kept_headers = config.export_headers | ({config.feature_header} if config.feature_header else set())
     stitcher = Stitcher(config.span_budget, frozenset(kept_headers), stats, port_of=ports.port,
                         peer_of=ports.peer, group_of=groups)
-    enrich = Enrich(ProcessResources(config.proc_root, k8s, config.resource_attributes, stats),
+    enrich = Enrich(ProcessResources(config.proc_root, k8s, config.resource_attributes, stats,
+                                     config.export_command_line),
                     RouteTemplater(config.route_patterns), kernel_names or KernelNames())
     cost = CostStage(Prices(config.gpu_price, config.currency), config.feature_header)
     destinations = destinations if destinations is not None else build_destinations(config, stats)

@@ -28,6 +28,7 @@ class Config:
     console: bool = False            # print trace trees (resolved: on when no OTLP endpoint)
     route_patterns: list[str] = field(default_factory=list)
     export_query: bool = False
+    export_command_line: bool = False  # process.command_line (argv may hold secrets)
     export_headers: frozenset = frozenset()  # request header names whose values may be exported
     scan_interval_s: float = 2.0
     flush_interval_s: float = 5.0
@@ -125,6 +126,9 @@ def add_run_arguments(p) -> None:
                    help="explicit route pattern such as /v1/models/{model}/infer (repeatable; OTEL_GPU_ROUTES)")
     p.add_argument("--export-query", action="store_true", default=None,
                    help="export url.query (OTEL_GPU_EXPORT_QUERY=true; off by default: query strings may hold secrets)")
+    p.add_argument("--export-command-line", action="store_true", default=None,
+                   help="export process.command_line (OTEL_GPU_EXPORT_COMMAND_LINE=true; off by default: "
+                        "command lines may hold secrets)")
     p.add_argument("--export-header", action="append",
                    help="request header whose value may be exported (repeatable; OTEL_GPU_EXPORT_HEADERS)")
     p.add_argument("--gpu-price", help='price per GPU-hour for cost estimates: "2.5" or '
@@ -260,6 +264,7 @@ def load_config(args=None, env: Mapping[str, str] = os.environ) -> Config:
         console=(not otlp_traces) if console is None else console,
         route_patterns=src.names("route", "OTEL_GPU_ROUTES"),
         export_query=src.boolean("export_query", "OTEL_GPU_EXPORT_QUERY"),
+        export_command_line=src.boolean("export_command_line", "OTEL_GPU_EXPORT_COMMAND_LINE"),
         export_headers=frozenset(h.lower() for h in src.names("export_header", "OTEL_GPU_EXPORT_HEADERS")),
         ringbuf_pages=src.integer("ringbuf_pages", "OTEL_GPU_RINGBUF_PAGES", 2048),
         health_file=src.text(None, "OTEL_GPU_HEALTH_FILE", None),

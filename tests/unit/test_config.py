@@ -98,6 +98,7 @@ SETTINGS = [
     (["--route", "/a/{x}", "--route", "/b"], {"OTEL_GPU_ROUTES": " /c/{y}, ,/d "}, "route_patterns",
      ["/a/{x}", "/b"], ["/c/{y}", "/d"]),
     (["--export-query"], {"OTEL_GPU_EXPORT_QUERY": "TRUE"}, "export_query", True, True),
+    (["--export-command-line"], {"OTEL_GPU_EXPORT_COMMAND_LINE": "true"}, "export_command_line", True, True),
     (["--export-header", "X-Tenant"], {"OTEL_GPU_EXPORT_HEADERS": "X-A,x-b"}, "export_headers",
      frozenset({"x-tenant"}), frozenset({"x-a", "x-b"})),
     (["--gpu-price", "2.5"], {"OTEL_GPU_PRICE_PER_HOUR": "H100=4.1,default=1"}, "gpu_price", "2.5",
@@ -132,6 +133,7 @@ def test_flag_beats_environment_beats_default(argv, env, name, from_flag, from_e
     ({"OTEL_SERVICE_NAME": "gpu-collector"}, "self_service_name", "gpu-collector"),
     ({"OTEL_RESOURCE_ATTRIBUTES": "team=ml"}, "resource_attributes", {"team": "ml"}),
     ({"OTEL_GPU_EXPORT_QUERY": "false"}, "export_query", False),
+    ({}, "export_command_line", False),  # off by default: command lines may hold secrets
     ({"OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf"}, "otlp_protocol", "http/protobuf"),
     ({"OTEL_EXPORTER_OTLP_PROTOCOL": "bogus", "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "grpc"},
      "otlp_protocol", "grpc"),
@@ -145,6 +147,7 @@ def test_environment_only_settings(env, name, value):
     ("OTEL_GPU_RINGBUF_PAGES", "abc"), ("OTEL_GPU_RINGBUF_PAGES", "3"), ("OTEL_GPU_RINGBUF_PAGES", "0"),
     ("OTEL_GPU_PROMETHEUS_PORT", "abc"), ("OTEL_GPU_PROMETHEUS_PORT", "70000"),
     ("OTEL_GPU_ROUTES", "/ok,models/{m}"), ("OTEL_GPU_EXPORT_QUERY", "yes"),
+    ("OTEL_GPU_EXPORT_COMMAND_LINE", "1"),
     ("OTEL_GPU_PRICE_PER_HOUR", "H100=abc"), ("OTEL_GPU_PRICE_PER_HOUR", "-2"),
     ("OTEL_GPU_LOG_LEVEL", "loud"), ("OTEL_EXPORTER_OTLP_PROTOCOL", "carrier-pigeon"),
     ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "json"), ("OTEL_BSP_MAX_QUEUE_SIZE", "0"),
