@@ -73,5 +73,8 @@ def load(options: ProgramOptions):
     kernel_headers_hint()
     from bcc import BPF  # imported late: the unit tier runs without bcc
 
+    from . import bcc_abi
+    bcc_abi.apply()  # uprobes without a garbage ref_ctr_offset (other tools can attach too)
+
     log.debug("compiling %s with %s", PROGRAM_FILES, options.cflags())
     return BPF(text=source_text().encode(), cflags=options.cflags())
