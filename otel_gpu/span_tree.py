@@ -1,10 +1,12 @@
-"""Draws spans as trees: the console exporter and `otel-gpu traces` share it."""
+"""Draws spans as trees: the console exporter and `otel-gpu traces` share it. Text is
+sanitised again as it is drawn (a store may come from a version that did not at entry)."""
 from __future__ import annotations
 
 from typing import Sequence
 
 from opentelemetry.sdk.trace import ReadableSpan
 
+from . import sanitize
 from . import semconv as sc
 
 _SHOWN = (sc.HTTP_RESPONSE_STATUS_CODE, sc.GPU_ATTRIBUTION, sc.GPU_KERNEL_NAME, sc.GPU_GRID,
@@ -16,8 +18,8 @@ _SHOWN = (sc.HTTP_RESPONSE_STATUS_CODE, sc.GPU_ATTRIBUTION, sc.GPU_KERNEL_NAME, 
 
 def _fmt_attr(v) -> str:
     if isinstance(v, (list, tuple)):
-        return "x".join(str(x) for x in v)
-    return str(v)
+        return sanitize.text("x".join(str(x) for x in v))
+    return sanitize.text(str(v))
 
 
 def render_tree(spans: Sequence[ReadableSpan]) -> str:
@@ -39,10 +41,10 @@ def render_tree(spans: Sequence[ReadableSpan]) -> str:
         attrs = span.attributes or {}
         shown = " ".join(f"{k.split('.', 1)[-1]}={_fmt_attr(attrs[k])}" for k in _SHOWN if k in attrs)
         branch = "" if depth == 0 else ("└─ " if last else "├─ ")
-        head = f"{span.name}  {dur_ms:.3f} ms"
+        head = f"{sanitize.text(span.name)}  {dur_ms:.3f} ms"
         if depth == 0:
             svc = span.resource.attributes.get(sc.SERVICE_NAME, "?") if span.resource else "?"
-            head = f"[{svc}] trace {span.context.trace_id:032x}\n{head}"
+            head = f"[{_fmt_attr(svc)}] trace {span.context.trace_id:032x}\n{head}"
         lines.append(f"{prefix}{branch}{head}  {shown}".rstrip())
         kids = sorted(by_parent.get(span.context.span_id, []), key=lambda k: k.start_time)
         child_prefix = prefix + ("" if depth == 0 else ("   " if last else "│  "))

@@ -6,11 +6,14 @@ from __future__ import annotations
 
 from typing import Optional
 
+from .. import sanitize
 from .. import semconv as sc
 from .model import ProcessWindow, Request
 from .records import ProcessGone, ProcessSeen
 from .resources import ProcessResources
 from .routes import RouteTemplater
+
+MAX_KERNEL_NAME = 4096  # demangled C++ template names run to a few KiB
 
 
 class Enrich:
@@ -37,7 +40,9 @@ class Enrich:
 
     def _enrich(self, r, exit_comm: Optional[str]) -> None:
         r.resource = self.resources.resource(r.tgid, exit_comm)
-        r.kernel_names = {f: self.kernel_names(r.tgid, f) for f in r.sink.kernel_funcs()}
+        # Symbol names come from the traced process's own files: sanitised like the network's.
+        r.kernel_names = {f: sanitize.optional(self.kernel_names(r.tgid, f), MAX_KERNEL_NAME)
+                          for f in r.sink.kernel_funcs()}
         if isinstance(r, Request):
             r.route = self.routes.route(r.head.path, str(r.resource.attributes.get(sc.SERVICE_NAME, "")))
 

@@ -46,6 +46,7 @@ import json
 from datetime import datetime, timezone
 from typing import Optional
 
+from .. import sanitize
 from .schema import has_table
 from .since import iso_utc
 from .text import fit, split_width
@@ -120,7 +121,8 @@ def _read(conn, params: dict) -> tuple[list[dict], dict, list[str]]:
             row["cost"] += cost or 0.0
         currencies |= {r[0] for r in conn.execute(_WINDOW_CURRENCY_SQL, params)}
     rows = list(rows.values())
-    for r in rows:
+    for r in rows:  # names from the network, perhaps stored raw by an older version
+        r["service"], r["feature"] = sanitize.optional(r["service"]), sanitize.optional(r["feature"])
         r["gpu_seconds"] = r["exact_gpu_seconds"] + r["split_gpu_seconds"] + r["outside_gpu_seconds"]
     n = sum(r["requests"] for r in rows)
     pcts = _nth_sorted(conn.execute(_SORTED_SQL, params), _rank_offsets(n)) if n else []
@@ -128,7 +130,7 @@ def _read(conn, params: dict) -> tuple[list[dict], dict, list[str]]:
     totals = _figures(n, launches, sum(r["copy_bytes"] for r in rows), 0.0, 0.0, pcts)
     for k in ("gpu_seconds", "exact_gpu_seconds", "split_gpu_seconds", "outside_gpu_seconds", "cost"):
         totals[k] = sum(r[k] for r in rows)
-    return rows, totals, sorted(currencies)
+    return rows, totals, sorted(sanitize.text(str(c)) for c in currencies)
 
 
 def build_report(conn, since_ns: Optional[int] = None, service: Optional[str] = None,

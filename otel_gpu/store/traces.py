@@ -1,4 +1,6 @@
-"""`otel-gpu traces`: recent requests one line each, or one trace as a tree."""
+"""`otel-gpu traces`: recent requests one line each, or one trace as a tree. Text read
+from the store is sanitised as it is read: a store written by an older version may hold
+escape sequences from the network."""
 from __future__ import annotations
 
 import json
@@ -9,6 +11,7 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
+from .. import sanitize
 from .. import semconv as sc
 from ..span_tree import render_tree
 from .text import fit, split_width
@@ -30,7 +33,8 @@ def list_requests(conn, since_ns: Optional[int] = None, service: Optional[str] =
     params = {"since": since_ns if since_ns is not None else -(2 ** 63), "service": service,
               "route": route, "limit": slowest or limit}
     keys = ("ts", "trace_id", "service", "method", "route", "status_code", "duration_ns", "launches")
-    return [dict(zip(keys, r)) for r in conn.execute(_LIST_SQL.format(order=order), params)]
+    return [{k: sanitize.optional(v) for k, v in zip(keys, r)}
+            for r in conn.execute(_LIST_SQL.format(order=order), params)]
 
 
 def _when(ns: int) -> str:
@@ -84,14 +88,15 @@ def trace_spans(conn, trace_id: str) -> list[ReadableSpan]:
                         " status_message, attributes, service, pid FROM spans WHERE trace_id = ?", (trace_id,))
     spans = []
     for (tid, sid, parent, name, kind, start, end, code, msg, attrs, service, pid) in rows:
-        res = {sc.SERVICE_NAME: service or "unknown_service"}
+        res = {sc.SERVICE_NAME: sanitize.text(service or "unknown_service")}
         if pid is not None:
             res[sc.PROCESS_PID] = pid
         spans.append(ReadableSpan(
-            name=name, context=_ctx(tid, sid), parent=_ctx(tid, parent, remote=True) if parent else None,
-            resource=Resource(res), attributes=json.loads(attrs), kind=SpanKind(kind),
+            name=sanitize.text(name), context=_ctx(tid, sid),
+            parent=_ctx(tid, parent, remote=True) if parent else None,
+            resource=Resource(res), attributes=sanitize.attributes(json.loads(attrs)), kind=SpanKind(kind),
             # The SDK warns about a description on a non-ERROR status.
-            status=Status(StatusCode(code), msg if code == StatusCode.ERROR.value else None),
+            status=Status(StatusCode(code), sanitize.optional(msg) if code == StatusCode.ERROR.value else None),
             start_time=start, end_time=end))
     return spans
 

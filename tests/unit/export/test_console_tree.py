@@ -62,3 +62,23 @@ def test_exporter_writes_and_skips_empty():
     assert buf.getvalue() == ""
     exp.export(spans())
     assert KERNEL in buf.getvalue() and buf.getvalue().endswith("\n\n")
+
+
+def _controls(text: str) -> list:
+    return [c for c in text if c != "\n" and (ord(c) < 0x20 or 0x7f <= ord(c) <= 0x9f)]
+
+
+def test_console_neutralises_escape_sequences_in_spans_it_is_handed():
+    """Defence in depth: spans are sanitised when built, and the tree again when drawn."""
+    res = Resource({sc.SERVICE_NAME: "svc\x1b]0;pwned\x07"})
+    server = ReadableSpan(name="GET /a\x1b[2J\x9b31m", context=_ctx(0xBEEF), resource=res, kind=SpanKind.SERVER,
+                          attributes={sc.HTTP_RESPONSE_STATUS_CODE: 400}, start_time=0, end_time=1000)
+    kid = ReadableSpan(name="cudaLaunchKernel", context=_ctx(1), parent=server.context, resource=res,
+                       attributes={sc.GPU_KERNEL_NAME: "k\x1b[31m\x7f", sc.GPU_GRID: ("1\x1b", 1, 1)},
+                       kind=SpanKind.INTERNAL, start_time=10, end_time=20)
+    out = io.StringIO()
+    ConsoleTreeExporter(out).export([server, kid])
+    text = out.getvalue()
+    assert not _controls(text), repr(text)
+    assert "[svc\ufffd]0;pwned\ufffd]" in text and "GET /a\ufffd[2J\ufffd31m" in text
+    assert "kernel.name=k\ufffd[31m\ufffd" in text and "grid=1\ufffdx1x1" in text

@@ -70,3 +70,20 @@ def test_every_record_passes_in_order(tmp_path):
     fake_proc(tmp_path, 7)
     batch = [ProcessSeen(7), object(), request(7, "/a"), ProcessGone(7)]
     assert stage(tmp_path).process(batch) == batch
+
+
+def test_kernel_names_from_the_process_files_are_sanitised(tmp_path):
+    """A symbol name is the traced process's own bytes: escape sequences, C1 controls and
+    surrogate-escaped bytes never reach the spans or metrics; huge names are bounded."""
+    hostile = {0x10: "k\x1b[2J\x1b]0;t\x07", 0x20: "k\x9b31m\udcff", 0x30: "t<" + "x" * 10000 + ">"}
+
+    class HostileNames(Names):
+        def __call__(self, pid, func):
+            return hostile[func]
+
+    fake_proc(tmp_path, 9)
+    r = request(9, "/a", [cuda(func=f, pid=9) for f in hostile])
+    stage(tmp_path, HostileNames()).process([r])
+    assert r.kernel_names[0x10] == "k\ufffd[2J\ufffd]0;t\ufffd"
+    assert r.kernel_names[0x20] == "k\ufffd31m\ufffd"
+    assert len(r.kernel_names[0x30]) == 4096 and r.kernel_names[0x30].endswith("…")

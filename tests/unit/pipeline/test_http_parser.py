@@ -312,3 +312,60 @@ def test_bad_status_line_raises(raw):
 
 def test_bytes_with_no_response_expected_are_ignored():
     assert write(ResponseStream(), b"HTTP/1.1 200 OK\r\n\r\n") is None
+
+
+# --- hostile targets and headers (sanitised where they enter) ----------------------
+@pytest.mark.parametrize("target,path,query", [
+    (b"http://user:secret@host/a", "/a", None),
+    (b"http://user:secret@host:8080/a/b?x=1", "/a/b", "x=1"),
+    (b"https://user:secret@host", "/", None),
+    (b"http://user:secret@host?q=1", "/", "q=1"),
+    (b"HTTP://u:p@h/x#frag", "/x", None),
+    (b"/plain/path", "/plain/path", None),
+    (b"/x/http://u:p@h/y", "/x/http://u:p@h/y", None),  # origin-form: a path, left as it is
+])
+def test_absolute_form_targets_lose_scheme_and_userinfo(target, path, query):
+    h = probe_read(RequestStream(), b"GET " + target + b" HTTP/1.1\r\n\r\n")[0]
+    assert (h.path, h.query) == (path, query)
+    if b"@host" in target:
+        assert "secret" not in h.target and "user" not in h.target
+
+
+def test_escape_sequences_and_invalid_utf8_in_the_target_are_replaced():
+    raw = b"GET /a\x1b[2J\x1b]0;pwned\x07/\x9b31m\xff\xc3\xa9?k=\x1b[31m HTTP/1.1\r\n\r\n"
+    h = probe_read(RequestStream(), raw)[0]
+    assert h.path == "/a\ufffd[2J\ufffd]0;pwned\ufffd/\ufffd31m\ufffdé"  # UTF-8, never Latin-1
+    assert h.query == "k=\ufffd[31m"
+
+
+def test_a_long_target_is_bounded():
+    raw = b"GET /" + b"a" * 5000 + b" HTTP/1.1\r\n\r\n"
+    s = RequestStream()
+    h = [x for i in range(0, len(raw), CAP) for x in probe_read(s, raw[i:i + CAP])][0]
+    assert len(h.path) == 1024 and h.path.endswith("…")
+
+
+def test_kept_header_values_are_sanitised():
+    raw = req(headers=[("X-Note", "\x1b[31mred\x07 \xc3\x28"), ("Traceparent", "00-x")])
+    raw = raw.replace("\xc3\x28".encode(), b"\xc3\x28")  # the raw bytes, not their UTF-8
+    h = probe_read(RequestStream(frozenset({"x-note"})), raw)[0]
+    assert h.headers["x-note"] == "\ufffd[31mred\ufffd \ufffd("
+
+
+@pytest.mark.parametrize("raw", [
+    b"GET /x?token=S3CRETQ HTTP/1.2\r\n\r\n",      # request line refused by the framer
+    b"get /?k=S3CRETQ HTTP/1.1\r\n\r\n",           # not a method: refused at its first bytes
+    b"GET /ok HTTP/1.1\r\nAuthorization S3CRETQ\r\n\r\n",  # header line without a colon
+])
+def test_a_refused_head_is_described_without_its_content(raw):
+    with pytest.raises(HttpParseError) as e:
+        probe_read(RequestStream(), raw)
+    assert "S3CR" not in str(e.value) and "?" not in str(e.value)
+    assert "bytes" in str(e.value)
+
+
+def test_a_refused_response_is_described_without_its_content():
+    for raw in (b"<html>S3CRETQ</html>", b"HTTP/1.1 abc S3CRETQ\r\n\r\n"):
+        with pytest.raises(HttpParseError) as e:
+            write(started(), raw)
+        assert "S3CR" not in str(e.value)

@@ -165,3 +165,18 @@ def test_split_and_outside_time(store, reader, db):
     assert "SPLIT s" in header and "GPU s" in header
     outside = next(line for line in lines if line.startswith("(outside)"))
     assert outside.split()[1:4] == ["0", "-", "-"]  # no requests, no latency
+
+
+def test_raw_escape_sequences_in_an_older_store_are_neutralised(store, db):
+    """Service, feature and currency read back from a store that holds terminal escapes
+    are shown replaced (U+FFFD) in the text table and the JSON."""
+    store.export(request(1, T0, 5 * MS, service="svc\x1b]0;pwned\x07", route="/a\x1b[2J",
+                         feature="f\x9b31m", gpu_seconds=0.5, cost=0.1, currency="U\x1b[5mSD"))
+    store.force_flush()
+    for fmt in ("text", "json"):
+        code, out = run_cli("report", "--db", db, "--format", fmt)
+        shown = json.loads(out) if fmt == "json" else out
+        text = json.dumps(shown, ensure_ascii=False) if fmt == "json" else shown
+        assert code == 0
+        assert not [c for c in text if c != "\n" and (ord(c) < 0x20 or 0x7f <= ord(c) <= 0x9f)], repr(text)
+        assert "svc\ufffd]0;pwned\ufffd" in text and "f\ufffd31m" in text and "U\ufffd[5mSD" in text

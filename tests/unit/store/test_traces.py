@@ -89,3 +89,21 @@ def test_window_trace_renders(store, db):
 
 def test_empty_list(store, db):
     assert run_cli("traces", "--db", db) == (0, "no requests in the store for this filter\n")
+
+
+def _controls(text: str) -> list:
+    return [c for c in text if c != "\n" and (ord(c) < 0x20 or 0x7f <= ord(c) <= 0x9f)]
+
+
+def test_raw_escape_sequences_in_an_older_store_are_neutralised(store, db):
+    """A store written before entry-time sanitising may hold terminal escapes: the list and
+    the tree show them replaced (U+FFFD), never raw."""
+    store.export(request(BIG, T0, 5 * MS, service="svc\x1b]0;pwned\x07", route="/a\x1b[2J\x9b31m",
+                         kernel="k\x1b[31m\x7f"))
+    store.force_flush()
+    code, listed = run_cli("traces", "--db", db)
+    assert code == 0 and not _controls(listed), repr(listed)
+    assert "svc\ufffd]0;pwned\ufffd" in listed and "/a\ufffd[2J\ufffd31m" in listed
+    code, tree = run_cli("traces", "--db", db, "--trace-id", f"{BIG:032x}"[:12])
+    assert code == 0 and not _controls(tree), repr(tree)
+    assert "[svc\ufffd]0;pwned\ufffd]" in tree and "kernel.name=k\ufffd[31m\ufffd" in tree
