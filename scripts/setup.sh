@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs everything otel-gpu needs on a Debian host, from nothing. Idempotent:
 # each step checks first, so a second run takes seconds.
-#   - apt: python3-bpfcc (bcc is not on PyPI), kernel headers, bpftrace (benchmarks)
+#   - apt: python3-bpfcc (bcc is not on PyPI), kernel headers, bpftrace (benchmarks),
+#     chromium + chromium-driver (tests/browser), npm (speedscope)
 #   - a merged kernel-header tree when the running kernel ships none
 #   - tracefs mounted
 #   - .venv that can import bcc, with the package and its dependencies
@@ -16,9 +17,10 @@ as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
 
 # 1. Debian packages.
 need=()
-for pkg in python3-bpfcc linux-headers-amd64 bpftrace make gcc; do
+for pkg in python3-bpfcc linux-headers-amd64 bpftrace make gcc chromium chromium-driver; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || need+=("$pkg")
 done
+command -v npm >/dev/null || need+=(npm)  # any npm will do (the machine may have Node from elsewhere)
 if [ ${#need[@]} -gt 0 ]; then
   log "installing apt packages: ${need[*]}"
   as_root apt-get update -qq
@@ -67,6 +69,14 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   touch "$stamp"
 fi
 "$VENV/bin/python" -c 'import bcc, opentelemetry.sdk' || { log "venv cannot import bcc"; exit 1; }
+
+# 4b. speedscope (npm): an offline viewer of the trace-event JSON `otel-gpu traces --format
+#     perfetto` writes (the Perfetto UI needs the network); tests/browser loads the export in it.
+SPEEDSCOPE=build/speedscope/node_modules/speedscope/dist/release/index.html
+if [ ! -f "$SPEEDSCOPE" ]; then
+  log "installing speedscope into build/speedscope"
+  npm install --prefix build/speedscope --no-audit --no-fund --loglevel=error speedscope@1.25.0 >/dev/null
+fi
 
 # 5. Interpreters for the target servers of tests/bpf/test_async_attribution.py (the
 #    collector stays in .venv): Debian's /usr/bin/python3, stripped to its exported
