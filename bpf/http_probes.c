@@ -18,9 +18,12 @@ struct conn_state {
     u32 requests;  /* non-zero once the connection counted in http_active */
 };
 
-/* Accepted TCP connections of every process (so a process that becomes traced
- * later keeps its open connections); LRU bounds the cost of untraced ones. */
-BPF_TABLE("lru_hash", struct conn_key, struct conn_state, conns, MAX_CONNS);
+/* Accepted TCP connections of traced processes only, so no neighbour can fill it
+ * (connections a process held before it was traced are seeded from /proc by user
+ * space). A plain hash, not an LRU: nothing is evicted silently; an accept that
+ * finds it full is counted (CNT_CONN_TABLE_FULL) and reported with ACCEPT_UNTRACKED.
+ * User space prunes entries whose close was never seen (close_range, dup2). */
+BPF_HASH(conns, struct conn_key, struct conn_state, MAX_CONNS);
 
 struct pending_accept {
     s32 listen_fd;
@@ -44,6 +47,8 @@ BPF_PERCPU_ARRAY(io_scratch, struct sock_io_event, 1);
 static __always_inline void accept_enter(s32 listen_fd, void *addr)
 {
     u64 id = bpf_get_current_pid_tgid();
+    if (!is_traced(id >> 32))
+        return; /* untraced: this one lookup, and the exit finds nothing pending */
     struct pending_accept p = {.listen_fd = listen_fd, .addr = (u64)addr};
     accepting.update(&id, &p);
 }
@@ -59,12 +64,17 @@ static __always_inline void accept_exit(long ret)
     if (ret < 0)
         return;
     struct conn_key key = {.tgid = id >> 32, .fd = (s32)ret};
-    struct conn_state st = {};
-    if (conns.update(&key, &st) != 0)
-        count(CNT_CONN_TABLE_FULL);
-    if (!is_traced(key.tgid))
-        return;
+    struct conn_state st = {}, *old = conns.lookup(&key);
+    if (old && old->requests) { /* the previous connection on this fd: its close was not seen */
+        s64 *n = http_active.lookup(&key.tgid);
+        if (n)
+            __sync_fetch_and_add(n, -1);
+    }
     struct accept_event e = {};
+    if (conns.update(&key, &st) != 0) {
+        count(CNT_CONN_TABLE_FULL);
+        e.flags = ACCEPT_UNTRACKED;
+    }
     fill_header(&e.h, EV_ACCEPT, id);
     e.fd = (s32)ret;
     e.listen_fd = pa.listen_fd;
@@ -224,7 +234,8 @@ TRACEPOINT_PROBE(syscalls, sys_enter_close)
     struct conn_state *st = conns.lookup(&key);
     if (!st)
         return 0;
-    int report = st->state == CONN_HTTP && is_traced(key.tgid);
+    /* Every tracked connection's close is reported: user space holds state from its accept. */
+    int report = is_traced(key.tgid);
     forget_conn(id, &key, st);
     if (report) {
         struct close_event e = {};

@@ -199,6 +199,7 @@ class Request:
     resource: Any = None                 # set by enrich: the process's OTel Resource
     kernel_names: dict = field(default_factory=dict)  # set by enrich: func -> name or None
     context: int = 0  # the Python context (id()) it bound to (pipeline/contexts.py); 0: none
+    untracked_connections: int = 0  # its process's connections the kernel could not track, at its end
 
 
 @dataclass
@@ -214,6 +215,7 @@ class ProcessWindow:
     sink: CallSink
     candidates: list = field(default_factory=list)  # (trace_id, span_id) of candidate requests
     device: Optional[int] = None         # current device of the thread of its first call
+    untracked_connections: int = 0       # most connections of the process left untracked meanwhile
     resource: Any = None                 # set by enrich
     kernel_names: dict = field(default_factory=dict)  # set by enrich
     # Set by the cost stage: its GPU time no request's window covers, and for an

@@ -25,6 +25,7 @@ class Accept:
     listen_fd: int
     peer_addr: Optional[str]
     peer_port: Optional[int]
+    tracked: bool = True  # False: the kernel's connection table was full (its I/O is not seen)
 
 
 @dataclass(slots=True)
@@ -66,6 +67,9 @@ class CudaCall:
     # The Python contextvars.Context the calling thread was running (its id()), read
     # from the thread's PyThreadState; 0 when not a Python thread or not known.
     ctx: int = field(default=0, kw_only=True)
+    # The probe could not read an argument from the process's memory (bpf/events.h
+    # EV_FLAG_UNREADABLE): the fields that come from memory are 0, not real values.
+    unreadable: bool = field(default=False, kw_only=True)
 
     @property
     def spec(self) -> Optional[CallSpec]:

@@ -40,6 +40,12 @@ class PortCache:
             del self._ports[key]
 
 
+def open_sockets(proc_root: str, pid: int) -> dict[int, int]:
+    """fd -> socket inode for every socket the process holds ({} once it is gone): what
+    says a connection closed when its close was never seen."""
+    return {fd: inode for inode, fd in socket_fds(proc_root, pid).items()}
+
+
 def listens(proc_root: str, pid: int) -> bool:
     """Does the process hold a listening TCP socket (may it serve HTTP)?"""
     fds = socket_fds(proc_root, pid)

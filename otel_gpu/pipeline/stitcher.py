@@ -13,7 +13,9 @@ connection goes away. A CUDA call is attributed (see model.ATTRIBUTIONS):
     (pipeline/groups.py: same cgroup, or parent/child) have
     requests open: to nobody, linked to all of those           -> shared
   - with nothing open, or made in a context no request owns   -> outside
-A thread serving a connection that is not HTTP/1.x gives no thread/process attribution.
+A thread serving a connection that is not HTTP/1.x gives no thread/process attribution,
+nor does a process with connections the kernel could not track (its table was full:
+their requests are not seen); such a process's spans carry how many it had.
 A call is never guessed onto a request.
 
 Time arrives as Tick records: at each, the ambiguous/shared/outside windows collected so
@@ -39,6 +41,7 @@ from .records import (Accept, RequestOpened, ContextCopy, CudaCall, DeviceCall, 
 from .traceparent import parse_traceparent
 
 log = logging.getLogger(__name__)
+AUDIT_ALL_NS = 60 * 10**9  # how often every connection is checked against /proc
 
 
 @dataclass
@@ -56,6 +59,8 @@ class Conn:
     server_port: Optional[int] = None
     last_write_ns: int = 0
     broken: bool = False    # not HTTP/1.x: ignored until closed
+    tracked: bool = True    # False: accepted while the kernel's table was full; its I/O is not seen
+    inode: Optional[int] = None  # its socket, learnt at the first audit (a reused fd is another socket)
 
 
 @dataclass
@@ -73,12 +78,13 @@ class Proc:
     # Threads that served a connection that is not HTTP/1.x (tid -> fds): nor "thread".
     broken: dict = field(default_factory=dict)
     contexts: Optional[ProcessContexts] = None
+    untracked: int = 0  # open connections the kernel does not track (Conn.tracked False)
 
 
 class Stitcher:
     def __init__(self, span_budget: int = 256, extra_headers: frozenset = frozenset(),
                  stats: Optional[Stats] = None, rng: Optional[random.Random] = None,
-                 port_of=None, peer_of=None, group_of=None) -> None:
+                 port_of=None, peer_of=None, group_of=None, sockets_of=None) -> None:
         self.span_budget = span_budget
         self.extra_headers = extra_headers
         self.stats = stats or Stats()
@@ -87,6 +93,8 @@ class Stitcher:
         self._port_of = port_of  # (pid, listen_fd, conn_fd) -> server port, or None
         self._peer_of = peer_of  # (pid, conn_fd) -> (address, port) or None: accepts without one
         self._group_of = group_of  # pid -> group key or None (pipeline/groups.py): related processes
+        self._sockets_of = sockets_of  # pid -> {fd: socket inode} (pipeline/sockets.py): closes not seen
+        self._next_audit_ns = 0
         self.procs: dict[int, Proc] = {}
         self._serving: dict[int, Proc] = {}  # processes with open requests
         self.attributed = dict.fromkeys(ATTRIBUTIONS, 0)
@@ -117,6 +125,7 @@ class Stitcher:
                     self._close_all(ev.now_ns, "collector stopped", out)
                 for p in self.procs.values():
                     p.contexts.sweep(ev.now_ns, min((r.start_ns for r in p.open), default=None))
+                self._audit_connections(ev.now_ns, out)
                 self._flush_windows(out)
                 out.append(ev)
             else:  # not for this stage (e.g. ProcessSeen from discovery): pass it on
@@ -126,6 +135,7 @@ class Stitcher:
     def state(self) -> dict:
         procs = self.procs.values()
         sizes = {"procs": len(self.procs), "conns": sum(len(p.conns) for p in procs),
+                 "conns_untracked": sum(p.untracked for p in procs),
                  "open_requests": sum(len(p.open) for p in procs),
                  "contexts_tracked": 0, "contexts_bound": 0, "pending_calls": 0}
         for k, v in (kv for p in procs for kv in p.contexts.state().items()):
@@ -179,8 +189,12 @@ class Stitcher:
 
     def _on_accept(self, ev: Accept, out: list) -> None:
         p = self._proc(ev.tgid, out)
-        if ev.fd in p.conns:  # the old connection's close was not seen
+        if ev.fd in p.conns:  # the old connection's close was not seen (or it is seeded again)
             self._drop_conn(p, p.conns[ev.fd], ev.ts_ns, "connection replaced", out)
+        if not ev.tracked:  # counted by the kernel (connections_untracked); released by the audit
+            p.conns[ev.fd] = Conn(ev.fd, requests=RequestStream(self.extra_headers), tracked=False)
+            p.untracked += 1
+            return
         peer = (ev.peer_addr, ev.peer_port)
         if peer[0] is None and self._peer_of:  # accept(fd, NULL, NULL), as uvloop/libuv do
             peer = self._peer_of(ev.tgid, ev.fd) or peer
@@ -296,7 +310,8 @@ class Stitcher:
 
     def _drop_conn(self, p: Proc, c: Conn, ts: int, reason: str, out: list) -> None:
         self._drop_requests(p, c, ts, reason, out)
-        p.conns.pop(c.fd, None)
+        if p.conns.pop(c.fd, None) is c and not c.tracked:
+            p.untracked -= 1
         for tid in [t for t, fd in p.partial_heads.items() if fd == c.fd]:
             del p.partial_heads[tid]
         for tid, fds in list(p.broken.items()):
@@ -323,6 +338,8 @@ class Stitcher:
             if not p.open:
                 self._serving.pop(p.tgid, None)
         self._settle(p, p.contexts.finished(req), out)
+        if p.untracked:
+            req.untracked_connections = p.untracked
         self.stats.add("requests_finished")
         out.append(req)
 
@@ -339,6 +356,30 @@ class Stitcher:
                 if getattr(p, attr) is not None:
                     out.append(getattr(p, attr))
         out.append(ProcessGone(ev.tgid, ev.comm))
+
+    def _audit_connections(self, now_ns: int, out: list) -> None:
+        """Releases connections whose close was never seen: untracked ones (their I/O is
+        not seen) at every Tick, every idle one each AUDIT_ALL_NS (a close lost with a
+        full ring buffer). A connection is gone when its fd is no longer the socket it was."""
+        if self._sockets_of is None:
+            return
+        everyone = now_ns >= self._next_audit_ns
+        if everyone:
+            self._next_audit_ns = now_ns + AUDIT_ALL_NS
+        for p in list(self.procs.values()):
+            if not p.conns or not (everyone or p.untracked):
+                continue
+            fds = self._sockets_of(p.tgid)
+            for c in list(p.conns.values()):
+                if c.active is not None or c.queued or (c.tracked and not everyone):
+                    continue  # a request in flight: its close is on its way
+                inode = fds.get(c.fd)
+                if inode is not None and c.inode in (None, inode):
+                    c.inode = inode
+                    continue
+                if c.tracked:
+                    self.stats.add("connection_closes_unseen")
+                self._drop_conn(p, c, now_ns, "connection closed (close not seen)", out)
 
     # --- CUDA ------------------------------------------------------------------
     def _on_cuda(self, ev: CudaCall, out: list) -> None:
@@ -358,6 +399,8 @@ class Stitcher:
         if verdict is HELD:  # counted when it settles
             return
         attribution, target = verdict or attribute(p.open, ev.tid, p.partial_heads, p.broken)
+        if p.untracked and (attribution is THREAD or attribution is PROCESS):
+            attribution, target = AMBIGUOUS, list(p.open)  # a request we cannot see may own it
         if attribution == OUTSIDE and not p.open:
             target = self._group_requests(p)
             if target:
@@ -427,6 +470,8 @@ class Stitcher:
         elif w.device is None:
             w.device = device
         w.start_ns = min(w.start_ns, ts)
+        if p.untracked > w.untracked_connections:
+            w.untracked_connections = p.untracked  # its calls may be requests we could not see
         return w
 
 
