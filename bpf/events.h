@@ -37,9 +37,18 @@ enum event_kind {
     EV_PY_CONTEXT = 12, /* a traced Python process copied its contextvars.Context */
 };
 
+/* event_header.flags bits. */
+enum event_flag {
+    /* A value the probe reads from the traced process's memory (a launch config, a
+     * stack argument, cudaMalloc's *devPtr) could not be read: the fields that come
+     * from it are 0, not real values. */
+    EV_FLAG_UNREADABLE = 1,
+};
+
 struct event_header {
     u8 kind;
-    u8 pad[3];
+    u8 flags;     /* enum event_flag bits */
+    u8 pad[2];
     u32 tgid;     /* process id */
     u32 tid;      /* thread id */
     u32 pad2;
@@ -53,8 +62,9 @@ struct accept_event {
     u16 family;       /* AF_INET / AF_INET6, 0 when the peer address was not asked for */
     u16 peer_port;    /* network byte order */
     u8 peer_addr[16]; /* IPv4 in the first 4 bytes */
-    u32 pad;
+    u32 flags;        /* ACCEPT_UNTRACKED: the connection table was full */
 };
+#define ACCEPT_UNTRACKED 1
 
 struct sock_io_event {
     struct event_header h;
@@ -181,7 +191,7 @@ enum counter {
     CNT_RINGBUF_FULL = 0,   /* events lost because the ring buffer was full */
     CNT_CUDA_STREAMED = 1,  /* (calls counted in-kernel are in the rollup map itself) */
     CNT_DRIVER_DEDUPED = 2, /* driver launches already counted by the runtime */
-    CNT_CONN_TABLE_FULL = 3,
+    CNT_CONN_TABLE_FULL = 3, /* accepts of traced processes left untracked: table full */
     CNT_MAX = 4,
 };
 

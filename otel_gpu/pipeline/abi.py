@@ -24,24 +24,29 @@ EV_CUDA_GRAPH = 10
 EV_CUDA_DEVICE = 11
 EV_PY_CONTEXT = 12
 
+# enum event_flag: bits of event_header.flags
+EV_FLAG_UNREADABLE = 1  # a value read from the traced process's memory failed: its fields are 0
+
 # enum counter: indices of the per-CPU `counters` array
 CNT_RINGBUF_FULL = 0
 CNT_CUDA_STREAMED = 1
 CNT_DRIVER_DEDUPED = 2
 CNT_CONN_TABLE_FULL = 3
+ACCEPT_UNTRACKED = 1  # accept_event.flags: the connection table was full
+
 COUNTER_NAMES = ("ringbuf_full", "cuda_streamed", "driver_deduped", "conn_table_full")
 
 u8, u16, u32, s32, u64, s64 = ct.c_uint8, ct.c_uint16, ct.c_uint32, ct.c_int32, ct.c_uint64, ct.c_int64
 
 
 class EventHeader(ct.Structure):
-    _fields_ = [("kind", u8), ("pad", u8 * 3), ("tgid", u32), ("tid", u32), ("pad2", u32),
+    _fields_ = [("kind", u8), ("flags", u8), ("pad", u8 * 2), ("tgid", u32), ("tid", u32), ("pad2", u32),
                 ("ts_ns", u64)]
 
 
 class AcceptEvent(ct.Structure):
     _fields_ = [("h", EventHeader), ("fd", s32), ("listen_fd", s32), ("family", u16),
-                ("peer_port", u16), ("peer_addr", u8 * 16), ("pad", u32)]
+                ("peer_port", u16), ("peer_addr", u8 * 16), ("flags", u32)]
 
 
 class SockIoEvent(ct.Structure):

@@ -13,7 +13,7 @@ from typing import Optional
 
 from . import abi
 from .abi import (EV_ACCEPT, EV_CUDA_DEVICE, EV_CUDA_GRAPH, EV_CUDA_LAUNCH, EV_CUDA_MEMCPY,
-                  EV_CUDA_MEMORY, EV_CUDA_SYNC, EV_PROC_EXIT, EV_PY_CONTEXT, EV_SOCK_CLOSE,
+                  EV_CUDA_MEMORY, EV_CUDA_SYNC, EV_PROC_EXIT, EV_FLAG_UNREADABLE, EV_PY_CONTEXT, EV_SOCK_CLOSE,
                   EV_SOCK_READ, EV_SOCK_WRITE, HTTP_DATA_CAP, HTTP_TAIL_CAP)
 from .records import (Accept, ContextCopy, DeviceCall, GraphCall, LaunchCall, MemcpyCall, MemoryCall,
                       ProcExit, SockClose, SockIo, SyncCall)
@@ -23,8 +23,8 @@ class DecodeError(ValueError):
     """A record that does not match the header: counted and dropped by the reader."""
 
 
-# struct cuda_header: kind, pad[3], tgid, tid, pad2, ts_ns, call, ret, ctx
-_CUDA_HEADER = "<B3xII4xQIiQ"
+# struct cuda_header: kind, flags, pad[2], tgid, tid, pad2, ts_ns, call, ret, ctx
+_CUDA_HEADER = "<BBxxII4xQIiQ"
 LAUNCH = struct.Struct(_CUDA_HEADER + "Q3I3IQQ")  # func, grid, block, shmem, stream
 MEMCPY = struct.Struct(_CUDA_HEADER + "QQI4x")    # bytes, stream, direction, pad
 MEMORY = struct.Struct(_CUDA_HEADER + "QQQ")      # ptr, bytes, duration_ns
@@ -52,27 +52,29 @@ def _exact(buf, size: int, s: struct.Struct, what: str):
 
 
 def _memcpy(buf, size):
-    _, tgid, tid, ts, call, ret, ctx, nbytes, stream, direction = _exact(buf, size, MEMCPY, "memcpy")
-    return MemcpyCall(tgid, tid, ts, call, ret, nbytes, direction, stream, ctx=ctx)
+    _, flags, tgid, tid, ts, call, ret, ctx, nbytes, stream, direction = _exact(buf, size, MEMCPY, "memcpy")
+    return MemcpyCall(tgid, tid, ts, call, ret, nbytes, direction, stream, ctx=ctx,
+                      unreadable=bool(flags & EV_FLAG_UNREADABLE))
 
 
 def _memory(buf, size):
-    _, tgid, tid, ts, call, ret, ctx, ptr, nbytes, duration = _exact(buf, size, MEMORY, "memory")
-    return MemoryCall(tgid, tid, ts, call, ret, ptr, nbytes, duration, ctx=ctx)
+    _, flags, tgid, tid, ts, call, ret, ctx, ptr, nbytes, duration = _exact(buf, size, MEMORY, "memory")
+    return MemoryCall(tgid, tid, ts, call, ret, ptr, nbytes, duration, ctx=ctx,
+                      unreadable=bool(flags & EV_FLAG_UNREADABLE))
 
 
 def _sync(buf, size):
-    _, tgid, tid, ts, call, ret, ctx, handle, duration = _exact(buf, size, SYNC, "sync")
+    _, _flags, tgid, tid, ts, call, ret, ctx, handle, duration = _exact(buf, size, SYNC, "sync")
     return SyncCall(tgid, tid, ts, call, ret, handle, duration, ctx=ctx)
 
 
 def _graph(buf, size):
-    _, tgid, tid, ts, call, ret, ctx, graph_exec, stream = _exact(buf, size, GRAPH, "graph")
+    _, _flags, tgid, tid, ts, call, ret, ctx, graph_exec, stream = _exact(buf, size, GRAPH, "graph")
     return GraphCall(tgid, tid, ts, call, ret, graph_exec, stream, ctx=ctx)
 
 
 def _device(buf, size):
-    _, tgid, tid, ts, call, ret, ctx, device = _exact(buf, size, DEVICE, "device")
+    _, _flags, tgid, tid, ts, call, ret, ctx, device = _exact(buf, size, DEVICE, "device")
     return DeviceCall(tgid, tid, ts, call, ret, device, ctx=ctx)
 
 
@@ -110,7 +112,8 @@ def _accept(buf, size):
     _need(buf, size, abi.AcceptEvent)
     e = abi.AcceptEvent.from_buffer_copy(bytes(buf))
     port = int.from_bytes(e.peer_port.to_bytes(2, "little"), "big") if e.family else None
-    return Accept(e.h.tgid, e.h.tid, e.h.ts_ns, e.fd, e.listen_fd, _addr(e.family, e.peer_addr), port)
+    return Accept(e.h.tgid, e.h.tid, e.h.ts_ns, e.fd, e.listen_fd, _addr(e.family, e.peer_addr), port,
+                  tracked=not e.flags & abi.ACCEPT_UNTRACKED)
 
 
 def _close(buf, size):
@@ -145,10 +148,12 @@ def decode(buf):
     if kind in _LAUNCH_KINDS:  # the hot path, inline
         if size != _LAUNCH_SIZE:
             raise DecodeError(f"launch record needs {_LAUNCH_SIZE} bytes, got {size}")
-        (_, tgid, tid, ts, call, ret, ctx, func, g0, g1, g2, b0, b1, b2, shmem,
+        (_, flags, tgid, tid, ts, call, ret, ctx, func, g0, g1, g2, b0, b1, b2, shmem,
          stream) = _unpack_launch(buf)
         r = LaunchCall(tgid, tid, ts, call, ret, func, (g0, g1, g2), (b0, b1, b2), shmem, stream)
         r.ctx = ctx  # a keyword argument costs ~20% of the decode here; an attribute ~5%
+        if flags:
+            r.unreadable = True  # the launch config or a stack argument could not be read
         return r
     fn = _BY_KIND.get(kind)
     if fn is None:
