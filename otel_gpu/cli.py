@@ -1,4 +1,4 @@
-"""otel-gpu command line: `run` (the collector) and `demo`."""
+"""otel-gpu command line: `run` (the collector), `demo`, `status`, and the local store's `report` and `traces`."""
 from __future__ import annotations
 
 import argparse
@@ -91,22 +91,35 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"otel-gpu {self.prog.split()[-1]}: {message}\n")
 
 
-def main(argv=None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="otel-gpu", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     _run_parser(sub)
-    d = sub.add_parser("demo", help="run the collector on a bundled CUDA HTTP service and print traces")
+    d = sub.add_parser("demo", help="run the collector on a bundled CUDA HTTP service and print traces; "
+                       "its data stays in the local store")
     d.add_argument("--requests", type=int, default=3, help="requests per route")
-    from .store.commands import COMMANDS, add_parsers, dispatch
+    d.add_argument("--keep", action="store_true",
+                   help="add to the previous demo runs' data in the store (default: replace it)")
+    from .status.command import add_parser as add_status_parser
+    add_status_parser(sub)
+    from .store.commands import add_parsers
     add_parsers(sub)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    from .store.commands import COMMANDS, dispatch
     if args.command in COMMANDS:  # readers of the local store: no root, no collector
         return dispatch(args)
+    if args.command == "status":  # reads the collector's state file: no root
+        from .status.command import run as status
+        return status(args)
     if args.command == "run":
         return cmd_run(args)  # sets up logging once its configuration is loaded
     logging.basicConfig(level="INFO", stream=sys.stderr, format=LOG_FORMAT)
     from .demo.runner import run_demo
-    return run_demo(args.requests)
+    return run_demo(args.requests, keep=args.keep)
 
 
 if __name__ == "__main__":

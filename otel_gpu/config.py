@@ -7,6 +7,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Mapping, Optional
 
+from .status.file import DEFAULT_PATH as DEFAULT_STATUS_FILE
+
 OTLP_PROTOCOLS = ("grpc", "http/protobuf")
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 
@@ -48,6 +50,7 @@ class Config:
     export_batch_size: int = 512  # OTEL_BSP_MAX_EXPORT_BATCH_SIZE (capped at queue_size)
     schedule_delay_ms: Optional[int] = None  # OTEL_BSP_SCHEDULE_DELAY (None: SDK default)
     store_path: Optional[str] = None  # local SQLite store; None: off
+    status_file: Optional[str] = None  # state file read by `otel-gpu status`; None: off
     store_group: Optional[int] = None  # gid that may read the store (file 0640, dir 0750); None: 0600/0700
     shutdown_timeout_s: int = 5   # SIGTERM to exit, whatever the backend does; undelivered spans are counted
     resource_attributes: dict = field(default_factory=dict)  # our OTEL_RESOURCE_ATTRIBUTES
@@ -152,6 +155,8 @@ def add_run_arguments(p) -> None:
     p.add_argument("--shutdown-timeout", type=int,
                    help="seconds from SIGTERM to exit, whatever the backend does (OTEL_GPU_SHUTDOWN_TIMEOUT; "
                         "default 5)")
+    p.add_argument("--status-file", help="state file that `otel-gpu status` reads, rewritten every 2 s "
+                   "(OTEL_GPU_STATUS_FILE; default /run/otel-gpu/status.json; '' turns it off)")
     p.add_argument("--log-level", help="debug, info, warning, error (OTEL_GPU_LOG_LEVEL; default info)")
     p.add_argument("--python-context", dest="python_context", action="store_true", default=None,
                    help="attribute CUDA calls of Python services by asyncio task / contextvars context "
@@ -281,6 +286,7 @@ def load_config(args=None, env: Mapping[str, str] = os.environ) -> Config:
         export_batch_size=min(src.integer(None, "OTEL_BSP_MAX_EXPORT_BATCH_SIZE", 512), queue_size),
         schedule_delay_ms=delay,
         store_path=_store_path(src, otlp_traces),
+        status_file=src.text("status_file", "OTEL_GPU_STATUS_FILE", DEFAULT_STATUS_FILE) or None,
         store_group=_group(src.text("store_group", "OTEL_GPU_STORE_GROUP", None), src),
         shutdown_timeout_s=src.integer("shutdown_timeout", "OTEL_GPU_SHUTDOWN_TIMEOUT", 5),
         resource_attributes=resource_attributes(env.get("OTEL_RESOURCE_ATTRIBUTES", "")),

@@ -7,10 +7,13 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
+import sqlite3
 import threading
 import time
 import urllib.request
+
+from ..store.paths import default_store_path
+from .next_steps import next_steps
 
 
 def free_port() -> int:
@@ -64,24 +67,55 @@ def wait_for_port(port: int, timeout: float) -> bool:
     return False
 
 
-def run_demo(requests_per_route: int = 3) -> int:
-    py = sys.executable
-    # A store of its own, so the closing report is about this run only.
-    store = os.path.join(tempfile.mkdtemp(prefix="otel-gpu-demo-"), "demo.db")
-    collector = subprocess.Popen([py, "-m", "otel_gpu.cli", "run", "--console", "--store", store,
-                                  "--gpu-price", os.environ.get("OTEL_GPU_PRICE_PER_HOUR", "2.5")],
-                                 stderr=subprocess.PIPE, text=True)
-    port = free_port()
-    service = None
+DEMO_SERVICE = "demo-inference"  # the demo service's service.name: its rows in the store
+
+
+def forget_earlier_runs(store: str, service: str = DEMO_SERVICE) -> int:
+    """Deletes the rows an earlier demo left in the store, so that this run's report is
+    about this run; other services' rows stay. Every table with a `service` column
+    (store/schema.py), so a table added later is covered too. Rows deleted."""
+    if not os.path.exists(store):
+        return 0
+    conn = sqlite3.connect(store, timeout=10, isolation_level=None)
     try:
-        watcher = LineWatcher(collector.stderr)
-        if not watcher.wait_for("ready", 60):
-            print("demo: the collector did not become ready", file=sys.stderr)
+        tables = [name for (name,) in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
+                  if any(col[1] == "service" for col in conn.execute(f'PRAGMA table_info("{name}")'))]
+        conn.execute("BEGIN IMMEDIATE")
+        gone = sum(conn.execute(f'DELETE FROM "{t}" WHERE service = ?', (service,)).rowcount for t in tables)
+        conn.execute("COMMIT")
+        return gone
+    finally:
+        conn.close()
+
+
+def run_demo(requests_per_route: int = 3, keep: bool = False) -> int:
+    """The demo service, then a collector tracing only it (other CUDA processes on the
+    host stay out of the demo's data), a few requests, a report. The spans stay in the
+    default local store, where `otel-gpu report` and `otel-gpu traces` look."""
+    py = sys.executable
+    store = default_store_path()
+    if not keep:
+        try:
+            forget_earlier_runs(store)
+        except sqlite3.Error as e:
+            print(f"demo: could not remove the earlier demo runs from {store} ({e}): "
+                  "the report will count them too", file=sys.stderr)
+    port = free_port()
+    env = dict(os.environ, OTEL_SERVICE_NAME=DEMO_SERVICE)
+    # Started first, so that the collector can be told to trace it alone (--pid).
+    service = subprocess.Popen([py, "-m", "otel_gpu.demo.service", "--port", str(port)], env=env)
+    collector = None
+    try:
+        if not wait_for_port(port, 30):
+            print("demo: the service did not start", file=sys.stderr)
             return 1
-        env = dict(os.environ, OTEL_SERVICE_NAME="demo-inference")
-        service = subprocess.Popen([py, "-m", "otel_gpu.demo.service", "--port", str(port)], env=env)
-        if not wait_for_port(port, 30) or not watcher.wait_for(f"tracing pid {service.pid}", 30):
-            print("demo: the service did not start or was not picked up", file=sys.stderr)
+        collector = subprocess.Popen([py, "-m", "otel_gpu.cli", "run", "--console", "--store", store,
+                                      "--pid", str(service.pid),
+                                      "--gpu-price", os.environ.get("OTEL_GPU_PRICE_PER_HOUR", "2.5")],
+                                     stderr=subprocess.PIPE, text=True)
+        watcher = LineWatcher(collector.stderr)
+        if not watcher.wait_for("ready", 60) or not watcher.wait_for(f"tracing pid {service.pid}", 30):
+            print("demo: the collector did not become ready or did not pick up the service", file=sys.stderr)
             return 1
         base = f"http://127.0.0.1:{port}"
         for i in range(requests_per_route):
@@ -90,8 +124,11 @@ def run_demo(requests_per_route: int = 3) -> int:
         urllib.request.urlopen(f"{base}/health").read()
         time.sleep(1.0)  # let the collector drain the ring buffer
     finally:
-        if service:
-            stop_process(service, timeout=10)
-        stop_process(collector, signal.SIGINT)
-    print("\nPer-route GPU cost of this run (host-side estimates; otel-gpu report --help):", flush=True)
-    return subprocess.call([py, "-m", "otel_gpu.cli", "report", "--db", store])
+        stop_process(service, timeout=10)
+        if collector is not None:
+            stop_process(collector, signal.SIGINT)
+    print(f"\nPer-route GPU cost of the demo{' runs' if keep else ''} (host-side estimates; otel-gpu report --help):",
+          flush=True)
+    rc = subprocess.call([py, "-m", "otel_gpu.cli", "report", "--db", store, "--service", DEMO_SERVICE])
+    print(next_steps(store, keep, DEMO_SERVICE), flush=True)
+    return rc
