@@ -13,7 +13,7 @@ PROPS = settings(max_examples=2000, deadline=None, database=None,
 # test_content_length_with_unicode_digit_is_a_parse_error); the fuzz input may hold them.
 _UNICODE_DIGITS: set = set()
 
-FRAGMENTS = [b"GET ", b"POST ", b"HEAD ", b"PRI * HTTP/2.0", b"/", b"/x?y=1", b" HTTP/1.1",
+FRAGMENTS = [b"\x1b[2J", b"\x9b", b"\xff", b"GET ", b"POST ", b"HEAD ", b"PRI * HTTP/2.0", b"/", b"/x?y=1", b" HTTP/1.1",
              b" HTTP/1.0", b"\r\n", b"\r\n\r\n", b"Content-Length: ", b"0", b"7", b"12",
              b"Transfer-Encoding: chunked", b"Connection: close", b": ", b" ", b"\x16\x03\x01",
              b"POST /u HTTP/1.1\r\nContent-Length: ", b"GET / HTTP/1.1\r\nConnection: "]
@@ -63,6 +63,9 @@ def test_any_bytes_give_heads_or_parse_error(data):
         assert h.method in {"GET", "POST", "PUT", "HEAD", "DELETE", "PATCH", "OPTIONS", "TRACE", "CONNECT"}
         assert h.version in ("1.0", "1.1")
         assert h.path and isinstance(h.keep_alive, bool)
+        for text in (h.target, *h.headers.values()):  # sanitised where they enter
+            text.encode("utf-8")
+            assert not [c for c in text if ord(c) < 0x20 or 0x7f <= ord(c) <= 0x9f], text
 
 
 # --- valid request streams ----------------------------------------------------------
