@@ -124,11 +124,19 @@ static __always_inline u32 cuda_begin(struct cuda_header *c, u8 kind, u32 call)
     return tv;
 }
 
-static __always_inline u64 stack_arg(struct pt_regs *ctx, int n)
+/* Reads from the traced process's memory: a failed read leaves zeros and marks the
+ * record (EV_FLAG_UNREADABLE), so user space never takes the zeros for real values. */
+static __always_inline void read_user(void *dst, u32 size, const void *src, u8 *flags)
+{
+    if (bpf_probe_read_user(dst, size, src) < 0)  /* the helper zeroes dst on failure */
+        *flags |= EV_FLAG_UNREADABLE;
+}
+
+static __always_inline u64 stack_arg(struct pt_regs *ctx, int n, u8 *flags)
 {
     /* [sp] is the return address; the 7th integer argument is at [sp+8]. */
     u64 v = 0;
-    bpf_probe_read_user(&v, sizeof(v), (void *)(PT_REGS_SP(ctx) + 8 * (n - 6)));
+    read_user(&v, sizeof(v), (void *)(PT_REGS_SP(ctx) + 8 * (n - 6)), flags);
     return v;
 }
 
@@ -171,8 +179,8 @@ int cuda_launch_kernel(struct pt_regs *ctx)
         rollup_add(tgid, CALL_LAUNCH_KERNEL, e.func, 0, 0);
         return 0;
     }
-    e.shmem = stack_arg(ctx, 7);
-    e.stream = stack_arg(ctx, 8);
+    e.shmem = stack_arg(ctx, 7, &e.c.h.flags);
+    e.stream = stack_arg(ctx, 8, &e.c.h.flags);
     e.c.ctx = py_context(tgid, (u32)id);
     count(CNT_CUDA_STREAMED);
     submit(&e, sizeof(e));
@@ -187,7 +195,7 @@ int cuda_launch_kernel_exc(struct pt_regs *ctx)
     if (!tv)
         return 0;
     struct user_launch_config cfg = {};
-    bpf_probe_read_user(&cfg, sizeof(cfg), (void *)PT_REGS_PARM1(ctx));
+    read_user(&cfg, sizeof(cfg), (void *)PT_REGS_PARM1(ctx), &e.c.h.flags);
     e.dims = cfg.dims;
     e.shmem = cfg.dynamic_smem_bytes;
     e.stream = cfg.stream;
@@ -227,9 +235,9 @@ int cu_launch_kernel(struct pt_regs *ctx)
     e.dims.grid[2] = PT_REGS_PARM4(ctx);
     e.dims.block[0] = PT_REGS_PARM5(ctx);
     e.dims.block[1] = PT_REGS_PARM6(ctx);
-    e.dims.block[2] = stack_arg(ctx, 7);
-    e.shmem = (u32)stack_arg(ctx, 8);
-    e.stream = stack_arg(ctx, 9);
+    e.dims.block[2] = stack_arg(ctx, 7, &e.c.h.flags);
+    e.shmem = (u32)stack_arg(ctx, 8, &e.c.h.flags);
+    e.stream = stack_arg(ctx, 9, &e.c.h.flags);
     if (!driver_duplicate(&e))
         EMIT(e, tv, e.func, 0, 0);
     return 0;
@@ -243,7 +251,7 @@ int cu_launch_kernel_ex(struct pt_regs *ctx)
     if (!tv)
         return 0;
     struct user_launch_config cfg = {};
-    bpf_probe_read_user(&cfg, sizeof(cfg), (void *)PT_REGS_PARM1(ctx));
+    read_user(&cfg, sizeof(cfg), (void *)PT_REGS_PARM1(ctx), &e.c.h.flags);
     e.dims = cfg.dims;
     e.shmem = cfg.shared_mem_bytes;
     e.stream = cfg.stream;
@@ -253,12 +261,13 @@ int cu_launch_kernel_ex(struct pt_regs *ctx)
     return 0;
 }
 
-static __always_inline int memcpy_emit(u32 call, u64 bytes, u64 direction, u64 stream)
+static __always_inline int memcpy_emit(u32 call, u64 bytes, u64 direction, u64 stream, u8 flags)
 {
     struct memcpy_event e = {};
     u32 tv = cuda_begin(&e.c, EV_CUDA_MEMCPY, call);
     if (!tv)
         return 0;
+    e.c.h.flags = flags;
     e.bytes = bytes;
     e.direction = (u32)direction;
     e.stream = stream;
@@ -269,21 +278,22 @@ static __always_inline int memcpy_emit(u32 call, u64 bytes, u64 direction, u64 s
 /* cudaMemcpy(dst, src, count, kind) */
 int cuda_memcpy(struct pt_regs *ctx)
 {
-    return memcpy_emit(CALL_MEMCPY, PT_REGS_PARM3(ctx), PT_REGS_PARM4(ctx), 0);
+    return memcpy_emit(CALL_MEMCPY, PT_REGS_PARM3(ctx), PT_REGS_PARM4(ctx), 0, 0);
 }
 
 /* cudaMemcpyAsync(dst, src, count, kind, stream) */
 int cuda_memcpy_async(struct pt_regs *ctx)
 {
-    return memcpy_emit(CALL_MEMCPY_ASYNC, PT_REGS_PARM3(ctx), PT_REGS_PARM4(ctx), PT_REGS_PARM5(ctx));
+    return memcpy_emit(CALL_MEMCPY_ASYNC, PT_REGS_PARM3(ctx), PT_REGS_PARM4(ctx), PT_REGS_PARM5(ctx), 0);
 }
 
 /* cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, height, kind, stream):
  * width bytes by height rows. */
 int cuda_memcpy_2d_async(struct pt_regs *ctx)
 {
-    return memcpy_emit(CALL_MEMCPY_2D_ASYNC, PT_REGS_PARM5(ctx) * PT_REGS_PARM6(ctx), stack_arg(ctx, 7),
-                       stack_arg(ctx, 8));
+    u8 flags = 0;
+    u64 kind = stack_arg(ctx, 7, &flags), stream = stack_arg(ctx, 8, &flags);
+    return memcpy_emit(CALL_MEMCPY_2D_ASYNC, PT_REGS_PARM5(ctx) * PT_REGS_PARM6(ctx), kind, stream, flags);
 }
 
 /* cudaFree(ptr): entry only; user space matches the pointer to its cudaMalloc. */
@@ -365,7 +375,7 @@ int cuda_call_return(struct pt_regs *ctx)
         struct memory_event e = {};
         returned(&e.c, EV_CUDA_MEMORY, id, c, ctx);
         /* The pointer exists at return: *devPtr. */
-        bpf_probe_read_user(&e.ptr, sizeof(e.ptr), (void *)c->arg0);
+        read_user(&e.ptr, sizeof(e.ptr), (void *)c->arg0, &e.c.h.flags);
         e.bytes = c->arg1;
         e.duration_ns = duration_ns;
         in_call.delete(&id);

@@ -55,10 +55,19 @@ GPU_ROLLUP_COUNT = "gpu.rollup.count"  # calls folded into one rollup child
 GPU_ROLLUP_BYTES = "gpu.rollup.bytes"
 GPU_ROLLUP_DURATION_NS = "gpu.rollup.duration_ns"
 GPU_TIMING = "gpu.timing"  # always "host_enqueue": spans show host-side call time
+# The probe could not read an argument from the process's memory (a launch config, a
+# stack argument): the values that come from it (grid, block, shared memory, stream,
+# memcpy direction) are left out rather than exported as 0.
+GPU_ARGS_UNREADABLE = "gpu.cuda.args_unreadable"
+# An integer attribute was >= 2^63 (OTLP ints are int64): exported as 2^63-1, and this set.
+GPU_VALUE_CLAMPED = "otel_gpu.value_clamped"
 
 # How a CUDA call was tied to a request: task, thread, process, ambiguous, shared, outside.
 GPU_ATTRIBUTION = "otel_gpu.attribution"
 GPU_CANDIDATE_REQUESTS = "otel_gpu.candidate_requests"
+# Connections of the process the kernel could not track (its table was full) while this
+# span's calls were made: requests on them were not seen, so these calls may be theirs.
+GPU_CONNECTIONS_UNTRACKED = "otel_gpu.connections.untracked"
 
 # GPU summary on the server span (ours).
 GPU_LAUNCHES = "gpu.launches"

@@ -70,6 +70,8 @@ class SpanBuilder:
             attrs[sc.HTTP_RESPONSE_STATUS_CODE] = r.status
         attrs.update(summary_attributes(summary))
         attrs[sc.GPU_SPANS_DROPPED] = r.sink.rolled_up
+        if r.untracked_connections:
+            attrs[sc.GPU_CONNECTIONS_UNTRACKED] = r.untracked_connections
         if r.gpu_seconds is not None:  # host-side estimate, see pipeline/cost.py
             attrs[sc.GPU_COST_SECONDS] = r.gpu_seconds
             attrs[sc.GPU_COST_AMOUNT] = r.cost
@@ -89,7 +91,7 @@ class SpanBuilder:
         parent = _ctx(r.trace_id, r.parent_span_id, remote=True) if r.parent_span_id else None
         server = ReadableSpan(
             name=f"{r.head.method} {route}", context=_ctx(r.trace_id, r.span_id), parent=parent,
-            resource=resource, attributes=attrs, kind=SpanKind.SERVER, status=status,
+            resource=resource, attributes=int64_safe(attrs), kind=SpanKind.SERVER, status=status,
             start_time=self.clock.to_epoch_ns(r.start_ns), end_time=self.clock.to_epoch_ns(r.end_ns),
             instrumentation_scope=SCOPE)
         return [server] + self._children(r, r.trace_id, r.span_id)
@@ -103,11 +105,13 @@ class SpanBuilder:
         links = [Link(_ctx(t, s)) for t, s in w.candidates]
         if w.candidates:
             attrs[sc.GPU_CANDIDATE_REQUESTS] = len(w.candidates)
+        if w.untracked_connections:
+            attrs[sc.GPU_CONNECTIONS_UNTRACKED] = w.untracked_connections
         attrs.update(self._window_cost(w))
         name = WINDOW_NAMES.get(w.attribution, "GPU work outside requests")
         span = ReadableSpan(
             name=name, context=_ctx(trace_id, span_id), parent=None, resource=resource,
-            attributes=attrs, links=links, kind=SpanKind.INTERNAL,
+            attributes=int64_safe(attrs), links=links, kind=SpanKind.INTERNAL,
             start_time=self.clock.to_epoch_ns(w.start_ns), end_time=self.clock.to_epoch_ns(w.end_ns),
             instrumentation_scope=SCOPE)
         return [span] + self._children(w, trace_id, span_id)
@@ -136,7 +140,7 @@ class SpanBuilder:
             start = self.clock.to_epoch_ns(call.ts_ns)
             spans.append(ReadableSpan(
                 name=call.name, context=_ctx(trace_id, self._rng.getrandbits(64) or 1), parent=parent,
-                resource=resource, attributes=attrs, kind=SpanKind.INTERNAL,
+                resource=resource, attributes=int64_safe(attrs), kind=SpanKind.INTERNAL,
                 status=Status(StatusCode.ERROR, f"CUDA error {call.ret}") if call.ret > 0 else Status(StatusCode.UNSET),
                 start_time=start, end_time=start + call.amounts()[2], instrumentation_scope=SCOPE))
         for agg in sink.rollups.values():
@@ -151,7 +155,7 @@ class SpanBuilder:
             spans.append(ReadableSpan(
                 name=f"{call_name(agg.call)} x{agg.count}",
                 context=_ctx(trace_id, self._rng.getrandbits(64) or 1), parent=parent,
-                resource=resource, attributes=attrs, kind=SpanKind.INTERNAL,
+                resource=resource, attributes=int64_safe(attrs), kind=SpanKind.INTERNAL,
                 start_time=self.clock.to_epoch_ns(agg.first_ts),
                 end_time=self.clock.to_epoch_ns(max(agg.last_end_ts, agg.last_ts)),
                 instrumentation_scope=SCOPE))
@@ -177,19 +181,37 @@ def _stream(stream: int) -> dict:
 
 # What a call's span says, by category (probes/table.py): a new call of an existing
 # category needs nothing here.
+# A call whose probe could not read an argument (c.unreadable) says so, and leaves out
+# what came from memory rather than exporting zeros as values.
 _ATTRIBUTES = {
-    Category.LAUNCH: lambda c, names: {**_kernel(c.func, names), sc.GPU_GRID: list(c.grid),
-                                       sc.GPU_BLOCK: list(c.block), sc.GPU_SHARED_MEMORY_BYTES: c.shmem,
-                                       sc.GPU_STREAM: hex(c.stream)},
-    Category.MEMCPY: lambda c, _n: {sc.GPU_MEMCPY_BYTES: c.bytes,
-                                    sc.GPU_MEMCPY_DIRECTION: MEMCPY_DIRECTIONS.get(c.direction, "default"),
-                                    **_stream(c.stream)},
+    Category.LAUNCH: lambda c, names: {**_kernel(c.func, names), sc.GPU_ARGS_UNREADABLE: True}
+    if c.unreadable else {**_kernel(c.func, names), sc.GPU_GRID: list(c.grid), sc.GPU_BLOCK: list(c.block),
+                          sc.GPU_SHARED_MEMORY_BYTES: c.shmem, sc.GPU_STREAM: hex(c.stream)},
+    Category.MEMCPY: lambda c, _n: {sc.GPU_MEMCPY_BYTES: c.bytes, sc.GPU_ARGS_UNREADABLE: True}
+    if c.unreadable else {sc.GPU_MEMCPY_BYTES: c.bytes,
+                          sc.GPU_MEMCPY_DIRECTION: MEMCPY_DIRECTIONS.get(c.direction, "default"),
+                          **_stream(c.stream)},
     Category.ALLOC: lambda c, _n: {sc.GPU_ALLOC_BYTES: c.bytes},
     Category.FREE: lambda c, _n: {},
     Category.SYNC: lambda c, _n: _stream(c.handle),
     Category.GRAPH: lambda c, _n: _stream(c.stream),
     Category.DEVICE: lambda c, _n: {},
 }
+
+
+INT64_MIN, INT64_MAX = -2**63, 2**63 - 1
+
+
+def int64_safe(attrs: dict) -> dict:
+    """OTLP integer attributes are int64: a value outside it (a traced process's
+    cudaMemcpy of 2^64-1 bytes) is clamped to the nearest bound and the span says so
+    (otel_gpu.value_clamped=true), instead of the exporter dropping it with a traceback."""
+    clamped = [k for k, v in attrs.items() if type(v) is int and not INT64_MIN <= v <= INT64_MAX]
+    for k in clamped:
+        attrs[k] = INT64_MAX if attrs[k] > 0 else INT64_MIN
+    if clamped:
+        attrs[sc.GPU_VALUE_CLAMPED] = True
+    return attrs
 
 
 def call_attributes(c: CudaCall, kernel_names: dict) -> dict:

@@ -215,3 +215,17 @@ def test_valid_cuda_records_of_every_size_decode(shape, data):
     buf = bytes([kind]) + data.draw(st.binary(min_size=ct.sizeof(mirror) - 1, max_size=ct.sizeof(mirror) - 1))
     r = decode(buf)
     assert isinstance(r, CudaCall) and r.tgid == abi.EventHeader.from_buffer_copy(buf).tgid
+
+
+def test_unreadable_flag_is_decoded_for_launches_and_copies():
+    def flagged(rec: bytes) -> bytes:
+        b = bytearray(rec)
+        b[abi.EventHeader.flags.offset] = abi.EV_FLAG_UNREADABLE
+        return bytes(b)
+    launch = cuda(abi.LaunchEvent, abi.EV_CUDA_LAUNCH, call_id("cudaLaunchKernelExC"), func=0x10)
+    assert decode(launch).unreadable is False
+    assert decode(view(flagged(launch))).unreadable is True
+    copy = cuda(abi.MemcpyEvent, abi.EV_CUDA_MEMCPY, call_id("cudaMemcpy2DAsync"), bytes=64)
+    assert decode(copy).unreadable is False and decode(flagged(copy)).unreadable is True
+    alloc = cuda(abi.MemoryEvent, abi.EV_CUDA_MEMORY, call_id("cudaMalloc"), bytes=64)
+    assert decode(flagged(alloc)).unreadable is True
