@@ -42,3 +42,14 @@ def test_peer_of_an_accepted_connection():
     finally:
         for s in (cli, conn, srv):
             s.close()
+
+
+def test_open_sockets_maps_fds_to_inodes_and_a_gone_process_to_none(tmp_path):
+    from otel_gpu.pipeline.sockets import open_sockets
+    srv = socket.socket()
+    try:
+        mine = open_sockets("/proc", os.getpid())
+        assert srv.fileno() in mine and mine[srv.fileno()] == os.fstat(srv.fileno()).st_ino
+        assert open_sockets(str(tmp_path), 1) == {}
+    finally:
+        srv.close()

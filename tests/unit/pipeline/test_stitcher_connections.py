@@ -1,0 +1,122 @@
+"""Stitcher connection state: connections the kernel's full table left untracked, and
+connections whose close was never seen (synthetic events; /proc given as a dict)."""
+import random
+
+from otel_gpu.pipeline.model import ProcessWindow, Request
+from otel_gpu.pipeline.records import Accept, ProcExit, Tick
+from otel_gpu.pipeline.stitcher import AUDIT_ALL_NS, Stitcher
+from otel_gpu.ratelimit import Stats
+from tests.unit.pipeline.test_stitcher import FD, OK, PID, T, accept, cuda, get, read, write
+
+OTHER_FD = 11
+
+
+def untracked(fd=OTHER_FD, pid=PID):
+    return Accept(pid, 1, T(), fd, 3, None, None, tracked=False)
+
+
+class Sockets:
+    """A process's open sockets as /proc would say: pid -> {fd: inode}."""
+
+    def __init__(self, by_pid=None):
+        self.by_pid = by_pid or {}
+
+    def __call__(self, pid):
+        return dict(self.by_pid.get(pid, {}))
+
+
+def new(sockets=None):
+    return Stitcher(span_budget=256, rng=random.Random(7), stats=Stats(), sockets_of=sockets)
+
+
+def tick(s, now):
+    return s.process([Tick(now)])
+
+
+def test_untracked_connection_is_counted_in_state_and_released_with_the_process():
+    s = new(Sockets())
+    s.process([accept(), untracked()])
+    assert (s.state()["conns"], s.state()["conns_untracked"]) == (2, 1)
+    s.process([ProcExit(PID, T())])
+    assert (s.state()["conns"], s.state()["conns_untracked"]) == (0, 0)
+
+
+def test_a_process_with_untracked_connections_gets_no_thread_attribution():
+    """The one open request's thread made the call, but a request we cannot see may be
+    served on that thread too (an event loop): ambiguous, and the window says why."""
+    s = new(Sockets())
+    s.process([accept(), untracked(), read(get())])
+    s.process([cuda(tid=1), cuda(tid=2)])  # its own thread, and another thread ("process")
+    out = s.process([write(OK), Tick(T())])
+    (req,) = [r for r in out if isinstance(r, Request)]
+    assert req.sink.summary.launches == 0 and req.sink.summary.ambiguous == 2
+    assert req.untracked_connections == 1
+    (w,) = [r for r in out if isinstance(r, ProcessWindow)]
+    assert w.attribution == "ambiguous" and w.untracked_connections == 1
+    assert s.attributed["ambiguous"] == 2 and s.attributed["thread"] == s.attributed["process"] == 0
+
+
+def test_calls_outside_requests_while_connections_are_untracked_are_flagged():
+    s = new(Sockets())
+    s.process([untracked(), cuda()])
+    (w,) = [r for r in tick(s, T()) if isinstance(r, ProcessWindow)]
+    assert w.attribution == "outside" and w.untracked_connections == 1 and w.sink.summary.launches == 1
+
+
+def test_without_untracked_connections_attribution_is_unchanged():
+    s = new(Sockets())
+    s.process([accept(), read(get()), cuda(tid=1)])
+    (req,) = [r for r in s.process([write(OK)]) if isinstance(r, Request)]
+    assert req.sink.summary.launches == 1 and req.untracked_connections == 0
+
+
+def test_untracked_connection_released_at_the_next_tick_once_its_socket_is_gone():
+    sockets = Sockets({PID: {FD: 100, OTHER_FD: 101}})
+    s = new(sockets)
+    s.process([accept(), untracked()])
+    tick(s, T())
+    assert s.state()["conns_untracked"] == 1  # still open
+    sockets.by_pid[PID] = {FD: 100}  # closed: its close was never seen
+    tick(s, T())
+    assert (s.state()["conns"], s.state()["conns_untracked"]) == (1, 0)
+    assert "connection_closes_unseen" not in s.stats.snapshot()  # expected for an untracked one
+
+
+def test_a_reused_fd_is_another_socket():
+    sockets = Sockets({PID: {OTHER_FD: 101}})
+    s = new(sockets)
+    s.process([untracked()])
+    tick(s, T())
+    sockets.by_pid[PID] = {OTHER_FD: 555}  # closed, and the number reused by another socket
+    tick(s, T())
+    assert s.state()["conns_untracked"] == 0
+
+
+def test_seeding_an_untracked_connection_makes_it_tracked():
+    """The collector seeds it once the table has room: an ordinary Accept replaces it."""
+    s = new(Sockets({PID: {OTHER_FD: 101}}))
+    s.process([untracked(), accept(fd=OTHER_FD)])
+    assert (s.state()["conns"], s.state()["conns_untracked"]) == (1, 0)
+    s.process([read(get(), fd=OTHER_FD), cuda()])
+    (req,) = [r for r in s.process([write(OK, fd=OTHER_FD)]) if isinstance(r, Request)]
+    assert req.sink.summary.launches == 1 and req.untracked_connections == 0
+
+
+def test_tracked_connection_whose_close_was_lost_is_released_by_the_periodic_audit():
+    sockets = Sockets({PID: {FD: 100}})
+    s = new(sockets)
+    now = T()
+    s.process([accept()])
+    tick(s, now)  # the first audit learns its socket
+    sockets.by_pid[PID] = {}
+    tick(s, now + AUDIT_ALL_NS // 2)  # tracked ones wait for the periodic audit
+    assert s.state()["conns"] == 1
+    tick(s, now + AUDIT_ALL_NS)
+    assert s.state()["conns"] == 0 and s.stats.snapshot()["connection_closes_unseen"] == 1
+
+
+def test_audit_leaves_a_connection_with_a_request_in_flight():
+    s = new(Sockets({}))
+    s.process([accept(), read(get())])
+    tick(s, T())
+    assert s.state()["conns"] == 1 and s.state()["open_requests"] == 1
