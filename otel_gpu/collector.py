@@ -141,9 +141,15 @@ class Collector:
         from .probes.table import PYTHON
         found = self.discovery.scan()
         python = found.python if self.config.python_context else {}
-        for target in found.targets:
+        # Default: one probe set per file, for every process mapping it. With --pid/--exe:
+        # per selected process, so the other processes mapping the same file never trap.
+        wanted = [(None, t) for t in found.targets] if self.config.trace_all else \
+            [(pid, t) for pid, targets in found.by_pid.items() for t in targets]
+        for pid, target in wanted:
             if target.kind != PYTHON or self.config.python_context:
-                self.program.attach(target)
+                self.program.attach(target, pid)
+        for pid in self.program.probed_pids() - found.cuda_pids:
+            self.program.detach(pid, "exited, or no longer selected or mapping CUDA")
         new = found.cuda_pids - self._traced_pids
         for pid in new:
             self.program.trace(pid)

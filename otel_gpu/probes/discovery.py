@@ -28,7 +28,8 @@ DRIVER_RE = re.compile(r"/libcuda\.so(?:\.[^/]*)?$")
 
 @dataclass(frozen=True)
 class ProbeTarget:
-    """A file to attach uprobes to; one attach covers every process mapping it."""
+    """A file to attach uprobes to: for every process mapping it, or (with
+    --pid/--exe) for one process, through that process's root."""
     kind: str          # RUNTIME, DRIVER or PYTHON
     path: str          # openable from here (through /proc/<pid>/root for containers)
     key: tuple         # (st_dev, st_ino): the same file seen from several processes
@@ -37,7 +38,9 @@ class ProbeTarget:
 @dataclass
 class ScanResult:
     cuda_pids: set
-    targets: list
+    targets: list      # each file once (the first process's path to it)
+    # pid -> its files, each through its own /proc/<pid>/root: per-process probes
+    by_pid: dict = field(default_factory=dict)
     # CUDA processes running a recognised CPython: pid -> offsetof(PyThreadState, context)
     python: dict = field(default_factory=dict)
     # Processes that use no CUDA, listen on TCP and are related to a CUDA process
@@ -97,6 +100,7 @@ class Discovery:
             if py:
                 targets.append(py[0])
                 result.python[pid] = py[1]
+            result.by_pid[pid] = targets
             for t in targets:
                 if t.key not in seen_keys:
                     seen_keys.add(t.key)

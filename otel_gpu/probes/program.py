@@ -35,7 +35,7 @@ class BpfProgram:
         self.bpf = load(options)
         self.ring = RingReader(self.bpf, "events", stats)
         self.rollups = RollupReader(self.bpf["rollup"])
-        self.attacher = Attacher(self.bpf)
+        self.attacher = Attacher(self.bpf, stats)
         self._lost_seen = 0
 
     # --- records for the pipeline ---------------------------------------------------
@@ -64,12 +64,23 @@ class BpfProgram:
         return {name: sum(table[ct.c_int(i)]) for i, name in enumerate(COUNTER_NAMES)}
 
     # --- probes and processes --------------------------------------------------------
-    def attach(self, target: ProbeTarget) -> int:
-        n = self.attacher.attach(target)
+    def attach(self, target: ProbeTarget, pid: Optional[int] = None) -> int:
+        """Probes `target` for every process that maps it, or for `pid` only."""
+        n = self.attacher.attach(target, pid)
         if target.kind == DRIVER and n:
             # Runtime launches now may pass through libcuda: keep the de-dup state.
             self.bpf["driver_probed"][ct.c_int(0)] = ct.c_uint32(1)
         return n
+
+    def probed_pids(self) -> set:
+        """Processes with probes of their own (--pid/--exe)."""
+        return self.attacher.pids()
+
+    def detach(self, pid: int, why: str) -> None:
+        """Detaches process `pid`'s own probes; nothing is left in the kernel for it."""
+        n = self.attacher.detach(pid)
+        if n:
+            log.info("detached %d CUDA probes of pid %d (%s)", n, pid, why)
 
     def trace(self, pid: int) -> None:
         self.bpf["traced"][ct.c_uint32(pid)] = ct.c_uint32(TRACED)
@@ -107,6 +118,8 @@ class BpfProgram:
         """Drops every entry of processes that exited (their last records have passed)."""
         if not tgids:
             return
+        for tgid in tgids & self.attacher.pids():
+            self.detach(tgid, "exited")
         self.rollups.forget(tgids)
         for name in _BY_TGID:
             table = self.bpf[name]
@@ -125,11 +138,16 @@ class BpfProgram:
                     pass
 
     def describe(self) -> str:
+        per_process = self.attacher.pids()
         return (f"{self.bpf.num_open_tracepoints()} tracepoints, {self.attacher.probe_count} CUDA probes "
-                f"on {len(self.attacher.attached)} files, {self.traced_count()} processes traced")
+                f"on {self.attacher.files()} files"
+                + (f" for {len(per_process)} processes only" if per_process else "")
+                + f", {self.traced_count()} processes traced")
 
     def state(self) -> dict:
-        return {f"bpf.{name}": len(self.bpf[name]) for name in _STATE_TABLES}
+        # bpf.uprobes: what bcc holds open; with --pid/--exe it returns to its baseline as processes go.
+        return {**{f"bpf.{name}": len(self.bpf[name]) for name in _STATE_TABLES},
+                "bpf.uprobes": self.bpf.num_open_uprobes()}
 
     def close(self) -> None:
         self.attacher.detach_all()

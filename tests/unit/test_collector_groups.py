@@ -14,8 +14,11 @@ class FakeProgram:
     def __init__(self):
         self.calls = []
 
-    def attach(self, target):
+    def attach(self, target, pid=None):
         return 0
+
+    def probed_pids(self):
+        return set()
 
     def trace(self, pid):
         self.calls.append(("trace", pid))
