@@ -76,11 +76,23 @@ def full_page_png(driver, path: str) -> None:
 
 def ink_fraction(path: str, background=(255, 255, 255), tolerance: int = 16) -> float:
     """Share of pixels that differ from the background: a blank page gives ~0."""
-    from PIL import Image
+    from PIL import Image, ImageChops
     img = Image.open(path).convert("RGB")
-    px = img.getdata()
-    far = sum(1 for p in px if max(abs(a - b) for a, b in zip(p, background)) > tolerance)
+    diff = ImageChops.difference(img, Image.new("RGB", img.size, background))
+    r, g, b = diff.split()
+    far = sum(ImageChops.lighter(ImageChops.lighter(r, g), b).histogram()[tolerance + 1:])
     return far / (img.width * img.height)
+
+
+def color_fraction(path: str, spread: int = 40) -> float:
+    """Share of coloured pixels (channels apart by more than `spread`): a viewer's grey
+    chrome and text give ~0, its drawn slices do not."""
+    from PIL import Image, ImageChops
+    r, g, b = Image.open(path).convert("RGB").split()
+    high = ImageChops.lighter(ImageChops.lighter(r, g), b)
+    low = ImageChops.darker(ImageChops.darker(r, g), b)
+    hist = ImageChops.subtract(high, low).histogram()
+    return sum(hist[spread + 1:]) / (r.width * r.height)
 
 
 def speedscope_page(trace_json: str, js_path: str) -> str:
