@@ -1,4 +1,4 @@
-"""`python -m bench [--quick] [--items 1,2,3,5,6]`: every otel-gpu overhead figure,
+"""`python -m bench [--quick] [--items 1,2,3,5,6,7]`: every otel-gpu overhead figure,
 measured side by side in one run; prints a table and writes
 bench/results/<date>-<host>.json. Needs root (eBPF), bpftrace, gcc, py-spy."""
 from __future__ import annotations
@@ -10,8 +10,8 @@ import statistics
 import sys
 from pathlib import Path
 
-from . import (item_ablation, item_big_request, item_http, item_launch, item_python_context, item_sustained,
-               machine)
+from . import (item_ablation, item_big_request, item_http, item_launch, item_neighbour, item_python_context,
+               item_sustained, item_untraced, machine)
 from .native import use_private_cudart
 from .report import profile_text, table, write_json
 
@@ -22,7 +22,7 @@ READY_TARGET_S = 3.0
 def main() -> int:
     ap = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
     ap.add_argument("--quick", action="store_true", help="short phases (10 s sustained) for development")
-    ap.add_argument("--items", default="1,1b,2,3,5,6",
+    ap.add_argument("--items", default="1,1b,1c,2,3,5,6,7",
                     help="comma-separated items to run (4 comes with any)")
     ap.add_argument("--wait-quiet", type=float, default=120,
                     help="seconds to wait for other collectors/bpftrace to finish before each item")
@@ -41,10 +41,12 @@ def main() -> int:
     rows: list = []
     steps = [("1", "launch", lambda: item_launch.run(args.quick, starts), item_launch.rows),
              ("1b", "ablation", lambda: item_ablation.run(args.quick), item_ablation.rows),
+             ("1c", "neighbour", lambda: item_neighbour.run(args.quick, starts), item_neighbour.rows),
              ("3", "sustained", lambda: item_sustained.run(args.quick, starts, RESULTS, stamp), item_sustained.rows),
              ("2", "http", lambda: item_http.run(args.quick, starts, RESULTS, stamp), item_http.rows),
              ("5", "big_request", lambda: item_big_request.run(args.quick, starts), item_big_request.rows),
-             ("6", "python_context", lambda: item_python_context.run(args.quick, starts), item_python_context.rows)]
+             ("6", "python_context", lambda: item_python_context.run(args.quick, starts), item_python_context.rows),
+             ("7", "untraced", lambda: item_untraced.run(args.quick, starts), item_untraced.rows)]
     for key, name, run, to_rows in steps:
         if key not in items:
             continue

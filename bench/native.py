@@ -1,4 +1,4 @@
-"""Builds bench/launch_loop.c with gcc and drives one run of it."""
+"""Builds the bench's C programs with gcc and drives one run of launch_loop."""
 from __future__ import annotations
 
 import os
@@ -13,9 +13,10 @@ HERE = Path(__file__).resolve().parent
 BUILD = HERE / "build"  # ignored by the repository .gitignore (build/)
 
 
-def build() -> Path:
-    src = HERE / "launch_loop.c"
-    out = BUILD / "launch_loop"
+def build(name: str = "launch_loop") -> Path:
+    """bench/<name>.c compiled once per change."""
+    src = HERE / f"{name}.c"
+    out = BUILD / name
     if not out.exists() or out.stat().st_mtime < src.stat().st_mtime:
         BUILD.mkdir(parents=True, exist_ok=True)
         subprocess.run(["gcc", "-O2", "-Wall", "-pthread", "-o", str(out), str(src), "-ldl"], check=True)
