@@ -34,6 +34,7 @@ from .pipeline.stitcher import Stitcher
 from .pipeline.symbols import KernelNames
 from .probes.discovery import Discovery
 from .ratelimit import Stats
+from .status.writer import StatusWriter
 
 log = logging.getLogger("otel_gpu")
 
@@ -115,6 +116,7 @@ class Collector:
         self._servers: set[int] = set()
         self._follows: dict[int, Optional[int]] = {}
         self.state_requested = threading.Event()
+        self.status = StatusWriter(config.status_file, self.stats) if config.status_file else None
 
     def _wanted(self, pid: int) -> bool:
         if pid in self.config.pids:
@@ -230,6 +232,8 @@ class Collector:
                 self.state_requested.clear()
                 self._push(self.program.poll(0))  # as of the signal: drain first
                 log.info("%s", self.state())
+            if self.status is not None:
+                self.status.tick(self)  # `otel-gpu status` reads it
 
     def shutdown(self) -> None:
         """Drain what is left, close open requests, flush exporters, detach probes."""
@@ -243,7 +247,13 @@ class Collector:
                 self.program.close()
             if self.config.health_file:
                 Path(self.config.health_file).unlink(missing_ok=True)
+            if self.status is not None:
+                self.status.remove()  # `otel-gpu status` then says no collector is running
         log.info("stopped: %s", self.summary())
+
+    def traced_processes(self) -> dict[int, str]:
+        """pid -> why it is traced: "cuda" (maps a CUDA library) or "http-server" (related to one)."""
+        return {**{pid: "http-server" for pid in self._servers}, **{pid: "cuda" for pid in self._traced_pids}}
 
     def state(self) -> str:
         """Sizes of every table that must return to baseline when processes go away."""
