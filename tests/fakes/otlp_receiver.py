@@ -44,6 +44,7 @@ class OtlpReceiver(trace_service_pb2_grpc.TraceServiceServicer):
         self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
         trace_service_pb2_grpc.add_TraceServiceServicer_to_server(self, self.server)
         self.metric_names: set[str] = set()
+        self.metric_requests: list = []  # every ExportMetricsServiceRequest, for values
         metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server(_Metrics(self), self.server)
         self.port = self.server.add_insecure_port("127.0.0.1:0")
 
@@ -89,6 +90,7 @@ class _Metrics(metrics_service_pb2_grpc.MetricsServiceServicer):
         names = {m.name for rm in request.resource_metrics for sm in rm.scope_metrics for m in sm.metrics}
         with self.receiver._cond:
             self.receiver.metric_names |= names
+            self.receiver.metric_requests.append(request)
             self.receiver._cond.notify_all()
         return metrics_service_pb2.ExportMetricsServiceResponse()
 
