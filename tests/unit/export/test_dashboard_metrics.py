@@ -159,7 +159,7 @@ def test_every_panel_has_a_query_on_an_exported_metric(exported):
     ("cost per route", "otel_gpu_cost_amount_total"), ("GPU seconds", "otel_gpu_cost_gpu_seconds_total"),
     ("launches by kernel", "gpu_kernel_launches_total"), ("memcpy bytes", "gpu_memcpy_bytes_total"),
     ("sync time", "gpu_sync_duration_seconds_sum"), ("attribution outcomes", "otel_gpu_cuda_calls_total"),
-    ("events lost", "otel_gpu_events_lost_total")])
+    ("events lost", "otel_gpu_events_lost_total"), ("drops by reason", "otel_gpu_drops_total")])
 def test_the_dashboard_shows_each_topic_the_issue_names(topic, metric, exported):
     assert metric in exported[0], f"{topic}: {metric} is not what the exporter calls it"
     assert any(metric in promql_names(expr)[0] for _, expr in _queries()), topic
