@@ -37,6 +37,8 @@ class BpfProgram:
         self.rollups = RollupReader(self.bpf["rollup"])
         self.attacher = Attacher(self.bpf, stats)
         self._lost_seen = 0
+        self._untracked_seen = 0
+        self._prune_suspects: set = set()  # (tgid, fd) found without a socket once
 
     # --- records for the pipeline ---------------------------------------------------
     def poll(self, timeout_ms: int) -> list:
@@ -53,11 +55,18 @@ class BpfProgram:
         return self.rollups.read(time.monotonic_ns())
 
     def _account_lost(self) -> None:
-        lost = self.counters()["ringbuf_full"]
+        counters = self.counters()
+        lost = counters["ringbuf_full"]
         if lost > self._lost_seen:
             log.warning("ring buffer full: %d events lost so far", lost)
             self.stats.add("lost_events", lost - self._lost_seen)
             self._lost_seen = lost
+        full = counters["conn_table_full"]
+        if full > self._untracked_seen:
+            log.warning("connection table full (--max-connections): %d connections of traced processes "
+                        "left untracked so far", full)
+            self.stats.add("connections_untracked", full - self._untracked_seen)
+            self._untracked_seen = full
 
     def counters(self) -> dict[str, int]:
         table = self.bpf["counters"]
@@ -93,18 +102,46 @@ class BpfProgram:
         value = TRACED if server is None else FOLLOW_ALL if server <= TRACED else server
         self.bpf["traced"][ct.c_uint32(pid)] = ct.c_uint32(value)
 
-    def seed_connection(self, tgid: int, fd: int) -> bool:
+    def seed_connection(self, tgid: int, fd: int) -> Optional[bool]:
         """A server connection the process held before we traced it (its accept was
-        never seen): from now on its next read is parsed like any other. False when
-        the kernel already tracks it."""
+        never seen, or the table was full then): from now on its next read is parsed
+        like any other. False when the kernel already tracks it, None when the table is full."""
         table = self.bpf["conns"]
         key = table.Key(tgid, fd)
         try:
             table[key]
             return False
         except KeyError:
+            pass
+        try:
             table[key] = table.Leaf()  # state unknown: the next read decides
-            return True
+        except Exception:  # bcc raises a plain Exception when the map is full
+            return None
+        return True
+
+    def prune_connections(self, socket_fds) -> list[tuple[int, int]]:
+        """Drops the connection entries whose fd is no longer a socket of the process
+        (`socket_fds(pid)` -> set of fds; a gone process has none): closes the kernel
+        never saw (close_range, dup2, an fd seeded as it closed). The table is a plain
+        hash, so nothing else would free them. An entry goes only when two calls in a
+        row find it so (an fd accepted between our /proc read and the delete would be
+        lost otherwise). Returns the (tgid, fd) dropped."""
+        table, fds, dropped, suspects = self.bpf["conns"], {}, [], set()
+        for k in list(table.keys()):
+            if k.tgid not in fds:
+                fds[k.tgid] = socket_fds(k.tgid)
+            if k.fd in fds[k.tgid]:
+                continue
+            if (k.tgid, k.fd) not in self._prune_suspects:
+                suspects.add((k.tgid, k.fd))
+                continue
+            try:
+                del table[k]
+            except KeyError:
+                continue
+            dropped.append((k.tgid, k.fd))
+        self._prune_suspects = suspects
+        return dropped
 
     def trace_python(self, pid: int, context_offset: int) -> None:
         """The process runs a CPython whose PyThreadState keeps its context at this

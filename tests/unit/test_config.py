@@ -30,6 +30,8 @@ def test_defaults_are_valid():
     ({"ringbuf_pages": 0}, "ringbuf_pages"),
     ({"ringbuf_pages": 3}, "ringbuf_pages"),
     ({"ringbuf_pages": -2048}, "ringbuf_pages"),
+    ({"max_connections": 15}, "max_connections"),
+    ({"max_connections": (1 << 20) + 1}, "max_connections"),
     ({"route_patterns": ["/ok/{x}", "models/{m}"]}, "route"),
     ({"scan_interval_s": 0}, "interval"),
     ({"flush_interval_s": -1.0}, "interval"),
@@ -43,7 +45,8 @@ def test_invalid_values_name_the_field(kwargs, field):
 
 
 @pytest.mark.parametrize("kwargs", [{"span_budget": 0}, {"span_budget": 100_000}, {"ringbuf_pages": 1},
-                                    {"ringbuf_pages": 4096}, {"pids": [1]},
+                                    {"ringbuf_pages": 4096}, {"pids": [1]}, {"max_connections": 16},
+                                    {"max_connections": 1 << 20},
                                     {"route_patterns": ["/v1/models/{m}"]}, {"scan_interval_s": 0.01}])
 def test_boundary_values_accepted(kwargs):
     assert Config(**kwargs).validate() is not None
@@ -95,6 +98,7 @@ def test_defaults_without_flags_or_environment():
 SETTINGS = [
     (["--span-budget", "5"], {"OTEL_GPU_SPAN_BUDGET": "7"}, "span_budget", 5, 7),
     (["--ringbuf-pages", "64"], {"OTEL_GPU_RINGBUF_PAGES": "128"}, "ringbuf_pages", 64, 128),
+    (["--max-connections", "512"], {"OTEL_GPU_MAX_CONNECTIONS": "2048"}, "max_connections", 512, 2048),
     (["--route", "/a/{x}", "--route", "/b"], {"OTEL_GPU_ROUTES": " /c/{y}, ,/d "}, "route_patterns",
      ["/a/{x}", "/b"], ["/c/{y}", "/d"]),
     (["--export-query"], {"OTEL_GPU_EXPORT_QUERY": "TRUE"}, "export_query", True, True),

@@ -50,22 +50,6 @@ def rss_kb(pid: int) -> int:
     raise AssertionError("no VmRSS")
 
 
-def accepted_conns(port: int) -> int:
-    """Established TCP connections accepted on 127.0.0.1:port in this network
-    namespace (the collector's conns map counts every process's accepted sockets)."""
-    n = 0
-    for name in ("/proc/net/tcp", "/proc/net/tcp6"):
-        try:
-            lines = Path(name).read_text().splitlines()[1:]
-        except OSError:
-            continue
-        for line in lines:
-            local, st = line.split()[1], line.split()[3]
-            if st == "01" and int(local.rsplit(":", 1)[1], 16) == port:
-                n += 1
-    return n
-
-
 def build_c(name: str, out_dir: Path) -> str:
     exe = out_dir / name
     subprocess.run(["gcc", "-O1", "-o", str(exe), str(TARGETS / f"{name}.c"), "-ldl"], check=True)
