@@ -11,6 +11,7 @@ from .status.file import DEFAULT_PATH as DEFAULT_STATUS_FILE
 
 OTLP_PROTOCOLS = ("grpc", "http/protobuf")
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+MIN_CONNECTIONS, MAX_CONNECTIONS = 16, 1 << 20  # --max-connections: the BPF map's bounds
 
 
 class ConfigError(ValueError):
@@ -29,12 +30,14 @@ class Config:
     span_budget: int = 256
     console: bool = False            # print trace trees (resolved: on when no OTLP endpoint)
     route_patterns: list[str] = field(default_factory=list)
+    max_routes: int = 100  # distinct http.route (and feature) values per service; later ones fold
     export_query: bool = False
     export_command_line: bool = False  # process.command_line (argv may hold secrets)
     export_headers: frozenset = frozenset()  # request header names whose values may be exported
     scan_interval_s: float = 2.0
     flush_interval_s: float = 5.0
     ringbuf_pages: int = 2048
+    max_connections: int = 65536  # in-kernel table of traced processes' connections
     health_file: Optional[str] = None
     gpu_price: str = "0"          # per GPU-hour: "2.5" or "H100=4.1,A100=2.2,default=1.5"
     currency: str = "USD"
@@ -66,6 +69,11 @@ class Config:
                 raise ConfigError("pid", f"{pid} is not a process id")
         if self.ringbuf_pages <= 0 or self.ringbuf_pages & (self.ringbuf_pages - 1):
             raise ConfigError("ringbuf_pages", f"{self.ringbuf_pages} is not a power of two")
+        if not MIN_CONNECTIONS <= self.max_connections <= MAX_CONNECTIONS:
+            raise ConfigError("max_connections",
+                              f"{self.max_connections} is not within {MIN_CONNECTIONS}..{MAX_CONNECTIONS}")
+        if self.max_routes < 1 or self.max_routes > 100_000:
+            raise ConfigError("max_routes", f"{self.max_routes} is not within 1..100000")
         for p in self.route_patterns:
             if not p.startswith("/"):
                 raise ConfigError("route", f"pattern {p!r} must start with '/'")
@@ -127,6 +135,9 @@ def add_run_arguments(p) -> None:
     p.add_argument("--no-console", dest="console", action="store_false")
     p.add_argument("--route", action="append",
                    help="explicit route pattern such as /v1/models/{model}/infer (repeatable; OTEL_GPU_ROUTES)")
+    p.add_argument("--max-routes", type=int,
+                   help="distinct http.route values per service; later ones fold into a learned "
+                        "{param} template or {other} (OTEL_GPU_MAX_ROUTES; default 100)")
     p.add_argument("--export-query", action="store_true", default=None,
                    help="export url.query (OTEL_GPU_EXPORT_QUERY=true; off by default: query strings may hold secrets)")
     p.add_argument("--export-command-line", action="store_true", default=None,
@@ -146,6 +157,9 @@ def add_run_arguments(p) -> None:
                    help="address the Prometheus endpoint binds (OTEL_GPU_PROMETHEUS_ADDR; default 127.0.0.1)")
     p.add_argument("--ringbuf-pages", type=int,
                    help="ring buffer size in 4 KiB pages, a power of two (OTEL_GPU_RINGBUF_PAGES; default 2048)")
+    p.add_argument("--max-connections", type=int,
+                   help="connections of traced processes followed at once; past it new ones are counted "
+                        "and left untracked (OTEL_GPU_MAX_CONNECTIONS; default 65536)")
     p.add_argument("--store", dest="store", help="local store (SQLite) path (OTEL_GPU_STORE); "
                    "default: on, at the default path, when no OTLP endpoint is set")
     p.add_argument("--no-store", dest="store", action="store_const", const="",
@@ -268,10 +282,12 @@ def load_config(args=None, env: Mapping[str, str] = os.environ) -> Config:
         span_budget=src.integer("span_budget", "OTEL_GPU_SPAN_BUDGET", 256, minimum=0),
         console=(not otlp_traces) if console is None else console,
         route_patterns=src.names("route", "OTEL_GPU_ROUTES"),
+        max_routes=src.integer("max_routes", "OTEL_GPU_MAX_ROUTES", 100),
         export_query=src.boolean("export_query", "OTEL_GPU_EXPORT_QUERY"),
         export_command_line=src.boolean("export_command_line", "OTEL_GPU_EXPORT_COMMAND_LINE"),
         export_headers=frozenset(h.lower() for h in src.names("export_header", "OTEL_GPU_EXPORT_HEADERS")),
         ringbuf_pages=src.integer("ringbuf_pages", "OTEL_GPU_RINGBUF_PAGES", 2048),
+        max_connections=src.integer("max_connections", "OTEL_GPU_MAX_CONNECTIONS", 65536),
         health_file=src.text(None, "OTEL_GPU_HEALTH_FILE", None),
         gpu_price=src.text("gpu_price", "OTEL_GPU_PRICE_PER_HOUR", "0"),
         currency=src.text("currency", "OTEL_GPU_CURRENCY", "USD"),
