@@ -90,11 +90,11 @@ def demo_rows(env: dict) -> dict:
             if r["service"] == "demo-inference" and r["feature"]}
 
 
-def test_demo_leaves_its_data_for_report_and_traces(tmp_path):
-    store = str(tmp_path / "otel-gpu.db")
-    env = {**os.environ, "OTEL_GPU_STORE": store, "OTEL_GPU_STATUS_FILE": str(tmp_path / "status.json")}
+def test_demo_leaves_its_data_for_report_and_traces(open_dir):
+    store = str(open_dir / "store" / "otel-gpu.db")
+    env = {**os.environ, "OTEL_GPU_STORE": store, "OTEL_GPU_STATUS_FILE": str(open_dir / "status.json")}
     env.pop("OTEL_EXPORTER_OTLP_ENDPOINT", None)
-    out = run_demo(env)
+    out = run_demo({**env, "SUDO_UID": "65534", "SUDO_GID": "65534"})  # as `sudo make demo` by nobody
     assert f"local store {store}" in out
     nxt = out[out.index("Next, try:"):].splitlines()[1:]
     commands = [shlex.split(line.split("  # ")[0]) for line in nxt if line.startswith("  ")]
@@ -104,7 +104,11 @@ def test_demo_leaves_its_data_for_report_and_traces(tmp_path):
     for argv in commands:  # the closing lines, pasted as they are (the HTML one would write into the repo)
         if "--html" in argv:
             continue
-        done = subprocess.run(argv, capture_output=True, text=True, cwd=ROOT, timeout=60)
+        sudo = argv[0] == "sudo"  # said exactly when nobody cannot read the store
+        argv = argv[1:] if sudo else argv
+        as_nobody = subprocess.run(NOBODY + argv, capture_output=True, text=True, cwd=ROOT, timeout=60)
+        assert (as_nobody.returncode != 0) is sudo, (argv, as_nobody.stderr)
+        done = subprocess.run(argv, capture_output=True, text=True, cwd=ROOT, timeout=60)  # as root
         assert done.returncode == 0, (argv, done.stderr)
         if "--slowest" in argv:  # any 3 of the 5: latency decides which
             assert sum(r in line for line in done.stdout.splitlines()
