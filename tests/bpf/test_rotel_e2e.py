@@ -112,7 +112,19 @@ def test_spans_and_metrics_arrive_intact_through_rotel(protocol, rotel, receiver
         work = [s for s in server_spans(spans, target.pid) if s.attributes.get("url.path") == "/work"]
         return len(work) >= N and all(len(children_of(spans, s)) >= LAUNCHES + 2 for s in work)
     assert receiver.wait_for(complete, 30), "spans did not come through rotel:\n" + "".join(rotel.log.lines)
-    assert collector.stop() == 0, "".join(collector.log.lines[-30:])  # flushes the last metrics and spans
+
+    # The launch counter, cumulative, from a periodic export (every 10 s) while the collector
+    # runs: its value is every launch of the N requests.
+    deadline = time.monotonic() + 40
+    while time.monotonic() < deadline and not any(p[0] == N * LAUNCHES for p in _launch_counts(receiver, service)):
+        time.sleep(0.2)
+    points = _launch_counts(receiver, service)
+    assert points, (f"gpu.kernel.launches of {service} did not come through rotel (metrics received:"
+                    f" {sorted(receiver.metric_names)}); rotel said:\n" + "".join(rotel.log.lines)
+                    + "collector said:\n" + "".join(collector.log.lines[-30:]))
+    assert max(p[0] for p in points) == N * LAUNCHES
+    assert {p[1:] for p in points} == {("{launch}", True, 2, KERNEL)}  # 2: CUMULATIVE
+    assert collector.stop() == 0, "".join(collector.log.lines[-30:])  # the store has every span
 
     work = [s for s in server_spans(receiver.spans, target.pid) if s.attributes.get("url.path") == "/work"]
     assert len(work) == N and len({s.trace_id for s in work}) == N
@@ -142,14 +154,3 @@ def test_spans_and_metrics_arrive_intact_through_rotel(protocol, rotel, receiver
         assert row[2:8] == (s.parent_span_id or None, s.name, s.kind - 1, s.start_ns, s.end_ns, s.status_code), s.name
         assert json.loads(row[8]) == s.attributes, s.name
         assert (row[9], row[10]) == (s.resource["service.name"], s.resource["process.pid"])
-
-    # The launch counter, cumulative: its last value is every launch of the N requests.
-    deadline = time.monotonic() + 15
-    while time.monotonic() < deadline and not any(p[0] == N * LAUNCHES for p in _launch_counts(receiver, service)):
-        time.sleep(0.2)
-    points = _launch_counts(receiver, service)
-    assert points, (f"gpu.kernel.launches of {service} did not come through rotel (metrics received:"
-                    f" {sorted(receiver.metric_names)}); rotel said:\n" + "".join(rotel.log.lines)
-                    + "collector said:\n" + "".join(collector.log.lines[-30:]))
-    assert max(p[0] for p in points) == N * LAUNCHES
-    assert {p[1:] for p in points} == {("{launch}", True, 2, KERNEL)}  # 2: CUMULATIVE
