@@ -28,6 +28,7 @@ from .pipeline.enrich import Enrich
 from .pipeline.groups import ProcessGroups
 from .pipeline.records import Accept, ProcessGone, ProcessSeen, Tick
 from .pipeline.resources import ProcessResources
+from .pipeline.route_cap import ValueCap
 from .pipeline.routes import RouteTemplater
 from .pipeline.sockets import PortCache, existing_server_connections
 from .pipeline.stitcher import Stitcher
@@ -85,15 +86,17 @@ def build_pipeline(config: Config, stats: Stats, k8s=None, destinations=None,
                         peer_of=ports.peer, group_of=groups)
     enrich = Enrich(ProcessResources(config.proc_root, k8s, config.resource_attributes, stats,
                                      config.export_command_line),
-                    RouteTemplater(config.route_patterns), kernel_names or KernelNames())
-    cost = CostStage(Prices(config.gpu_price, config.currency), config.feature_header)
+                    RouteTemplater(config.route_patterns, max_routes=config.max_routes, stats=stats),
+                    kernel_names or KernelNames())
+    cost = CostStage(Prices(config.gpu_price, config.currency), config.feature_header,
+                     feature_cap=ValueCap(config.max_routes, stats, "features_folded"))
     destinations = destinations if destinations is not None else build_destinations(config, stats)
     builder = SpanBuilder(clock or BpfClock(), config.export_query, config.export_headers,
                           currency=config.currency)
     stages = [stitcher, enrich, cost, ExportStage(builder, destinations)]
     if metric_readers is None:
         from .export.metrics import make_readers
-        metric_readers = make_readers(config)
+        metric_readers = make_readers(config, stats)
     if metric_readers:
         from .export.metrics import GpuMetrics
         stages.append(GpuMetrics(metric_readers, stats, service_name=config.self_service_name))

@@ -21,6 +21,7 @@ from ..pipeline.model import ATTRIBUTIONS, ProcessWindow, Request
 from ..pipeline.records import ProcessGone
 from ..probes.table import BY_ID, MEMCPY_DIRECTIONS, Category
 from ..ratelimit import Stats
+from .metric_values import INT64_MAX, CappedCounter, GuardedExporter, clamp_call_bytes
 
 log = logging.getLogger(__name__)
 OTHER = "other"
@@ -28,7 +29,7 @@ OUTSIDE_FEATURE = "(outside)"  # the feature of a process's GPU time outside req
 HISTOGRAM_SAMPLE = 64  # calls per request recorded in the grid/block/sync histograms
 
 
-def make_readers(config, interval_ms: int = 10_000) -> list:
+def make_readers(config, stats: Optional[Stats] = None, interval_ms: int = 10_000) -> list:
     """The metric readers the configuration asks for (none: metrics are off)."""
     readers = []
     if config.otlp_metrics:
@@ -36,7 +37,9 @@ def make_readers(config, interval_ms: int = 10_000) -> list:
             from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
         else:
             from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
-        readers.append(PeriodicExportingMetricReader(OTLPMetricExporter(), export_interval_millis=interval_ms))
+        stats = stats or Stats()
+        exporter = GuardedExporter(OTLPMetricExporter(), stats)
+        readers.append(PeriodicExportingMetricReader(exporter, export_interval_millis=interval_ms))
     if config.prometheus_port:
         from opentelemetry.exporter.prometheus import PrometheusMetricReader
         from prometheus_client import start_http_server
@@ -57,8 +60,10 @@ class GpuMetrics:
         self.provider = MeterProvider(metric_readers=readers, resource=Resource.create(
             {sc.SERVICE_NAME: service_name}))
         m = self.provider.get_meter("otel-gpu", __version__)
-        self.launches = m.create_counter("gpu.kernel.launches", "{launch}", "Kernel launches seen on the host")
-        self.copied = m.create_counter("gpu.memcpy.bytes", "By", "Bytes copied by cudaMemcpy*")
+        self.launches = CappedCounter(m.create_counter("gpu.kernel.launches", "{launch}",
+                                                       "Kernel launches seen on the host"), self.stats)
+        self.copied = CappedCounter(m.create_counter("gpu.memcpy.bytes", "By", "Bytes copied by cudaMemcpy*"),
+                                    self.stats)
         self.grid = m.create_histogram("gpu.kernel.grid.blocks", "{block}", "Blocks per launch grid")
         self.block = m.create_histogram("gpu.kernel.block.threads", "{thread}", "Threads per block")
         self.sync = m.create_histogram("gpu.sync.duration", "s", "Duration of synchronising calls")
@@ -72,6 +77,9 @@ class GpuMetrics:
         m.create_observable_counter(
             "otel_gpu.events.lost", [lambda _o: [Observation(self.stats.snapshot().get("lost_events", 0))]],
             "{event}", "Events lost because the ring buffer was full")
+        m.create_observable_counter(
+            "otel_gpu.drops", [self._observe_drops], "1",
+            "What the collector dropped, folded or clamped, by reason: the counters of its stopped: line")
         m.create_observable_gauge("gpu.memory.allocated", [self._observe_live], "By",
                                   "Live bytes from cudaMalloc not yet freed")
 
@@ -127,7 +135,7 @@ class GpuMetrics:
         launches: dict[str, int] = {}
         copied: dict[str, int] = {}
 
-        def tally(call, detail, count, nbytes):
+        def tally(call, detail, count, nbytes, ok=True):
             spec = BY_ID.get(call)
             category = spec.category if spec else None
             if category is Category.LAUNCH:
@@ -135,8 +143,8 @@ class GpuMetrics:
                 launches[name] = launches.get(name, 0) + count
             elif category is Category.MEMCPY:
                 d = MEMCPY_DIRECTIONS.get(detail, "default")
-                copied[d] = copied.get(d, 0) + nbytes
-            elif category is Category.ALLOC and detail:
+                copied[d] = copied.get(d, 0) + clamp_call_bytes(nbytes, self.stats, count)
+            elif category is Category.ALLOC and detail and ok:
                 self._live.setdefault(pid, {})[detail] = nbytes
                 self._services[pid] = base[sc.SERVICE_NAME]
             elif category is Category.FREE:
@@ -145,10 +153,11 @@ class GpuMetrics:
 
         for i, (c, _attribution) in enumerate(sink.calls):
             detail, nbytes, duration_ns = c.amounts()
-            category = tally(c.call, detail, 1, nbytes)
+            # a failed cudaMalloc allocated nothing; an unreadable *devPtr names nothing
+            category = tally(c.call, detail, 1, nbytes, ok=c.ret <= 0 and not c.unreadable)
             if i >= HISTOGRAM_SAMPLE:
                 continue
-            if category is Category.LAUNCH:
+            if category is Category.LAUNCH and not c.unreadable:  # its dims are unknown, not 0
                 self.grid.record(c.grid[0] * c.grid[1] * c.grid[2], base)
                 self.block.record(c.block[0] * c.block[1] * c.block[2], base)
             elif category is Category.SYNC:
@@ -169,9 +178,14 @@ class GpuMetrics:
             return name
         return OTHER
 
+    def _observe_drops(self, _options):
+        for reason, n in self.stats.snapshot().items():
+            if reason != "requests_finished":
+                yield Observation(n, {"otel_gpu.reason": reason})
+
     def _observe_live(self, _options):
         for pid, ptrs in list(self._live.items()):
-            yield Observation(sum(ptrs.values()), {sc.SERVICE_NAME: self._services.get(pid, "unknown"),
+            yield Observation(min(sum(ptrs.values()), INT64_MAX), {sc.SERVICE_NAME: self._services.get(pid, "unknown"),
                                                    sc.PROCESS_PID: pid})
 
     def shutdown(self) -> None:

@@ -1,0 +1,113 @@
+"""Metric values that always encode: a cudaMemcpy of 2^64-1 bytes is clamped per call,
+no series sums past int64, and the real OTLP/gRPC exporter keeps exporting to a real
+receiver afterwards; an exporter that raises is counted, never a traceback."""
+import logging
+
+from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
+from opentelemetry.sdk.metrics.export import (InMemoryMetricReader, MetricExporter, MetricExportResult,
+                                              PeriodicExportingMetricReader)
+from opentelemetry.sdk.resources import Resource
+
+from otel_gpu import semconv as sc
+from otel_gpu.export.metric_values import INT64_MAX, MAX_CALL_BYTES, GuardedExporter, encodable
+from otel_gpu.export.metrics import GpuMetrics
+from otel_gpu.pipeline.http_parser import RequestHead
+from otel_gpu.pipeline.model import CallSink, Request
+from otel_gpu.ratelimit import Stats
+from tests.fakes.otlp_receiver import OtlpReceiver
+from tests.unit.pipeline.calls import cuda
+
+
+def _request(nbytes: int, n: int = 1) -> Request:
+    r = Request(1, 1, 3, RequestHead("GET", "/x", "1.1", {}), 1_000, n, n, CallSink(8), end_ns=2_000, status=200)
+    r.sink.add(cuda("cudaMemcpy", nbytes=nbytes, kind=1), "thread")
+    r.resource, r.route = Resource({sc.SERVICE_NAME: "svc"}), "/x"
+    return r
+
+
+def _copied(reader) -> list:
+    data = reader.get_metrics_data()
+    return [p.value for rm in data.resource_metrics for sm in rm.scope_metrics for m in sm.metrics
+            if m.name == "gpu.memcpy.bytes" for p in m.data.data_points]
+
+
+def test_one_absurd_copy_is_clamped_per_call_and_counted():
+    reader, stats = InMemoryMetricReader(), Stats()
+    m = GpuMetrics([reader], stats)
+    m.process([_request(2**64 - 1), _request(100, 2)])
+    assert _copied(reader) == [MAX_CALL_BYTES + 100]
+    assert stats.snapshot()["metric_values_clamped"] == 1
+
+
+def test_no_series_sums_past_int64():
+    reader, stats = InMemoryMetricReader(), Stats()
+    m = GpuMetrics([reader], stats)
+    m.copied.add(INT64_MAX - 10, {"k": "v"})
+    m.copied.add(100, {"k": "v"})
+    m.copied.add(1, {"k": "w"})
+    data = reader.get_metrics_data()
+    values = sorted(p.value for rm in data.resource_metrics for sm in rm.scope_metrics for mt in sm.metrics
+                    if mt.name == "gpu.memcpy.bytes" for p in mt.data.data_points)
+    assert values == [1, INT64_MAX]
+    assert stats.snapshot()["metric_values_clamped"] == 1
+
+
+def test_metrics_keep_going_out_over_otlp_after_an_absurd_copy():
+    receiver = OtlpReceiver().start()
+    stats = Stats()
+    try:
+        exporter = GuardedExporter(OTLPMetricExporter(endpoint=receiver.endpoint, insecure=True), stats)
+        reader = PeriodicExportingMetricReader(exporter, export_interval_millis=3_600_000)
+        m = GpuMetrics([reader], stats)
+        m.process([_request(2**64 - 1)])
+        assert reader.force_flush(10_000)
+        # even a point past int64 that reached the exporter some other way is encoded
+        m.copied.counter.add(2**64, {"k": "v"})
+        m.process([_request(4096, 2)])
+        assert reader.force_flush(10_000)
+        assert len(receiver.metric_requests) == 2
+        last = receiver.metric_requests[-1]
+        points = [p for rm in last.resource_metrics for sm in rm.scope_metrics for mt in sm.metrics
+                  if mt.name == "gpu.memcpy.bytes" for p in mt.sum.data_points]
+        assert sorted(p.as_int for p in points) == [MAX_CALL_BYTES + 4096, INT64_MAX]
+        assert "metrics_export_failed" not in stats.snapshot()
+        m.provider.shutdown()
+    finally:
+        receiver.stop()
+
+
+class _Raising(MetricExporter):
+    def __init__(self):
+        super().__init__()
+        self.calls = 0
+
+    def export(self, metrics_data, timeout_millis=10_000, **kw):
+        self.calls += 1
+        raise ValueError("Value out of range")
+
+    def force_flush(self, timeout_millis=10_000):
+        return True
+
+    def shutdown(self, timeout_millis=30_000, **kw):
+        pass
+
+
+def test_an_exporter_that_raises_is_counted_and_the_next_export_still_runs(caplog):
+    stats, inner = Stats(), _Raising()
+    reader = PeriodicExportingMetricReader(GuardedExporter(inner, stats), export_interval_millis=3_600_000)
+    m = GpuMetrics([reader], stats)
+    m.process([_request(10)])
+    with caplog.at_level(logging.WARNING):
+        reader.force_flush(5_000)
+        reader.force_flush(5_000)
+    assert inner.calls == 2 and stats.snapshot()["metrics_export_failed"] == 2
+    assert "Traceback" not in caplog.text and "metrics export failed: ValueError" in caplog.text
+    m.provider.shutdown()
+
+
+def test_encodable_leaves_good_data_alone():
+    reader = InMemoryMetricReader()
+    m = GpuMetrics([reader], Stats())
+    m.process([_request(10)])
+    data = reader.get_metrics_data()
+    assert encodable(data, Stats()) is data
