@@ -216,3 +216,13 @@ def test_python_context_is_on_unless_turned_off():
     from otel_gpu.config import load_config
     assert load_config(None, {}).python_context is True
     assert load_config(None, {"OTEL_GPU_PYTHON_CONTEXT": "false"}).python_context is False
+
+
+def test_max_routes_flag_beats_environment_beats_default():
+    assert load().max_routes == 100
+    assert load(OTEL_GPU_MAX_ROUTES="30").max_routes == 30
+    assert load("--max-routes", "7", OTEL_GPU_MAX_ROUTES="30").max_routes == 7
+    with pytest.raises(ConfigError, match="OTEL_GPU_MAX_ROUTES"):
+        load(OTEL_GPU_MAX_ROUTES="0")
+    with pytest.raises(ConfigError, match="max_routes"):
+        load("--max-routes", "0")
