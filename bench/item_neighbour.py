@@ -48,7 +48,7 @@ def run(quick: bool, starts: list) -> dict:
 
 
 def rows(r: dict) -> list:
-    cell = lambda x: f"+{x['added_ns']:.0f} (+{x['added_wall_ns']:.0f})"
+    cell = lambda x: f"{x['added_ns']:+.0f} ({x['added_wall_ns']:+.0f})"
     p = r["pid_other"]
     return [
         ("1c", "no collector: ns/launch CPU (wall), median of reps, before and after",
