@@ -65,7 +65,12 @@ def cmd_run(args) -> int:
         k8s = K8sResolver.from_environment(config.proc_root)
     except Exception as e:  # never fatal: spans flow without pod attributes
         log.warning("kubernetes attributes disabled: %s", e)
-    collector = Collector(config, k8s=k8s)
+    from .store.schema import StoreError
+    try:
+        collector = Collector(config, k8s=k8s)
+    except StoreError as e:  # the store was the only destination and cannot be written
+        log.error("%s", e)
+        return 2
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())

@@ -14,6 +14,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Optional
 
@@ -38,6 +39,7 @@ from .ratelimit import Stats
 from .status.writer import StatusWriter
 
 log = logging.getLogger("otel_gpu")
+EXIT_MARGIN_S = 0.5  # of --shutdown-timeout, kept for the last log line and the interpreter's exit
 
 
 class Pipeline:
@@ -60,10 +62,13 @@ class Pipeline:
                 out.update(stage.state())
         return out
 
-    def close(self) -> None:
-        for stage in self.stages:
-            if hasattr(stage, "close"):
-                stage.close()
+    def start_close(self, deadline: float) -> list:
+        """The stages that hold something (spans, metrics) start closing side by side,
+        each flushing to its own backend by `deadline` (time.monotonic()). Returns one
+        event per stage, set when it is closed (export.bounded.wait_by)."""
+        from .export.bounded import start
+        return [start(partial(stage.close, deadline), f"{type(stage).__name__} close")
+                for stage in self.stages if hasattr(stage, "close")]
 
 
 @dataclass
@@ -239,15 +244,26 @@ class Collector:
                 self.status.tick(self)  # `otel-gpu status` reads it
 
     def shutdown(self) -> None:
-        """Drain what is left, close open requests, flush exporters, detach probes."""
+        """Drain what is left and close open requests; then the exporters flush while the
+        probes detach. The flush ends within config.shutdown_timeout_s whatever the
+        backend does; what OTLP has not delivered by then is counted
+        (spans_dropped_shutdown, metrics_dropped_shutdown). Detaching takes what the
+        kernel takes (logged)."""
+        deadline = time.monotonic() + self.config.shutdown_timeout_s - EXIT_MARGIN_S
         try:
             if self.program is not None:
                 self._push(self.program.poll(0))
                 self._push(self.program.read_rollups() + [Tick(time.monotonic_ns(), final=True)])
         finally:
-            self.pipeline.close()
-            if self.program is not None:
-                self.program.close()
+            from .export.bounded import wait_by
+            closing = self.pipeline.start_close(deadline)
+            try:
+                if self.program is not None:
+                    t0 = time.monotonic()
+                    self.program.close()
+                    log.info("probes detached (%.1f s)", time.monotonic() - t0)
+            finally:
+                wait_by(deadline, closing)
             if self.config.health_file:
                 Path(self.config.health_file).unlink(missing_ok=True)
             if self.status is not None:

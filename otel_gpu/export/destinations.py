@@ -1,17 +1,23 @@
 """Where spans go: a list of SDK SpanExporters, each handed the spans of ONE record (a
 request's SERVER span + children, or one window) at a time. The console tree and the
 store draw/write whole traces, so they are called synchronously; OTLP is wrapped in
-QueuedExporter, which puts the spans on the SDK's BatchSpanProcessor."""
+QueuedExporter, which puts the spans on the SDK's BatchSpanProcessor.
+
+Shutdown is bounded by a deadline whatever the backend does: the local destinations
+close first, OTLP flushes until the deadline, and what it had not delivered by then is
+counted (spans_dropped_shutdown)."""
 from __future__ import annotations
 
 import logging
 import threading
+import time
 from typing import Optional, Sequence
 
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 
 from ..ratelimit import RateLimitedLog, Stats
+from .bounded import call_by
 
 log = logging.getLogger(__name__)
 
@@ -32,12 +38,16 @@ def otlp_span_exporter(protocol: str) -> SpanExporter:
 
 class _Counting(SpanExporter):
     """Sits between the BatchSpanProcessor and the real exporter: counts the spans that
-    left the queue (every export() call) and how each batch ended."""
+    left the queue (every export() call) and how each batch ended. Once settled (at the
+    shutdown deadline) a batch still in export() is no longer counted when it returns:
+    it was counted as not delivered."""
 
     def __init__(self, inner: SpanExporter, stats: Stats, log_: RateLimitedLog) -> None:
         self.inner, self.stats, self._log = inner, stats, log_
         self._lock = threading.Lock()  # the worker and force_flush both call export()
-        self.taken = 0
+        self.taken = 0  # handed to export()
+        self.ended = 0  # export() returned, delivered or counted as failed
+        self._settled = False
 
     def export(self, spans) -> SpanExportResult:
         with self._lock:
@@ -47,15 +57,25 @@ class _Counting(SpanExporter):
         except Exception as e:  # the SDK would only log it: count the spans as failed
             log.debug("OTLP exporter raised: %r", e)
             result = SpanExportResult.FAILURE
-        if result == SpanExportResult.SUCCESS:
-            self.stats.add("spans_exported", len(spans))
-        else:
-            self._log.event("spans_export_failed", logging.WARNING,
-                            "OTLP export failed: %d spans dropped (backend down?); retrying with new spans",
-                            len(spans), count=len(spans))
+        with self._lock:
+            if self._settled:
+                return result
+            self.ended += len(spans)
+            if result == SpanExportResult.SUCCESS:
+                self.stats.add("spans_exported", len(spans))
+            else:
+                self._log.event("spans_export_failed", logging.WARNING,
+                                "OTLP export failed: %d spans dropped (backend down?); retrying with new spans",
+                                len(spans), count=len(spans))
         return result
 
-    def shutdown(self) -> None:
+    def settle(self, put: int) -> int:
+        """Stops counting; returns how many of the `put` spans never ended an export."""
+        with self._lock:
+            self._settled = True
+            return put - self.ended
+
+    def shutdown(self, timeout_millis: float = 0) -> None:  # the processor passes what is left
         self.inner.shutdown()
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:
@@ -103,13 +123,25 @@ class QueuedExporter(SpanExporter):
         return SpanExportResult.SUCCESS
 
     def force_flush(self, timeout_millis: int = 10_000) -> bool:
-        return self._batch.force_flush(timeout_millis)
+        # The SDK's force_flush ignores its timeout (it exports everything in this thread).
+        return call_by(time.monotonic() + timeout_millis / 1000, self._batch.force_flush, "OTLP flush")
 
-    def shutdown(self) -> None:
-        if not self._closed:
-            self._closed = True
-            self._batch.force_flush(10_000)
-            self._batch.shutdown()
+    def shutdown(self, deadline: Optional[float] = None) -> None:
+        """Exports what is queued until `deadline` (time.monotonic(); default 5 s from
+        now), then gives up: the processor's worker stops taking batches and the exporter
+        is shut (gRPC cancels the call in flight). Spans not delivered are counted."""
+        if self._closed:
+            return
+        self._closed = True
+        deadline = time.monotonic() + 5 if deadline is None else deadline
+        # BatchSpanProcessor.shutdown() takes no timeout (it waits up to 30 s): it is
+        # left behind at the deadline, on a daemon thread.
+        call_by(deadline, self._batch.shutdown, "OTLP shutdown")
+        lost = self._counting.settle(self._put)
+        if lost:
+            self._log.event("spans_dropped_shutdown", logging.WARNING,
+                            "OTLP: %d spans not delivered by the shutdown deadline (backend slow or not answering)",
+                            lost, count=lost)
 
 
 class Destinations:
@@ -138,9 +170,13 @@ class Destinations:
                 self._log.event(f"{name}_export_errors", logging.WARNING,
                                 "%s destination failed: %s", name, e)
 
-    def shutdown(self) -> None:
+    def shutdown(self, deadline: Optional[float] = None) -> None:
+        """Local destinations close at once; OTLP (last in the list) flushes until `deadline`."""
         for name, exporter in self.exporters:
             try:
-                exporter.shutdown()
+                if isinstance(exporter, QueuedExporter):
+                    exporter.shutdown(deadline)
+                else:
+                    exporter.shutdown()
             except Exception as e:
                 log.warning("%s destination: shutdown failed: %s", name, e)

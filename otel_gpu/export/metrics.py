@@ -8,6 +8,7 @@ first HISTOGRAM_SAMPLE calls of each request; counters include every call."""
 from __future__ import annotations
 
 import logging
+import time
 from typing import Optional
 
 from opentelemetry.metrics import Observation
@@ -21,6 +22,7 @@ from ..pipeline.model import ATTRIBUTIONS, ProcessWindow, Request
 from ..pipeline.records import ProcessGone
 from ..probes.table import BY_ID, MEMCPY_DIRECTIONS, Category
 from ..ratelimit import Stats
+from .bounded import call_by, remaining_ms
 from .metric_values import INT64_MAX, CappedCounter, GuardedExporter, clamp_call_bytes
 
 log = logging.getLogger(__name__)
@@ -30,15 +32,13 @@ HISTOGRAM_SAMPLE = 64  # calls per request recorded in the grid/block/sync histo
 
 
 def make_readers(config, stats: Optional[Stats] = None, interval_ms: int = 10_000) -> list:
-    """The metric readers the configuration asks for (none: metrics are off)."""
+    """The metric readers the configuration asks for (none: metrics are off). Prometheus
+    binds config.prometheus_addr: 127.0.0.1 unless told otherwise."""
     readers = []
     if config.otlp_metrics:
-        if config.otlp_protocol == "grpc":
-            from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
-        else:
-            from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
+        from .metric_exporter import otlp_metric_exporter
         stats = stats or Stats()
-        exporter = GuardedExporter(OTLPMetricExporter(), stats)
+        exporter = GuardedExporter(otlp_metric_exporter(config.otlp_protocol, stats), stats)
         readers.append(PeriodicExportingMetricReader(exporter, export_interval_millis=interval_ms))
     if config.prometheus_port:
         from opentelemetry.exporter.prometheus import PrometheusMetricReader
@@ -188,8 +188,19 @@ class GpuMetrics:
             yield Observation(min(sum(ptrs.values()), INT64_MAX), {sc.SERVICE_NAME: self._services.get(pid, "unknown"),
                                                    sc.PROCESS_PID: pid})
 
+    def close(self, deadline: Optional[float] = None) -> None:
+        """The readers' final export, until `deadline` (time.monotonic(); default 5 s from
+        now) whatever the backend does; one still running then is counted by its exporter."""
+        deadline = time.monotonic() + 5 if deadline is None else deadline
+        # The provider's own timeout ends a little earlier, so that its exporter counts an
+        # abandoned export before this call gives up on it (never both).
+        provider_ms = lambda: max(0.0, remaining_ms(deadline) - 250)  # noqa: E731
+        if not call_by(deadline, lambda: self.provider.shutdown(timeout_millis=provider_ms()), "metrics shutdown"):
+            self.stats.add("metrics_dropped_shutdown", 1)
+            log.warning("metrics: shutdown not finished by its deadline; the final export is abandoned")
+
     def shutdown(self) -> None:
-        self.provider.shutdown()
+        self.close()
 
 
 def _service(record) -> str:

@@ -17,5 +17,5 @@ class ExportStage:
                 self.destinations.export(self.builder.build(r))
         return records
 
-    def close(self) -> None:
-        self.destinations.shutdown()
+    def close(self, deadline: float) -> None:
+        self.destinations.shutdown(deadline)

@@ -16,7 +16,8 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.trace import SpanKind
 
 from .. import semconv as sc
-from .schema import open_writer
+from ..ratelimit import RateLimitedLog, Stats
+from .schema import StoreError, open_writer
 
 log = logging.getLogger(__name__)
 
@@ -115,7 +116,8 @@ class StoreExporter(SpanExporter):
     no request row, go by age or when older than the oldest request kept."""
 
     def __init__(self, path: str, retention_s: float = 7 * 86400, max_requests: int = 1_000_000,
-                 prune_interval_s: float = 5.0, now_ns: Callable[[], int] = time.time_ns) -> None:
+                 prune_interval_s: float = 5.0, now_ns: Callable[[], int] = time.time_ns,
+                 stats: Optional[Stats] = None, group: Optional[int] = None) -> None:
         if max_requests < 1 or retention_s <= 0:
             raise ValueError("store retention: max_requests >= 1 and retention_s > 0 are required")
         self.path = path
@@ -125,11 +127,16 @@ class StoreExporter(SpanExporter):
         self._interval_ns = int(prune_interval_s * 1e9)
         self._now_ns = now_ns
         self._lock = threading.Lock()
-        self._conn: Optional[sqlite3.Connection] = open_writer(path)
+        self.stats = stats or Stats()
+        self._log = RateLimitedLog(log, self.stats, interval_s=30.0)
+        self._conn: Optional[sqlite3.Connection] = open_writer(path, group)
         self._count = self._conn.execute("SELECT count(*) FROM requests").fetchone()[0]
         self._next_age_prune = 0
         self.spans_written = self.requests_written = self.rows_pruned = self.write_errors = 0
-        self._transaction(lambda: None)  # apply limits to a store left by an older run
+        self._last_error = ""
+        if not self._transaction(lambda: None):  # apply limits to a store left by an older run
+            self.shutdown()
+            raise StoreError(f"local store {path} cannot be written: {self._last_error}")
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
         if not spans:
@@ -145,14 +152,19 @@ class StoreExporter(SpanExporter):
             self._conn.executemany(_REQUEST_SQL, request_rows)
             self._conn.executemany(_WINDOW_SQL, cost_rows)
         if not self._transaction(insert, len(request_rows)):
+            # Counted per span, as every other destination's drops (one line per 30 s).
+            self._log.event("store_write_failed", logging.WARNING,
+                            "local store %s: %d spans (%d requests) not written: %s", self.path,
+                            len(span_rows), len(request_rows), self._last_error, count=len(span_rows))
             return SpanExportResult.FAILURE
         self.spans_written += len(span_rows)
         self.requests_written += len(request_rows)
         return SpanExportResult.SUCCESS
 
     def _transaction(self, body: Callable[[], None], new_requests: int = 0) -> bool:
-        """body() and any due pruning in one transaction. Errors are logged, never raised
-        into the collector: a full disk must not stop the traces going to OTLP."""
+        """body() and any due pruning in one transaction. Errors are kept for the caller to
+        count, never raised into the collector: a full disk must not stop the traces going
+        to OTLP, and the next write is tried afresh (the disk may have room again)."""
         with self._lock:
             if self._conn is None:
                 return False
@@ -166,10 +178,12 @@ class StoreExporter(SpanExporter):
                 return True
             except sqlite3.Error as e:
                 if self._conn.in_transaction:
-                    self._conn.execute("ROLLBACK")
+                    try:
+                        self._conn.execute("ROLLBACK")
+                    except sqlite3.Error:
+                        pass  # SQLite has rolled back itself; the cause is e
                 self.write_errors += 1
-                if self.write_errors == 1 or self.write_errors % 1000 == 0:
-                    log.warning("local store %s: write failed (%d so far): %s", self.path, self.write_errors, e)
+                self._last_error = str(e)
                 return False
 
     def _prune(self, count: int) -> int:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import sqlite3
 from pathlib import Path
+from typing import Optional
 
 SCHEMA_VERSION = 2
 # v1 -> v2: the window_costs table (the DDL creates it), requests.ambiguous became a
@@ -98,22 +99,51 @@ def _check_version(conn: sqlite3.Connection, path: str) -> int:
     return version
 
 
-def open_writer(path: str) -> sqlite3.Connection:
-    """Creates the file and the schema if needed. Modes are set, not left to the umask:
-    `report`/`traces` run as ordinary users and read what the root collector wrote."""
-    parent = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(parent):
-        os.makedirs(parent, exist_ok=True)
-        os.chmod(parent, 0o755)
-    if not os.path.exists(path):
-        os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o644))
-        os.chmod(path, 0o644)  # SQLite gives the -wal/-shm files the same mode
+def _restrict(path: str, group: Optional[int]) -> None:
+    """The store and its -wal/-shm: 0600, or 0640 for `group`. Set on every open, so a
+    store an older otel-gpu left 0644 is closed too. (SQLite gives -wal/-shm files it
+    creates the database file's mode and owner.)"""
+    for f in (path, path + "-wal", path + "-shm"):
+        if os.path.exists(f):
+            if group is not None:
+                os.chown(f, -1, group)
+            os.chmod(f, 0o640 if group is not None else 0o600)
+
+
+def _make_dir(parent: str, group: Optional[int]) -> None:
+    """A directory we create is 0700, or 0750 for `group`; one that exists keeps its mode
+    (it may be shared, such as /tmp): the file's own mode protects the store there."""
+    if os.path.isdir(parent):
+        return
+    os.makedirs(parent, exist_ok=True)
+    if group is not None:
+        os.chown(parent, -1, group)
+    os.chmod(parent, 0o750 if group is not None else 0o700)
+
+
+def open_writer(path: str, group: Optional[int] = None) -> sqlite3.Connection:
+    """Creates the file and the schema if needed, readable by root only, or by `group`
+    (a gid) too. Raises StoreError, one line naming the path and the real cause (a full
+    disk, a read-only filesystem, a permission), when the store cannot be written."""
+    try:
+        _make_dir(os.path.dirname(os.path.abspath(path)), group)
+        if not os.path.exists(path):
+            os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o600))
+        _restrict(path, group)
+        return _open_schema(path)
+    except OSError as e:
+        raise StoreError(f"local store {path} cannot be written: {e.strerror or e}") from None
+    except sqlite3.Error as e:
+        raise StoreError(f"local store {path} cannot be written: {e}") from None
+
+
+def _open_schema(path: str) -> sqlite3.Connection:
     # isolation_level=None: we issue BEGIN/COMMIT ourselves, one transaction per write().
     conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=10)
-    conn.execute("PRAGMA journal_mode=WAL")  # persistent in the file: readers find it too
-    conn.execute("PRAGMA synchronous=NORMAL")  # WAL + NORMAL: survives a collector crash
-    conn.execute("BEGIN IMMEDIATE")
     try:
+        conn.execute("PRAGMA journal_mode=WAL")  # persistent in the file: readers find it too
+        conn.execute("PRAGMA synchronous=NORMAL")  # WAL + NORMAL: survives a collector crash
+        conn.execute("BEGIN IMMEDIATE")
         _check_version(conn, path)
         # Idempotent: also adds an index a same-version store may lack, and migrates
         # an older one (every change so far is a new table or index).
@@ -122,7 +152,11 @@ def open_writer(path: str) -> sqlite3.Connection:
         conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
         conn.execute("COMMIT")
     except BaseException:
-        conn.execute("ROLLBACK")
+        if conn.in_transaction:  # a failed ROLLBACK must not hide the real cause
+            try:
+                conn.execute("ROLLBACK")
+            except sqlite3.Error:
+                pass
         conn.close()
         raise
     return conn

@@ -135,3 +135,26 @@ def test_unsampled_spans_do_not_hold_queue_room():
     d.export([ReadableSpan(name="x", context=SpanContext(1, i, False, TraceFlags(0))) for i in range(1, 20)])
     assert q.pending == 0
     d.shutdown()
+
+
+def test_shutdown_with_a_backend_that_never_answers_ends_by_its_deadline_and_counts():
+    """The exporter hangs in export() (an endpoint that never answers): shutdown still
+    returns at its deadline, and every span not delivered is counted once, even when the
+    hung export returns later."""
+    import time
+    exporter = GatedExporter()
+    d = _otlp(exporter, 64)
+    d.export(_spans(4))
+    assert exporter.entered.wait(5)  # 4 in a hung export
+    d.export(_spans(6, 10))          # 6 queued behind it
+    t0 = time.monotonic()
+    d.shutdown(time.monotonic() + 0.5)
+    assert time.monotonic() - t0 < 2.0
+    assert d.stats.snapshot() == {"spans_dropped_shutdown": 10}
+    exporter.release.set()  # the hung export returns "delivered" after the deadline...
+    deadline = time.monotonic() + 5
+    while exporter.received < 4 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert exporter.received >= 4
+    time.sleep(0.1)
+    assert d.stats.snapshot() == {"spans_dropped_shutdown": 10}  # ...and is not counted twice
