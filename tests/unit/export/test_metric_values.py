@@ -4,7 +4,7 @@ receiver afterwards; an exporter that raises is counted, never a traceback."""
 import logging
 
 from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
-from opentelemetry.sdk.metrics.export import (InMemoryMetricReader, MetricExporter, MetricExportResult,
+from opentelemetry.sdk.metrics.export import (InMemoryMetricReader, MetricExporter,
                                               PeriodicExportingMetricReader)
 from opentelemetry.sdk.resources import Resource
 
