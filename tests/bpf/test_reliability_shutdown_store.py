@@ -149,6 +149,7 @@ def test_sigterm_exits_in_time_with_a_backend_that_never_answers(protocol, start
     assert counters["requests"] >= 20
     assert counters.get("spans_exported", 0) == 0  # nothing can have been delivered
     assert counters.get("spans_dropped_shutdown", 0) > 0, counters
+    assert counters.get("metrics_dropped_shutdown", 0) >= 1, counters  # the final metrics export hung too
     handed = sum(counters.get(k, 0) for k in ("spans_export_failed", "spans_dropped_queue_full",
                                               "spans_dropped_shutdown"))
     assert handed == counters["spans"], counters  # every span is accounted for, once
