@@ -27,11 +27,11 @@ from .export.stage import ExportStage
 from .pipeline.cost import CostStage, Prices
 from .pipeline.enrich import Enrich
 from .pipeline.groups import ProcessGroups
-from .pipeline.records import Accept, ProcessGone, ProcessSeen, Tick
+from .pipeline.records import Accept, ProcessGone, ProcessSeen, SockClose, Tick
 from .pipeline.resources import ProcessResources
 from .pipeline.route_cap import ValueCap
 from .pipeline.routes import RouteTemplater
-from .pipeline.sockets import PortCache, existing_server_connections
+from .pipeline.sockets import PortCache, existing_server_connections, open_sockets
 from .pipeline.stitcher import Stitcher
 from .pipeline.symbols import KernelNames
 from .probes.discovery import Discovery
@@ -39,6 +39,7 @@ from .ratelimit import Stats
 from .status.writer import StatusWriter
 
 log = logging.getLogger("otel_gpu")
+PRUNE_INTERVAL_S = 30.0  # kernel connection entries whose close was never seen are dropped this often
 EXIT_MARGIN_S = 0.5  # of --shutdown-timeout, kept for the last log line and the interpreter's exit
 
 
@@ -88,7 +89,8 @@ def build_pipeline(config: Config, stats: Stats, k8s=None, destinations=None,
     groups = ProcessGroups(config.proc_root)
     kept_headers = config.export_headers | ({config.feature_header} if config.feature_header else set())
     stitcher = Stitcher(config.span_budget, frozenset(kept_headers), stats, port_of=ports.port,
-                        peer_of=ports.peer, group_of=groups)
+                        peer_of=ports.peer, group_of=groups,
+                        sockets_of=lambda pid: open_sockets(config.proc_root, pid))
     enrich = Enrich(ProcessResources(config.proc_root, k8s, config.resource_attributes, stats,
                                      config.export_command_line),
                     RouteTemplater(config.route_patterns, max_routes=config.max_routes, stats=stats),
@@ -124,6 +126,9 @@ class Collector:
         self._servers: set[int] = set()
         self._follows: dict[int, Optional[int]] = {}
         self.state_requested = threading.Event()
+        self._seed_pending = False  # connections left untracked wait for room in the table
+        self._untracked_seen = 0
+        self._next_prune = time.monotonic() + PRUNE_INTERVAL_S
         self.status = StatusWriter(config.status_file, self.stats) if config.status_file else None
 
     def _wanted(self, pid: int) -> bool:
@@ -140,7 +145,8 @@ class Collector:
         from .probes.source import ProgramOptions
         t0 = time.monotonic()
         self.program = BpfProgram(ProgramOptions(trace_all=self.config.trace_all,
-                                                 ringbuf_pages=self.config.ringbuf_pages), self.stats)
+                                                 ringbuf_pages=self.config.ringbuf_pages,
+                                                 max_conns=self.config.max_connections), self.stats)
         self._scan()
         log.info("ready: %s (%.1f s); spans to %s", self.program.describe(), time.monotonic() - t0,
                  ", ".join(self.wiring.destinations.names) or "nowhere")
@@ -197,18 +203,40 @@ class Collector:
                              f"pid {follow} has HTTP activity" if follow != FOLLOW_ALL
                              else f"related HTTP servers run ({len(servers)})")
 
-    def _seed_connections(self, pids: set) -> list:
+    def _seed_connections(self, pids: set, why: str = "opened before tracing") -> list:
         """Accept records for the keep-alive connections new processes already held, so
-        their next request is traced (the real accept happened before us)."""
+        their next request is traced (the real accept happened before us), or that the
+        kernel's full table left untracked. Sets _seed_pending while some do not fit."""
         now, out = time.monotonic_ns(), []
         for pid in sorted(pids):
-            seeded = [Accept(pid, pid, now, c.fd, c.listen_fd, c.peer_addr, c.peer_port)
-                      for c in existing_server_connections(self.config.proc_root, pid)
-                      if self.program.seed_connection(pid, c.fd)]
+            seeded = []
+            for c in existing_server_connections(self.config.proc_root, pid):
+                done = self.program.seed_connection(pid, c.fd)
+                if done is None:  # table full: try again at a later scan
+                    self._seed_pending = True
+                    break
+                if done:
+                    seeded.append(Accept(pid, pid, now, c.fd, c.listen_fd, c.peer_addr, c.peer_port))
             if seeded:
-                log.info("pid %d: %d connections opened before tracing are followed from their next request",
-                         pid, len(seeded))
+                log.info("pid %d: %d connections %s are followed from their next request", pid, len(seeded), why)
             out += seeded
+        return out
+
+    def _connections(self) -> list:
+        """At each flush: connections the full table left untracked are seeded once there
+        is room (from /proc, like those opened before tracing); every PRUNE_INTERVAL_S,
+        kernel entries whose close was never seen go, with a SockClose record each."""
+        out = []
+        untracked = self.stats.snapshot().get("connections_untracked", 0)
+        if untracked > self._untracked_seen or self._seed_pending:
+            self._untracked_seen, self._seed_pending = untracked, False
+            out += self._seed_connections(self._traced_pids | self._servers, "left untracked (table full)")
+        now = time.monotonic()
+        if now >= self._next_prune:
+            self._next_prune = now + PRUNE_INTERVAL_S
+            ts = time.monotonic_ns()
+            out += [SockClose(tgid, tgid, ts, fd) for tgid, fd in
+                    self.program.prune_connections(lambda pid: open_sockets(self.config.proc_root, pid))]
         return out
 
     def _push(self, batch: list) -> None:
@@ -234,7 +262,7 @@ class Collector:
                 self._scan()
                 next_scan = now + self.config.scan_interval_s
             if now >= next_flush:
-                self._push(self.program.read_rollups() + [Tick(time.monotonic_ns())])
+                self._push(self.program.read_rollups() + self._connections() + [Tick(time.monotonic_ns())])
                 next_flush = now + self.config.flush_interval_s
             if self.state_requested.is_set():
                 self.state_requested.clear()
