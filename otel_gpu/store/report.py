@@ -61,8 +61,10 @@ REPORT_FIELDS = ("since", "service", "generated_at", "currency", "share_of", "ro
 _FILTER = "WHERE ts >= :since AND (:service IS NULL OR service = :service)"
 # Indexes are named: without ANALYZE statistics SQLite walks the latency index for the
 # GROUP BY, a random-access read of the whole table even for --since 15m.
+# TOTAL, not SUM, for counts: spans clamp absurd values to 2^63-1, and SQLite's integer
+# SUM raises "integer overflow" on two of them.
 _GROUPS_SQL = f"""
-SELECT service, feature, COUNT(*), SUM(launches), SUM(h2d_bytes + d2h_bytes + d2d_bytes + other_bytes),
+SELECT service, feature, COUNT(*), TOTAL(launches), TOTAL(h2d_bytes + d2h_bytes + d2d_bytes + other_bytes),
        SUM(gpu_seconds), SUM(cost)
 FROM requests INDEXED BY requests_ts {_FILTER} GROUP BY service, feature"""
 # The k-th fastest request of a group: an in-order walk of the covering latency index,

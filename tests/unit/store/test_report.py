@@ -180,3 +180,13 @@ def test_raw_escape_sequences_in_an_older_store_are_neutralised(store, db):
         assert code == 0
         assert not [c for c in text if c != "\n" and (ord(c) < 0x20 or 0x7f <= ord(c) <= 0x9f)], repr(text)
         assert "svc\ufffd]0;pwned\ufffd" in text and "f\ufffd31m" in text and "U\ufffd[5mSD" in text
+
+
+def test_clamped_byte_counts_do_not_overflow_the_sums(store, reader):
+    """Spans clamp absurd counts to 2^63-1 (export/spans.py); two such requests must
+    not make SQLite's integer SUM raise in `report`."""
+    huge = 2**63 - 1
+    for tid in (1, 2):
+        store.export(request(tid, T0 + tid * S, 5 * MS, launches=1, copies=[(huge, "h2d")]))
+    (row,) = build_report(reader())["rows"]
+    assert row["requests"] == 2 and row["copy_bytes"] >= 2 * huge - 2**12
