@@ -14,6 +14,14 @@ log = logging.getLogger("otel_gpu")
 LOG_FORMAT = "%(asctime)s otel-gpu %(levelname)s %(message)s"
 
 
+def setup_logging(level: str) -> None:
+    """stderr, one sanitised line per record (log lines quote other processes' names)."""
+    from .sanitize import LogFormatter
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(LogFormatter(LOG_FORMAT))
+    logging.basicConfig(level=level.upper(), handlers=[handler])
+
+
 def _run_parser(sub) -> None:
     p = sub.add_parser("run", help="attach the probes and export traces until SIGINT/SIGTERM")
     add_run_arguments(p)
@@ -54,7 +62,7 @@ def cmd_run(args) -> int:
     except ConfigError as e:
         print(f"otel-gpu: {e}", file=sys.stderr)
         return 2
-    logging.basicConfig(level=config.log_level.upper(), stream=sys.stderr, format=LOG_FORMAT)
+    setup_logging(config.log_level)
     preflight()
     if config.store_path:
         log.info("local store: %s (otel-gpu report / otel-gpu traces read it)", config.store_path)
@@ -122,7 +130,7 @@ def main(argv=None) -> int:
         return status(args)
     if args.command == "run":
         return cmd_run(args)  # sets up logging once its configuration is loaded
-    logging.basicConfig(level="INFO", stream=sys.stderr, format=LOG_FORMAT)
+    setup_logging("INFO")
     from .demo.runner import run_demo
     return run_demo(args.requests, keep=args.keep)
 

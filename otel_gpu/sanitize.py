@@ -14,6 +14,7 @@ attribute strings; never Latin-1). The result is valid UTF-8, and an escape sequ
 loses its introducer, so it prints as plain text. Printable text is kept as it is."""
 from __future__ import annotations
 
+import logging
 import re
 from typing import Optional
 
@@ -65,3 +66,19 @@ def _undo_surrogateescape(value: str) -> str:
         return value.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
     except UnicodeEncodeError:  # a surrogate that is no escaped byte
         return _SURROGATES.sub(REPLACEMENT, value)
+
+
+class LogFormatter(logging.Formatter):
+    """The collector's log lines quote library paths and names from other processes:
+    the message is sanitised like any output (one record, one line, so a name holding a
+    newline cannot forge a log line); a traceback keeps its newlines and loses the rest."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        record.message = text(record.message)
+        return super().formatMessage(record)
+
+    def formatException(self, ei) -> str:
+        return "\n".join(text(line) for line in super().formatException(ei).split("\n"))
+
+    def formatStack(self, stack_info: str) -> str:
+        return "\n".join(text(line) for line in stack_info.split("\n"))

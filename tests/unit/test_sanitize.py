@@ -76,3 +76,32 @@ def test_bound_marks_the_cut():
 def test_attributes_keys_values_and_sequences():
     got = sanitize.attributes({"k\x1b": "v\x07", "n": 3, "seq": ("a\x9b", 1), "l": ["\x00"]})
     assert got == {"k\ufffd": "v\ufffd", "n": 3, "seq": ("a\ufffd", 1), "l": ["\ufffd"]}
+
+
+def test_log_lines_from_hostile_names_stay_one_safe_line():
+    """A library path or process name with ESC, OSC and a newline is logged as one line
+    without control characters; a traceback keeps its line breaks."""
+    import io
+    import logging
+
+    from otel_gpu.sanitize import LogFormatter
+
+    out = io.StringIO()
+    handler = logging.StreamHandler(out)
+    handler.setFormatter(LogFormatter("%(levelname)s %(message)s"))
+    log = logging.getLogger("test_sanitize_log")
+    log.addHandler(handler)
+    log.propagate = False
+    try:
+        log.warning("attached to %s", "/tmp/\x1b]0;owned\x07lib\ncudart.so\x1b[2J")
+        try:
+            raise ValueError("bad \x1b[31mname")
+        except ValueError:
+            log.exception("failed")
+    finally:
+        log.removeHandler(handler)
+    first, *rest = out.getvalue().rstrip("\n").split("\n")
+    assert first.startswith("WARNING attached to /tmp/") and "cudart.so" in first
+    assert rest[0] == "ERROR failed" and "Traceback" in rest[1] and len(rest) >= 4
+    for line in out.getvalue().split("\n"):
+        assert not any(ord(c) < 32 or 0x7f <= ord(c) <= 0x9f for c in line), repr(line)
