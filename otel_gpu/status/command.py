@@ -13,7 +13,7 @@ import textwrap
 import time
 from typing import Optional
 
-from .. import proc
+from .. import proc, sanitize
 from .file import STALE_INTERVALS, default_status_path, read_state
 
 # Counters that count work done, not something lost or refused: shown apart from drops.
@@ -71,7 +71,7 @@ def to_text(state: dict, now: float, stale: Optional[str]) -> str:
                  f" (state written {max(0.0, now - state['written_at']):.1f} s ago)")
     procs = state.get("processes", {})
     lines.append(f"processes traced: {procs.get('count', 0)}")
-    lines += [f"  {p['pid']:>7}  {p['name']:<16} {p['role']}" for p in procs.get("listed", [])]
+    lines += [f"  {p['pid']:>7}  {sanitize.text(str(p['name'])):<16} {p['role']}" for p in procs.get("listed", [])]
     if procs.get("count", 0) > len(procs.get("listed", [])):
         lines.append(f"  ... and {procs['count'] - len(procs['listed'])} more")
     probes = state.get("probes", {})

@@ -9,7 +9,7 @@ import os
 import time
 from typing import Callable, Optional
 
-from .. import __version__, proc
+from .. import __version__, proc, sanitize
 from ..ratelimit import RateLimitedLog, Stats
 from .file import INTERVAL_S, SCHEMA, remove_if_ours, write_atomic
 
@@ -112,7 +112,7 @@ class StatusWriter:
             "started_at": self.started_at, "written_at": now, "uptime_s": round(now - self.started_at, 1),
             "interval_s": self.interval_s,
             "processes": {"count": len(processes), "listed": [
-                {"pid": pid, "name": proc.comm("/proc", pid) or "?", "role": role}
+                {"pid": pid, "name": sanitize.text(proc.comm("/proc", pid) or "?"), "role": role}
                 for pid, role in sorted(processes.items())[:MAX_PROCESSES]]},
             "probes": probe_status(program) if program is not None else {},
             "requests": {"finished": stats.get("requests_finished", 0),
