@@ -200,7 +200,9 @@ def test_daemonset_security_and_host_access():
     assert set(security["capabilities"]["add"]) == {"BPF", "PERFMON", "SYS_PTRACE", "DAC_READ_SEARCH"}
     assert security["allowPrivilegeEscalation"] is False
     mounts = {m["mountPath"]: m for m in container(daemonset)["volumeMounts"]}
-    for path in ("/sys/kernel/tracing", "/sys/kernel/debug", "/sys/fs/cgroup", "/lib/modules", "/usr/src"):
+    # /run/otel-gpu: the state file `otel-gpu status` reads (the default --status-file)
+    for path in ("/sys/kernel/tracing", "/sys/kernel/debug", "/sys/fs/cgroup", "/lib/modules", "/usr/src",
+                 "/run/otel-gpu"):
         volume = next(v for v in pod["volumes"] if v["name"] == mounts[path]["name"])
         assert volume["hostPath"]["path"] == path
     for path in ("/sys/fs/cgroup", "/lib/modules", "/usr/src"):
