@@ -12,6 +12,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Optional
 
+from .closer import ProbeCloser
 from .discovery import ProbeTarget
 from .table import rows_for
 
@@ -28,9 +29,10 @@ class Attached:
 
 
 class Attacher:
-    def __init__(self, bpf, stats) -> None:
+    def __init__(self, bpf, stats, closer=None) -> None:
         self.bpf = bpf
         self.stats = stats
+        self.closer = closer or ProbeCloser(bpf, stats)  # detaches off the loop (~0.1 s a probe)
         # (file key, pid or None for every process) -> what is attached there
         self.attached: dict[tuple, Attached] = {}
         self.probe_count = 0
@@ -95,20 +97,15 @@ class Attacher:
         return n
 
     def _detach_events(self, events: list) -> int:
-        done = 0
-        for ev in events:
-            try:
-                self.bpf.detach_uprobe_event(ev)
-                done += 1
-            except Exception as e:  # bcc keeps it: cleanup() at shutdown tries again
-                self.stats.add("probe_detach_failed")
-                log.warning("cannot detach uprobe %s: %s", ev.decode(errors="replace"), e)
-        return done
+        return self.closer.detach(events)
 
-    def detach_all(self) -> None:
-        # bcc's cleanup detaches every uprobe and tracepoint it attached.
+    def detach_all(self, timeout: float = 60) -> None:
+        # bcc's cleanup detaches every uprobe and tracepoint it still holds; the closer
+        # finishes those of processes that went before.
         self.bpf.cleanup()
         self.attached.clear()
+        if not self.closer.wait(timeout):
+            log.warning("%d uprobes still closing after %.0f s", self.closer.pending(), timeout)
 
 
 def _raise_probe_limits() -> None:

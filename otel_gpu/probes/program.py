@@ -184,7 +184,7 @@ class BpfProgram:
     def state(self) -> dict:
         # bpf.uprobes: what bcc holds open; with --pid/--exe it returns to its baseline as processes go.
         return {**{f"bpf.{name}": len(self.bpf[name]) for name in _STATE_TABLES},
-                "bpf.uprobes": self.bpf.num_open_uprobes()}
+                "bpf.uprobes": self.bpf.num_open_uprobes() + self.attacher.closer.pending()}
 
     def close(self) -> None:
         self.attacher.detach_all()

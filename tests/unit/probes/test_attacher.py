@@ -34,6 +34,18 @@ class FakeBpf:
         del self.uprobe_fds[ev]
 
 
+class SyncCloser:
+    """ProbeCloser's contract without descriptors: the events leave bcc's table."""
+
+    def __init__(self, bpf):
+        self.bpf = bpf
+
+    def detach(self, events):
+        for ev in events:
+            self.bpf.detach_uprobe_event(ev)
+        return len(events)
+
+
 def _target(tmp_path, name="libcudart.so.12"):
     f = tmp_path / name
     f.write_bytes(b"")
@@ -46,7 +58,7 @@ PROBES = len(ROWS) + sum(1 for r in ROWS if r.ret)
 
 def test_per_process_probes_are_kept_and_detached_per_pid(tmp_path):
     bpf, stats = FakeBpf(), Stats()
-    a = Attacher(bpf, stats)
+    a = Attacher(bpf, stats, SyncCloser(bpf))
     t = _target(tmp_path)
     assert a.attach(t, 101) == PROBES
     assert a.attach(t, 101) == 0  # once per (file, process)
@@ -63,7 +75,7 @@ def test_per_process_probes_are_kept_and_detached_per_pid(tmp_path):
 
 def test_default_mode_probes_the_file_for_every_process(tmp_path):
     bpf = FakeBpf()
-    a = Attacher(bpf, Stats())
+    a = Attacher(bpf, Stats(), SyncCloser(bpf))
     assert a.attach(_target(tmp_path)) == PROBES
     assert all(ev.endswith(b"_-1") for ev in bpf.uprobe_fds)
     assert a.pids() == set()
@@ -71,7 +83,7 @@ def test_default_mode_probes_the_file_for_every_process(tmp_path):
 
 def test_failures_are_counted_absent_symbols_are_not(tmp_path):
     bpf, stats = FakeBpf(absent={"cudaLaunchKernel_ptsz"}, broken={"cudaMemcpy"}), Stats()
-    a = Attacher(bpf, stats)
+    a = Attacher(bpf, stats, SyncCloser(bpf))
     n = a.attach(_target(tmp_path), 7)
     missing = sum(1 + bool(r.ret) for r in ROWS if r.symbol in ("cudaLaunchKernel_ptsz", "cudaMemcpy"))
     assert missing == 2 and n == len(bpf.uprobe_fds) == PROBES - missing
@@ -81,7 +93,7 @@ def test_failures_are_counted_absent_symbols_are_not(tmp_path):
 
 def test_a_process_that_leaves_while_probed_leaves_nothing(tmp_path):
     bpf, stats = FakeBpf(), Stats()
-    a = Attacher(bpf, stats)
+    a = Attacher(bpf, stats, SyncCloser(bpf))
     gone = ProbeTarget(RUNTIME, str(tmp_path / "proc/55/root/libcudart.so.12"), (1, 2))  # path no longer there
     assert a.attach(gone, 55) == 0
     assert bpf.uprobe_fds == {} and a.pids() == set() and stats.snapshot() == {}
