@@ -20,6 +20,7 @@ from .. import __version__
 from .. import semconv as sc
 from ..pipeline.model import ATTRIBUTIONS, ProcessWindow, Request
 from ..pipeline.records import ProcessGone
+from ..pipeline.route_cap import MAX_SERVICES
 from ..probes.table import BY_ID, MEMCPY_DIRECTIONS, Category
 from ..ratelimit import Stats
 from .bounded import call_by, remaining_ms
@@ -56,6 +57,7 @@ class GpuMetrics:
         self._kernels: set[str] = set()
         self._live: dict[int, dict[int, int]] = {}  # pid -> {pointer: bytes}
         self._services: dict[int, str] = {}          # pid -> service.name, while it has live memory
+        self._service_names: set[str] = set()        # label values so far: MAX_SERVICES, then OTHER
         self._attributed = dict.fromkeys(ATTRIBUTIONS, 0)
         self.provider = MeterProvider(metric_readers=readers, resource=Resource.create(
             {sc.SERVICE_NAME: service_name}))
@@ -88,7 +90,7 @@ class GpuMetrics:
             if isinstance(r, Request):
                 self._request(r)
             elif isinstance(r, ProcessWindow):
-                self._calls(r, {sc.SERVICE_NAME: _service(r)})
+                self._calls(r, {sc.SERVICE_NAME: self._service(r)})
                 self._window_cost(r)
             elif isinstance(r, ProcessGone):
                 self._live.pop(r.tgid, None)
@@ -97,7 +99,7 @@ class GpuMetrics:
 
     def _request(self, r: Request) -> None:
         route = r.route or r.head.path
-        base = {sc.SERVICE_NAME: _service(r), sc.HTTP_ROUTE: route}
+        base = {sc.SERVICE_NAME: self._service(r), sc.HTTP_ROUTE: route}
         http_attrs = {**base, sc.HTTP_REQUEST_METHOD: r.head.method}
         if r.status is not None:
             http_attrs[sc.HTTP_RESPONSE_STATUS_CODE] = r.status
@@ -112,7 +114,7 @@ class GpuMetrics:
         requests' exact time, the counters add up to the processes' busy time."""
         if not w.gpu_seconds:
             return
-        service, rate = _service(w), (w.cost or 0.0) / w.gpu_seconds
+        service, rate = self._service(w), (w.cost or 0.0) / w.gpu_seconds
         if w.split:
             for key, seconds in w.split.items():
                 if seconds:
@@ -202,7 +204,15 @@ class GpuMetrics:
     def shutdown(self) -> None:
         self.close()
 
-
-def _service(record) -> str:
-    res = record.resource
-    return str(res.attributes.get(sc.SERVICE_NAME, "unknown")) if res is not None else "unknown"
+    def _service(self, record) -> str:
+        """The record's service.name as a label: a traced process picks its own
+        (OTEL_SERVICE_NAME), so past MAX_SERVICES distinct names they fold into OTHER,
+        as kernel names do."""
+        res = record.resource
+        name = str(res.attributes.get(sc.SERVICE_NAME, "unknown")) if res is not None else "unknown"
+        if name not in self._service_names:
+            if len(self._service_names) >= MAX_SERVICES:
+                self.stats.add("services_folded")
+                return OTHER
+            self._service_names.add(name)
+        return name

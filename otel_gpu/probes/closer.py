@@ -22,7 +22,7 @@ class ProbeCloser:
     def __init__(self, bpf, stats) -> None:
         self.bpf = bpf
         self.stats = stats
-        self._queue: queue.Queue = queue.Queue()
+        self._closing: queue.Queue = queue.Queue()
         self._pending = 0
         self._lock = threading.Lock()
         self._idle = threading.Event()
@@ -47,7 +47,7 @@ class ProbeCloser:
             with self._lock:
                 self._pending += 1
                 self._idle.clear()
-            self._queue.put((ev, fd))
+            self._closing.put((ev, fd))
             done += 1
         return done
 
@@ -62,7 +62,7 @@ class ProbeCloser:
     def _run(self) -> None:
         from bcc import lib
         while True:
-            ev, fd = self._queue.get()
+            ev, fd = self._closing.get()
             try:
                 os.close(fd)
                 lib.bpf_detach_uprobe(ev)  # a no-op for perf-PMU probes; tracefs ones are removed

@@ -111,3 +111,22 @@ def test_encodable_leaves_good_data_alone():
     m.process([_request(10)])
     data = reader.get_metrics_data()
     assert encodable(data, Stats()) is data
+
+
+def test_service_name_labels_are_bounded():
+    """A traced process names its own service (OTEL_SERVICE_NAME): processes that churn
+    through names fold into `other` past MAX_SERVICES, counted."""
+    from otel_gpu.export.metrics import OTHER
+    from otel_gpu.pipeline.route_cap import MAX_SERVICES
+
+    reader, stats = InMemoryMetricReader(), Stats()
+    m = GpuMetrics([reader], stats)
+    for i in range(MAX_SERVICES + 40):
+        r = _request(10)
+        r.resource = Resource({sc.SERVICE_NAME: f"svc-{i}"})
+        m.process([r])
+    data = reader.get_metrics_data()
+    names = {p.attributes[sc.SERVICE_NAME] for rm in data.resource_metrics for sm in rm.scope_metrics
+             for mt in sm.metrics if mt.name == "gpu.memcpy.bytes" for p in mt.data.data_points}
+    assert len(names) == MAX_SERVICES + 1 and OTHER in names
+    assert stats.snapshot()["services_folded"] >= 40
