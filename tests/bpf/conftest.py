@@ -22,3 +22,12 @@ def _why_not() -> str | None:
 
 def pytest_collection_modifyitems(config, items):
     mark_tier(items, "bpf", pytest.mark.bpf, _why_not())
+
+
+@pytest.fixture
+def targets():
+    """Target processes a test starts itself (append them): stopped at teardown."""
+    started = []
+    yield started
+    for t in started:
+        t.stop()

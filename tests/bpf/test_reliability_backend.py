@@ -38,14 +38,6 @@ def _target(collector, name: str, started: list) -> Target:
     return t
 
 
-@pytest.fixture
-def targets():
-    started = []
-    yield started
-    for t in started:
-        t.stop()
-
-
 def _work(receiver, pid, launches):
     return [s for s in server_spans(receiver.spans, pid) if s.attributes["url.path"] == "/work"
             and s.attributes["gpu.launches"] == launches]

@@ -61,14 +61,6 @@ class Blackhole:
             c.close()
 
 
-@pytest.fixture
-def targets():
-    started = []
-    yield started
-    for t in started:
-        t.stop()
-
-
 def _target(collector, name: str, started: list) -> Target:
     """slow_http.py renamed to `name`, traced alone with --exe name."""
     t = Target([sys.executable, str(TARGETS / "slow_http.py"), "0"], {"RELIA_COMM": name})
