@@ -35,6 +35,7 @@ enum event_kind {
     EV_CUDA_GRAPH = 10,
     EV_CUDA_DEVICE = 11,
     EV_PY_CONTEXT = 12, /* a traced Python process copied its contextvars.Context */
+    EV_KERNEL_HANDLE = 13, /* a kernel handle was handed out: what it names */
 };
 
 /* event_header.flags bits. */
@@ -136,6 +137,24 @@ struct device_event {      /* EV_CUDA_DEVICE */
     struct cuda_header c;
     u32 device;            /* ordinal */
     u32 pad;
+};
+
+/* EV_KERNEL_HANDLE, at the return of a call that hands out a kernel handle
+ * (cuModuleGetFunction, cuLibraryGetKernel, cuKernelGetFunction, __cudaGetKernel,
+ * ...): what a later launch of `handle` runs. Either a name (the mangled symbol the
+ * caller asked for) or a source: the host stub or CUkernel the handle stands for.
+ * Sent always (not only during requests): once per kernel, and launches name it later.
+ * Variable length: only name_len bytes of name are sent. */
+#define KERNEL_NAME_CAP 1024 /* a power of two; a longer name arrives cut (name_len == CAP - 1) */
+struct kernel_handle_event {
+    struct event_header h;
+    u32 call;         /* CALL_* id of the call that handed the handle out */
+    s32 ret;          /* its return code */
+    u64 handle;       /* read from the out-parameter at return */
+    u64 source;       /* host stub or CUkernel; 0 when a name follows */
+    u32 name_len;     /* bytes in name, without the NUL; 0: none */
+    u32 pad;
+    char name[KERNEL_NAME_CAP];
 };
 
 /* The launch config in the traced process's memory, as both APIs lay it out:

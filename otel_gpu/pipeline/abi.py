@@ -9,6 +9,7 @@ import ctypes as ct
 
 HTTP_DATA_CAP = 1024
 HTTP_TAIL_CAP = 8
+KERNEL_NAME_CAP = 1024
 
 # enum event_kind: the first byte of every record
 EV_ACCEPT = 1
@@ -23,6 +24,7 @@ EV_CUDA_SYNC = 9
 EV_CUDA_GRAPH = 10
 EV_CUDA_DEVICE = 11
 EV_PY_CONTEXT = 12
+EV_KERNEL_HANDLE = 13
 
 # enum event_flag: bits of event_header.flags
 EV_FLAG_UNREADABLE = 1  # a value read from the traced process's memory failed: its fields are 0
@@ -61,6 +63,11 @@ class CloseEvent(ct.Structure):
 
 class PyContextEvent(ct.Structure):
     _fields_ = [("h", EventHeader), ("ctx", u64), ("parent", u64)]
+
+
+class KernelHandleEvent(ct.Structure):
+    _fields_ = [("h", EventHeader), ("call", u32), ("ret", s32), ("handle", u64), ("source", u64),
+                ("name_len", u32), ("pad", u32), ("name", ct.c_char * KERNEL_NAME_CAP)]
 
 
 class ProcExitEvent(ct.Structure):
@@ -130,6 +137,7 @@ class RollupValue(ct.Structure):
 STRUCTS: dict[str, type] = {
     "event_header": EventHeader, "accept_event": AcceptEvent, "sock_io_event": SockIoEvent,
     "close_event": CloseEvent, "py_context_event": PyContextEvent, "proc_exit_event": ProcExitEvent,
+    "kernel_handle_event": KernelHandleEvent,
     "cuda_header": CudaHeader, "launch_dims": LaunchDims, "launch_event": LaunchEvent,
     "memcpy_event": MemcpyEvent, "memory_event": MemoryEvent, "sync_event": SyncEvent,
     "graph_event": GraphEvent, "device_event": DeviceEvent, "user_launch_config": UserLaunchConfig,

@@ -15,8 +15,9 @@ from . import abi
 from .abi import (EV_ACCEPT, EV_CUDA_DEVICE, EV_CUDA_GRAPH, EV_CUDA_LAUNCH, EV_CUDA_MEMCPY,
                   EV_CUDA_MEMORY, EV_CUDA_SYNC, EV_PROC_EXIT, EV_FLAG_UNREADABLE, EV_PY_CONTEXT, EV_SOCK_CLOSE,
                   EV_SOCK_READ, EV_SOCK_WRITE, HTTP_DATA_CAP, HTTP_TAIL_CAP)
-from .records import (Accept, ContextCopy, DeviceCall, GraphCall, LaunchCall, MemcpyCall, MemoryCall,
-                      ProcExit, SockClose, SockIo, SyncCall)
+from .abi import EV_KERNEL_HANDLE
+from .records import (Accept, ContextCopy, DeviceCall, GraphCall, KernelHandle, LaunchCall, MemcpyCall,
+                      MemoryCall, ProcExit, SockClose, SockIo, SyncCall)
 
 
 class DecodeError(ValueError):
@@ -32,6 +33,8 @@ SYNC = struct.Struct(_CUDA_HEADER + "QQ")         # handle, duration_ns
 GRAPH = struct.Struct(_CUDA_HEADER + "QQ")        # graph_exec, stream
 DEVICE = struct.Struct(_CUDA_HEADER + "I4x")      # device, pad
 PY_CONTEXT = struct.Struct("<B3xII4xQQQ")         # header, ctx, parent
+# kernel_handle_event up to its name: header, call, ret, handle, source, name_len, pad
+KERNEL_HANDLE = struct.Struct("<BBxxII4xQIiQQI4x")
 
 # Each Struct beside the ctypes mirror it must match (checked by the layout test).
 STRUCT_MIRRORS = ((LAUNCH, abi.LaunchEvent), (MEMCPY, abi.MemcpyEvent), (MEMORY, abi.MemoryEvent),
@@ -83,6 +86,18 @@ def _py_context(buf, size):
     return ContextCopy(tgid, tid, ts, ctx, parent)
 
 
+def _kernel_handle(buf, size):
+    fixed = KERNEL_HANDLE.size
+    if size < fixed:
+        raise DecodeError(f"kernel handle record needs {fixed} bytes, got {size}")
+    _, flags, tgid, tid, ts, call, ret, handle, source, name_len = KERNEL_HANDLE.unpack_from(buf)
+    if name_len >= abi.KERNEL_NAME_CAP or fixed + name_len != size:
+        raise DecodeError(f"kernel handle record claims a {name_len}-byte name in {size}")
+    name = bytes(buf[fixed:size]).decode(errors="replace") if name_len else None
+    return KernelHandle(tgid, tid, ts, call, ret, handle, source, name,
+                        cut=name_len == abi.KERNEL_NAME_CAP - 1, unreadable=bool(flags & EV_FLAG_UNREADABLE))
+
+
 def _addr(family: int, raw) -> Optional[str]:
     if family == 2:
         return str(ipaddress.IPv4Address(bytes(raw[:4])))
@@ -131,7 +146,7 @@ def _proc_exit(buf, size):
 _BY_KIND = {EV_CUDA_MEMCPY: _memcpy, EV_CUDA_MEMORY: _memory, EV_CUDA_SYNC: _sync,
             EV_CUDA_GRAPH: _graph, EV_CUDA_DEVICE: _device, EV_SOCK_READ: _sock_io,
             EV_SOCK_WRITE: _sock_io, EV_ACCEPT: _accept, EV_SOCK_CLOSE: _close,
-            EV_PROC_EXIT: _proc_exit, EV_PY_CONTEXT: _py_context}
+            EV_PROC_EXIT: _proc_exit, EV_PY_CONTEXT: _py_context, EV_KERNEL_HANDLE: _kernel_handle}
 # Indexing bytes gives an int, a ctypes c_char array (the reader's zero-copy view)
 # a 1-byte bytes: both spellings are keys, so one lookup serves either buffer.
 _BY_KIND.update({bytes([k]): fn for k, fn in list(_BY_KIND.items())})

@@ -1,7 +1,8 @@
 """Stage: writes onto each finished request and window what export needs to know
 beyond the calls themselves: the process's Resource (service, process, k8s pod), the
 route, and the names of the kernels its calls launched. Runs right after the
-stitcher, while the processes are most likely still alive to be read."""
+stitcher, while the processes are most likely still alive to be read. KernelHandle
+records (what a kernel handle names) end here: the namer learns them."""
 from __future__ import annotations
 
 from typing import Optional
@@ -9,7 +10,7 @@ from typing import Optional
 from .. import sanitize
 from .. import semconv as sc
 from .model import ProcessWindow, Request
-from .records import ProcessGone, ProcessSeen
+from .records import KernelHandle, ProcessGone, ProcessSeen
 from .resources import ProcessResources
 from .routes import RouteTemplater
 
@@ -20,12 +21,16 @@ class Enrich:
     def __init__(self, resources: ProcessResources, routes: RouteTemplater, kernel_names) -> None:
         self.resources = resources
         self.routes = routes
-        self.kernel_names = kernel_names  # (pid, func) -> demangled name or None; has forget(pid)
+        self.kernel_names = kernel_names  # (pid, func) -> demangled name or None; has learn(r), forget(pid)
+        self.handles_learned = 0
+        self.unnamed = 0  # kernels a request or window launched that got no name (shown as 0x...)
 
     def process(self, records: list) -> list:
         # Records of a process that exits in this batch come before its ProcessGone; the
         # exit event's comm names a process whose /proc was never read.
         exiting = {r.tgid: r.comm for r in records if type(r) is ProcessGone}
+        if any(type(r) is KernelHandle for r in records):
+            records = self._learn(records)
         for r in records:
             if isinstance(r, (Request, ProcessWindow)):
                 self._enrich(r, exiting.get(r.tgid))
@@ -38,13 +43,26 @@ class Enrich:
             self.kernel_names.forget(tgid)
         return records
 
+    def _learn(self, records: list) -> list:
+        """Learns each KernelHandle in order (a launch later in the batch is named by it)
+        and keeps it out of the later stages."""
+        out = []
+        for r in records:
+            if type(r) is KernelHandle:
+                self.handles_learned += bool(self.kernel_names.learn(r))
+            else:
+                out.append(r)
+        return out
+
     def _enrich(self, r, exit_comm: Optional[str]) -> None:
         r.resource = self.resources.resource(r.tgid, exit_comm)
         # Symbol names come from the traced process's own files: sanitised like the network's.
         r.kernel_names = {f: sanitize.optional(self.kernel_names(r.tgid, f), MAX_KERNEL_NAME)
                           for f in r.sink.kernel_funcs()}
+        self.unnamed += sum(1 for name in r.kernel_names.values() if name is None)
         if isinstance(r, Request):
             r.route = self.routes.route(r.head.path, str(r.resource.attributes.get(sc.SERVICE_NAME, "")))
 
     def state(self) -> dict:
-        return {"resources": len(self.resources)}
+        return {"resources": len(self.resources), "kernel_handles_learned": self.handles_learned,
+                "kernel_unnamed": self.unnamed}

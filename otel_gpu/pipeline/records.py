@@ -155,6 +155,23 @@ class ContextCopy:
     parent: int
 
 
+@dataclass(slots=True)
+class KernelHandle:
+    """A call handed out a kernel handle (probes/table.py Category.NAME): later launches
+    of `handle` run the kernel `name` (the mangled symbol asked for), or whatever
+    `source` (a host stub or a CUkernel) names. Consumed by enrich, never a span."""
+    tgid: int
+    tid: int
+    ts_ns: int
+    call: int
+    ret: int
+    handle: int
+    source: int              # 0 when a name came
+    name: Optional[str]      # None when a source came
+    cut: bool = False        # the name filled KERNEL_NAME_CAP: it may be cut short
+    unreadable: bool = False  # the handle or the name could not be read: handle/name are 0/None
+
+
 # --- records that say something about time or processes -----------------------------
 @dataclass(slots=True)
 class KernelRollup:

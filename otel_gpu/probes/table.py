@@ -27,6 +27,7 @@ class Category(str, Enum):
     FREE = "free"       # device memory freed: pointer
     SYNC = "sync"       # the host waits: handle (stream or event), duration
     DEVICE = "device"   # the thread's current device changes: ordinal
+    NAME = "name"       # hands out a kernel handle: what later launches of it run (not a span)
 
 
 class Shape(str, Enum):
@@ -37,12 +38,13 @@ class Shape(str, Enum):
     SYNC = "sync"
     GRAPH = "graph"
     DEVICE = "device"
+    HANDLE = "handle"  # kernel_handle_event: decoded to records.KernelHandle, not a CudaCall
 
 
 SHAPE_OF = {
     Category.LAUNCH: Shape.LAUNCH, Category.GRAPH: Shape.GRAPH, Category.MEMCPY: Shape.MEMCPY,
     Category.ALLOC: Shape.MEMORY, Category.FREE: Shape.MEMORY, Category.SYNC: Shape.SYNC,
-    Category.DEVICE: Shape.DEVICE,
+    Category.DEVICE: Shape.DEVICE, Category.NAME: Shape.HANDLE,
 }
 
 # What the 64-bit `detail` of an in-kernel rollup key (and of a span rollup) holds, by
@@ -51,6 +53,7 @@ ROLLUP_DETAIL = {
     Category.LAUNCH: "kernel function", Category.GRAPH: "graph exec",
     Category.MEMCPY: "direction (cudaMemcpyKind)", Category.ALLOC: "pointer",
     Category.FREE: "pointer", Category.SYNC: "none (0)", Category.DEVICE: "device ordinal",
+    Category.NAME: "never rolled up: always sent (once per kernel)",
 }
 
 # cudaMemcpyKind, as the runtime numbers it.
@@ -82,8 +85,8 @@ def _row(id_, name, category, symbols, entry, ret=None, library=RUNTIME, const="
     return CallSpec(id_, name, category, library, tuple(symbols), entry, ret, const)
 
 
-L, G, M, A, F, S, D = (Category.LAUNCH, Category.GRAPH, Category.MEMCPY, Category.ALLOC,
-                       Category.FREE, Category.SYNC, Category.DEVICE)
+L, G, M, A, F, S, D, N = (Category.LAUNCH, Category.GRAPH, Category.MEMCPY, Category.ALLOC,
+                          Category.FREE, Category.SYNC, Category.DEVICE, Category.NAME)
 CALLS: tuple[CallSpec, ...] = (
     _row(1, "cudaLaunchKernel", L, ["cudaLaunchKernel", "cudaLaunchKernel_ptsz"], "cuda_launch_kernel",
          const="LAUNCH_KERNEL"),
@@ -109,8 +112,22 @@ CALLS: tuple[CallSpec, ...] = (
     _row(13, "cudaSetDevice", D, ["cudaSetDevice"], "cuda_set_device", const="SET_DEVICE"),
     _row(14, "cudaMemcpy2DAsync", M, ["cudaMemcpy2DAsync", "cudaMemcpy2DAsync_ptsz"],
          "cuda_memcpy_2d_async", const="MEMCPY_2D_ASYNC"),
+    # Kernel handles and what they name (launches of a handle are named through them;
+    # __cudaLaunchKernel(_ptsz), the CUDA 13 <<<>>> launch, jumps into cudaLaunchKernel).
+    _row(15, "cuModuleGetFunction", N, ["cuModuleGetFunction"], "cu_module_get_function",
+         "cu_module_get_function_return", library=DRIVER, const="CU_MODULE_GET_FUNCTION"),
+    _row(16, "cuLibraryGetKernel", N, ["cuLibraryGetKernel"], "cu_library_get_kernel",
+         "cu_library_get_kernel_return", library=DRIVER, const="CU_LIBRARY_GET_KERNEL"),
+    _row(17, "cuKernelGetFunction", N, ["cuKernelGetFunction"], "cu_kernel_get_function",
+         "cu_kernel_get_function_return", library=DRIVER, const="CU_KERNEL_GET_FUNCTION"),
+    _row(18, "__cudaGetKernel", N, ["__cudaGetKernel"], "cuda_get_kernel_internal",
+         "cuda_get_kernel_internal_return", const="CUDA_GET_KERNEL_INTERNAL"),
+    _row(19, "cudaGetKernel", N, ["cudaGetKernel"], "cuda_get_kernel", "cuda_get_kernel_return",
+         const="CUDA_GET_KERNEL"),
+    _row(20, "cudaLibraryGetKernel", N, ["cudaLibraryGetKernel"], "cuda_library_get_kernel",
+         "cuda_library_get_kernel_return", const="CUDA_LIBRARY_GET_KERNEL"),
 )
-del L, G, M, A, F, S, D
+del L, G, M, A, F, S, D, N
 
 BY_ID: dict[int, CallSpec] = {c.id: c for c in CALLS}
 BY_NAME: dict[str, CallSpec] = {c.name: c for c in CALLS}

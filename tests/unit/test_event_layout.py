@@ -16,7 +16,7 @@ from otel_gpu.probes import table
 ROOT = Path(__file__).resolve().parents[2]
 HEADER = ROOT / "bpf" / "events.h"
 PROBES = ROOT / "bpf" / "cuda_probes.c"
-MACROS = ("HTTP_DATA_CAP", "HTTP_TAIL_CAP", "CALL_MAX")
+MACROS = ("HTTP_DATA_CAP", "HTTP_TAIL_CAP", "KERNEL_NAME_CAP", "CALL_MAX")
 GCC = shutil.which("gcc")
 
 
@@ -176,6 +176,8 @@ def test_caps_match(c_layout):
     assert values["HTTP_DATA_CAP"] == abi.HTTP_DATA_CAP
     assert values["HTTP_TAIL_CAP"] == abi.HTTP_TAIL_CAP
     assert abi.SockIoEvent.data.size == abi.HTTP_DATA_CAP and abi.SockIoEvent.tail.size == abi.HTTP_TAIL_CAP
+    assert values["KERNEL_NAME_CAP"] == abi.KERNEL_NAME_CAP == abi.KernelHandleEvent.name.size
+    assert abi.KERNEL_NAME_CAP & (abi.KERNEL_NAME_CAP - 1) == 0  # the probe masks lengths with CAP - 1
 
 
 def test_padding_warning_is_effective(tmp_path):

@@ -1,7 +1,9 @@
 /* A stand-in libcuda (no real driver exists without a GPU) exporting the driver
  * launch entry points with their real signatures, so the driver-API probes can be
- * tested. Named as a stub; it does nothing and returns CUDA_SUCCESS. */
-#include <stddef.h>
+ * tested. Named as a stub; it does nothing and returns CUDA_SUCCESS. The calls that
+ * hand out kernel handles give opaque heap addresses, as the real driver does. */
+#include <stdlib.h>
+#include <string.h>
 
 typedef struct {
     unsigned gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes;
@@ -28,3 +30,20 @@ int stub_runtime_then_driver(runtime_launch_fn launch, const void *func, dim3 gr
     launch(func, grid, block, NULL, shmem, NULL);
     return cuLaunchKernel((void *)func, grid.x, grid.y, grid.z, block.x, block.y, block.z, shmem, NULL, NULL, NULL);
 }
+
+/* Handles: fresh heap blocks (no symbol names them). Names starting with "missing"
+ * are not found, as for a kernel the module lacks: CUDA_ERROR_NOT_FOUND, *out untouched. */
+#define CUDA_ERROR_NOT_FOUND 500
+
+static int hand_out(void **out, const char *name) {
+    if (name && strncmp(name, "missing", 7) == 0)
+        return CUDA_ERROR_NOT_FOUND;
+    *out = malloc(16);
+    return 0;
+}
+
+int cuModuleGetFunction(void **hfunc, void *hmod, const char *name) { return hand_out(hfunc, name); }
+
+int cuLibraryGetKernel(void **pKernel, void *library, const char *name) { return hand_out(pKernel, name); }
+
+int cuKernelGetFunction(void **pFunc, void *kernel) { return hand_out(pFunc, NULL); }

@@ -6,7 +6,8 @@ from otel_gpu.probes.table import (BY_ID, CALLS, CUDA_PROBES, DRIVER, ROLLUP_DET
                                    Category, c_defines, call_name, rows_for)
 
 RECORD_OF_SHAPE = {"launch": records.LaunchCall, "memcpy": records.MemcpyCall, "memory": records.MemoryCall,
-                   "sync": records.SyncCall, "graph": records.GraphCall, "device": records.DeviceCall}
+                   "sync": records.SyncCall, "graph": records.GraphCall, "device": records.DeviceCall,
+                   "handle": records.KernelHandle}
 
 
 def test_ids_names_and_constants_are_unique():
@@ -26,7 +27,9 @@ def test_each_row_names_its_api_symbol_and_library():
     for c in CALLS:
         assert c.name in c.symbols and all(s.startswith(c.name) for s in c.symbols)
         assert c.library == (DRIVER if c.name.startswith("cu") and not c.name.startswith("cuda") else RUNTIME)
-        assert c.entry and (c.ret is None or c.ret == "cuda_call_return")
+        # A handle's call reads its out-parameter at return, in a return handler of its own.
+        want_ret = f"{c.entry}_return" if c.category is Category.NAME else "cuda_call_return"
+        assert c.entry and (c.ret is None or c.ret == want_ret)
 
 
 def test_probe_rows_are_derived_one_per_symbol():

@@ -1,0 +1,175 @@
+"""Kernel names for every launch path, with the real probes in the real kernel: a
+child process calls the handle-giving entry points of stub libraries (a stub
+libcuda.so.1, a stub CUDA 13 runtime handing out opaque cudaKernel_t handles, as on a
+GPU) and of the real libcudart 13.0 where it exists, then launches by handle. What
+the probes send goes through the collector's own decoder and namer (KernelNames,
+symbolising the live child), and each launch must come out with its kernel's name."""
+from __future__ import annotations
+
+import ctypes as ct
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from otel_gpu.pipeline.records import KernelHandle, LaunchCall
+from otel_gpu.pipeline.symbols import KernelNames
+from otel_gpu.probes.table import DRIVER, RUNTIME, call_id
+from tests.bpf.probe_harness import Child, Probes
+from tests.harness import TARGETS
+
+CUDART13 = Path("/usr/local/cuda-13.0/lib/libcudart.so.13")
+
+# The child: loads the libraries named on its command line, then runs one named
+# batch of calls per stdin line and prints the handles and return codes as JSON.
+CHILD = r'''
+import ctypes as ct, json, sys
+drv = ct.CDLL(sys.argv[1])
+rt = ct.CDLL(sys.argv[2])
+vp, u, size_t = ct.c_void_p, ct.c_uint, ct.c_size_t
+class Dim3(ct.Structure):
+    _fields_ = [("x", u), ("y", u), ("z", u)]
+drv.cuLaunchKernel.argtypes = [vp, u, u, u, u, u, u, u, vp, vp, vp]
+for name in ("cuModuleGetFunction", "cuLibraryGetKernel"):
+    getattr(drv, name).argtypes = [ct.POINTER(vp), vp, ct.c_char_p]
+drv.cuKernelGetFunction.argtypes = [ct.POINTER(vp), vp]
+for name in ("__cudaLaunchKernel", "__cudaLaunchKernel_ptsz"):
+    getattr(rt, name).argtypes = [vp, Dim3, Dim3, vp, size_t, vp]
+for name in ("__cudaGetKernel", "cudaGetKernel"):
+    if hasattr(rt, name):
+        getattr(rt, name).argtypes = [ct.POINTER(vp), vp]
+
+def get(fn, *args):
+    h = vp(0)
+    ret = fn(ct.byref(h), *args)
+    return ret, h.value or 0
+
+def launch(h, grid):
+    return drv.cuLaunchKernel(h, grid, 1, 1, 32, 1, 1, 0, None, None, None)
+
+def driver():
+    r = {}
+    r["module_ret"], r["function"] = get(drv.cuModuleGetFunction, 0x10, b"_Z9my_kernelPf")
+    r["library_ret"], r["kernel"] = get(drv.cuLibraryGetKernel, 0x20, b"triton_poi_fused_add_0")
+    r["kfunc_ret"], r["kernel_function"] = get(drv.cuKernelGetFunction, vp(r["kernel"]))
+    r["missing_ret"], r["missing"] = get(drv.cuModuleGetFunction, 0x10, b"missing_kernel")
+    r["unknown"] = 0x7f0000abc000  # a handle no probed call handed out
+    for i, key in enumerate(("function", "kernel", "kernel_function", "unknown")):
+        launch(r[key], i + 1)  # grid.x tells the launches apart
+    return r
+
+def runtime():
+    """The CUDA 13 <<<>>> path: a handle for the host stub once, then launches by handle."""
+    stub = ct.cast(rt._Z7vec_addPfi, vp).value if hasattr(rt, "_Z7vec_addPfi") else ct.cast(drv.cuLaunchKernel, vp).value
+    r = {"stub": stub}
+    r["get_ret"], r["handle"] = get(getattr(rt, "__cudaGetKernel"), vp(stub))
+    r["launch_ret"] = getattr(rt, "__cudaLaunchKernel")(vp(r["handle"]), Dim3(5, 1, 1), Dim3(64, 1, 1), None, 0, None)
+    r["ptsz_ret"] = getattr(rt, "__cudaLaunchKernel_ptsz")(vp(r["handle"]), Dim3(6, 1, 1), Dim3(64, 1, 1), None, 0, None)
+    if hasattr(rt, "cudaGetKernel"):
+        r["public_ret"], r["public_handle"] = get(rt.cudaGetKernel, vp(stub))
+    return r
+
+print(json.dumps({"ready": True}), flush=True)
+for line in sys.stdin:
+    print(json.dumps(globals()[line.strip()]()), flush=True)
+'''
+
+
+def _build(tmp_path: Path, source: str, name: str) -> str:
+    out = tmp_path / name
+    subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(out), str(TARGETS / source)], check=True)
+    return str(out)
+
+
+@pytest.fixture(scope="module")
+def probes():
+    p = Probes()
+    yield p
+    p.bpf.cleanup()
+
+
+@pytest.fixture
+def child(probes, tmp_path):
+    made = []
+
+    def start(cudart: str) -> Child:
+        drv = _build(tmp_path, "stub_libcuda.c", "libcuda.so.1")
+        c = Child([sys.executable, "-c", CHILD, drv, cudart])
+        made.append(c)
+        assert probes.attach(DRIVER, drv, c.pid) >= 4  # cuLaunchKernel(Ex) and the three handle calls
+        probes.attach(RUNTIME, cudart, c.pid)
+        probes.set("http_active", c.pid, ct.c_int64(1))  # launches stream as during a request
+        return c
+    yield start
+    for c in made:
+        c.stop()
+
+
+def _records(probes: Probes, pid: int):
+    got = probes.of(pid)
+    return [r for r in got if isinstance(r, KernelHandle)], [r for r in got if isinstance(r, LaunchCall)]
+
+
+def _named(pid: int, handles, launches) -> dict:
+    """grid.x -> the name the collector's namer gives each launch."""
+    names = KernelNames()
+    for h in handles:
+        names.learn(h)
+    try:
+        return {launch.grid[0]: names(pid, launch.func) for launch in launches}
+    finally:
+        names.forget(pid)
+
+
+def test_driver_handles_are_named_through_the_calls_that_handed_them_out(probes, child, tmp_path):
+    c = child(_build(tmp_path, "stub_cudart13.c", "libcudart.so.13"))
+    r = c.run("driver")
+    assert r["module_ret"] == r["library_ret"] == r["kfunc_ret"] == 0 and r["missing_ret"] == 500
+    handles, launches = _records(probes, c.pid)
+    by_call = {(h.call, h.handle): h for h in handles}
+    fn = by_call[(call_id("cuModuleGetFunction"), r["function"])]
+    assert (fn.name, fn.source, fn.ret, fn.cut, fn.unreadable) == ("_Z9my_kernelPf", 0, 0, False, False)
+    assert by_call[(call_id("cuLibraryGetKernel"), r["kernel"])].name == "triton_poi_fused_add_0"
+    kf = by_call[(call_id("cuKernelGetFunction"), r["kernel_function"])]
+    assert (kf.source, kf.name) == (r["kernel"], None)
+    missing = [h for h in handles if h.ret == 500]
+    assert len(missing) == 1 and missing[0].name == "missing_kernel"  # sent, and learns nothing
+    assert [x.func for x in launches] == [r["function"], r["kernel"], r["kernel_function"], r["unknown"]]
+    assert _named(c.pid, handles, launches) == {
+        1: "my_kernel(float*)",             # CUfunction from cuModuleGetFunction, demangled
+        2: "triton_poi_fused_add_0",        # a CUkernel passed straight to cuLaunchKernel
+        3: "triton_poi_fused_add_0",        # CUfunction <- cuKernelGetFunction <- CUkernel
+        4: None,                            # unknown: spans keep 0x7f0000abc000
+    }
+
+
+def test_cuda13_opaque_handles_are_named_by_their_host_stub(probes, child, tmp_path):
+    c = child(_build(tmp_path, "stub_cudart13.c", "libcudart.so.13"))
+    r = c.run("runtime")
+    assert r["get_ret"] == 0 and r["handle"] not in (0, r["stub"])  # opaque, as on a GPU
+    handles, launches = _records(probes, c.pid)
+    got = [h for h in handles if h.call == call_id("__cudaGetKernel")]
+    assert [(h.handle, h.source, h.name) for h in got] == [(r["handle"], r["stub"], None)]
+    # __cudaLaunchKernel(_ptsz) reach the exported cudaLaunchKernel: one launch each.
+    assert [(x.call, x.func, x.grid[0]) for x in launches] == [
+        (call_id("cudaLaunchKernel"), r["handle"], 5), (call_id("cudaLaunchKernel"), r["handle"], 6)]
+    assert _named(c.pid, handles, launches) == {5: "vec_add(float*, int)", 6: "vec_add(float*, int)"}
+    assert _named(c.pid, [], launches) == {5: None, 6: None}  # without the handle: 0x... (the issue)
+
+
+@pytest.mark.skipif(not CUDART13.exists(), reason="no CUDA 13 toolkit at /usr/local/cuda-13.0")
+def test_real_cudart13_without_a_gpu(probes, child):
+    """The real libcudart 13.0, no driver: __cudaGetKernel writes the host stub to the
+    handle, then fails (35, insufficient driver); the launch reaches cudaLaunchKernel
+    with the host stub, which names itself. Nothing wrong is learned from the failure."""
+    c = child(str(CUDART13))
+    r = c.run("runtime")
+    assert r["get_ret"] == 35 and r["handle"] == r["stub"]
+    assert r["launch_ret"] == 35 and r["public_ret"] == 35
+    handles, launches = _records(probes, c.pid)
+    assert {(h.call, h.ret, h.handle, h.source) for h in handles} >= {
+        (call_id("__cudaGetKernel"), 35, r["stub"], r["stub"])}
+    assert [(x.call, x.func) for x in launches][:2] == [(call_id("cudaLaunchKernel"), r["stub"])] * 2
+    named = _named(c.pid, handles, launches)
+    assert named[5] == named[6] and named[5] and named[5].startswith("cuLaunchKernel")
