@@ -17,7 +17,7 @@ from otel_gpu.pipeline.records import KernelHandle, LaunchCall
 from otel_gpu.pipeline.symbols import KernelNames
 from otel_gpu.probes.table import DRIVER, RUNTIME, call_id
 from tests.bpf.probe_harness import Child, Probes
-from tests.harness import TARGETS
+from tests.harness import TARGETS, Target, children_of, server_spans
 
 CUDART13 = Path("/usr/local/cuda-13.0/lib/libcudart.so.13")
 
@@ -61,11 +61,14 @@ def driver():
 
 def runtime():
     """The CUDA 13 <<<>>> path: a handle for the host stub once, then launches by handle."""
-    stub = ct.cast(rt._Z7vec_addPfi, vp).value if hasattr(rt, "_Z7vec_addPfi") else ct.cast(drv.cuLaunchKernel, vp).value
+    # The stub runtime has nvcc's host stub for vec_add; the real one has none: any code stands in.
+    host = rt._Z7vec_addPfi if hasattr(rt, "_Z7vec_addPfi") else drv.cuLaunchKernel
+    stub = ct.cast(host, vp).value
     r = {"stub": stub}
     r["get_ret"], r["handle"] = get(getattr(rt, "__cudaGetKernel"), vp(stub))
-    r["launch_ret"] = getattr(rt, "__cudaLaunchKernel")(vp(r["handle"]), Dim3(5, 1, 1), Dim3(64, 1, 1), None, 0, None)
-    r["ptsz_ret"] = getattr(rt, "__cudaLaunchKernel_ptsz")(vp(r["handle"]), Dim3(6, 1, 1), Dim3(64, 1, 1), None, 0, None)
+    h = vp(r["handle"])
+    r["launch_ret"] = getattr(rt, "__cudaLaunchKernel")(h, Dim3(5, 1, 1), Dim3(64, 1, 1), None, 0, None)
+    r["ptsz_ret"] = getattr(rt, "__cudaLaunchKernel_ptsz")(h, Dim3(6, 1, 1), Dim3(64, 1, 1), None, 0, None)
     if hasattr(rt, "cudaGetKernel"):
         r["public_ret"], r["public_handle"] = get(rt.cudaGetKernel, vp(stub))
     return r
@@ -173,3 +176,28 @@ def test_real_cudart13_without_a_gpu(probes, child):
     assert [(x.call, x.func) for x in launches][:2] == [(call_id("cudaLaunchKernel"), r["stub"])] * 2
     named = _named(c.pid, handles, launches)
     assert named[5] == named[6] and named[5] and named[5].startswith("cuLaunchKernel")
+
+
+def test_the_collector_names_handle_launches_in_spans(tmp_path, receiver, start_collector):
+    """End to end: `otel-gpu run` discovers the stub libraries, learns the handles
+    and names each launch's span; the unknown handle keeps its honest 0x... only."""
+    env = {"STUB_LIBCUDA": _build(tmp_path, "stub_libcuda.c", "libcuda.so.1"),
+           "STUB_CUDART13": _build(tmp_path, "stub_cudart13.c", "libcudart.so.13")}
+    collector = start_collector()
+    target = Target([sys.executable, str(TARGETS / "handle_http.py")], env)
+    try:
+        collector.wait_traced(target.pid)
+        assert collector.log.wait_for("libcuda.so.1", 10), "stub libcuda not probed"
+        target.go()
+        target.get("/launch")
+        assert receiver.wait_for(lambda s: any(x.attributes.get("http.route") == "/launch"
+                                               for x in server_spans(s, target.pid)))
+        span = next(x for x in server_spans(receiver.spans, target.pid) if x.attributes.get("http.route") == "/launch")
+        kids = {k.attributes["gpu.grid"][0]: k for k in children_of(receiver.spans, span)}
+        assert {g: k.attributes.get("gpu.kernel.name") for g, k in kids.items()} == {
+            1: "my_kernel(float*)", 2: "triton_poi_fused_add_0", 3: "triton_poi_fused_add_0", 4: None,
+            5: "vec_add(float*, int)"}, collector.log.lines
+        assert kids[4].attributes["gpu.kernel.func"] == hex(0x7F0000ABC000)
+        assert [kids[g].name for g in range(1, 6)] == ["cuLaunchKernel"] * 4 + ["cudaLaunchKernel"]
+    finally:
+        target.stop()
