@@ -161,18 +161,26 @@ def test_cuda13_opaque_handles_are_named_by_their_host_stub(probes, child, tmp_p
     assert _named(c.pid, [], launches) == {5: None, 6: None}  # without the handle: 0x... (the issue)
 
 
-@pytest.mark.skipif(not CUDART13.exists(), reason="no CUDA 13 toolkit at /usr/local/cuda-13.0")
-def test_real_cudart13_without_a_gpu(probes, child):
-    """The real libcudart 13.0, no driver: __cudaGetKernel writes the host stub to the
-    handle, then fails (35, insufficient driver); the launch reaches cudaLaunchKernel
-    with the host stub, which names itself. Nothing wrong is learned from the failure."""
-    c = child(str(CUDART13))
+def _real_cudarts() -> list:
+    from otel_gpu.demo.cuda_work import find_cudart
+    return [pytest.param(str(CUDART13), 35, id="cuda13",
+                         marks=pytest.mark.skipif(not CUDART13.exists(), reason="no CUDA 13 toolkit")),
+            pytest.param(find_cudart(), 0, id="wheel")]
+
+
+@pytest.mark.parametrize("cudart,get_ret", _real_cudarts())
+def test_real_cudart_without_a_gpu(probes, child, cudart, get_ret):
+    """The real libcudart, no driver: __cudaGetKernel writes the host stub to the handle
+    (13.0 then fails with 35, insufficient driver; the 12.x wheel returns 0: its handle
+    is the host stub); the launch reaches cudaLaunchKernel with the host stub, which
+    names itself. Nothing wrong is learned from either."""
+    c = child(cudart)
     r = c.run("runtime")
-    assert r["get_ret"] == 35 and r["handle"] == r["stub"]
+    assert r["get_ret"] == get_ret and r["handle"] == r["stub"]
     assert r["launch_ret"] == 35 and r["public_ret"] == 35
     handles, launches = _records(probes, c.pid)
     assert {(h.call, h.ret, h.handle, h.source) for h in handles} >= {
-        (call_id("__cudaGetKernel"), 35, r["stub"], r["stub"])}
+        (call_id("__cudaGetKernel"), get_ret, r["stub"], r["stub"])}
     assert [(x.call, x.func) for x in launches][:2] == [(call_id("cudaLaunchKernel"), r["stub"])] * 2
     named = _named(c.pid, handles, launches)
     assert named[5] == named[6] and named[5] and named[5].startswith("cuLaunchKernel")
