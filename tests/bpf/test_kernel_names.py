@@ -50,6 +50,8 @@ def launch(h, grid):
 
 def driver():
     r = {}
+    # First an unreadable name: its record says so, and the next ones must not inherit it.
+    r["bad_ret"], _ = get(drv.cuModuleGetFunction, 0x10, ct.cast(0x10, ct.c_char_p))
     r["module_ret"], r["function"] = get(drv.cuModuleGetFunction, 0x10, b"_Z9my_kernelPf")
     r["library_ret"], r["kernel"] = get(drv.cuLibraryGetKernel, 0x20, b"triton_poi_fused_add_0")
     r["kfunc_ret"], r["kernel_function"] = get(drv.cuKernelGetFunction, vp(r["kernel"]))
@@ -136,6 +138,9 @@ def test_driver_handles_are_named_through_the_calls_that_handed_them_out(probes,
     assert by_call[(call_id("cuLibraryGetKernel"), r["kernel"])].name == "triton_poi_fused_add_0"
     kf = by_call[(call_id("cuKernelGetFunction"), r["kernel_function"])]
     assert (kf.source, kf.name) == (r["kernel"], None)
+    bad = [h for h in handles if h.ret == 1]
+    assert r["bad_ret"] == 1 and len(bad) == 1 and bad[0].unreadable and bad[0].name is None
+    assert [h.unreadable for h in handles if h.ret != 1] == [False] * 4
     missing = [h for h in handles if h.ret == 500]
     assert len(missing) == 1 and missing[0].name == "missing_kernel"  # sent, and learns nothing
     assert [x.func for x in launches] == [r["function"], r["kernel"], r["kernel_function"], r["unknown"]]

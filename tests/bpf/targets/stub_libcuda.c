@@ -36,6 +36,8 @@ int stub_runtime_then_driver(runtime_launch_fn launch, const void *func, dim3 gr
 #define CUDA_ERROR_NOT_FOUND 500
 
 static int hand_out(void **out, const char *name) {
+    if (name && (unsigned long)name < 4096)
+        return 1; /* CUDA_ERROR_INVALID_VALUE: a name pointer no one can read */
     if (name && strncmp(name, "missing", 7) == 0)
         return CUDA_ERROR_NOT_FOUND;
     *out = malloc(16);
