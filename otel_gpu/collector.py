@@ -148,7 +148,15 @@ class Collector:
                                                  ringbuf_pages=self.config.ringbuf_pages,
                                                  max_conns=self.config.max_connections), self.stats)
         self._scan()
-        log.info("ready: %s (%.1f s); spans to %s", self.program.describe(), time.monotonic() - t0,
+        # Still `ready` first (the health file and tests wait for it), but never silently
+        # without a launch probe: its processes' kernels would all go uncounted.
+        missing = self.program.missing_launches()
+        for symbol, path, error in missing:
+            log.warning("%s not attached in %s: %s; launches through it are not counted until a "
+                        "retry attaches it", symbol, path, error)
+        degraded = "; ".join(f"{s} not attached in {p}: {e}" for s, p, e in missing)
+        log.info("ready%s: %s (%.1f s); spans to %s", f" (DEGRADED: {degraded})" if missing else "",
+                 self.program.describe(), time.monotonic() - t0,
                  ", ".join(self.wiring.destinations.names) or "nowhere")
         if self.config.health_file:
             Path(self.config.health_file).write_text("ready\n")
@@ -262,7 +270,8 @@ class Collector:
                 self._scan()
                 next_scan = now + self.config.scan_interval_s
             if now >= next_flush:
-                self._push(self.program.read_rollups() + self._connections() + [Tick(time.monotonic_ns())])
+                self._push(self.program.read_rollups() + self._connections()
+                           + [self.program.probe_counts(), Tick(time.monotonic_ns())])
                 next_flush = now + self.config.flush_interval_s
             if self.state_requested.is_set():
                 self.state_requested.clear()

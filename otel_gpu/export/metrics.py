@@ -21,7 +21,8 @@ from .. import semconv as sc
 from ..pipeline.model import ATTRIBUTIONS, ProcessWindow, Request
 from ..pipeline.records import ProcessGone
 from ..pipeline.route_cap import MAX_SERVICES
-from ..probes.table import BY_ID, MEMCPY_DIRECTIONS, Category
+from ..probes.attacher import ProbeCounts
+from ..probes.table import BY_ID, CUDA_PROBES, MEMCPY_DIRECTIONS, PYTHON_PROBES, Category
 from ..ratelimit import Stats
 from .bounded import call_by, remaining_ms
 from .metric_values import INT64_MAX, CappedCounter, GuardedExporter, clamp_call_bytes
@@ -30,6 +31,8 @@ log = logging.getLogger(__name__)
 OTHER = "other"
 OUTSIDE_FEATURE = "(outside)"  # the feature of a process's GPU time outside requests
 HISTOGRAM_SAMPLE = 64  # calls per request recorded in the grid/block/sync histograms
+PROBE_FUNCTION = "otel_gpu.probe.function"  # label of the probe gauges: a symbol of the probe table
+PROBE_SYMBOLS = frozenset(r.symbol for r in CUDA_PROBES + PYTHON_PROBES)  # bounds its values
 
 
 def make_readers(config, stats: Optional[Stats] = None, interval_ms: int = 10_000) -> list:
@@ -59,6 +62,8 @@ class GpuMetrics:
         self._services: dict[int, str] = {}          # pid -> service.name, while it has live memory
         self._service_names: set[str] = set()        # label values so far: MAX_SERVICES, then OTHER
         self._attributed = dict.fromkeys(ATTRIBUTIONS, 0)
+        self._probes = ProbeCounts({}, {})  # the latest, from the collector at each flush
+        self._probe_symbols: set[str] = set()  # every one seen: a failure that heals reports 0
         self.provider = MeterProvider(metric_readers=readers, resource=Resource.create(
             {sc.SERVICE_NAME: service_name}))
         m = self.provider.get_meter("otel-gpu", __version__)
@@ -84,6 +89,13 @@ class GpuMetrics:
             "What the collector dropped, folded or clamped, by reason: the counters of its stopped: line")
         m.create_observable_gauge("gpu.memory.allocated", [self._observe_live], "By",
                                   "Live bytes from cudaMalloc not yet freed")
+        m.create_observable_gauge(
+            "otel_gpu.probes.attached", [lambda _o: self._observe_probes(self._probes.attached)], "{file}",
+            "Files (or file and process pairs) each probed function is attached to")
+        m.create_observable_gauge(
+            "otel_gpu.probes.failed", [lambda _o: self._observe_probes(self._probes.failed)], "{file}",
+            "Files (or file and process pairs) where a function's probe failed to attach and is not "
+            "attached now (retried with backoff)")
 
     def process(self, records: list) -> list:
         for r in records:
@@ -95,6 +107,10 @@ class GpuMetrics:
             elif isinstance(r, ProcessGone):
                 self._live.pop(r.tgid, None)
                 self._services.pop(r.tgid, None)
+            elif isinstance(r, ProbeCounts):
+                self._probes = r
+                # rebound, not updated: the readers' thread iterates it
+                self._probe_symbols = self._probe_symbols | ((r.attached.keys() | r.failed.keys()) & PROBE_SYMBOLS)
         return records
 
     def _request(self, r: Request) -> None:
@@ -184,6 +200,10 @@ class GpuMetrics:
         for reason, n in self.stats.snapshot().items():
             if reason != "requests_finished":
                 yield Observation(n, {"otel_gpu.reason": reason})
+
+    def _observe_probes(self, counts: dict):
+        for symbol in sorted(self._probe_symbols):
+            yield Observation(counts.get(symbol, 0), {PROBE_FUNCTION: symbol})
 
     def _observe_live(self, _options):
         for pid, ptrs in list(self._live.items()):

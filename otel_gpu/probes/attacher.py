@@ -1,24 +1,41 @@
 """Attaches the CUDA (and Python-context) probe table to each discovered file: once
 per file for every process that maps it, or, with --pid/--exe, once per file and
 selected process (bcc's pid: a per-process perf uprobe, so the kernel plants no
-breakpoint in other processes mapping the file and they never trap). Detaches a
-process's own probes when it goes, and everything on shutdown."""
+breakpoint in other processes mapping the file and they never trap). A probe that
+fails to attach (a transient error, another tool's incompatible registration on the
+same function) is tried again at later scans, with backoff, until it attaches or
+RETRY_TRIES are spent. Detaches a process's own probes when it goes, and everything
+on shutdown."""
 from __future__ import annotations
 
 import logging
 import os
 import resource
+import time
 from collections import Counter
-from dataclasses import dataclass
-from typing import Optional
+from dataclasses import dataclass, field
+from typing import Callable, Optional
 
 from .closer import ProbeCloser
 from .discovery import ProbeTarget
-from .table import rows_for
+from .table import CALLS, Category, UprobeRow, rows_for
 
 log = logging.getLogger(__name__)
 
 FD_HEADROOM = 256  # descriptors kept for sockets and files when sizing the probe limit
+# A failed probe is tried again RETRY_FIRST_S after, the wait doubling up to RETRY_MAX_S,
+# RETRY_TRIES times (~6 minutes in all); then it stays failed, counted and logged.
+RETRY_FIRST_S, RETRY_MAX_S, RETRY_TRIES = 1.0, 60.0, 10
+# Without these a process's kernels go uncounted: `ready` says so (collector.start).
+LAUNCH_SYMBOLS = frozenset(s for c in CALLS if c.category is Category.LAUNCH for s in c.symbols)
+
+
+@dataclass
+class Failure:
+    row: UprobeRow
+    error: str
+    retries: int = 0      # attempts after the first
+    next_at: float = 0.0  # time.monotonic() of the next attempt; inf: given up
 
 
 @dataclass
@@ -26,57 +43,127 @@ class Attached:
     target: ProbeTarget
     events: list   # bcc's event names (keys of bpf.uprobe_fds), one per probe
     symbols: list  # rows attached, for by_symbol
+    failures: dict = field(default_factory=dict)  # symbol -> Failure, while it is not attached
+
+
+@dataclass(frozen=True)
+class ProbeCounts:
+    """A pipeline record (pushed at each flush) for the metrics stage: by function, how
+    many files (or file and process pairs) it is attached to, and how many it failed on."""
+    attached: dict
+    failed: dict
 
 
 class Attacher:
-    def __init__(self, bpf, stats, closer=None) -> None:
+    def __init__(self, bpf, stats, closer=None, clock: Callable[[], float] = time.monotonic) -> None:
         self.bpf = bpf
         self.stats = stats
+        self.clock = clock
         self.closer = closer or ProbeCloser(bpf, stats)  # detaches off the loop (~0.1 s a probe)
         # (file key, pid or None for every process) -> what is attached there
         self.attached: dict[tuple, Attached] = {}
         self.probe_count = 0
         _raise_probe_limits()
-        # By function, for `otel-gpu status`: files each is attached to; failed attaches.
+        # By function, for `otel-gpu status` and the probe metrics: files (or file and
+        # process pairs) each is attached to; those it failed on and is not attached to now.
         self.by_symbol: Counter[str] = Counter()
         self.failed: Counter[str] = Counter()
 
     def attach(self, target: ProbeTarget, pid: Optional[int] = None) -> int:
         """Attaches every row that the file defines, for every process mapping it
-        (pid None) or for process `pid` only; returns how many probes."""
-        if (target.key, pid) in self.attached:
-            return 0
-        before = set(self.bpf.uprobe_fds)
-        symbols, failures = [], []
+        (pid None) or for process `pid` only; returns how many probes. Called again
+        for a file already probed, it retries the rows that failed there, when due."""
+        known = self.attached.get((target.key, pid))
+        if known is not None:
+            return self._retry(known, pid) if known.failures else 0
+        events, symbols, failures = [], [], []
         for row in rows_for(target.kind):
-            try:
-                self.bpf.attach_uprobe(name=target.path.encode(), sym=row.symbol.encode(),
-                                       fn_name=row.entry.encode(), pid=-1 if pid is None else pid)
-                if row.ret:
-                    self.bpf.attach_uretprobe(name=target.path.encode(), sym=row.symbol.encode(),
-                                              fn_name=row.ret.encode(), pid=-1 if pid is None else pid)
+            new, error = self._attach_row(target, row, pid)
+            events += new
+            if error is None:
                 symbols.append(row.symbol)
-            except Exception as e:
-                if "could not determine address" in str(e):  # absent in this build: normal for _ptsz
-                    log.debug("no %s in %s", row.symbol, target.path)
-                else:
-                    failures.append((row, e))
-        events = [ev for ev in self.bpf.uprobe_fds if ev not in before]
+            elif "could not determine address" in error:  # absent in this build: normal for _ptsz
+                log.debug("no %s in %s", row.symbol, target.path)
+            else:
+                failures.append((row, error))
         if pid is not None and not os.path.exists(target.path):  # the process left meanwhile: not a failure
             self._detach_events(events)
             log.debug("pid %d exited while its probes were attached", pid)
             return 0
-        for row, e in failures:
+        a = self.attached[(target.key, pid)] = Attached(target, events, symbols)
+        now = self.clock()
+        for row, error in failures:
             self.failed[row.symbol] += 1
             self.stats.add("probe_attach_failed")
-            log.warning("cannot attach %s to %s in %s%s: %s", row.entry, row.symbol, target.path,
-                        "" if pid is None else f" for pid {pid}", e)
-        self.attached[(target.key, pid)] = Attached(target, events, symbols)
+            a.failures[row.symbol] = Failure(row, error, next_at=now + RETRY_FIRST_S)
+            log.warning("cannot attach %s to %s in %s%s: %s (retrying in %.0f s)", row.entry, row.symbol,
+                        target.path, _for(pid), error, RETRY_FIRST_S)
         self.by_symbol.update(symbols)
         self.probe_count += len(events)
         log.info("attached %d CUDA probes to %s%s", len(events), target.path,
                  "" if pid is None else f" for pid {pid} only")
         return len(events)
+
+    def _attach_row(self, target: ProbeTarget, row: UprobeRow, pid: Optional[int]) -> tuple[list, Optional[str]]:
+        """One row's probes, all or none: (bcc events added, None) or ([], the error)."""
+        before = set(self.bpf.uprobe_fds)
+        error = None
+        try:
+            self.bpf.attach_uprobe(name=target.path.encode(), sym=row.symbol.encode(),
+                                   fn_name=row.entry.encode(), pid=-1 if pid is None else pid)
+            if row.ret:
+                self.bpf.attach_uretprobe(name=target.path.encode(), sym=row.symbol.encode(),
+                                          fn_name=row.ret.encode(), pid=-1 if pid is None else pid)
+        except Exception as e:
+            error = str(e) or type(e).__name__
+        events = [ev for ev in self.bpf.uprobe_fds if ev not in before]
+        if error is not None and events:  # the entry attached, its return probe did not
+            self._detach_events(events)
+            events = []
+        return events, error
+
+    def _retry(self, a: Attached, pid: Optional[int]) -> int:
+        """The failed rows of `a` whose backoff is over, tried again; returns probes added."""
+        now, added = self.clock(), 0
+        for symbol, f in list(a.failures.items()):
+            if now < f.next_at:
+                continue
+            if pid is not None and not os.path.exists(a.target.path):  # leaving: detach() follows
+                return added
+            self.stats.add("probe_attach_retried")
+            f.retries += 1
+            events, error = self._attach_row(a.target, f.row, pid)
+            if error is None:
+                del a.failures[symbol]
+                a.events += events
+                a.symbols.append(symbol)
+                self.by_symbol[symbol] += 1
+                self.failed -= Counter({symbol: 1})
+                self.probe_count += len(events)
+                added += len(events)
+                log.info("attached %s to %s in %s%s at retry %d", f.row.entry, symbol, a.target.path,
+                         _for(pid), f.retries)
+                continue
+            self.stats.add("probe_attach_failed")
+            f.error = error
+            if f.retries >= RETRY_TRIES:
+                f.next_at = float("inf")
+                log.warning("giving up on %s in %s%s after %d retries: %s", symbol, a.target.path, _for(pid),
+                            f.retries, error)
+            else:
+                wait = min(RETRY_MAX_S, RETRY_FIRST_S * 2 ** f.retries)
+                f.next_at = now + wait
+                log.info("cannot attach %s to %s in %s%s at retry %d: %s (next in %.0f s)", f.row.entry, symbol,
+                         a.target.path, _for(pid), f.retries, error, wait)
+        return added
+
+    def counts(self) -> ProbeCounts:
+        return ProbeCounts(dict(self.by_symbol), dict(self.failed))
+
+    def missing_launches(self) -> list[tuple[str, str, str]]:
+        """(symbol, file, error) of every launch probe not attached because it failed."""
+        return [(s, a.target.path, f.error) for a in self.attached.values()
+                for s, f in a.failures.items() if s in LAUNCH_SYMBOLS]
 
     def pids(self) -> set:
         """Processes that have probes of their own."""
@@ -93,6 +180,7 @@ class Attacher:
             a = self.attached.pop(key)
             n += self._detach_events(a.events)
             self.by_symbol -= Counter(a.symbols)
+            self.failed -= Counter(a.failures.keys())
             self.probe_count -= len(a.events)
         return n
 
@@ -106,6 +194,10 @@ class Attacher:
         self.attached.clear()
         if not self.closer.wait(timeout):
             log.warning("%d uprobes still closing after %.0f s", self.closer.pending(), timeout)
+
+
+def _for(pid: Optional[int]) -> str:
+    return "" if pid is None else f" for pid {pid}"
 
 
 def _raise_probe_limits() -> None:

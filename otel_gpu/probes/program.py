@@ -74,12 +74,21 @@ class BpfProgram:
 
     # --- probes and processes --------------------------------------------------------
     def attach(self, target: ProbeTarget, pid: Optional[int] = None) -> int:
-        """Probes `target` for every process that maps it, or for `pid` only."""
+        """Probes `target` for every process that maps it, or for `pid` only; again:
+        retries its probes that failed, when their backoff is over."""
         n = self.attacher.attach(target, pid)
         if target.kind == DRIVER and n:
             # Runtime launches now may pass through libcuda: keep the de-dup state.
             self.bpf["driver_probed"][ct.c_int(0)] = ct.c_uint32(1)
         return n
+
+    def probe_counts(self):
+        """A ProbeCounts record for the metrics stage: attached and failed by function."""
+        return self.attacher.counts()
+
+    def missing_launches(self) -> list[tuple[str, str, str]]:
+        """(symbol, file, error) of launch probes that failed to attach (retried at scans)."""
+        return self.attacher.missing_launches()
 
     def probed_pids(self) -> set:
         """Processes with probes of their own (--pid/--exe)."""

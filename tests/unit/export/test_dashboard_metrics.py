@@ -21,6 +21,7 @@ from otel_gpu.export import metrics as metrics_module
 from otel_gpu.export.metrics import GpuMetrics
 from otel_gpu.pipeline.http_parser import RequestHead
 from otel_gpu.pipeline.model import CallSink, ProcessWindow, Request
+from otel_gpu.probes.attacher import ProbeCounts
 from otel_gpu.ratelimit import Stats
 from tests.unit.pipeline.calls import cuda
 
@@ -54,7 +55,8 @@ def _batch():
     outside.sink.add(cuda(pid=PID, tid=9), "outside")
     for w in (ambiguous, outside):
         w.resource, w.gpu_seconds, w.cost = a.resource, 0.002, 0.0001
-    return [a, b, ambiguous, outside]
+    probes = ProbeCounts({"cudaLaunchKernel": 1}, {"cuLaunchKernel": 1})
+    return [a, b, ambiguous, outside, probes]
 
 
 @pytest.fixture(scope="module")

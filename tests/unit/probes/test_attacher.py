@@ -4,7 +4,7 @@ leaves nothing. FakeBpf stands in for bcc's BPF object (no root in this tier; th
 real attach and detach are tests/bpf/test_pid_scoped_probes.py)."""
 from __future__ import annotations
 
-from otel_gpu.probes.attacher import Attacher
+from otel_gpu.probes.attacher import RETRY_MAX_S, RETRY_TRIES, Attacher
 from otel_gpu.probes.discovery import ProbeTarget
 from otel_gpu.probes.table import RUNTIME, rows_for
 from otel_gpu.ratelimit import Stats
@@ -13,14 +13,17 @@ from otel_gpu.ratelimit import Stats
 class FakeBpf:
     """bcc's uprobe_fds bookkeeping: one event name per (path, symbol, kind, pid)."""
 
-    def __init__(self, absent=(), broken=()):
+    def __init__(self, absent=(), broken=(), broken_ret=()):
         self.uprobe_fds: dict[bytes, int] = {}
-        self.absent, self.broken = set(absent), set(broken)
+        self.absent, self.broken, self.broken_ret = set(absent), set(broken), set(broken_ret)
+        self.tries: list[str] = []  # symbols, in attach order, entry probes only
 
     def _attach(self, kind, name, sym, fn_name, pid):
+        if kind == b"p":
+            self.tries.append(sym.decode())
         if sym.decode() in self.absent:
             raise Exception(f"could not determine address of symbol {sym.decode()}")
-        if sym.decode() in self.broken:
+        if sym.decode() in self.broken or (kind == b"r" and sym.decode() in self.broken_ret):
             raise Exception("Failed to attach BPF to uprobe")
         self.uprobe_fds[b"%s_%s_%s_%d" % (kind, name, sym, pid)] = 1
 
@@ -97,3 +100,74 @@ def test_a_process_that_leaves_while_probed_leaves_nothing(tmp_path):
     gone = ProbeTarget(RUNTIME, str(tmp_path / "proc/55/root/libcudart.so.12"), (1, 2))  # path no longer there
     assert a.attach(gone, 55) == 0
     assert bpf.uprobe_fds == {} and a.pids() == set() and stats.snapshot() == {}
+
+
+class Clock:
+    def __init__(self):
+        self.now = 100.0
+
+    def __call__(self):
+        return self.now
+
+
+def test_a_failed_probe_is_retried_with_backoff_and_attaches_when_it_can(tmp_path):
+    bpf, stats, clock = FakeBpf(broken={"cudaLaunchKernel"}), Stats(), Clock()
+    a = Attacher(bpf, stats, SyncCloser(bpf), clock)
+    t = _target(tmp_path)
+    assert a.attach(t) == PROBES - 1
+    assert a.failed == {"cudaLaunchKernel": 1} and "cudaLaunchKernel" not in a.by_symbol
+    assert [(s, p) for s, p, _ in a.missing_launches()] == [("cudaLaunchKernel", t.path)]
+    retries_at = []
+    for step in (0.5, 0.9, 1.0, 2.9, 3.0, 6.9):  # due at +1, then +2 after that (+3), then +4 (+7)
+        clock.now = 100.0 + step
+        before = bpf.tries.count("cudaLaunchKernel")
+        assert a.attach(t) == 0
+        if bpf.tries.count("cudaLaunchKernel") > before:
+            retries_at.append(step)
+    assert retries_at == [1.0, 3.0]
+    assert stats.snapshot() == {"probe_attach_failed": 3, "probe_attach_retried": 2}
+    bpf.broken.clear()  # the conflicting registration went away
+    clock.now = 107.0
+    assert a.attach(t) == 1
+    assert a.failed == {} and a.by_symbol["cudaLaunchKernel"] == 1 and a.missing_launches() == []
+    assert a.probe_count == PROBES == len(bpf.uprobe_fds)
+    clock.now = 1000.0
+    assert a.attach(t) == 0 and stats.snapshot() == {"probe_attach_failed": 3, "probe_attach_retried": 3}
+    assert a.counts().attached["cudaLaunchKernel"] == 1 and a.counts().failed == {}
+
+
+def test_retries_stop_after_the_last_try_with_waits_doubling_to_the_cap(tmp_path):
+    bpf, stats, clock = FakeBpf(broken={"cudaMemcpy"}), Stats(), Clock()
+    a = Attacher(bpf, stats, SyncCloser(bpf), clock)
+    t = _target(tmp_path)
+    a.attach(t, 9)
+    tried_at = []
+    for tick in range(0, 2000):  # a scan every 0.5 s for ~17 minutes
+        clock.now = 100.0 + tick * 0.5
+        n = bpf.tries.count("cudaMemcpy")
+        a.attach(t, 9)
+        if bpf.tries.count("cudaMemcpy") > n:
+            tried_at.append(clock.now - 100.0)
+    waits = [b - a_ for a_, b in zip([0.0] + tried_at, tried_at)]
+    assert len(tried_at) == RETRY_TRIES
+    assert waits[:6] == [1, 2, 4, 8, 16, 32] and set(waits[6:]) == {RETRY_MAX_S}
+    assert a.failed == {"cudaMemcpy": 1} and a.missing_launches() == []  # a copy, not a launch
+    assert stats.snapshot() == {"probe_attach_failed": 1 + RETRY_TRIES, "probe_attach_retried": RETRY_TRIES}
+
+
+def test_a_row_attaches_all_or_nothing_and_a_process_that_goes_takes_its_failures(tmp_path):
+    """cudaMalloc's entry attaches but its return probe fails: the entry is taken off
+    (a half row would count allocations it never sees return), and the retry attaches both."""
+    bpf, stats, clock = FakeBpf(broken_ret={"cudaMalloc"}), Stats(), Clock()
+    a = Attacher(bpf, stats, SyncCloser(bpf), clock)
+    t = _target(tmp_path)
+    assert a.attach(t, 5) == PROBES - 2 == len(bpf.uprobe_fds)
+    assert not any(b"cudaMalloc" in ev for ev in bpf.uprobe_fds) and a.failed == {"cudaMalloc": 1}
+    bpf.broken_ret.clear()
+    clock.now += 1
+    assert a.attach(t, 5) == 2 and a.failed == {} and a.probe_count == PROBES
+    bpf.broken.add("cudaLaunchKernel")
+    a.attach(t, 6)
+    assert a.failed == {"cudaLaunchKernel": 1} and a.pids() == {5, 6}
+    assert a.detach(6) == PROBES - 1
+    assert a.failed == {} and a.missing_launches() == [] and a.by_symbol["cudaLaunchKernel"] == 1
