@@ -3,7 +3,7 @@ SHELL := /bin/bash
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 PY := .venv/bin/python
 
-.PHONY: setup demo test test-unit bench bench-quick clean
+.PHONY: setup demo test test-unit bench bench-quick clean gpu-bundle gpu-bundle-check
 
 setup:
 	@./scripts/setup.sh
@@ -24,6 +24,12 @@ bench: setup   # prints a table, writes bench/results/*.json (about 8 minutes)
 bench-quick: setup
 	$(PY) -m pip install -q py-spy
 	$(SUDO) $(PY) -m bench --quick
+
+gpu-bundle:   # build/gpu-bundle: bcc, LLVM/clang libs, kernel headers, wheels for tests/gpu on a bare GPU machine
+	./scripts/gpu_bundle.sh
+
+gpu-bundle-check:   # installs that bundle here with this host's bcc and headers hidden; tests/gpu skips (no GPU)
+	$(SUDO) ./scripts/gpu_bundle_check.sh
 
 clean:
 	rm -rf .venv build *.egg-info .pytest_cache

@@ -1,4 +1,5 @@
-"""gpu tier: needs an NVIDIA GPU, its driver and PyTorch with CUDA. Skipped, with
+"""gpu tier: needs an NVIDIA GPU, its driver, PyTorch with CUDA and bcc (a bare GPU
+machine gets bcc from `make gpu-bundle` through scripts/gpu-tier.sh). Skipped, with
 the reason printed (pytest -rs), everywhere else."""
 from __future__ import annotations
 
@@ -17,6 +18,10 @@ def gpu_missing_reason() -> str | None:
         return "PyTorch is not installed"
     if not torch.cuda.is_available():
         return "PyTorch cannot use the GPU (torch.cuda.is_available() is False)"
+    try:
+        import bcc  # noqa: F401
+    except ImportError:
+        return "bcc cannot be imported: on a bare GPU machine run scripts/gpu-tier.sh (README, Tests)"
     return None
 
 

@@ -1,34 +1,112 @@
-"""On a real GPU: a PyTorch model served over HTTP; the trace shows its kernels by
-name, and our launch count for one request is compared with torch.profiler's."""
+"""On a real GPU (scripts/gpu-tier.sh runs this tier on a bare GPU machine): PyTorch
+served over HTTP, each launch path in its own request; the trace's launch count is
+compared with torch.profiler's for the same work, and the issue's targets are printed:
+>= 95 % of launches named, count within 1 % of torch.profiler's, decode loop traced vs
+untraced within 2 %. Counts are asserted loosely (a gross miscount fails); the targets
+and timings are printed, not asserted (performance is bench's, and names for some launch
+paths are still being built)."""
 from __future__ import annotations
 
-import json
+import statistics
 import sys
 from pathlib import Path
 
-from tests.harness import Target, children_of, server_spans
+from tests.gpu.gpu_spans import get_json, launch_figures, report, request_span, slow_get
+from tests.harness import Target, children_of
 
 HERE = Path(__file__).resolve().parent
 
 
-def test_torch_request_kernels_named_and_counted(receiver, start_collector, capsys):
+def _traced(start_collector, script: str) -> tuple[object, Target]:
     collector = start_collector()
-    target = Target([sys.executable, str(HERE / "torch_server.py")])
+    target = Target([sys.executable, str(HERE / script)])
+    collector.wait_traced(target.pid)
+    target.go()
+    return collector, target
+
+
+def _one_request(receiver, target, mode: str, capsys) -> tuple[int, int, dict]:
+    slow_get(target.port, f"/run/{mode}")  # warm-up: compiles, captures, loads lazily
+    slow_get(target.port, f"/run/{mode}")
+    span = request_span(receiver, target.pid, f"/run/{mode}", nth=2)
+    expected = get_json(target.port, f"/profile/{mode}")
+    ours, named = launch_figures(receiver.spans, span)
+    assert span.attributes["gpu.launches"] == ours, "span's launch count and its launch children disagree"
+    with capsys.disabled():
+        print("\n" + report(mode, ours, named, expected["launches"]))
+    return ours, named, expected
+
+
+def test_eager_cublas_gemm_and_elementwise(receiver, start_collector, capsys):
+    _, target = _traced(start_collector, "torch_server.py")
     try:
-        collector.wait_traced(target.pid)
-        target.go()
-        target.get("/predict")
-        expected = json.loads(target.get("/profile"))["launches"]
-        assert receiver.wait_for(lambda s: any(x.attributes.get("http.route") == "/predict"
-                                               for x in server_spans(s, target.pid)))
-        span = next(x for x in server_spans(receiver.spans, target.pid) if x.attributes["http.route"] == "/predict")
-        ours = span.attributes["gpu.launches"]
-        names = {k.attributes.get("gpu.kernel.name") for k in children_of(receiver.spans, span)} - {None}
-        ratio = ours / expected if expected else float("nan")
+        ours, named, expected = _one_request(receiver, target, "eager", capsys)
+        assert ours > 0 and named > 0
+        assert 0.9 <= ours / expected["launches"] <= 1.1
+    finally:
+        target.stop()
+
+
+def test_torch_compile_triton_kernels(receiver, start_collector, capsys):
+    _, target = _traced(start_collector, "torch_server.py")
+    try:
+        ours, _named, expected = _one_request(receiver, target, "compiled", capsys)
+        assert expected["launches"] > 0 and ours > 0
+        assert 0.9 <= ours / expected["launches"] <= 1.1
+    finally:
+        target.stop()
+
+
+def test_cuda_graph_replay(receiver, start_collector, capsys):
+    _, target = _traced(start_collector, "torch_server.py")
+    try:
+        _ours, _named, expected = _one_request(receiver, target, "graph", capsys)
+        span = request_span(receiver, target.pid, "/run/graph", nth=2)
+        calls = [c.attributes.get("gpu.cuda.call") for c in children_of(receiver.spans, span)]
         with capsys.disabled():
-            print(f"\ngpu: launches ours={ours} torch.profiler={expected} ratio={ratio:.3f}; "
-                  f"{len(names)} kernel names, e.g. {sorted(names)[:3]}")
-        assert ours > 0 and names
-        assert 0.9 <= ratio <= 1.1
+            print(f"gpu[graph]: cudaGraphLaunch ours={calls.count('cudaGraphLaunch')} "
+                  f"torch.profiler={expected['graph_launches']}; GPU kernels in the replay "
+                  f"(torch.profiler)={expected['gpu_kernels']}")
+        assert expected["graph_launches"] == 1
+        assert calls.count("cudaGraphLaunch") == 1, calls
+    finally:
+        target.stop()
+
+
+def test_fastapi_model_server(receiver, start_collector, capsys):
+    _, target = _traced(start_collector, "fastapi_server.py")
+    try:
+        target.get("/predict")
+        target.get("/predict")
+        span = request_span(receiver, target.pid, "/predict", nth=2)
+        expected = get_json(target.port, "/profile")
+        ours, named = launch_figures(receiver.spans, span)
+        with capsys.disabled():
+            print("\n" + report("fastapi", ours, named, expected["launches"]))
+        assert span.attributes["gpu.launches"] == ours > 0 and named > 0
+        assert 0.9 <= ours / expected["launches"] <= 1.1
+    finally:
+        target.stop()
+
+
+def test_decode_loop_traced_vs_untraced(receiver, start_collector, capsys):
+    """The same process's decode loop timed while traced, then after the collector has
+    stopped (its probes gone). Printed: overhead, against the issue's 2 % target."""
+    steps, reps = 500, 3
+    collector, target = _traced(start_collector, "torch_server.py")
+    try:
+        slow_get(target.port, "/decode/50")  # warm-up
+        traced = [get_json(target.port, f"/decode/{steps}")["seconds"] for _ in range(reps)]
+        per_forward = get_json(target.port, "/profile/eager")["launches"]
+        span = request_span(receiver, target.pid, f"/decode/{steps}")
+        launches = span.attributes["gpu.launches"]
+        collector.stop()
+        untraced = [get_json(target.port, f"/decode/{steps}")["seconds"] for _ in range(reps)]
+        t, u = statistics.median(traced), statistics.median(untraced)
+        with capsys.disabled():
+            print(f"\ngpu[decode]: {steps} forwards, median of {reps}: traced {t * 1e3:.1f} ms, "
+                  f"untraced {u * 1e3:.1f} ms, overhead {100 * (t - u) / u:+.2f} % (target <= 2 %); "
+                  f"launches ours={launches} expected={steps * per_forward}")
+        assert 0.9 <= launches / (steps * per_forward) <= 1.1
     finally:
         target.stop()

@@ -1,0 +1,77 @@
+"""The GPU work the gpu tier's servers do, one function per launch path:
+eager PyTorch (cuBLAS GEMMs + elementwise kernels, through cudaLaunchKernel and
+cuLaunchKernel), torch.compile (Triton kernels through the driver API), and a CUDA graph
+replayed with one cudaGraphLaunch. profiled() counts the same work's launches with
+torch.profiler, the reference our counts are compared with."""
+from __future__ import annotations
+
+import time
+
+import torch
+
+MODEL = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.GELU(), torch.nn.LayerNorm(512),
+                            torch.nn.Linear(512, 10), torch.nn.Softmax(dim=-1)).cuda().eval()
+X = torch.randn(32, 256, device="cuda")
+_compiled = None
+_graph = None
+_graph_out = None
+# Host-side launch calls torch.profiler records (its CPU-side CUDA runtime/driver events).
+LAUNCH_CALLS = ("cudaLaunchKernel", "cuLaunchKernel", "cuLaunchKernelEx", "cudaLaunchKernelExC")
+
+
+def eager() -> None:
+    with torch.no_grad():
+        MODEL(X)
+    torch.cuda.synchronize()
+
+
+def compiled() -> None:
+    """Triton kernels from torch.compile; compiled on first use (tens of seconds)."""
+    global _compiled
+    if _compiled is None:
+        _compiled = torch.compile(MODEL)
+    with torch.no_grad():
+        _compiled(X)
+    torch.cuda.synchronize()
+
+
+def graph() -> None:
+    """Replays the eager forward captured once as a CUDA graph."""
+    global _graph, _graph_out
+    if _graph is None:
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream), torch.no_grad():
+            MODEL(X)  # warm-up on a side stream, as torch.cuda.graphs asks
+        torch.cuda.current_stream().wait_stream(stream)
+        _graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(_graph), torch.no_grad():
+            _graph_out = MODEL(X)
+    _graph.replay()
+    torch.cuda.synchronize()
+
+
+MODES = {"eager": eager, "compiled": compiled, "graph": graph}
+
+
+def profiled(mode: str) -> dict:
+    """The launches torch.profiler sees in one run of `mode` (run once before, so
+    nothing lazy is counted): host launch calls, graph launches, GPU kernels."""
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        MODES[mode]()
+    events = prof.key_averages()
+    return {"launches": sum(e.count for e in events if e.key in LAUNCH_CALLS),
+            "graph_launches": sum(e.count for e in events if e.key.startswith("cudaGraphLaunch")),
+            "gpu_kernels": sum(e.count for e in events if e.device_type == torch.autograd.DeviceType.CUDA
+                               and not e.key.startswith("Memcpy") and not e.key.startswith("Memset"))}
+
+
+def decode_loop(steps: int) -> float:
+    """A decode-like loop: `steps` small forwards, each synchronised (as a token loop
+    waits for its token). Returns wall seconds; the caller compares traced and untraced."""
+    steps = max(1, min(steps, 5000))
+    start = time.perf_counter()
+    for _ in range(steps):
+        eager()
+    return time.perf_counter() - start
