@@ -10,8 +10,8 @@ import statistics
 import sys
 from pathlib import Path
 
-from . import (item_ablation, item_big_request, item_http, item_launch, item_neighbour, item_python_context,
-               item_sustained, item_untraced, machine)
+from . import (item_ablation, item_big_request, item_first_requests, item_http, item_launch, item_neighbour,
+               item_python_context, item_sustained, item_untraced, machine)
 from .native import use_private_cudart
 from .report import profile_text, table, write_json
 
@@ -22,7 +22,7 @@ READY_TARGET_S = 3.0
 def main() -> int:
     ap = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
     ap.add_argument("--quick", action="store_true", help="short phases (10 s sustained) for development")
-    ap.add_argument("--items", default="1,1b,1c,2,3,5,6,7",
+    ap.add_argument("--items", default="1,1b,1c,2,3,5,6,7,8",
                     help="comma-separated items to run (4 comes with any)")
     ap.add_argument("--wait-quiet", type=float, default=120,
                     help="seconds to wait for other collectors/bpftrace to finish before each item")
@@ -46,7 +46,8 @@ def main() -> int:
              ("2", "http", lambda: item_http.run(args.quick, starts, RESULTS, stamp), item_http.rows),
              ("5", "big_request", lambda: item_big_request.run(args.quick, starts), item_big_request.rows),
              ("6", "python_context", lambda: item_python_context.run(args.quick, starts), item_python_context.rows),
-             ("7", "untraced", lambda: item_untraced.run(args.quick, starts), item_untraced.rows)]
+             ("7", "untraced", lambda: item_untraced.run(args.quick, starts), item_untraced.rows),
+             ("8", "first_requests", lambda: item_first_requests.run(args.quick, starts), item_first_requests.rows)]
     for key, name, run, to_rows in steps:
         if key not in items:
             continue

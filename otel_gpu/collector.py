@@ -147,6 +147,7 @@ class Collector:
         self.program = BpfProgram(ProgramOptions(trace_all=self.config.trace_all,
                                                  ringbuf_pages=self.config.ringbuf_pages,
                                                  max_conns=self.config.max_connections), self.stats)
+        self._probe_known_files()
         self._scan()
         # Still `ready` first (the health file and tests wait for it), but never silently
         # without a launch probe: its processes' kernels would all go uncounted.
@@ -161,9 +162,28 @@ class Collector:
         if self.config.health_file:
             Path(self.config.health_file).write_text("ready\n")
 
-    def _scan(self) -> None:
+    def _probe_known_files(self) -> None:
+        """Probes the well-known CUDA library files before any process maps them
+        (default mode: every call; with --pid/--exe: only the load probe), so a process
+        that starts later is traced from its library load, not from the next scan."""
+        import sys
+
+        from .probes.discovery import known_library_files
+        root = proc.path(self.config.proc_root, 1, "root")
+        files = known_library_files(root if self.config.proc_root != "/proc" else "",
+                                    [p for p in sys.path if p.endswith("-packages")])
+        t0 = time.monotonic()
+        for target in files:
+            self.program.attach_load_probe(target)
+            if self.config.trace_all:
+                self.program.attach(target)
+        log.info("%d CUDA library files probed ahead of any process (%.2f s)", len(files), time.monotonic() - t0)
+
+    def _scan(self, only: Optional[set] = None) -> None:
+        """All of /proc, or only the processes `only` (they just loaded a probed CUDA library)."""
         from .probes.table import PYTHON
-        found = self.discovery.scan()
+        found = self.discovery.scan(only)
+
         python = found.python if self.config.python_context else {}
         # Default: one probe set per file, for every process mapping it. With --pid/--exe:
         # per selected process, so the other processes mapping the same file never trap.
@@ -172,7 +192,10 @@ class Collector:
         for pid, target in wanted:
             if target.kind != PYTHON or self.config.python_context:
                 self.program.attach(target, pid)
-        for pid in self.program.probed_pids() - found.cuda_pids:
+        for target in found.targets:
+            if target.kind != PYTHON:  # the next process loading this file is seen at once
+                self.program.attach_load_probe(target)
+        for pid in self.program.probed_pids() - found.cuda_pids if only is None else ():
             self.program.detach(pid, "exited, or no longer selected or mapping CUDA")
         new = found.cuda_pids - self._traced_pids
         for pid in new:
@@ -180,18 +203,20 @@ class Collector:
             self._follows.pop(pid, None)  # trace() reset it
             if pid in python:
                 self.program.trace_python(pid, python[pid])
-            log.info("tracing pid %d%s", pid, " (Python contexts)" if pid in python else "")
+            log.info("tracing pid %d%s%s", pid, " (Python contexts)" if pid in python else "",
+                     " as it loads CUDA" if only else "")
         servers = found.servers - found.cuda_pids - self._servers
         for pid in sorted(servers):
             self.program.trace(pid)
             log.info("tracing pid %d (HTTP server related to a traced GPU process)", pid)
         self._servers |= servers
-        self.groups.set_traced(found.cuda_pids | self._servers)
-        self._follow(found)
+        self.groups.set_traced(found.cuda_pids | self._servers | (self._traced_pids if only else set()))
+        if only is None:  # following needs every listening process: full scans only
+            self._follow(found)
         new |= servers
         self._push([ProcessSeen(pid) for pid in sorted(new)]  # read /proc while they surely live
                    + self._seed_connections(new))
-        self._traced_pids = found.cuda_pids
+        self._traced_pids = found.cuda_pids if only is None else self._traced_pids | found.cuda_pids
 
     def _follow(self, found) -> None:
         """A CUDA process related to traced HTTP servers (one or several) streams its
@@ -265,6 +290,9 @@ class Collector:
         next_scan = next_flush = time.monotonic()
         while not stop.is_set():
             self._push(self.program.poll(100))
+            loaded = self.program.loaded_pids()
+            if loaded:
+                self._scan(loaded)
             now = time.monotonic()
             if now >= next_scan:
                 self._scan()

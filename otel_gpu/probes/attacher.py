@@ -18,11 +18,13 @@ from typing import Callable, Optional
 
 from .closer import ProbeCloser
 from .discovery import ProbeTarget
+from .elf_init import init_address
 from .table import CALLS, Category, UprobeRow, rows_for
 
 log = logging.getLogger(__name__)
 
 FD_HEADROOM = 256  # descriptors kept for sockets and files when sizing the probe limit
+LOAD_PROBE = "load"  # in place of a pid in `attached`: a file's DT_INIT probe, for every process
 # A failed probe is tried again RETRY_FIRST_S after, the wait doubling up to RETRY_MAX_S,
 # RETRY_TRIES times (~6 minutes in all); then it stays failed, counted and logged.
 RETRY_FIRST_S, RETRY_MAX_S, RETRY_TRIES = 1.0, 60.0, 10
@@ -165,12 +167,37 @@ class Attacher:
         return [(s, a.target.path, f.error) for a in self.attached.values()
                 for s, f in a.failures.items() if s in LAUNCH_SYMBOLS]
 
+    def attach_load_probe(self, target: ProbeTarget) -> bool:
+        """One uprobe on the library's DT_INIT for every process (bpf/library_probes.c):
+        it fires once as a process loads the file, never on its calls. False when the
+        file has no DT_INIT (then its processes are found by the /proc scan only)."""
+        key = (target.key, LOAD_PROBE)
+        if key in self.attached:
+            return True
+        addr = init_address(target.path)
+        if addr is None:
+            log.debug("no DT_INIT in %s: found by the /proc scan only", target.path)
+            self.attached[key] = Attached(target, [], [])
+            return False
+        before = set(self.bpf.uprobe_fds)
+        try:
+            self.bpf.attach_uprobe(name=target.path.encode(), addr=addr, fn_name=b"cuda_library_loaded")
+        except Exception as e:
+            self.stats.add("probe_attach_failed")
+            log.warning("cannot attach the load probe to %s: %s", target.path, e)
+            return False
+        events = [ev for ev in self.bpf.uprobe_fds if ev not in before]
+        self.attached[key] = Attached(target, events, [])
+        self.probe_count += len(events)
+        return True
+
     def pids(self) -> set:
         """Processes that have probes of their own."""
-        return {pid for _, pid in self.attached if pid is not None}
+
+        return {pid for _, pid in self.attached if pid is not None and pid != LOAD_PROBE}
 
     def files(self) -> int:
-        return len({key for key, _ in self.attached})
+        return len({key for key, pid in self.attached if pid != LOAD_PROBE})
 
     def detach(self, pid: int) -> int:
         """Detaches process `pid`'s own probes (it exited, or is no longer selected);

@@ -2,13 +2,17 @@
 name and path (wheels, toolkit, libcudart-<hash>.so.11.0), libcuda, and
 executables with cudart linked in statically (nvcc's default); and, for a CUDA
 process that runs CPython, its interpreter file (probes/python.py says which).
-Re-run every few seconds, so processes that start or dlopen CUDA later are picked up.
+Re-run every few seconds, so processes that start or dlopen CUDA later are picked up;
+a process that loads an already-probed library is scanned alone at once
+(bpf/library_probes.c), and the well-known library files are probed before any
+process maps them (known_library_files).
 
 With a ProcessGroups (pipeline/groups.py): the processes related to a CUDA process
 (same cgroup, or parent/child) that listen on TCP are found too, as servers to trace
 (a front-end whose GPU work its worker does), and which CUDA processes listen."""
 from __future__ import annotations
 
+import glob
 import logging
 import os
 import re
@@ -79,10 +83,12 @@ class Discovery:
         self._known: dict[int, int] = {}  # pid -> start time, once found to use CUDA
         self.self_pid = os.getpid()
 
-    def scan(self) -> ScanResult:
+    def scan(self, only: Optional[set] = None) -> ScanResult:
+        """Every process, or only the processes `only` (just seen loading a CUDA
+        library: bpf/library_probes.c), then without the related-server search."""
         result = ScanResult(set(), [])
         seen_keys = set()
-        pids = list(self._pids())
+        pids = list(self._pids()) if only is None else sorted(only)
         others = []  # processes that pass the filters and use no CUDA
         for pid in pids:
             if pid == self.self_pid or (self.pid_filter and not self.pid_filter(pid)):
@@ -105,7 +111,7 @@ class Discovery:
                 if t.key not in seen_keys:
                     seen_keys.add(t.key)
                     result.targets.append(t)
-        if self.groups is not None:
+        if self.groups is not None and only is None:
             self.groups.retain(pids)
             if result.cuda_pids:
                 result.servers = {p for p in self.groups.relatives(others, result.cuda_pids) if self._listens(p)}
@@ -170,6 +176,39 @@ class Discovery:
         if key not in self._static_cache:
             self._static_cache[key] = os.path.exists(path) and self._has_static(path)
         return ProbeTarget(RUNTIME, path, key) if self._static_cache[key] else None
+
+
+# Where CUDA libraries live before any process maps them: the toolkit, the driver,
+# and the nvidia-cuda-runtime (and torch) wheels in the usual Python environments.
+WELL_KNOWN_LIBRARIES = (
+    "/usr/local/cuda*/lib64/libcudart.so*", "/usr/local/cuda*/targets/*/lib/libcudart.so*",
+    "/usr/lib/x86_64-linux-gnu/libcudart.so*", "/usr/lib64/libcudart.so*",
+    "/usr/lib/x86_64-linux-gnu/libcuda.so*", "/usr/lib64/libcuda.so*", "/usr/lib/wsl/lib/libcuda.so*",
+)
+SITE_DIRS = ("/usr/lib/python3*/dist-packages", "/usr/local/lib/python3*/*-packages",
+             "/opt/conda/lib/python3*/site-packages", "/opt/conda/envs/*/lib/python3*/site-packages")
+IN_SITE = ("nvidia/cuda_runtime/lib/libcudart.so*", "torch/lib/libcudart*.so*")
+
+
+def known_library_files(host_root: str = "", site_dirs: Iterable[str] = ()) -> list[ProbeTarget]:
+    """The CUDA runtime and driver files at the well-known places, each file once:
+    probed before any process maps them, a process's first call is seen with no
+    /proc scan. `host_root` prefixes the host's paths (a container's view of the
+    host); `site_dirs`: more Python site-packages directories (the collector's own)."""
+    patterns = [host_root + p for p in WELL_KNOWN_LIBRARIES]
+    sites = [host_root + d for d in SITE_DIRS] + [glob.escape(d) for d in site_dirs]
+    patterns += [f"{d}/{p}" for d in sites for p in IN_SITE]
+    out, keys = [], set()
+    for path in sorted({hit for p in patterns for hit in glob.glob(p)}):
+        kind = RUNTIME if CUDART_RE.search(path) else DRIVER if DRIVER_RE.search(path) else None
+        try:
+            st = os.stat(path)
+        except OSError:
+            continue
+        if kind and (st.st_dev, st.st_ino) not in keys:
+            keys.add((st.st_dev, st.st_ino))
+            out.append(ProbeTarget(kind, path, (st.st_dev, st.st_ino)))
+    return out
 
 
 def _elf_defines_cuda_launch(path: str) -> bool:

@@ -90,6 +90,22 @@ class BpfProgram:
         """(symbol, file, error) of launch probes that failed to attach (retried at scans)."""
         return self.attacher.missing_launches()
 
+    def attach_load_probe(self, target: ProbeTarget) -> bool:
+        """Tells `loaded_pids` about every process that loads `target` from now on."""
+        return self.attacher.attach_load_probe(target)
+
+    def loaded_pids(self) -> set:
+        """Processes that loaded a probed CUDA library since the last call (bpf/library_probes.c)."""
+        table = self.bpf["loaded"]
+        pids = set()
+        for k in list(table.keys()):
+            pids.add(k.value)
+            try:
+                del table[k]
+            except KeyError:
+                pass
+        return pids
+
     def probed_pids(self) -> set:
         """Processes with probes of their own (--pid/--exe)."""
         return self.attacher.pids()

@@ -17,6 +17,9 @@ class FakeProgram:
     def attach(self, target, pid=None):
         return 0
 
+    def attach_load_probe(self, target):
+        return True
+
     def probed_pids(self):
         return set()
 
@@ -40,7 +43,8 @@ class FakeDiscovery:
     def __init__(self):
         self.result = ScanResult(set(), [])
 
-    def scan(self):
+    def scan(self, only=None):
+        self.only = only
         return self.result
 
 
@@ -86,3 +90,16 @@ def test_a_cuda_process_that_listens_is_followed_too(tmp_path):
     c._scan()
     assert ("follow", WORKER, FRONT) in c.program.calls
     assert not [call for call in c.program.calls if call[:2] == ("follow", FRONT)]  # follows no one but itself
+
+
+def test_a_process_seen_loading_cuda_is_scanned_alone_and_added(tmp_path):
+    """The load probe's prompt scan (collector._scan(only)) traces the new process and
+    keeps the ones traced before, which it did not look at."""
+    c = collector(tmp_path)
+    c.discovery.result = ScanResult({WORKER}, [])
+    c._scan()
+    c.discovery.result = ScanResult({OTHER}, [])
+    c._scan({OTHER})
+    assert c.discovery.only == {OTHER}
+    assert c._traced_pids == {WORKER, OTHER}
+    assert ("trace", OTHER) in c.program.calls

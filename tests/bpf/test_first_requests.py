@@ -1,0 +1,100 @@
+"""No blind start: requests sent the moment a CUDA HTTP server listens, with no wait
+for the collector to report it traced, all get their server span with exact CUDA
+children. The known libcudart files are probed before the server starts, and its
+load of libcudart (a uprobe on the library's DT_INIT) marks it traced and has it
+scanned at once: for the default mode and for the asyncio server (uvicorn), whose
+Python-context probes come from that same scan. With --exe the first requests are
+exact or absent (per-process probes come from that scan). A
+libcudart at a path no probe knows is still found, by the periodic /proc scan.
+
+Real probes, the real libcudart wheel, real stdlib and uvicorn servers."""
+from __future__ import annotations
+
+import os
+import shutil
+import time
+
+import pytest
+
+from tests.bpf.targets.first_requests import send_first_requests, start_server as _start
+from tests.harness import Target, children_of, server_spans
+
+REQUESTS = 5
+
+
+def _first_requests(target) -> None:
+    """Request i makes i launches."""
+    assert send_first_requests(target, [f"/work?launches={i}" for i in range(1, REQUESTS + 1)]) == REQUESTS
+
+
+def _assert_all_traced(receiver, collector, target: Target) -> None:
+    def complete(spans):
+        return len([s for s in server_spans(spans, target.pid) if s.attributes.get("http.route") == "/work"]) >= REQUESTS
+    assert receiver.wait_for(complete, 30), "".join(collector.log.lines[-30:])
+    spans = [s for s in server_spans(receiver.spans, target.pid) if s.attributes.get("http.route") == "/work"]
+    by_launches = sorted(s.attributes["gpu.launches"] for s in spans)
+    assert by_launches == list(range(1, REQUESTS + 1))
+    for span in spans:
+        kids = children_of(receiver.spans, span)
+        assert [k.name for k in kids] == ["cudaLaunchKernel"] * span.attributes["gpu.launches"]
+        assert all(k.attributes["gpu.grid"] == [7, 3, 1] for k in kids)
+
+
+@pytest.mark.parametrize("kind", ["stdlib", "asgi"])
+def test_first_requests_after_start_are_traced(receiver, start_collector, kind):
+    collector = start_collector()
+    target = _start(kind)
+    try:
+        _first_requests(target)
+        _assert_all_traced(receiver, collector, target)
+    finally:
+        target.stop()
+
+
+def test_exe_filter_first_requests_exact_or_absent(receiver, start_collector):
+    """--exe: per-process probes are attached when the load probe has user space scan
+    the process (not ahead of it), so a server answering within milliseconds of loading
+    libcudart may have its first requests untraced: they must then have no span, never
+    one with wrong counts; every request after it is traced has its exact span."""
+    name = f"firstreq{os.getpid() % 10000}"
+    collector = start_collector("--exe", name)
+    target = _start("stdlib", name)
+    try:
+        _first_requests(target)
+        collector.wait_traced(target.pid)
+        later = range(REQUESTS + 1, 2 * REQUESTS + 1)
+        assert send_first_requests(target, [f"/work?launches={i}" for i in later]) == REQUESTS
+        assert receiver.wait_for(lambda s: {x.attributes.get("gpu.launches") for x in server_spans(s, target.pid)}
+                                 >= set(later), 30), "".join(collector.log.lines[-30:])
+        time.sleep(1)  # the first requests' spans, if any, were exported before the later ones
+        spans = [s for s in server_spans(receiver.spans, target.pid) if s.attributes.get("http.route") == "/work"]
+        launches = sorted(s.attributes["gpu.launches"] for s in spans)
+        assert set(launches) >= set(later) and len(set(launches)) == len(launches) <= 2 * REQUESTS
+        for span in spans:
+            assert len(children_of(receiver.spans, span)) == span.attributes["gpu.launches"]
+        assert any(f"for pid {target.pid} only" in l for l in collector.log.lines)  # per-process probes
+        print(f"--exe: {len(launches) - REQUESTS} of the first {REQUESTS} requests traced")
+    finally:
+        target.stop()
+
+
+def test_cudart_at_a_new_path_is_found_by_the_scan(tmp_path, receiver, start_collector):
+    from otel_gpu.demo.cuda_work import find_cudart
+    copy = tmp_path / "libcudart.so.12"
+    shutil.copy(find_cudart(), copy)
+    collector = start_collector()
+    t0 = time.monotonic()
+    target = _start("stdlib", env={"OTEL_GPU_CUDART": str(copy)})
+    try:
+        collector.wait_traced(target.pid, 20)
+        found_s = time.monotonic() - t0
+        target.go()
+        target.get("/work?launches=3")
+        assert receiver.wait_for(lambda s: any(x.attributes.get("http.route") == "/work"
+                                               for x in server_spans(s, target.pid)), 20)
+        span = next(x for x in server_spans(receiver.spans, target.pid) if x.attributes.get("http.route") == "/work")
+        assert span.attributes["gpu.launches"] == 3
+        assert len(children_of(receiver.spans, span)) == 3
+        print(f"new-path libcudart traced {found_s:.2f} s after the process started")
+    finally:
+        target.stop()
