@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
 from tests.bpf.targets.first_requests import send_first_requests, start_server as _start
-from tests.harness import Target, children_of, server_spans
+from tests.harness import TARGETS, Target, children_of, server_spans
 
 REQUESTS = 5
 
@@ -47,6 +49,33 @@ def test_first_requests_after_start_are_traced(receiver, start_collector, kind):
     try:
         _first_requests(target)
         _assert_all_traced(receiver, collector, target)
+    finally:
+        target.stop()
+
+
+def test_interleaved_asyncio_first_requests_keep_their_own_calls(receiver, start_collector):
+    """FastAPI `async def` on uvicorn, 8 concurrent requests from the moment it listens,
+    each yielding to the loop between its calls: every span has exactly its own launches
+    (grid x = its id), so the Python-context probes were ready (the load probe's scan
+    runs while the framework imports, after libcudart is loaded)."""
+    collector = start_collector()
+    target = Target([sys.executable, str(TARGETS / "async_servers.py"), "fastapi-async", "0"])
+    ids = range(1, 9)
+    try:
+        target.go_raw()
+        with ThreadPoolExecutor(len(ids)) as pool:
+            answered = list(pool.map(lambda i: send_first_requests(target, [f"/infer?id={i}&launches=4"], go=False), ids))
+        assert answered == [1] * len(ids)
+        assert receiver.wait_for(lambda s: len(server_spans(s, target.pid)) >= len(ids), 30), \
+            "".join(collector.log.lines[-30:])
+        owners = []
+        for span in server_spans(receiver.spans, target.pid):
+            kids = [k for k in children_of(receiver.spans, span) if k.name == "cudaLaunchKernel"]
+            assert len(kids) == span.attributes["gpu.launches"] == 4
+            grids = {k.attributes["gpu.grid"][0] for k in kids}
+            assert len(grids) == 1  # one request's calls only
+            owners += grids
+        assert sorted(owners) == list(ids)
     finally:
         target.stop()
 
