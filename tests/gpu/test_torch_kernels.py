@@ -20,8 +20,12 @@ HERE = Path(__file__).resolve().parent
 def _traced(start_collector, script: str) -> tuple[object, Target]:
     collector = start_collector()
     target = Target([sys.executable, str(HERE / script)])
-    collector.wait_traced(target.pid)
-    target.go()
+    try:
+        collector.wait_traced(target.pid)
+        target.go()
+    except BaseException:
+        target.stop()  # never leave a server behind
+        raise
     return collector, target
 
 
