@@ -24,13 +24,18 @@ for f in bcc.tar.xz headers.tar.xz wheels/requirements.txt; do
   [ -f "$BUNDLE/$f" ] || { log "$BUNDLE/$f missing: run make gpu-bundle here and carry build/gpu-bundle"; exit 1; }
 done
 
+unpack() {  # unpack ARCHIVE.tar.xz DIR; Python's lzma where the image has no xz
+  if command -v xz >/dev/null; then xz -dc "$1" | tar -C "$2" -xf -
+  else "$MACHINE_PY" -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2], filter="tar")' "$1" "$2"; fi
+}
+
 # 1. Unpack (again only when the bundle changed).
 stamp=$({ cat "$BUNDLE/MANIFEST.txt"; echo "${OTEL_GPU_KEEP_LIBS:-}"; } | md5sum | cut -d' ' -f1)
 if [ "$(cat "$PREFIX/.stamp" 2>/dev/null)" != "$stamp" ]; then
   log "unpacking $BUNDLE into $PREFIX"
   rm -rf "$PREFIX"; mkdir -p "$PREFIX/bcc"
-  xz -dc "$BUNDLE/bcc.tar.xz" | tar -C "$PREFIX/bcc" -xf -
-  xz -dc "$BUNDLE/headers.tar.xz" | tar -C "$PREFIX" -xf -
+  unpack "$BUNDLE/bcc.tar.xz" "$PREFIX/bcc"
+  unpack "$BUNDLE/headers.tar.xz" "$PREFIX"
   # A library the machine already has (same soname) is the machine's: the bundle's
   # copy would shadow it for every process under LD_LIBRARY_PATH (torch included).
   # bcc's own libraries always come from the bundle.
