@@ -17,15 +17,17 @@ def request_span(receiver, pid: int, path: str, nth: int = 1):
 
 
 def launch_figures(spans, span) -> tuple[int, int]:
-    """(launches, launches with a kernel name) among a span's children; a rollup child
-    stands for gpu.rollup.count launches."""
+    """(launches, launches with a kernel name) among a span's children, counted as the
+    span's gpu.launches counts them: kernel launches and graph launches; a rollup child
+    stands for gpu.rollup.count calls."""
     total = named = 0
     for child in children_of(spans, span):
-        if "gpu.kernel.func" not in child.attributes:
+        a = child.attributes
+        if "gpu.kernel.func" not in a and a.get("gpu.cuda.call") != "cudaGraphLaunch":
             continue
-        n = child.attributes.get("gpu.rollup.count", 1)
+        n = a.get("gpu.rollup.count", 1)
         total += n
-        named += n if child.attributes.get("gpu.kernel.name") else 0
+        named += n if a.get("gpu.kernel.name") else 0
     return total, named
 
 
