@@ -89,15 +89,95 @@ static __always_inline void rollup_add(u32 tgid, u32 call, u64 detail, u64 bytes
     }
 }
 
-/* The one way out for a CUDA call: the whole record while streaming, else its
+/* Per thread and Python context (an asyncio task: one request; 0 outside Python): calls
+ * streamed since the process's last HTTP read (`reads` as http_seq had it then). LRU: a
+ * thread or context that is gone must not hold an entry. */
+struct budget_key {
+    u64 pid_tgid;
+    u64 ctx;
+};
+struct thread_budget {
+    u32 reads;
+    u32 streamed;
+};
+BPF_TABLE("lru_hash", struct budget_key, struct thread_budget, stream_budget, 16384);
+/* Not streamed calls of processes with HTTP activity (events.h struct agg_key). */
+BPF_HASH(req_agg, struct agg_key, struct agg_value, AGG_ENTRIES);
+
+/* 1: this call of a streaming process goes out one by one; 0: it is counted in req_agg.
+ * A follower (tv != TRACED) streams while it has no HTTP activity of its own: its calls
+ * then belong to another process's requests, whose epochs are not its own. */
+static __always_inline int stream_this(u64 id, u64 ctx, u32 tgid, u32 tv, struct http_seq *s)
+{
+    if (tv != TRACED) {
+        s64 *own = http_active.lookup(&tgid);
+        if (!s || !own || *own <= 0)
+            return 1;
+    }
+    if (ring_unread() >= CUDA_HIGH_WATER)
+        return 0; /* the rest of the ring is kept for HTTP records */
+    u32 reads = s ? s->reads : 0;
+    struct budget_key key = {.pid_tgid = id, .ctx = ctx};
+    struct thread_budget *b = stream_budget.lookup(&key);
+    if (b && b->reads == reads) {
+        if (b->streamed >= STREAM_BUDGET)
+            return 0;
+        b->streamed++;
+        return 1;
+    }
+    struct thread_budget nb = {.reads = reads, .streamed = 1};
+    stream_budget.update(&key, &nb);
+    return 1;
+}
+
+/* One more call in req_agg. Only the calling thread writes its keys: no atomics. */
+static __always_inline void agg_add(struct cuda_header *c, struct http_seq *s, u64 detail, u64 bytes,
+                                    u64 duration_ns)
+{
+    struct agg_key k = {.tgid = c->h.tgid, .tid = c->h.tid, .epoch = s ? s->epoch : 0,
+                        .call = c->call, .detail = detail, .ctx = c->ctx};
+    u64 end = c->h.ts_ns + duration_ns;
+    struct agg_value *v = req_agg.lookup(&k);
+    if (v) {
+        v->count++;
+        v->bytes += bytes;
+        v->duration_ns += duration_ns;
+        v->last_ts = c->h.ts_ns;
+        if (end > v->last_end_ts)
+            v->last_end_ts = end;
+    } else {
+        struct agg_value nv = {.count = 1, .bytes = bytes, .duration_ns = duration_ns,
+                               .first_ts = c->h.ts_ns, .last_ts = c->h.ts_ns, .last_end_ts = end};
+        if (req_agg.update(&k, &nv) != 0) {
+            count(CNT_AGG_FULL);
+            return;
+        }
+    }
+    count(CNT_AGGREGATED);
+}
+
+/* The one way out for a CUDA call: while its process streams, the whole record within
+ * the budget (or, past it or with the ring buffer full, a count in req_agg); else its
  * rollup (detail as probes/table.py ROLLUP_DETAIL says for the category). */
 static __always_inline void cuda_emit(struct cuda_header *c, u32 size, u32 tv, u64 detail, u64 bytes,
                                       u64 duration_ns)
 {
     if (streaming(c->h.tgid, tv)) {
+        u32 tgid = c->h.tgid;
+        u64 id = (u64)tgid << 32 | c->h.tid;
+        struct http_seq *s = http_seq.lookup(&tgid);
         c->ctx = py_context(c->h.tgid, c->h.tid);
-        count(CNT_CUDA_STREAMED);
-        submit(c, size);
+        if (stream_this(id, c->ctx, tgid, tv, s)) {
+            if (events.ringbuf_output(c, size, 0) == 0) {
+                count(CNT_CUDA_STREAMED);
+                return;
+            }
+            if (!s) { /* no epoch of its own to count it by */
+                count(CNT_RINGBUF_FULL);
+                return;
+            }
+        }
+        agg_add(c, s, detail, bytes, duration_ns);
         return;
     }
     rollup_add(c->h.tgid, c->call, detail, bytes, duration_ns);
@@ -181,9 +261,7 @@ int cuda_launch_kernel(struct pt_regs *ctx)
     }
     e.shmem = stack_arg(ctx, 7, &e.c.h.flags);
     e.stream = stack_arg(ctx, 8, &e.c.h.flags);
-    e.c.ctx = py_context(tgid, (u32)id);
-    count(CNT_CUDA_STREAMED);
-    submit(&e, sizeof(e));
+    EMIT(e, tv, e.func, 0, 0);
     return 0;
 }
 

@@ -52,7 +52,8 @@ struct event_header {
     u8 pad[2];
     u32 tgid;     /* process id */
     u32 tid;      /* thread id */
-    u32 pad2;
+    u32 epoch;    /* HTTP records: the process's HTTP epoch after this record (maps.h
+                   * http_seq); req_agg entries of older epochs go before it. 0 elsewhere */
     u64 ts_ns;    /* bpf_ktime_get_ns(): CLOCK_MONOTONIC */
 };
 
@@ -199,6 +200,34 @@ struct rollup_value {
     u64 duration_ns;
 };
 
+/* req_agg: CUDA calls of a process with HTTP activity that were not streamed (past
+ * the thread's per-request budget, or the ring buffer above its CUDA high-water mark),
+ * counted by thread, HTTP epoch and Python context so that user space attributes them
+ * exactly as it would the calls one by one, at the point of the epoch's end. */
+struct agg_key {
+    u32 tgid;
+    u32 tid;
+    u32 epoch;  /* the process's HTTP epoch when the calls were made */
+    u32 call;
+    u64 detail; /* as rollup_key.detail */
+    u64 ctx;    /* Python context of the thread; 0: none */
+};
+
+struct agg_value {
+    u64 count;
+    u64 bytes;
+    u64 duration_ns;
+    u64 first_ts;    /* entry of the first call */
+    u64 last_ts;     /* entry of the last call */
+    u64 last_end_ts; /* latest return of a call with a duration, else its entry */
+};
+
+/* http_seq value, by tgid: bumped by the HTTP probes. */
+struct http_seq {
+    u32 epoch; /* +1 at every HTTP record the process sends (read, write, close) */
+    u32 reads; /* +1 at every read of an HTTP connection: resets the threads' budgets */
+};
+
 /* py_procs value: a traced Python process's interpreter layout (otel_gpu/probes/python.py). */
 struct py_proc {
     u32 context_offset; /* offsetof(PyThreadState, context) */
@@ -211,7 +240,9 @@ enum counter {
     CNT_CUDA_STREAMED = 1,  /* (calls counted in-kernel are in the rollup map itself) */
     CNT_DRIVER_DEDUPED = 2, /* driver launches already counted by the runtime */
     CNT_CONN_TABLE_FULL = 3, /* accepts of traced processes left untracked: table full */
-    CNT_MAX = 4,
+    CNT_AGGREGATED = 4,     /* calls of active processes counted in req_agg, not streamed */
+    CNT_AGG_FULL = 5,       /* calls lost: req_agg was full */
+    CNT_MAX = 6,
 };
 
 #endif

@@ -189,7 +189,7 @@ static __always_inline void io_exit(u8 kind, long ret)
     u32 size = offsetof(struct sock_io_event, data) + len;
     if (size > sizeof(*e))
         return;
-    submit(e, size);
+    http_submit(e, size, &e->h, kind == EV_SOCK_READ);
 }
 
 TRACEPOINT_PROBE(syscalls, sys_enter_read) { io_enter(EV_SOCK_READ, args->fd, (u64)args->buf, 0); return 0; }
@@ -241,7 +241,7 @@ TRACEPOINT_PROBE(syscalls, sys_enter_close)
         struct close_event e = {};
         fill_header(&e.h, EV_SOCK_CLOSE, id);
         e.fd = key.fd;
-        submit(&e, sizeof(e));
+        http_submit(&e, sizeof(e), &e.h, 0);
     }
     return 0;
 }

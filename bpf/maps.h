@@ -16,12 +16,38 @@
 #ifndef MAX_CONNS
 #define MAX_CONNS 65536
 #endif
+/* CUDA calls streamed one by one per thread and request (reset at each HTTP read of
+ * the process); past it a call is counted in req_agg (cuda_probes.c). */
+#ifndef STREAM_BUDGET
+#define STREAM_BUDGET 64
+#endif
+/* CUDA records are streamed only while the ring buffer holds less than this many
+ * unread bytes: the rest of it is kept for HTTP records, which are never aggregated. */
+#ifndef CUDA_HIGH_WATER
+#define CUDA_HIGH_WATER (RINGBUF_PAGES * 4096 / 4 * 3)
+#endif
+#ifndef AGG_ENTRIES
+#define AGG_ENTRIES 65536
+#endif
 /* 1: every process that calls a CUDA probe is traced (no --pid/--exe filter). */
 #ifndef TRACE_ALL
 #define TRACE_ALL 1
 #endif
 
 BPF_RINGBUF_OUTPUT(events, RINGBUF_PAGES);
+
+/* Unread bytes in `events`. bcc rewrites only the map methods it knows, and
+ * ringbuf_query is not one: a ringbuf_output call with this flag becomes the query
+ * (the macro applies in bcc's second pass, once the map is named by its fd). */
+#define RINGBUF_QUERY_FLAG 0x7a11
+#define bpf_ringbuf_output(map, data, size, flags)                                      \
+    ((flags) == RINGBUF_QUERY_FLAG ? (long)bpf_ringbuf_query(map, BPF_RB_AVAIL_DATA)    \
+                                   : bpf_ringbuf_output(map, data, size, flags))
+static __always_inline u64 ring_unread(void)
+{
+    u32 dummy = 0;
+    return (u64)events.ringbuf_output(&dummy, 0, RINGBUF_QUERY_FLAG);
+}
 
 /* Processes being traced: tgid -> TRACED, or (user space, for a GPU process
  * related to HTTP servers: otel_gpu/pipeline/groups.py) the tgid of the one related
@@ -36,6 +62,9 @@ BPF_HASH(traced, u32, u32, MAX_PROCS);
  * tgid -> number of such connections. While non-zero, CUDA calls are streamed
  * so user space can attribute them; otherwise they are only counted. */
 BPF_HASH(http_active, u32, s64, MAX_PROCS);
+
+/* By tgid (struct http_seq): the HTTP epoch and read count of a process. */
+BPF_HASH(http_seq, u32, struct http_seq, MAX_PROCS);
 
 BPF_PERCPU_ARRAY(counters, u64, CNT_MAX);
 
@@ -63,6 +92,26 @@ static __always_inline void submit(void *data, u32 size)
 {
     if (events.ringbuf_output(data, size, 0) != 0)
         count(CNT_RINGBUF_FULL);
+}
+
+/* An HTTP record: bumps the process's epoch first and carries the new value, so user
+ * space places the req_agg counts of older epochs before it. `read`: a read of an
+ * HTTP connection, which also starts new budgets for the process's threads. */
+static __always_inline void http_submit(void *data, u32 size, struct event_header *h, int read)
+{
+    u32 tgid = h->tgid;
+    struct http_seq zero = {};
+    struct http_seq *s = http_seq.lookup_or_try_init(&tgid, &zero);
+    if (s) {
+        if (read)
+            __sync_fetch_and_add(&s->reads, 1);
+        /* Not atomic (this kernel's BPF cannot use an atomic add's result): two HTTP
+         * records of one process at the same instant may share an epoch, which
+         * still orders every count before or after both. */
+        h->epoch = s->epoch + 1;
+        s->epoch = h->epoch;
+    }
+    submit(data, size);
 }
 
 #endif

@@ -146,7 +146,8 @@ class Collector:
         t0 = time.monotonic()
         self.program = BpfProgram(ProgramOptions(trace_all=self.config.trace_all,
                                                  ringbuf_pages=self.config.ringbuf_pages,
-                                                 max_conns=self.config.max_connections), self.stats)
+                                                 max_conns=self.config.max_connections,
+                                                 stream_budget=self.config.stream_budget), self.stats)
         self._probe_known_files()
         self._scan()
         # Still `ready` first (the health file and tests wait for it), but never silently
@@ -183,7 +184,6 @@ class Collector:
         """All of /proc, or only the processes `only` (they just loaded a probed CUDA library)."""
         from .probes.table import PYTHON
         found = self.discovery.scan(only)
-
         python = found.python if self.config.python_context else {}
         # Default: one probe set per file, for every process mapping it. With --pid/--exe:
         # per selected process, so the other processes mapping the same file never trap.
@@ -318,7 +318,7 @@ class Collector:
         try:
             if self.program is not None:
                 self._push(self.program.poll(0))
-                self._push(self.program.read_rollups() + [Tick(time.monotonic_ns(), final=True)])
+                self._push(self.program.read_rollups(final=True) + [Tick(time.monotonic_ns(), final=True)])
         finally:
             from .export.bounded import wait_by
             closing = self.pipeline.start_close(deadline)

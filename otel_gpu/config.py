@@ -28,6 +28,7 @@ class Config:
     pids: list[int] = field(default_factory=list)
     exes: list[str] = field(default_factory=list)
     span_budget: int = 256
+    stream_budget: int = 64  # CUDA calls streamed per thread and request; the rest counted in the kernel
     console: bool = False            # print trace trees (resolved: on when no OTLP endpoint)
     route_patterns: list[str] = field(default_factory=list)
     max_routes: int = 100  # distinct http.route (and feature) values per service; later ones fold
@@ -64,6 +65,8 @@ class Config:
     def validate(self) -> "Config":
         if self.span_budget < 0 or self.span_budget > 100_000:
             raise ConfigError("span_budget", f"{self.span_budget} is not within 0..100000")
+        if self.stream_budget < 0 or self.stream_budget > 100_000:
+            raise ConfigError("stream_budget", f"{self.stream_budget} is not within 0..100000")
         for pid in self.pids:
             if pid <= 0:
                 raise ConfigError("pid", f"{pid} is not a process id")
@@ -130,6 +133,9 @@ def add_run_arguments(p) -> None:
                    help="trace only processes with this comm/executable name (repeatable)")
     p.add_argument("--span-budget", type=int,
                    help="CUDA call spans per request before rolling up (OTEL_GPU_SPAN_BUDGET; default 256)")
+    p.add_argument("--stream-budget", type=int,
+                   help="CUDA calls per thread and request sent one by one; the rest are counted in the "
+                        "kernel (OTEL_GPU_STREAM_BUDGET; default 64)")
     p.add_argument("--console", dest="console", action="store_true", default=None,
                    help="print trace trees (default: on when no OTLP endpoint is set)")
     p.add_argument("--no-console", dest="console", action="store_false")
@@ -280,6 +286,7 @@ def load_config(args=None, env: Mapping[str, str] = os.environ) -> Config:
         pids=src.flag("pid") or [],
         exes=src.flag("exe") or [],
         span_budget=src.integer("span_budget", "OTEL_GPU_SPAN_BUDGET", 256, minimum=0),
+        stream_budget=src.integer("stream_budget", "OTEL_GPU_STREAM_BUDGET", 64, minimum=0),
         console=(not otlp_traces) if console is None else console,
         route_patterns=src.names("route", "OTEL_GPU_ROUTES"),
         max_routes=src.integer("max_routes", "OTEL_GPU_MAX_ROUTES", 100),

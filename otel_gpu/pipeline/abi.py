@@ -34,15 +34,18 @@ CNT_RINGBUF_FULL = 0
 CNT_CUDA_STREAMED = 1
 CNT_DRIVER_DEDUPED = 2
 CNT_CONN_TABLE_FULL = 3
+CNT_AGGREGATED = 4
+CNT_AGG_FULL = 5
 ACCEPT_UNTRACKED = 1  # accept_event.flags: the connection table was full
 
-COUNTER_NAMES = ("ringbuf_full", "cuda_streamed", "driver_deduped", "conn_table_full")
+COUNTER_NAMES = ("ringbuf_full", "cuda_streamed", "driver_deduped", "conn_table_full", "aggregated",
+                 "agg_full")
 
 u8, u16, u32, s32, u64, s64 = ct.c_uint8, ct.c_uint16, ct.c_uint32, ct.c_int32, ct.c_uint64, ct.c_int64
 
 
 class EventHeader(ct.Structure):
-    _fields_ = [("kind", u8), ("flags", u8), ("pad", u8 * 2), ("tgid", u32), ("tid", u32), ("pad2", u32),
+    _fields_ = [("kind", u8), ("flags", u8), ("pad", u8 * 2), ("tgid", u32), ("tid", u32), ("epoch", u32),
                 ("ts_ns", u64)]
 
 
@@ -133,13 +136,27 @@ class RollupValue(ct.Structure):
     _fields_ = [("count", u64), ("bytes", u64), ("duration_ns", u64)]
 
 
+class AggKey(ct.Structure):
+    _fields_ = [("tgid", u32), ("tid", u32), ("epoch", u32), ("call", u32), ("detail", u64), ("ctx", u64)]
+
+
+class AggValue(ct.Structure):
+    _fields_ = [("count", u64), ("bytes", u64), ("duration_ns", u64), ("first_ts", u64), ("last_ts", u64),
+                ("last_end_ts", u64)]
+
+
+class HttpSeq(ct.Structure):
+    _fields_ = [("epoch", u32), ("reads", u32)]
+
+
 # C struct name -> mirror (the layout test walks this).
 STRUCTS: dict[str, type] = {
     "event_header": EventHeader, "accept_event": AcceptEvent, "sock_io_event": SockIoEvent,
-    "close_event": CloseEvent, "py_context_event": PyContextEvent, "proc_exit_event": ProcExitEvent,
-    "kernel_handle_event": KernelHandleEvent,
+    "close_event": CloseEvent, "py_context_event": PyContextEvent,
+    "kernel_handle_event": KernelHandleEvent, "proc_exit_event": ProcExitEvent,
     "cuda_header": CudaHeader, "launch_dims": LaunchDims, "launch_event": LaunchEvent,
     "memcpy_event": MemcpyEvent, "memory_event": MemoryEvent, "sync_event": SyncEvent,
     "graph_event": GraphEvent, "device_event": DeviceEvent, "user_launch_config": UserLaunchConfig,
     "py_proc": PyProc, "rollup_key": RollupKey, "rollup_value": RollupValue,
+    "agg_key": AggKey, "agg_value": AggValue, "http_seq": HttpSeq,
 }

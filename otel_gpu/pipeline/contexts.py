@@ -34,7 +34,7 @@ from typing import Optional
 
 from ..ratelimit import RateLimitedLog, Stats
 from .model import AMBIGUOUS, OUTSIDE, TASK, Request, RollupAgg, busy_end
-from .records import ContextCopy, CudaCall
+from .records import CallAggregate, ContextCopy, CudaCall
 
 HELD = "held"             # call() verdict: kept until its request is known
 MAX_CONTEXTS = 50_000     # tracked contexts per process (LRU past it)
@@ -266,7 +266,13 @@ class ProcessContexts:
             node.held.append(h)
             for c in cands:
                 self.index.setdefault(id(c), {})[h] = None
-        if node.kept < self.keep:
+        n = 1
+        if ev.__class__ is CallAggregate:  # calls the kernel counted: a fold of their own
+            n = ev.count
+            agg = RollupAgg(ev.call, ev.detail, n, ev.bytes, ev.duration_ns, ev.ts_ns, ev.last_ts, ev.last_end_ts)
+            h.folds[(ev.call, ev.detail, id(agg))] = [agg, device, ev.last_end_ts]
+            self.entries += 1
+        elif node.kept < self.keep:
             h.calls.append((ev, device))
             node.kept += 1
             self.entries += 1
@@ -278,9 +284,9 @@ class ProcessContexts:
                 self.entries += 1
             fold[0].add(ev, nbytes, duration)
             fold[2] = max(fold[2], busy_end(ev))
-        h.count += 1
+        h.count += n
         h.first_ts = min(h.first_ts, ev.ts_ns)
-        self.held += 1
+        self.held += n
 
     def _lose(self, h: Held) -> list[Outcome]:
         """One candidate of `h` can no longer own it."""

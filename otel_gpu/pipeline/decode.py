@@ -24,7 +24,7 @@ class DecodeError(ValueError):
     """A record that does not match the header: counted and dropped by the reader."""
 
 
-# struct cuda_header: kind, flags, pad[2], tgid, tid, pad2, ts_ns, call, ret, ctx
+# struct cuda_header: kind, flags, pad[2], tgid, tid, epoch (0: unused), ts_ns, call, ret, ctx
 _CUDA_HEADER = "<BBxxII4xQIiQ"
 LAUNCH = struct.Struct(_CUDA_HEADER + "Q3I3IQQ")  # func, grid, block, shmem, stream
 MEMCPY = struct.Struct(_CUDA_HEADER + "QQI4x")    # bytes, stream, direction, pad
@@ -120,7 +120,8 @@ def _sock_io(buf, size):
     if e.data_len > HTTP_DATA_CAP or _IO_FIXED + e.data_len > size or e.tail_len > HTTP_TAIL_CAP:
         raise DecodeError(f"socket record claims {e.data_len} data bytes in {size}")
     data = buf[_IO_FIXED:_IO_FIXED + e.data_len]
-    return SockIo(e.h.kind, e.h.tgid, e.h.tid, e.h.ts_ns, e.fd, e.ret, data, bytes(e.tail[:e.tail_len]), e.ctx)
+    return SockIo(e.h.kind, e.h.tgid, e.h.tid, e.h.ts_ns, e.fd, e.ret, data, bytes(e.tail[:e.tail_len]), e.ctx,
+                  e.h.epoch)
 
 
 def _accept(buf, size):
@@ -134,7 +135,7 @@ def _accept(buf, size):
 def _close(buf, size):
     _need(buf, size, abi.CloseEvent)
     e = abi.CloseEvent.from_buffer_copy(bytes(buf))
-    return SockClose(e.h.tgid, e.h.tid, e.h.ts_ns, e.fd)
+    return SockClose(e.h.tgid, e.h.tid, e.h.ts_ns, e.fd, e.h.epoch)
 
 
 def _proc_exit(buf, size):

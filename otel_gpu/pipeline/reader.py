@@ -1,5 +1,6 @@
 """The source of the pipeline: drains the ring buffer into batches of decoded records,
-and turns the in-kernel rollup map into KernelRollup records. It is handed the maps
+turns the in-kernel rollup map into KernelRollup records, and places the per-request
+counts of the req_agg map (CallAggregate) in the batches where their HTTP epoch ended. It is handed the maps
 by the program's owner (probes/program.py) and names none itself."""
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from typing import Optional
 from ..ratelimit import RateLimitedLog, Stats
 from .abi import RollupKey
 from .decode import DecodeError, decode
-from .records import KernelRollup, ProcExit
+from .records import CallAggregate, KernelRollup, ProcExit, SockClose, SockIo
 
 log = logging.getLogger(__name__)
 
@@ -87,3 +88,82 @@ class RollupReader:
 
     def __len__(self) -> int:
         return len(self.table)
+
+
+def epoch_after(a: int, b: int) -> bool:
+    """HTTP epoch `a` comes after `b` (u32 counters that wrap)."""
+    return 0 < ((a - b) & 0xFFFFFFFF) < 0x80000000
+
+
+class AggregateReader:
+    """CallAggregate records from req_agg (bpf/cuda_probes.c). An entry is taken once its
+    epoch has ended, i.e. the stream holds an HTTP record of its process with a later
+    epoch (or the process exited, or the collector stops): then no call of it is still
+    counting (but one whose probe read the epoch just before the HTTP probe bumped it,
+    a window of nanoseconds, which then lands in a new entry: placed late and counted,
+    `aggregates_late`). It goes just before that record, where its calls one by one would
+    have been: the stitcher attributes it with the same open requests and contexts."""
+
+    def __init__(self, table, stats: Stats) -> None:
+        self.table = table
+        self.stats = stats
+        self.epochs: dict[int, int] = {}  # tgid -> latest HTTP epoch in the stream
+
+    def merge(self, batch: list, final: bool = False) -> list:
+        """`batch` with the aggregates whose epoch ended in or before it put in place."""
+        before = dict(self.epochs)
+        bounds: dict[int, list] = {}  # tgid -> [(epoch, index)] of its HTTP records
+        exits: dict[int, int] = {}
+        for i, r in enumerate(batch):
+            cls = r.__class__
+            if (cls is SockIo or cls is SockClose) and r.epoch:
+                bounds.setdefault(r.tgid, []).append((r.epoch, i))
+                last = self.epochs.get(r.tgid)
+                if last is None or epoch_after(r.epoch, last):
+                    self.epochs[r.tgid] = r.epoch
+            elif cls is ProcExit and r.tgid not in exits:
+                exits[r.tgid] = i
+        if not (bounds or exits or final):
+            return batch
+        taken = self._take(exits, final)
+        if not taken:
+            return batch
+        at: dict[int, list] = {}
+        for a in taken:
+            at.setdefault(self._place(a, bounds, exits, before, len(batch)), []).append(a)
+        out: list = []
+        for i, r in enumerate(batch):
+            if i in at:
+                out.extend(sorted(at.pop(i), key=lambda a: a.ts_ns))
+            out.append(r)
+        for i in sorted(at):
+            out.extend(sorted(at[i], key=lambda a: a.ts_ns))
+        return out
+
+    def _take(self, exits: dict, final: bool) -> list[CallAggregate]:
+        taken = []
+        for k, v in list(self.table.items()):
+            last = self.epochs.get(k.tgid)
+            if not (final or k.tgid in exits or (last is not None and epoch_after(last, k.epoch))):
+                continue  # its epoch is still running: calls may still be counting in it
+            try:
+                del self.table[k]
+            except KeyError:
+                continue
+            taken.append(CallAggregate(k.tgid, k.tid, k.epoch, k.call, k.detail, k.ctx, v.count, v.bytes,
+                                       v.duration_ns, v.first_ts, v.last_ts, v.last_end_ts))
+        return taken
+
+    def _place(self, a: CallAggregate, bounds: dict, exits: dict, before: dict, end: int) -> int:
+        last = before.get(a.tgid)
+        if last is not None and epoch_after(last, a.epoch):
+            self.stats.add("aggregates_late", a.count)  # its epoch ended in an earlier batch
+            return 0
+        for epoch, i in bounds.get(a.tgid, ()):
+            if epoch_after(epoch, a.epoch):
+                return i
+        return exits.get(a.tgid, end)  # at its exit, or (the collector stops) after everything
+
+    def forget(self, tgids: set) -> None:
+        for tgid in tgids:
+            self.epochs.pop(tgid, None)

@@ -39,6 +39,7 @@ class SockIo:
     data: bytes
     tail: bytes
     ctx: int = 0  # the Python contextvars.Context running on the thread (id()), 0: none/unknown
+    epoch: int = 0  # the process's HTTP epoch after this record (bpf/maps.h http_submit)
 
 
 @dataclass(slots=True)
@@ -47,6 +48,7 @@ class SockClose:
     tid: int
     ts_ns: int
     fd: int
+    epoch: int = 0  # as SockIo.epoch
 
 
 @dataclass(slots=True)
@@ -172,6 +174,26 @@ class KernelHandle:
     unreadable: bool = False  # the handle or the name could not be read: handle/name are 0/None
 
 
+@dataclass(slots=True)
+class CallAggregate:
+    """Calls of one thread in one Python context (`ctx`) and HTTP epoch that the kernel
+    counted instead of streaming (past the thread's budget, or the ring buffer near
+    full: bpf/cuda_probes.c req_agg), by (call, detail): the reader places it where
+    the epoch ended, so it is attributed as the calls one by one would have been."""
+    tgid: int
+    tid: int
+    epoch: int
+    call: int
+    detail: int
+    ctx: int
+    count: int
+    bytes: int
+    duration_ns: int
+    ts_ns: int        # entry of the first call
+    last_ts: int      # entry of the last
+    last_end_ts: int  # latest end (a synchronising call's return)
+
+
 # --- records that say something about time or processes -----------------------------
 @dataclass(slots=True)
 class KernelRollup:
@@ -217,4 +239,4 @@ class ProcessGone:
     comm: str = ""  # from the exit event: names a process /proc was never read for
 
 
-Event = Union[Accept, SockIo, SockClose, CudaCall, ContextCopy, ProcExit, KernelRollup, Tick]
+Event = Union[Accept, SockIo, SockClose, CudaCall, CallAggregate, ContextCopy, ProcExit, KernelRollup, Tick]

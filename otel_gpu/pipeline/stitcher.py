@@ -22,7 +22,9 @@ Time arrives as Tick records: at each, the ambiguous/shared/outside windows coll
 far go out; at the final one (collector stopping), every open request is closed too. A
 shared window also goes out at each synchronising call of its process (one batch step).
 Calls the kernel counted by itself arrive as KernelRollup records (outside requests, or
-shared while related processes have requests open)."""
+shared while related processes have requests open), and, past a thread's per-request
+streaming budget, as CallAggregate records placed where the calls were made (between the
+same HTTP records): attributed by the rules above exactly as the calls one by one."""
 from __future__ import annotations
 
 import logging
@@ -35,9 +37,9 @@ from ..ratelimit import RateLimitedLog, Stats
 from .http_parser import HttpParseError, RequestStream, ResponseStream
 from .contexts import HELD, Outcome, ProcessContexts
 from .model import (AMBIGUOUS, ATTRIBUTIONS, OUTSIDE, PROCESS, SHARED, TASK, THREAD, CallSink, ProcessWindow,
-                    Request)
-from .records import (Accept, RequestOpened, ContextCopy, CudaCall, DeviceCall, EV_SOCK_READ, KernelRollup,
-                      ProcessGone, ProcessSeen, ProcExit, SockClose, SockIo, SyncCall, Tick)
+                    Request, RollupAgg)
+from .records import (Accept, CallAggregate, RequestOpened, ContextCopy, CudaCall, DeviceCall, EV_SOCK_READ,
+                      KernelRollup, ProcessGone, ProcessSeen, ProcExit, SockClose, SockIo, SyncCall, Tick)
 from .traceparent import parse_traceparent
 
 log = logging.getLogger(__name__)
@@ -116,6 +118,8 @@ class Stitcher:
                 self._on_accept(ev, out)
             elif isinstance(ev, SockClose):
                 self._on_close(ev.tgid, ev.fd, ev.ts_ns, out)
+            elif isinstance(ev, CallAggregate):
+                self._on_aggregate(ev, out)
             elif isinstance(ev, KernelRollup):
                 self._on_kernel_rollup(ev, out)
             elif isinstance(ev, ProcExit):
@@ -393,11 +397,11 @@ class Stitcher:
             out.append(p.shared)
             p.shared = None
 
-    def _on_call(self, p: Proc, ev: CudaCall, out: list) -> None:
-        device = p.device_by_tid.get(ev.tid, 0)
+    def _verdict(self, p: Proc, ev, device: int):
+        """HELD, or (attribution, request or candidates) for a call or a CallAggregate."""
         verdict = p.contexts.call(ev, device) if ev.ctx else None
         if verdict is HELD:  # counted when it settles
-            return
+            return HELD
         attribution, target = verdict or attribute(p.open, ev.tid, p.partial_heads, p.broken)
         if p.untracked and (attribution is THREAD or attribution is PROCESS):
             attribution, target = AMBIGUOUS, list(p.open)  # a request we cannot see may own it
@@ -405,6 +409,37 @@ class Stitcher:
             target = self._group_requests(p)
             if target:
                 attribution = SHARED
+        return attribution, target
+
+    def _on_aggregate(self, a: CallAggregate, out: list) -> None:
+        """Calls the kernel counted instead of streaming them, at the point they were made."""
+        p = self.procs.get(a.tgid) or self._proc(a.tgid, out)
+        device = p.device_by_tid.get(a.tid, 0)
+        verdict = self._verdict(p, a, device)
+        if verdict is HELD:
+            return
+        attribution, target = verdict
+        self.attributed[attribution] += a.count
+        agg = RollupAgg(a.call, a.detail, a.count, a.bytes, a.duration_ns, a.ts_ns, a.last_ts, a.last_end_ts)
+        if attribution is THREAD or attribution is TASK or attribution is PROCESS:
+            target.sink.add_rollup(agg, attribution)
+            target.busy.extend(device, a.ts_ns, a.last_end_ts)
+            return
+        window = self._window(p, attribution, a.ts_ns, device)
+        window.sink.add_rollup(agg, attribution)
+        window.end_ns = max(window.end_ns, a.last_end_ts)
+        if attribution == AMBIGUOUS:
+            for r in target:
+                r.sink.summary.ambiguous += a.count / len(target)
+        if attribution == AMBIGUOUS or attribution == SHARED:
+            self._link(window, target)
+
+    def _on_call(self, p: Proc, ev: CudaCall, out: list) -> None:
+        device = p.device_by_tid.get(ev.tid, 0)
+        verdict = self._verdict(p, ev, device)
+        if verdict is HELD:
+            return
+        attribution, target = verdict
         self.attributed[attribution] += 1
         if attribution is THREAD or attribution is TASK or attribution is PROCESS:
             target.sink.add(ev, attribution)

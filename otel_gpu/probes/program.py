@@ -11,7 +11,7 @@ import time
 from typing import Optional
 
 from ..pipeline.abi import COUNTER_NAMES, PyProc
-from ..pipeline.reader import RingReader, RollupReader
+from ..pipeline.reader import AggregateReader, RingReader, RollupReader
 from ..ratelimit import Stats
 from .attacher import Attacher
 from .discovery import ProbeTarget
@@ -22,9 +22,9 @@ log = logging.getLogger(__name__)
 
 # Maps keyed by tgid, and maps keyed by pid_tgid (tgid in the high 32 bits) or by a
 # struct with a tgid field: every entry of an exited process goes.
-_BY_TGID = ("traced", "http_active", "py_procs")
+_BY_TGID = ("traced", "http_active", "http_seq", "py_procs")
 _BY_PID_TGID = ("in_call", "reading", "writing", "accepting", "py_tstate")
-_STATE_TABLES = ("traced", "http_active", "conns", "rollup", "in_call", "py_procs", "py_tstate")
+_STATE_TABLES = ("traced", "http_active", "conns", "rollup", "req_agg", "in_call", "py_procs", "py_tstate")
 # `traced` values (bpf/maps.h): traced, following no server; every related server.
 TRACED, FOLLOW_ALL = 1, 0xFFFFFFFF
 
@@ -35,24 +35,29 @@ class BpfProgram:
         self.bpf = load(options)
         self.ring = RingReader(self.bpf, "events", stats)
         self.rollups = RollupReader(self.bpf["rollup"])
+        self.aggregates = AggregateReader(self.bpf["req_agg"], stats)
         self.attacher = Attacher(self.bpf, stats)
         self._lost_seen = 0
         self._untracked_seen = 0
+        self._agg_full_seen = 0
         self._prune_suspects: set = set()  # (tgid, fd) found without a socket once
 
     # --- records for the pipeline ---------------------------------------------------
     def poll(self, timeout_ms: int) -> list:
         """Records from the ring buffer. Before a process's exit, the calls the kernel
-        counted for it: its last KernelRollups go ahead of its ProcExit."""
+        counted for it: its last KernelRollups go ahead of its ProcExit. The calls it
+        counted per request (req_agg) go where their HTTP epoch ended."""
         batch, first_exit = self.ring.poll(timeout_ms)
         if first_exit >= 0:
             batch[first_exit:first_exit] = self.rollups.read(time.monotonic_ns())
-        return batch
+        return self.aggregates.merge(batch)
 
-    def read_rollups(self) -> list:
-        """What the kernel counted since the last read; also takes in lost events."""
+    def read_rollups(self, final: bool = False) -> list:
+        """What the kernel counted since the last read; also takes in lost events.
+        `final` (the collector stops): every per-request count too."""
         self._account_lost()
-        return self.rollups.read(time.monotonic_ns())
+        rollups = self.rollups.read(time.monotonic_ns())
+        return self.aggregates.merge([], final=True) + rollups if final else rollups
 
     def _account_lost(self) -> None:
         counters = self.counters()
@@ -67,6 +72,11 @@ class BpfProgram:
                         "left untracked so far", full)
             self.stats.add("connections_untracked", full - self._untracked_seen)
             self._untracked_seen = full
+        agg_full = counters["agg_full"]
+        if agg_full > self._agg_full_seen:
+            log.warning("per-request count table full (AGG_ENTRIES): %d CUDA calls lost so far", agg_full)
+            self.stats.add("lost_events", agg_full - self._agg_full_seen)
+            self._agg_full_seen = agg_full
 
     def counters(self) -> dict[str, int]:
         table = self.bpf["counters"]
@@ -183,6 +193,7 @@ class BpfProgram:
         for tgid in tgids & self.attacher.pids():
             self.detach(tgid, "exited")
         self.rollups.forget(tgids)
+        self.aggregates.forget(tgids)
         for name in _BY_TGID:
             table = self.bpf[name]
             for tgid in tgids:
@@ -191,7 +202,8 @@ class BpfProgram:
                 except KeyError:
                     pass
         # One pass per table whatever the number of exits: reading a map key by key is slow.
-        for name, tgid_of in [("conns", lambda k: k.tgid)] + [(n, lambda k: k.value >> 32) for n in _BY_PID_TGID]:
+        for name, tgid_of in [("conns", lambda k: k.tgid), ("req_agg", lambda k: k.tgid),
+                              ("stream_budget", lambda k: k.pid_tgid >> 32)] + [(n, lambda k: k.value >> 32) for n in _BY_PID_TGID]:
             table = self.bpf[name]
             for k in [k for k in table.keys() if tgid_of(k) in tgids]:
                 try:

@@ -32,6 +32,7 @@ class ProgramOptions:
     ringbuf_pages: int = 2048   # 8 MiB; a power of two
     max_procs: int = 4096
     max_conns: int = 65536
+    stream_budget: int = 64     # CUDA calls streamed per thread and request (bpf/maps.h STREAM_BUDGET)
 
     def cflags(self) -> list[str]:
         if self.ringbuf_pages & (self.ringbuf_pages - 1):
@@ -43,6 +44,7 @@ class ProgramOptions:
             f"-DRINGBUF_PAGES={self.ringbuf_pages}",
             f"-DMAX_PROCS={self.max_procs}",
             f"-DMAX_CONNS={self.max_conns}",
+            f"-DSTREAM_BUDGET={self.stream_budget}",
         ]
 
 

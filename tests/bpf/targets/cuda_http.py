@@ -2,7 +2,7 @@
 servers (stdlib ThreadingHTTPServer, a WSGI app on a threaded wsgiref server, an
 ASGI app on uvicorn/asyncio). Routes do exactly the CUDA work their query asks:
 
-  /work?launches=K&copies=M&h2d=B&d2h=B   on the handling thread
+  /work?launches=K&copies=M&h2d=B&d2h=B&syncs=S   on the handling thread
   /handoff?launches=K                     on a new thread, joined before replying
   /together?launches=K                    waits until 2 requests are in, then works
                                           on a new thread (ambiguous by design)
@@ -38,6 +38,8 @@ def do_work(q: dict) -> None:
             WORK.memcpy(int(q.get("h2d", 4096)), H2D)
         else:
             WORK.memcpy(int(q.get("d2h", 1024)), D2H)
+    for _ in range(int(q.get("syncs", 0))):
+        WORK.synchronize()
 
 
 def driver_launch() -> None:

@@ -1,0 +1,78 @@
+"""Past the per-request streaming budget (--stream-budget) the kernel counts CUDA calls
+in req_agg instead of streaming them; the server span's aggregates still equal exactly
+the calls the request made, and its children (one by one plus rollup counts) add up."""
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from tests.harness import children_of, server_spans, started
+
+BUDGET = 16
+PAST = BUDGET + 37  # calls of each kind: well across the budget boundary
+
+
+def _spans(receiver, pid, route, n):
+    ok = receiver.wait_for(lambda spans: len([s for s in server_spans(spans, pid)
+                                              if s.attributes.get("http.route") == route]) >= n)
+    assert ok, f"expected {n} server spans for {route}"
+    return [s for s in server_spans(receiver.spans, pid) if s.attributes.get("http.route") == route]
+
+
+def _children_add_up(receiver, span, calls):
+    kids = children_of(receiver.spans, span)
+    single = [c for c in kids if "gpu.rollup.count" not in c.attributes]
+    rolled = sum(c.attributes["gpu.rollup.count"] for c in kids if "gpu.rollup.count" in c.attributes)
+    assert len(single) + rolled == calls == span.attributes["gpu.calls"]
+    assert rolled > 0  # past the budget: some calls were counted, not streamed
+
+
+@pytest.mark.parametrize("kind", ["stdlib", "asgi"])  # thread and task (Python context) attribution
+def test_counts_exact_across_the_budget(kind, receiver, start_collector, start_target):
+    collector, target = started(start_collector, start_target, "--stream-budget", str(BUDGET), kind=kind)
+    target.get(f"/work?launches={PAST}&copies={PAST}&h2d=1000&d2h=300&syncs={PAST}")
+    (span,) = _spans(receiver, target.pid, "/work", 1)
+    a = span.attributes
+    assert a["gpu.launches"] == PAST
+    h2d, d2h = (PAST + 1) // 2, PAST // 2  # copies alternate, h2d first
+    assert a["gpu.memcpy.h2d.bytes"] == 1000 * h2d
+    assert a["gpu.memcpy.d2h.bytes"] == 300 * d2h
+    assert a["gpu.calls"] == 3 * PAST
+    _children_add_up(receiver, span, 3 * PAST)
+
+
+def test_calls_on_another_thread_right_before_the_reply(receiver, start_collector, start_target):
+    """/handoff: a fresh thread makes the calls and is joined just before the response is
+    written: its counts are still in the kernel map when the write arrives."""
+    collector, target = started(start_collector, start_target, "--stream-budget", str(BUDGET))
+    for _ in range(3):
+        target.get(f"/handoff?launches={PAST}")
+    spans = _spans(receiver, target.pid, "/handoff", 3)
+    for s in spans:
+        assert s.attributes["gpu.launches"] == PAST
+        _children_add_up(receiver, s, PAST)
+
+
+def test_two_concurrent_requests_each_exact(receiver, start_collector, start_target):
+    collector, target = started(start_collector, start_target, "--stream-budget", str(BUDGET))
+    counts = (PAST, 3 * PAST)
+    errors = []
+
+    def get(n):
+        try:
+            target.get(f"/work?launches={n}")
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+    for _ in range(3):
+        threads = [threading.Thread(target=get, args=(n,)) for n in counts]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+    assert not errors
+    spans = _spans(receiver, target.pid, "/work", 6)
+    assert sorted(s.attributes["gpu.launches"] for s in spans) == sorted(counts * 3)
+    for s in spans:
+        assert s.attributes.get("otel_gpu.calls.ambiguous", 0) == 0
+        _children_add_up(receiver, s, s.attributes["gpu.launches"])

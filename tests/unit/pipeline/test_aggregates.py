@@ -1,0 +1,125 @@
+"""Per-request counts from the kernel (req_agg, records.CallAggregate): the reader puts
+each where its HTTP epoch ended, and the stitcher attributes it as the calls one by one."""
+from __future__ import annotations
+
+import random
+from types import SimpleNamespace
+
+from otel_gpu.pipeline.reader import AggregateReader, epoch_after
+from otel_gpu.pipeline.records import (EV_SOCK_READ, EV_SOCK_WRITE, Accept, CallAggregate, ContextCopy,
+                                       ProcExit, SockIo)
+from otel_gpu.pipeline.model import Request
+from otel_gpu.pipeline.stitcher import Stitcher
+from otel_gpu.probes.table import call_id
+from otel_gpu.ratelimit import Stats
+from tests.unit.pipeline import calls
+
+PID, FD, LOOP = 4242, 10, 1
+LAUNCH, MEMCPY, SYNC = call_id("cudaLaunchKernel"), call_id("cudaMemcpy"), call_id("cudaDeviceSynchronize")
+OK = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
+
+
+class FakeReqAgg(dict):
+    """Stands in for the bcc hash (the real one is exercised by tests/bpf/test_request_aggregates.py):
+    AggKey-like keys to AggValue-like values."""
+
+    def put(self, tgid, tid, epoch, call, detail=0x1000, ctx=0, count=1, nbytes=0, duration=0, ts=1):
+        k = SimpleNamespace(tgid=tgid, tid=tid, epoch=epoch, call=call, detail=detail, ctx=ctx)
+        self[id(k)] = (k, SimpleNamespace(count=count, bytes=nbytes, duration_ns=duration, first_ts=ts,
+                                          last_ts=ts, last_end_ts=ts + duration))
+
+    def items(self):
+        return list(dict.values(self))
+
+    def __delitem__(self, k):
+        dict.__delitem__(self, id(k))
+
+
+def read(epoch, ts=0, pid=PID, raw=b"GET /r HTTP/1.1\r\nHost: x\r\n\r\n", tid=LOOP, ctx=0, fd=FD):
+    return SockIo(EV_SOCK_READ, pid, tid, ts, fd, len(raw), raw, b"", ctx, epoch)
+
+
+def write(epoch, ts=0, pid=PID, tid=LOOP, ctx=0):
+    return SockIo(EV_SOCK_WRITE, pid, tid, ts, FD, len(OK), OK, OK[-8:], ctx, epoch)
+
+
+def test_epochs_wrap():
+    assert epoch_after(5, 4) and not epoch_after(4, 5) and not epoch_after(4, 4)
+    assert epoch_after(1, 0xFFFFFFFF)
+
+
+def test_an_aggregate_goes_before_the_first_record_that_ends_its_epoch():
+    table = FakeReqAgg()
+    table.put(PID, LOOP, 1, LAUNCH, count=40)   # made after the read (epoch 1)
+    table.put(PID, LOOP, 2, LAUNCH, count=7)    # after the write: epoch 2 still running
+    table.put(PID + 1, 9, 1, LAUNCH, count=3)   # another process: its epoch never ended
+    r = AggregateReader(table, Stats())
+    batch = [read(1), "streamed call", write(2)]
+    out = r.merge(batch)
+    assert out[:2] == batch[:2] and out[3] is batch[2]
+    assert out[2].__class__ is CallAggregate and (out[2].epoch, out[2].count) == (1, 40)
+    assert sorted(a.count for k, a in table.items()) == [3, 7]  # not taken: their epochs run on
+
+
+def test_exit_takes_everything_of_the_process_and_final_takes_all():
+    table = FakeReqAgg()
+    table.put(PID, LOOP, 3, LAUNCH, count=5)
+    table.put(PID + 1, 9, 1, MEMCPY, count=2, nbytes=64)
+    r = AggregateReader(table, Stats())
+    gone = ProcExit(PID, 10)
+    out = r.merge(["x", gone])
+    assert [o.count for o in out if o.__class__ is CallAggregate] == [5] and out[-1] is gone
+    out = r.merge([], final=True)
+    assert [(o.tgid, o.count, o.bytes) for o in out] == [(PID + 1, 2, 64)] and not table
+
+
+def test_an_aggregate_whose_epoch_ended_in_an_earlier_batch_is_placed_first_and_counted_late():
+    table, stats = FakeReqAgg(), Stats()
+    r = AggregateReader(table, stats)
+    r.merge([read(4)])
+    table.put(PID, LOOP, 3, LAUNCH, count=2)  # a probe that read epoch 3 just before the bump
+    out = r.merge([write(5)])
+    assert out[0].__class__ is CallAggregate and out[1].epoch == 5
+    assert stats.snapshot().get("aggregates_late") == 2
+
+
+def agg(call, count, tid=LOOP, detail=0x1000, nbytes=0, duration=0, ctx=0, ts=5):
+    return CallAggregate(PID, tid, 1, call, detail, ctx, count, nbytes, duration, ts, ts, ts + duration)
+
+
+def test_stitcher_adds_aggregates_to_the_request_exactly():
+    s = Stitcher(span_budget=8, rng=random.Random(1))
+    streamed = [calls.cuda(tid=LOOP, pid=PID, ts=3) for _ in range(5)]
+    evs = [Accept(PID, LOOP, 1, FD, 3, "10.0.0.1", 5000), read(1, ts=2), *streamed,
+           agg(LAUNCH, 37), agg(MEMCPY, 4, detail=1, nbytes=400), agg(SYNC, 3, detail=0, duration=30),
+           write(2, ts=100)]
+    (req,) = [o for o in s.process(evs) if isinstance(o, Request)]
+    sm = req.sink.summary
+    assert (sm.launches, sm.calls, sm.memcpy_bytes["h2d"], sm.sync_ns) == (42, 49, 400, 30)
+    assert len(req.sink.calls) == 5 and req.sink.rolled_up == 44
+    assert req.sink.attributed == {"thread": 49} and s.attributed["thread"] == 49
+
+
+def test_stitcher_splits_an_ambiguous_aggregate_by_count():
+    s = Stitcher(span_budget=8, rng=random.Random(1))
+    evs = [Accept(PID, 1, 1, FD, 3, None, None), Accept(PID, 2, 1, FD + 1, 3, None, None),
+           read(1, ts=2, tid=1), read(2, ts=3, tid=2, fd=FD + 1),
+           agg(LAUNCH, 10, tid=3)]  # a third thread, two requests open
+    s.process(evs)
+    reqs = s.procs[PID].open
+    assert [r.sink.summary.ambiguous for r in reqs] == [5.0, 5.0]
+    assert s.attributed["ambiguous"] == 10
+
+
+def test_stitcher_holds_an_aggregate_in_a_context_until_its_request_binds():
+    """uvicorn: the task's context is bound to its request at the response write; calls
+    (and counts) made in it before are held, then land on the request as a task's."""
+    s = Stitcher(span_budget=8, rng=random.Random(1))
+    base, task = 0x5000, 0x7000
+    evs = [Accept(PID, LOOP, 1, FD, 3, None, None), read(1, ts=2, ctx=base),
+           ContextCopy(PID, LOOP, 3, task, base),
+           calls.cuda(tid=LOOP, pid=PID, ts=4, ctx=task), agg(LAUNCH, 20, ctx=task, ts=5),
+           write(2, ts=9, ctx=task)]
+    (req,) = [o for o in s.process(evs) if isinstance(o, Request)]
+    assert req.sink.summary.launches == 21 and req.sink.attributed == {"task": 21}
+    assert s.procs[PID].contexts.state()["pending_calls"] == 0
