@@ -110,3 +110,4 @@ total=$(du -cb "$OUT"/*.tar.xz "$OUT"/wheels/* | tail -n1 | cut -f1)
 } > "$OUT/MANIFEST.txt"
 log "$(tail -n1 "$OUT/MANIFEST.txt")"
 [ "$total" -le "$LIMIT" ] || { log "bundle is over 64 MiB: trim it"; exit 1; }
+rm -rf "$WORK"/{x,h,merged,bcc,kernel-headers}  # staging: about 700 MB unpacked

@@ -43,4 +43,5 @@ for keep in "" 1; do
     OTEL_GPU_KEEP_LIBS=$KEEP OTEL_GPU_PYTHON=$MACHINE/bin/python OTEL_GPU_PREFIX=$WORK/prefix${KEEP:+-all} \
       OUT=$WORK/check-out${KEEP:+-all} scripts/gpu-tier.sh --check'
 done
+rm -rf "$WORK/prefix" "$WORK/prefix-all"  # about 250 MB unpacked each
 log "ok: the bundle installs without this host's bcc or headers, and its programs load"
