@@ -543,8 +543,6 @@ static __always_inline int handle_return(struct pt_regs *ctx, u32 call)
         in_handle_call.delete(&k);
         return 0;
     }
-    struct event_header clean = {};  /* the scratch keeps the last event's flags */
-    e->h = clean;
     fill_header(&e->h, EV_KERNEL_HANDLE, id);
     e->call = call;
     e->ret = (s32)PT_REGS_RC(ctx);

@@ -78,6 +78,8 @@ static __always_inline void count(u32 idx)
 static __always_inline void fill_header(struct event_header *h, u8 kind, u64 pid_tgid)
 {
     h->kind = kind;
+    h->flags = 0;  /* per-CPU scratch records keep the last event's values otherwise */
+    h->epoch = 0;
     h->tgid = pid_tgid >> 32;
     h->tid = (u32)pid_tgid;
     h->ts_ns = bpf_ktime_get_ns();
