@@ -192,8 +192,10 @@ class Collector:
         for pid, target in wanted:
             if target.kind != PYTHON or self.config.python_context:
                 self.program.attach(target, pid)
-        for target in found.targets:
-            if target.kind != PYTHON:  # the next process loading this file is seen at once
+        # Default mode: the next process loading a file seen here is traced at once. Not
+        # with --pid/--exe: a file-wide probe would outlive the processes that brought it.
+        for target in found.targets if self.config.trace_all else ():
+            if target.kind != PYTHON:
                 self.program.attach_load_probe(target)
         for pid in self.program.probed_pids() - found.cuda_pids if only is None else ():
             self.program.detach(pid, "exited, or no longer selected or mapping CUDA")

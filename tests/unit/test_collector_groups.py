@@ -18,6 +18,7 @@ class FakeProgram:
         return 0
 
     def attach_load_probe(self, target):
+        self.calls.append(("load probe", target.path))
         return True
 
     def probed_pids(self):
@@ -103,3 +104,17 @@ def test_a_process_seen_loading_cuda_is_scanned_alone_and_added(tmp_path):
     assert c.discovery.only == {OTHER}
     assert c._traced_pids == {WORKER, OTHER}
     assert ("trace", OTHER) in c.program.calls
+
+
+def test_load_probes_on_discovered_files_in_the_default_mode_only(tmp_path):
+    """With --pid/--exe a file-wide load probe would outlive the selected processes
+    (their probes must all go when they exit): only the default mode adds them at scans."""
+    from otel_gpu.probes.discovery import ProbeTarget
+    from otel_gpu.probes.table import PYTHON, RUNTIME
+    files = [ProbeTarget(RUNTIME, "/x/libcudart.so.12", (1, 2)), ProbeTarget(PYTHON, "/x/python3", (1, 3))]
+    for exes, expected in (((), [("load probe", "/x/libcudart.so.12")]), (("server",), [])):
+        c = collector(tmp_path)
+        c.config = Config(proc_root=str(tmp_path), exes=exes)
+        c.discovery.result = ScanResult({WORKER}, files, by_pid={WORKER: files})
+        c._scan()
+        assert [x for x in c.program.calls if x[0] == "load probe"] == expected
