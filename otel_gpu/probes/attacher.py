@@ -193,7 +193,6 @@ class Attacher:
 
     def pids(self) -> set:
         """Processes that have probes of their own."""
-
         return {pid for _, pid in self.attached if pid is not None and pid != LOAD_PROBE}
 
     def files(self) -> int:
