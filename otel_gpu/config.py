@@ -53,6 +53,7 @@ class Config:
     queue_size: int = 8192        # OTEL_BSP_MAX_QUEUE_SIZE: spans queued for OTLP
     export_batch_size: int = 512  # OTEL_BSP_MAX_EXPORT_BATCH_SIZE (capped at queue_size)
     schedule_delay_ms: Optional[int] = None  # OTEL_BSP_SCHEDULE_DELAY (None: SDK default)
+    metric_interval_ms: int = 10_000  # OTEL_METRIC_EXPORT_INTERVAL (the SDK's 60 s is coarse for an agent)
     store_path: Optional[str] = None  # local SQLite store; None: off
     status_file: Optional[str] = None  # state file read by `otel-gpu status`; None: off
     store_group: Optional[int] = None  # gid that may read the store (file 0640, dir 0750); None: 0600/0700
@@ -308,6 +309,7 @@ def load_config(args=None, env: Mapping[str, str] = os.environ) -> Config:
         # The SDK refuses an export batch larger than the queue.
         export_batch_size=min(src.integer(None, "OTEL_BSP_MAX_EXPORT_BATCH_SIZE", 512), queue_size),
         schedule_delay_ms=delay,
+        metric_interval_ms=src.integer(None, "OTEL_METRIC_EXPORT_INTERVAL", 10_000),
         store_path=_store_path(src, otlp_traces),
         status_file=src.text("status_file", "OTEL_GPU_STATUS_FILE", DEFAULT_STATUS_FILE) or None,
         store_group=_group(src.text("store_group", "OTEL_GPU_STORE_GROUP", None), src),

@@ -35,7 +35,7 @@ PROBE_FUNCTION = "otel_gpu.probe.function"  # label of the probe gauges: a symbo
 PROBE_SYMBOLS = frozenset(r.symbol for r in CUDA_PROBES + PYTHON_PROBES)  # bounds its values
 
 
-def make_readers(config, stats: Optional[Stats] = None, interval_ms: int = 10_000) -> list:
+def make_readers(config, stats: Optional[Stats] = None) -> list:
     """The metric readers the configuration asks for (none: metrics are off). Prometheus
     binds config.prometheus_addr: 127.0.0.1 unless told otherwise."""
     readers = []
@@ -43,7 +43,7 @@ def make_readers(config, stats: Optional[Stats] = None, interval_ms: int = 10_00
         from .metric_exporter import otlp_metric_exporter
         stats = stats or Stats()
         exporter = GuardedExporter(otlp_metric_exporter(config.otlp_protocol, stats), stats)
-        readers.append(PeriodicExportingMetricReader(exporter, export_interval_millis=interval_ms))
+        readers.append(PeriodicExportingMetricReader(exporter, export_interval_millis=config.metric_interval_ms))
     if config.prometheus_port:
         from opentelemetry.exporter.prometheus import PrometheusMetricReader
         from prometheus_client import start_http_server
