@@ -24,6 +24,18 @@ BPF_PERCPU_HASH(rollup, struct rollup_key, struct rollup_value, 65536);
  * de-duplication state worth keeping (it costs a hash update per launch). */
 BPF_ARRAY(driver_probed, u32, 1);
 
+/* Exact runtime/driver de-duplication: per process, the executable mappings of its CUDA
+ * runtime (each libcudart, or the executable with cudart linked in), written by user
+ * space at each scan (otel_gpu/probes/runtime_text.py). A driver launch called from
+ * there is a runtime launch passing through libcuda, already counted; one called from
+ * anywhere else (cuBLAS, cuDNN, NCCL, Triton) is a launch of its own. */
+#define RUNTIME_RANGES 4
+struct runtime_text {
+    u64 lo[RUNTIME_RANGES];
+    u64 hi[RUNTIME_RANGES]; /* exclusive; lo == hi: unused */
+};
+BPF_HASH(runtime_text, u32, struct runtime_text, MAX_PROCS);
+
 /* Calls with a return probe: entry state by thread. */
 struct call_entry {
     u64 ts_ns;
@@ -34,17 +46,6 @@ struct call_entry {
 };
 /* LRU: a thread that dies inside a call must not leak its entry forever. */
 BPF_TABLE("lru_hash", u64, struct call_entry, in_call, 16384);
-
-/* Last runtime launch per thread: a driver launch with the same grid and block
- * dims on the same thread soon after it is that launch passing through libcuda,
- * and is not counted twice. "Soon" is generous because the runtime may do slow
- * work first (lazy module loading on a kernel's first launch, initialisation). */
-struct last_launch {
-    u64 ts_ns;
-    struct launch_dims dims;
-};
-BPF_TABLE("lru_hash", u32, struct last_launch, last_rt_launch, 16384);
-#define DRIVER_DEDUP_WINDOW_NS 10000000 /* 10 ms */
 
 /* The process's traced value (maps.h), 0 when it is not traced. */
 static __always_inline u32 cuda_admit(u32 tgid)
@@ -220,13 +221,6 @@ static __always_inline u64 stack_arg(struct pt_regs *ctx, int n, u8 *flags)
     return v;
 }
 
-static __always_inline void remember_rt_launch(struct launch_event *e)
-{
-    struct last_launch l = {.ts_ns = e->c.h.ts_ns, .dims = e->dims};
-    u32 tid = e->c.h.tid;
-    last_rt_launch.update(&tid, &l);
-}
-
 /* cudaLaunchKernel(func, dim3 grid, dim3 block, void **args, size_t shmem, stream)
  * The hottest probe: outside requests it only counts (no stack reads, no event). */
 int cuda_launch_kernel(struct pt_regs *ctx)
@@ -236,8 +230,8 @@ int cuda_launch_kernel(struct pt_regs *ctx)
     u32 tv = cuda_admit(tgid);
     if (!tv)
         return 0;
-    int stream_it = streaming(tgid, tv), dedup = driver_is_probed();
-    if (!stream_it && !dedup) {
+    int stream_it = streaming(tgid, tv);
+    if (!stream_it) {
         rollup_add(tgid, CALL_LAUNCH_KERNEL, PT_REGS_PARM1(ctx), 0, 0);
         return 0;
     }
@@ -253,12 +247,6 @@ int cuda_launch_kernel(struct pt_regs *ctx)
     e.dims.block[0] = (u32)bxy;
     e.dims.block[1] = bxy >> 32;
     e.dims.block[2] = (u32)PT_REGS_PARM5(ctx);
-    if (dedup)
-        remember_rt_launch(&e);
-    if (!stream_it) {
-        rollup_add(tgid, CALL_LAUNCH_KERNEL, e.func, 0, 0);
-        return 0;
-    }
     e.shmem = stack_arg(ctx, 7, &e.c.h.flags);
     e.stream = stack_arg(ctx, 8, &e.c.h.flags);
     EMIT(e, tv, e.func, 0, 0);
@@ -278,26 +266,31 @@ int cuda_launch_kernel_exc(struct pt_regs *ctx)
     e.shmem = cfg.dynamic_smem_bytes;
     e.stream = cfg.stream;
     e.func = PT_REGS_PARM2(ctx);
-    if (driver_is_probed())
-        remember_rt_launch(&e);
     EMIT(e, tv, e.func, 0, 0);
     return 0;
 }
 
-static __always_inline int driver_duplicate(struct launch_event *e)
+/* At a driver entry point's first instruction: 1 when its caller (the return address,
+ * [sp]) is the process's CUDA runtime, i.e. the runtime launch already counted (the
+ * driver call is dropped, counted as driver_deduped); 0 for a call of its own. Before
+ * user space has read the process's mappings (its first scan) the caller is unknown:
+ * the call counts, and so does driver_caller_unknown. */
+static __always_inline int from_runtime(struct pt_regs *ctx, u32 tgid)
 {
-    u32 tid = e->c.h.tid;
-    struct last_launch *l = last_rt_launch.lookup(&tid);
-    if (!l || e->c.h.ts_ns - l->ts_ns > DRIVER_DEDUP_WINDOW_NS)
+    struct runtime_text *t = runtime_text.lookup(&tgid);
+    u64 ret = 0;
+    if (!t || bpf_probe_read_user(&ret, sizeof(ret), (void *)PT_REGS_SP(ctx)) < 0) {
+        count(CNT_DRIVER_CALLER_UNKNOWN);
         return 0;
-    /* Field by field: __builtin_memcmp does not lower to valid BPF here. */
-    const struct launch_dims *a = &l->dims, *b = &e->dims;
-    if (a->grid[0] != b->grid[0] || a->grid[1] != b->grid[1] || a->grid[2] != b->grid[2] ||
-        a->block[0] != b->block[0] || a->block[1] != b->block[1] || a->block[2] != b->block[2])
-        return 0;
-    last_rt_launch.delete(&tid);
-    count(CNT_DRIVER_DEDUPED);
-    return 1;
+    }
+#pragma unroll
+    for (int i = 0; i < RUNTIME_RANGES; i++) {
+        if (ret >= t->lo[i] && ret < t->hi[i]) {
+            count(CNT_DRIVER_DEDUPED);
+            return 1;
+        }
+    }
+    return 0;
 }
 
 /* cuLaunchKernel(f, gx, gy, gz, bx, by, bz, shmem, stream, params, extra) */
@@ -305,7 +298,7 @@ int cu_launch_kernel(struct pt_regs *ctx)
 {
     struct launch_event e = {};
     u32 tv = cuda_begin(&e.c, EV_CUDA_LAUNCH, CALL_CU_LAUNCH_KERNEL);
-    if (!tv)
+    if (!tv || from_runtime(ctx, e.c.h.tgid))
         return 0;
     e.func = PT_REGS_PARM1(ctx);
     e.dims.grid[0] = PT_REGS_PARM2(ctx);
@@ -316,8 +309,7 @@ int cu_launch_kernel(struct pt_regs *ctx)
     e.dims.block[2] = stack_arg(ctx, 7, &e.c.h.flags);
     e.shmem = (u32)stack_arg(ctx, 8, &e.c.h.flags);
     e.stream = stack_arg(ctx, 9, &e.c.h.flags);
-    if (!driver_duplicate(&e))
-        EMIT(e, tv, e.func, 0, 0);
+    EMIT(e, tv, e.func, 0, 0);
     return 0;
 }
 
@@ -326,7 +318,7 @@ int cu_launch_kernel_ex(struct pt_regs *ctx)
 {
     struct launch_event e = {};
     u32 tv = cuda_begin(&e.c, EV_CUDA_LAUNCH, CALL_CU_LAUNCH_KERNEL_EX);
-    if (!tv)
+    if (!tv || from_runtime(ctx, e.c.h.tgid))
         return 0;
     struct user_launch_config cfg = {};
     read_user(&cfg, sizeof(cfg), (void *)PT_REGS_PARM1(ctx), &e.c.h.flags);
@@ -334,8 +326,7 @@ int cu_launch_kernel_ex(struct pt_regs *ctx)
     e.shmem = cfg.shared_mem_bytes;
     e.stream = cfg.stream;
     e.func = PT_REGS_PARM2(ctx);
-    if (!driver_duplicate(&e))
-        EMIT(e, tv, e.func, 0, 0);
+    EMIT(e, tv, e.func, 0, 0);
     return 0;
 }
 

@@ -242,7 +242,8 @@ enum counter {
     CNT_CONN_TABLE_FULL = 3, /* accepts of traced processes left untracked: table full */
     CNT_AGGREGATED = 4,     /* calls of active processes counted in req_agg, not streamed */
     CNT_AGG_FULL = 5,       /* calls lost: req_agg was full */
-    CNT_MAX = 6,
+    CNT_DRIVER_CALLER_UNKNOWN = 6, /* driver launches counted before the process's runtime code was known */
+    CNT_MAX = 7,
 };
 
 #endif

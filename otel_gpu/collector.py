@@ -189,6 +189,7 @@ class Collector:
         # per selected process, so the other processes mapping the same file never trap.
         wanted = [(None, t) for t in found.targets] if self.config.trace_all else \
             [(pid, t) for pid, targets in found.by_pid.items() for t in targets]
+        self.program.set_runtime_text(found.runtime_text)  # before any new pid is traced: exact from its first scan
         for pid, target in wanted:
             if target.kind != PYTHON or self.config.python_context:
                 self.program.attach(target, pid)

@@ -36,10 +36,11 @@ CNT_DRIVER_DEDUPED = 2
 CNT_CONN_TABLE_FULL = 3
 CNT_AGGREGATED = 4
 CNT_AGG_FULL = 5
+CNT_DRIVER_CALLER_UNKNOWN = 6
 ACCEPT_UNTRACKED = 1  # accept_event.flags: the connection table was full
 
 COUNTER_NAMES = ("ringbuf_full", "cuda_streamed", "driver_deduped", "conn_table_full", "aggregated",
-                 "agg_full")
+                 "agg_full", "driver_caller_unknown")
 
 u8, u16, u32, s32, u64, s64 = ct.c_uint8, ct.c_uint16, ct.c_uint32, ct.c_int32, ct.c_uint64, ct.c_int64
 

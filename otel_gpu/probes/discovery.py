@@ -22,6 +22,7 @@ from typing import Callable, Iterable, Optional
 from .. import proc
 from ..pipeline import sockets
 from . import python
+from .runtime_text import runtime_ranges
 from .table import DRIVER, PYTHON, RUNTIME
 
 log = logging.getLogger(__name__)
@@ -52,6 +53,8 @@ class ScanResult:
     servers: set = field(default_factory=set)
     # CUDA processes that listen on TCP themselves.
     listening: set = field(default_factory=set)
+    # CUDA process -> its runtime's code ranges (probes/runtime_text.py); [] when it has none
+    runtime_text: dict = field(default_factory=dict)
 
 
 def libraries_in_maps(maps_text: str) -> list[tuple[str, str]]:
@@ -102,6 +105,7 @@ class Discovery:
                 others.append(pid)
                 continue
             result.cuda_pids.add(pid)
+            result.runtime_text[pid] = self._runtime_text(maps, exe, targets)
             py = self._python(pid, maps, exe)
             if py:
                 targets.append(py[0])
@@ -131,6 +135,13 @@ class Discovery:
         if static:
             out.append(static)
         return out
+
+    @staticmethod
+    def _runtime_text(maps: str, exe: Optional[tuple], targets: list) -> list[tuple[int, int]]:
+        paths = {path for kind, path in libraries_in_maps(maps) if kind == RUNTIME}
+        if exe is not None and any(t.kind == RUNTIME and t.key == exe[2] for t in targets):
+            paths.add(exe[0].removesuffix(proc.DELETED))  # cudart linked into the executable
+        return runtime_ranges(maps, paths)
 
     def _python(self, pid: int, maps: str, exe: Optional[tuple]) -> Optional[tuple[ProbeTarget, int]]:
         """The interpreter file to probe and its context offset, or None (not Python,

@@ -13,6 +13,7 @@ from typing import Optional
 from ..pipeline.abi import COUNTER_NAMES, PyProc
 from ..pipeline.reader import AggregateReader, RingReader, RollupReader
 from ..ratelimit import Stats
+from . import runtime_text
 from .attacher import Attacher
 from .discovery import ProbeTarget
 from .source import ProgramOptions, load
@@ -22,7 +23,7 @@ log = logging.getLogger(__name__)
 
 # Maps keyed by tgid, and maps keyed by pid_tgid (tgid in the high 32 bits) or by a
 # struct with a tgid field: every entry of an exited process goes.
-_BY_TGID = ("traced", "http_active", "http_seq", "py_procs")
+_BY_TGID = ("traced", "http_active", "http_seq", "py_procs", "runtime_text")
 _BY_PID_TGID = ("in_call", "reading", "writing", "accepting", "py_tstate")
 _STATE_TABLES = ("traced", "http_active", "conns", "rollup", "req_agg", "in_call", "py_procs", "py_tstate")
 # `traced` values (bpf/maps.h): traced, following no server; every related server.
@@ -41,6 +42,7 @@ class BpfProgram:
         self._untracked_seen = 0
         self._agg_full_seen = 0
         self._prune_suspects: set = set()  # (tgid, fd) found without a socket once
+        self._runtime_text: dict = {}  # pid -> its runtime code ranges, as written to `runtime_text`
 
     # --- records for the pipeline ---------------------------------------------------
     def poll(self, timeout_ms: int) -> list:
@@ -126,6 +128,15 @@ class BpfProgram:
         if n:
             log.info("detached %d CUDA probes of pid %d (%s)", n, pid, why)
 
+    def set_runtime_text(self, by_pid: dict) -> None:
+        """Each process's CUDA runtime code ranges (probes/runtime_text.py), where they
+        changed: the driver launch probes drop the calls made from there (counted once,
+        by the runtime probe)."""
+        for pid, ranges in by_pid.items():
+            if self._runtime_text.get(pid) != ranges:
+                runtime_text.write(self.bpf["runtime_text"], pid, ranges)
+                self._runtime_text[pid] = ranges
+
     def trace(self, pid: int) -> None:
         self.bpf["traced"][ct.c_uint32(pid)] = ct.c_uint32(TRACED)
 
@@ -193,6 +204,8 @@ class BpfProgram:
         for tgid in tgids & self.attacher.pids():
             self.detach(tgid, "exited")
         self.rollups.forget(tgids)
+        for tgid in tgids:
+            self._runtime_text.pop(tgid, None)
         self.aggregates.forget(tgids)
         for name in _BY_TGID:
             table = self.bpf[name]

@@ -50,8 +50,11 @@ def _build_stub_libcuda(tmp_path) -> str:
 
 def test_driver_api_launches_and_one_count_per_launch(tmp_path, receiver, start_collector, start_target):
     stub = _build_stub_libcuda(tmp_path)
+    cudart = tmp_path / "libcudart-stub.so"  # reaches the stub libcuda, as the real one does on a GPU
+    subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(cudart), str(TARGETS / "stub_cudart_driver.c"),
+                    f"-L{tmp_path}", "-l:libcuda.so.1", f"-Wl,-rpath,{tmp_path}"], check=True)
     collector = start_collector()
-    target = start_target(env={"STUB_LIBCUDA": stub})
+    target = start_target(env={"STUB_LIBCUDA": stub, "STUB_CUDART": str(cudart)})
     collector.wait_traced(target.pid)
     assert collector.log.wait_for("libcuda.so.1", 10), "stub libcuda not probed"
     target.go()
@@ -64,10 +67,11 @@ def test_driver_api_launches_and_one_count_per_launch(tmp_path, receiver, start_
     assert [c.name for c in driver] == ["cuLaunchKernel"] * 3, collector.log.lines
     assert driver[0].attributes["gpu.grid"] == [7, 3, 1] and driver[0].attributes["gpu.block"] == [128, 2, 1]
     assert driver[0].attributes["gpu.shared_memory.bytes"] == 256
-    # cudaLaunchKernel then the same launch through cuLaunchKernel: counted once.
+    # Same dims on one thread: a runtime launch, a driver launch of our own (the old 10 ms
+    # rule dropped it), a runtime launch passing through cuLaunchKernel (counted once).
     both = children_of(receiver.spans, spans["/both"])
-    assert [c.name for c in both] == ["cudaLaunchKernel"]
-    assert spans["/both"].attributes["gpu.launches"] == 1
+    assert [c.name for c in both] == ["cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchKernel"]
+    assert spans["/both"].attributes["gpu.launches"] == 3
 
 
 def test_process_that_loads_cudart_after_the_collector_started(receiver, start_collector):

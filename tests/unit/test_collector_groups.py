@@ -24,6 +24,9 @@ class FakeProgram:
     def probed_pids(self):
         return set()
 
+    def set_runtime_text(self, by_pid):
+        self.runtime_text = by_pid
+
     def trace(self, pid):
         self.calls.append(("trace", pid))
 

@@ -7,7 +7,9 @@ ASGI app on uvicorn/asyncio). Routes do exactly the CUDA work their query asks:
   /together?launches=K                    waits until 2 requests are in, then works
                                           on a new thread (ambiguous by design)
   /driver?launches=K                      cuLaunchKernel x K on a stub libcuda
-  /both                                   cudaLaunchKernel then cuLaunchKernel, same dims
+  /both                                   the same dims on one thread: a real-libcudart launch (no
+                                          driver here), a driver launch of our own, then a stub
+                                          libcudart launch that reaches the stub libcuda (3 launches)
   /cost?launches=K&hold_ms=M[&pair=1]     K launches, M ms as if the GPU were busy, then a
                                           device synchronize (pair: starts with another one)
 Prints "listening on PORT" to stderr, then waits for a line on stdin before
@@ -26,6 +28,8 @@ from otel_gpu.demo.cuda_work import D2H, H2D, CudaWork
 GRID, BLOCK, SHMEM = (7, 3, 1), (128, 2, 1), 256
 WORK = CudaWork()
 DRIVER = ct.CDLL(os.environ["STUB_LIBCUDA"]) if os.environ.get("STUB_LIBCUDA") else None
+# A stub libcudart that reaches DRIVER's cuLaunchKernel, as the real one does on a GPU.
+STUB_CUDART = ct.CDLL(os.environ["STUB_CUDART"]) if os.environ.get("STUB_CUDART") else None
 BARRIER = threading.Barrier(2, timeout=10)
 PAIR = threading.Barrier(2, timeout=10)
 
@@ -72,8 +76,10 @@ def handle(path: str) -> tuple[int, bytes]:
             driver_launch()
     elif u.path == "/both":
         from otel_gpu.demo.cuda_work import Dim3
-        DRIVER.stub_runtime_then_driver(WORK.rt.cudaLaunchKernel, ct.c_void_p(WORK.kernel_address("matmul_tile")),
-                                        Dim3(*GRID), Dim3(*BLOCK), SHMEM)
+        WORK.launch("matmul_tile", GRID, BLOCK, SHMEM)
+        driver_launch()
+        STUB_CUDART.cudaLaunchKernel(ct.c_void_p(WORK.kernel_address("matmul_tile")), Dim3(*GRID), Dim3(*BLOCK),
+                                     None, ct.c_size_t(SHMEM), None)
     else:
         return 404, b"not found"
     return 200, b"ok"

@@ -21,16 +21,6 @@ int cuLaunchKernelEx(const CUlaunchConfig *config, void *f, void **params, void 
     return 0;
 }
 
-/* Test helper: what libcudart does on a GPU, a runtime launch that reaches the
- * driver's cuLaunchKernel with the same dims, back to back on one thread. */
-typedef struct { unsigned x, y, z; } dim3;
-typedef int (*runtime_launch_fn)(const void *, dim3, dim3, void **, size_t, void *);
-
-int stub_runtime_then_driver(runtime_launch_fn launch, const void *func, dim3 grid, dim3 block, unsigned shmem) {
-    launch(func, grid, block, NULL, shmem, NULL);
-    return cuLaunchKernel((void *)func, grid.x, grid.y, grid.z, block.x, block.y, block.z, shmem, NULL, NULL, NULL);
-}
-
 /* Handles: fresh heap blocks (no symbol names them). Names starting with "missing"
  * are not found, as for a kernel the module lacks: CUDA_ERROR_NOT_FOUND, *out untouched. */
 #define CUDA_ERROR_NOT_FOUND 500

@@ -1,0 +1,43 @@
+/* A stand-in libcudart that behaves as the real one does on a GPU (none here: the real
+ * one returns 35 before it reaches a driver): cudaLaunchKernel and cudaLaunchKernelExC
+ * reach libcuda's cuLaunchKernel / cuLaunchKernelEx with the same launch, called from
+ * this library's code. Named as a stub; it launches nothing. Link it with the stub
+ * libcuda.so.1 (stub_libcuda.c). */
+#include <stddef.h>
+
+typedef struct { unsigned x, y, z; } dim3;
+typedef struct {
+    unsigned gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes;
+    void *hStream;
+    void *attrs;
+    unsigned numAttrs;
+} CUlaunchConfig;
+typedef struct {
+    dim3 gridDim, blockDim;
+    size_t dynamicSmemBytes;
+    void *stream;
+    void *attrs;
+    unsigned numAttrs;
+} cudaLaunchConfig_t;
+
+int cuLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
+                   unsigned shmem, void *stream, void **params, void **extra);
+int cuLaunchKernelEx(const CUlaunchConfig *config, void *f, void **params, void **extra);
+
+/* The driver's result mapped to a runtime error, as the real runtime does: work after
+ * the call, so it is a call from here (never a tail jump). */
+static int runtime_error(int rc) { return rc == 0 ? 0 : 719; }
+
+int cudaLaunchKernel(const void *func, dim3 grid, dim3 block, void **args, size_t shmem, void *stream) {
+    int rc = cuLaunchKernel((void *)func, grid.x, grid.y, grid.z, block.x, block.y, block.z, (unsigned)shmem,
+                            stream, args, NULL);
+    return runtime_error(rc);
+}
+
+int cudaLaunchKernelExC(const cudaLaunchConfig_t *config, const void *func, void **args) {
+    CUlaunchConfig c = {config->gridDim.x, config->gridDim.y, config->gridDim.z, config->blockDim.x,
+                        config->blockDim.y, config->blockDim.z, (unsigned)config->dynamicSmemBytes,
+                        config->stream, NULL, 0};
+    int rc = cuLaunchKernelEx(&c, (void *)func, args, NULL);
+    return runtime_error(rc);
+}
