@@ -68,11 +68,15 @@ def cmd_run(args) -> int:
         log.info("local store: %s (otel-gpu report / otel-gpu traces read it)", config.store_path)
     from .collector import Collector
     k8s = None
-    try:
-        from .k8s import K8sResolver
-        k8s = K8sResolver.from_environment(config.proc_root)
-    except Exception as e:  # never fatal: spans flow without pod attributes
-        log.warning("kubernetes attributes disabled: %s", e)
+    if not (os.environ.get("KUBECONFIG") or os.environ.get("KUBERNETES_SERVICE_HOST")):
+        # The kubernetes client costs ~30 MB and ~0.4 s to import: only where it can serve.
+        log.info("k8s: not in Kubernetes (no KUBERNETES_SERVICE_HOST or KUBECONFIG); no pod attributes")
+    else:
+        try:
+            from .k8s import K8sResolver
+            k8s = K8sResolver.from_environment(config.proc_root)
+        except Exception as e:  # never fatal: spans flow without pod attributes
+            log.warning("kubernetes attributes disabled: %s", e)
     from .store.schema import StoreError
     try:
         collector = Collector(config, k8s=k8s)

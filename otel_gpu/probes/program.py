@@ -13,7 +13,7 @@ from typing import Optional
 from ..pipeline.abi import COUNTER_NAMES, PyProc
 from ..pipeline.reader import AggregateReader, RingReader, RollupReader
 from ..ratelimit import Stats
-from . import runtime_text
+from . import compiler_memory, runtime_text
 from .attacher import Attacher
 from .discovery import ProbeTarget
 from .source import ProgramOptions, load
@@ -33,7 +33,12 @@ TRACED, FOLLOW_ALL = 1, 0xFFFFFFFF
 class BpfProgram:
     def __init__(self, options: ProgramOptions, stats: Stats) -> None:
         self.stats = stats
+        t0 = time.monotonic()
         self.bpf = load(options)
+        self.load_s = time.monotonic() - t0  # the clang compile and the verifier: most of `ready`
+        dropped_kb = compiler_memory.release()
+        log.info("BPF program compiled and loaded (%.1f s); %d MB of compiler pages released",
+                 self.load_s, dropped_kb // 1024)
         self.ring = RingReader(self.bpf, "events", stats)
         self.rollups = RollupReader(self.bpf["rollup"])
         self.aggregates = AggregateReader(self.bpf["req_agg"], stats)
