@@ -36,6 +36,7 @@ enum event_kind {
     EV_CUDA_DEVICE = 11,
     EV_PY_CONTEXT = 12, /* a traced Python process copied its contextvars.Context */
     EV_KERNEL_HANDLE = 13, /* a kernel handle was handed out: what it names */
+    EV_NCCL = 16,       /* an NCCL collective or point-to-point call (nccl_probes.c) */
 };
 
 /* event_header.flags bits. */
@@ -138,6 +139,36 @@ struct device_event {      /* EV_CUDA_DEVICE */
     struct cuda_header c;
     u32 device;            /* ordinal */
     u32 pad;
+};
+
+/* EV_NCCL: one NCCL collective or send/recv (bpf/nccl_probes.c). */
+#define NCCL_NO_OP 0xffffffffu /* redop of a call without a reduction */
+#define NCCL_NO_PEER (-1)      /* peer of a call without a root or peer */
+struct nccl_event {
+    struct cuda_header c;
+    u64 count;             /* elements, as passed (all_gather: sendcount; reduce_scatter: recvcount) */
+    u64 bytes;             /* what this rank receives (send: sends): count x datatype size;
+                            * all_gather: sendcount x nranks (sendcount alone if nranks is unknown) */
+    u64 comm;              /* ncclComm_t */
+    u64 stream;
+    u64 group;             /* the thread's outermost ncclGroupStart (its ktime), 0: no group */
+    u32 datatype;          /* ncclDataType_t */
+    u32 redop;             /* ncclRedOp_t, or NCCL_NO_OP */
+    s32 peer;              /* root (broadcast, reduce) or peer (send, recv), or NCCL_NO_PEER */
+    u32 nranks;            /* of the communicator, learnt at its init; 0: unknown */
+    s32 rank;              /* this process's rank in it; -1: unknown */
+    u32 pad;
+};
+
+/* nccl_comms key and value: a communicator learnt at the return of its init. */
+struct nccl_comm_key {
+    u32 tgid;
+    u32 pad;
+    u64 comm;
+};
+struct nccl_comm {
+    u32 nranks;
+    s32 rank;
 };
 
 /* EV_KERNEL_HANDLE, at the return of a call that hands out a kernel handle

@@ -51,6 +51,18 @@ GPU_STREAM = "gpu.stream"
 GPU_MEMCPY_BYTES = "gpu.memcpy.bytes"
 GPU_MEMCPY_DIRECTION = "gpu.memcpy.direction"  # h2h, h2d, d2h, d2d, default
 GPU_ALLOC_BYTES = "gpu.alloc.bytes"
+# NCCL collectives and send/recv (ours, after the NCCL names; otel_gpu/probes/nccl.py).
+GPU_NCCL_OP = "gpu.nccl.op"                # all_reduce, all_gather, reduce_scatter, broadcast, reduce, send, recv
+GPU_NCCL_COUNT = "gpu.nccl.count"          # elements as passed (all_gather: sendcount; reduce_scatter: recvcount)
+GPU_NCCL_BYTES = "gpu.nccl.bytes"          # bytes this rank receives (send: sends); all_gather: sendcount x nranks
+GPU_NCCL_DATATYPE = "gpu.nccl.datatype"    # float32, bfloat16, ...
+GPU_NCCL_REDUCTION = "gpu.nccl.reduction"  # sum, prod, max, min, avg, custom
+GPU_NCCL_ROOT = "gpu.nccl.root"            # broadcast, reduce
+GPU_NCCL_PEER = "gpu.nccl.peer"            # send, recv
+GPU_NCCL_COMM = "gpu.nccl.comm"            # ncclComm_t, hex
+GPU_NCCL_COMM_NRANKS = "gpu.nccl.comm.nranks"  # when its init was seen
+GPU_NCCL_COMM_RANK = "gpu.nccl.comm.rank"
+GPU_NCCL_GROUP = "gpu.nccl.group"          # calls of one ncclGroupStart/End share it (hex)
 GPU_ROLLUP_COUNT = "gpu.rollup.count"  # calls folded into one rollup child
 GPU_ROLLUP_BYTES = "gpu.rollup.bytes"
 GPU_ROLLUP_DURATION_NS = "gpu.rollup.duration_ns"
@@ -78,6 +90,8 @@ GPU_MEMCPY_OTHER_BYTES = "gpu.memcpy.other.bytes"
 GPU_SYNC_DURATION_NS = "gpu.sync.duration_ns"
 GPU_DISTINCT_KERNELS = "gpu.kernels.distinct"
 GPU_CALLS = "gpu.calls"
+GPU_NCCL_CALLS = "gpu.nccl.calls"  # NCCL collectives and send/recv (only when any)
+GPU_NCCL_TOTAL_BYTES = "gpu.nccl.total_bytes"  # their gpu.nccl.bytes summed
 # A double: each ambiguous call adds 1/N to each of its N candidate requests, so the
 # sum over server spans is the number of ambiguous calls (never more).
 GPU_CALLS_AMBIGUOUS = "otel_gpu.calls.ambiguous"

@@ -22,7 +22,8 @@ from ..pipeline.model import ATTRIBUTIONS, ProcessWindow, Request
 from ..pipeline.records import ProcessGone
 from ..pipeline.route_cap import MAX_SERVICES
 from ..probes.attacher import ProbeCounts
-from ..probes.table import BY_ID, CUDA_PROBES, MEMCPY_DIRECTIONS, PYTHON_PROBES, Category
+from ..probes import nccl
+from ..probes.table import BY_ID, CUDA_PROBES, MEMCPY_DIRECTIONS, NCCL_STATE_PROBES, PYTHON_PROBES, Category
 from ..ratelimit import Stats
 from .bounded import call_by, remaining_ms
 from .metric_values import INT64_MAX, CappedCounter, GuardedExporter, clamp_call_bytes
@@ -32,7 +33,7 @@ OTHER = "other"
 OUTSIDE_FEATURE = "(outside)"  # the feature of a process's GPU time outside requests
 HISTOGRAM_SAMPLE = 64  # calls per request recorded in the grid/block/sync histograms
 PROBE_FUNCTION = "otel_gpu.probe.function"  # label of the probe gauges: a symbol of the probe table
-PROBE_SYMBOLS = frozenset(r.symbol for r in CUDA_PROBES + PYTHON_PROBES)  # bounds its values
+PROBE_SYMBOLS = frozenset(r.symbol for r in CUDA_PROBES + PYTHON_PROBES + NCCL_STATE_PROBES)  # bounds its values
 
 
 def make_readers(config, stats: Optional[Stats] = None) -> list:
@@ -71,6 +72,12 @@ class GpuMetrics:
                                                        "Kernel launches seen on the host"), self.stats)
         self.copied = CappedCounter(m.create_counter("gpu.memcpy.bytes", "By", "Bytes copied by cudaMemcpy*"),
                                     self.stats)
+        # By op: a fixed set of 7 values (probes/nccl.py), whatever a process passes.
+        self.nccl_calls = CappedCounter(m.create_counter("gpu.nccl.calls", "{call}",
+                                                         "NCCL collectives and send/recv, by op"), self.stats)
+        self.nccl_bytes = CappedCounter(m.create_counter("gpu.nccl.bytes", "By",
+                                                         "Bytes received by NCCL calls (send: sent), by op"),
+                                        self.stats)
         self.grid = m.create_histogram("gpu.kernel.grid.blocks", "{block}", "Blocks per launch grid")
         self.block = m.create_histogram("gpu.kernel.block.threads", "{thread}", "Threads per block")
         self.sync = m.create_histogram("gpu.sync.duration", "s", "Duration of synchronising calls")
@@ -152,6 +159,7 @@ class GpuMetrics:
             self._attributed[attribution] += n
         launches: dict[str, int] = {}
         copied: dict[str, int] = {}
+        collectives: dict[str, list] = {}  # op -> [calls, bytes]
 
         def tally(call, detail, count, nbytes, ok=True):
             spec = BY_ID.get(call)
@@ -167,6 +175,10 @@ class GpuMetrics:
                 self._services[pid] = base[sc.SERVICE_NAME]
             elif category is Category.FREE:
                 self._live.get(pid, {}).pop(detail, None)
+            elif category is Category.COLLECTIVE:
+                op = collectives.setdefault(nccl.op_name(call), [0, 0])
+                op[0] += count
+                op[1] += clamp_call_bytes(nbytes, self.stats, count)
             return category
 
         for i, (c, _attribution) in enumerate(sink.calls):
@@ -186,6 +198,9 @@ class GpuMetrics:
             self.launches.add(n, {**base, sc.GPU_KERNEL_NAME: name})
         for direction, n in copied.items():
             self.copied.add(n, {**base, sc.GPU_MEMCPY_DIRECTION: direction})
+        for op, (n, nbytes) in collectives.items():
+            self.nccl_calls.add(n, {**base, sc.GPU_NCCL_OP: op})
+            self.nccl_bytes.add(nbytes, {**base, sc.GPU_NCCL_OP: op})
 
     def _bounded(self, name: Optional[str]) -> str:
         name = name or "unknown"

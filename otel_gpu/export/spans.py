@@ -9,6 +9,7 @@ from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode,
 
 from .. import __version__
 from .. import semconv as sc
+from ..probes import nccl
 from ..clock import BpfClock
 from ..pipeline.model import CallSink, ProcessWindow, Request
 from ..pipeline.records import CudaCall
@@ -152,6 +153,8 @@ class SpanBuilder:
                 attrs.update(_kernel(agg.detail, names))
             elif category is Category.MEMCPY:
                 attrs[sc.GPU_MEMCPY_DIRECTION] = MEMCPY_DIRECTIONS.get(agg.detail, "default")
+            elif category is Category.COLLECTIVE:
+                attrs.update({sc.GPU_NCCL_OP: nccl.op_name(agg.call), sc.GPU_NCCL_COMM: hex(agg.detail)})
             spans.append(ReadableSpan(
                 name=f"{call_name(agg.call)} x{agg.count}",
                 context=_ctx(trace_id, self._rng.getrandbits(64) or 1), parent=parent,
@@ -196,7 +199,35 @@ _ATTRIBUTES = {
     Category.SYNC: lambda c, _n: _stream(c.handle),
     Category.GRAPH: lambda c, _n: _stream(c.stream),
     Category.DEVICE: lambda c, _n: {},
+    Category.COLLECTIVE: lambda c, _n: _nccl(c),
 }
+
+
+def _nccl(c) -> dict:
+    """An NCCL call's span: what it moved and over which communicator. Left out rather
+    than guessed: bytes of an unknown datatype, the communicator's size and rank when its
+    init was not seen, the stream when a stack argument could not be read."""
+    attrs = {sc.GPU_NCCL_OP: nccl.op_name(c.call), sc.GPU_NCCL_COUNT: c.count,
+             sc.GPU_NCCL_DATATYPE: nccl.datatype_name(c.datatype), sc.GPU_NCCL_COMM: hex(c.comm)}
+    if c.datatype in nccl.DATATYPES:
+        attrs[sc.GPU_NCCL_BYTES] = c.bytes
+    reduction = nccl.redop_name(c.redop)
+    if reduction is not None:
+        attrs[sc.GPU_NCCL_REDUCTION] = reduction
+    if c.call in nccl.ROOTED:
+        attrs[sc.GPU_NCCL_ROOT] = c.peer
+    elif c.call in nccl.POINT_TO_POINT:
+        attrs[sc.GPU_NCCL_PEER] = c.peer
+    if c.nranks:
+        attrs[sc.GPU_NCCL_COMM_NRANKS] = c.nranks
+        attrs[sc.GPU_NCCL_COMM_RANK] = c.rank
+    if c.group:
+        attrs[sc.GPU_NCCL_GROUP] = hex(c.group)
+    if c.unreadable:
+        attrs[sc.GPU_ARGS_UNREADABLE] = True
+    else:
+        attrs.update(_stream(c.stream))
+    return attrs
 
 
 INT64_MIN, INT64_MAX = -2**63, 2**63 - 1
@@ -236,4 +267,5 @@ def summary_attributes(s) -> dict:
         sc.GPU_SYNC_DURATION_NS: s.sync_ns,
         sc.GPU_DISTINCT_KERNELS: len(s.kernels),
         sc.GPU_CALLS_AMBIGUOUS: s.ambiguous,
+        **({sc.GPU_NCCL_CALLS: s.nccl_calls, sc.GPU_NCCL_TOTAL_BYTES: s.nccl_bytes} if s.nccl_calls else {}),
     }

@@ -25,6 +25,7 @@ EV_CUDA_GRAPH = 10
 EV_CUDA_DEVICE = 11
 EV_PY_CONTEXT = 12
 EV_KERNEL_HANDLE = 13
+EV_NCCL = 16
 
 # enum event_flag: bits of event_header.flags
 EV_FLAG_UNREADABLE = 1  # a value read from the traced process's memory failed: its fields are 0
@@ -113,6 +114,24 @@ class DeviceEvent(ct.Structure):
     _fields_ = [("c", CudaHeader), ("device", u32), ("pad", u32)]
 
 
+NCCL_NO_OP = 0xFFFFFFFF  # nccl_event.redop of a call without a reduction
+NCCL_NO_PEER = -1        # nccl_event.peer of a call without a root or peer
+
+
+class NcclEvent(ct.Structure):
+    _fields_ = [("c", CudaHeader), ("count", u64), ("bytes", u64), ("comm", u64), ("stream", u64),
+                ("group", u64), ("datatype", u32), ("redop", u32), ("peer", s32), ("nranks", u32),
+                ("rank", s32), ("pad", u32)]
+
+
+class NcclCommKey(ct.Structure):
+    _fields_ = [("tgid", u32), ("pad", u32), ("comm", u64)]
+
+
+class NcclComm(ct.Structure):
+    _fields_ = [("nranks", u32), ("rank", s32)]
+
+
 class _SmemBytes(ct.Union):
     _fields_ = [("dynamic_smem_bytes", u64), ("shared_mem_bytes", u32)]
 
@@ -157,7 +176,8 @@ STRUCTS: dict[str, type] = {
     "kernel_handle_event": KernelHandleEvent, "proc_exit_event": ProcExitEvent,
     "cuda_header": CudaHeader, "launch_dims": LaunchDims, "launch_event": LaunchEvent,
     "memcpy_event": MemcpyEvent, "memory_event": MemoryEvent, "sync_event": SyncEvent,
-    "graph_event": GraphEvent, "device_event": DeviceEvent, "user_launch_config": UserLaunchConfig,
+    "graph_event": GraphEvent, "device_event": DeviceEvent, "nccl_event": NcclEvent,
+    "nccl_comm_key": NcclCommKey, "nccl_comm": NcclComm, "user_launch_config": UserLaunchConfig,
     "py_proc": PyProc, "rollup_key": RollupKey, "rollup_value": RollupValue,
     "agg_key": AggKey, "agg_value": AggValue, "http_seq": HttpSeq,
 }

@@ -15,9 +15,9 @@ from . import abi
 from .abi import (EV_ACCEPT, EV_CUDA_DEVICE, EV_CUDA_GRAPH, EV_CUDA_LAUNCH, EV_CUDA_MEMCPY,
                   EV_CUDA_MEMORY, EV_CUDA_SYNC, EV_PROC_EXIT, EV_FLAG_UNREADABLE, EV_PY_CONTEXT, EV_SOCK_CLOSE,
                   EV_SOCK_READ, EV_SOCK_WRITE, HTTP_DATA_CAP, HTTP_TAIL_CAP)
-from .abi import EV_KERNEL_HANDLE
+from .abi import EV_KERNEL_HANDLE, EV_NCCL
 from .records import (Accept, ContextCopy, DeviceCall, GraphCall, KernelHandle, LaunchCall, MemcpyCall,
-                      MemoryCall, ProcExit, SockClose, SockIo, SyncCall)
+                      MemoryCall, NcclCall, ProcExit, SockClose, SockIo, SyncCall)
 
 
 class DecodeError(ValueError):
@@ -32,13 +32,15 @@ MEMORY = struct.Struct(_CUDA_HEADER + "QQQ")      # ptr, bytes, duration_ns
 SYNC = struct.Struct(_CUDA_HEADER + "QQ")         # handle, duration_ns
 GRAPH = struct.Struct(_CUDA_HEADER + "QQ")        # graph_exec, stream
 DEVICE = struct.Struct(_CUDA_HEADER + "I4x")      # device, pad
+# count, bytes, comm, stream, group, datatype, redop, peer, nranks, rank, pad
+NCCL = struct.Struct(_CUDA_HEADER + "QQQQQIIiIi4x")
 PY_CONTEXT = struct.Struct("<B3xII4xQQQ")         # header, ctx, parent
 # kernel_handle_event up to its name: header, call, ret, handle, source, name_len, pad
 KERNEL_HANDLE = struct.Struct("<BBxxII4xQIiQQI4x")
 
 # Each Struct beside the ctypes mirror it must match (checked by the layout test).
 STRUCT_MIRRORS = ((LAUNCH, abi.LaunchEvent), (MEMCPY, abi.MemcpyEvent), (MEMORY, abi.MemoryEvent),
-                  (SYNC, abi.SyncEvent), (GRAPH, abi.GraphEvent), (DEVICE, abi.DeviceEvent),
+                  (SYNC, abi.SyncEvent), (GRAPH, abi.GraphEvent), (DEVICE, abi.DeviceEvent), (NCCL, abi.NcclEvent),
                   (PY_CONTEXT, abi.PyContextEvent))
 
 _HEADER_SIZE = ct.sizeof(abi.EventHeader)
@@ -79,6 +81,13 @@ def _graph(buf, size):
 def _device(buf, size):
     _, _flags, tgid, tid, ts, call, ret, ctx, device = _exact(buf, size, DEVICE, "device")
     return DeviceCall(tgid, tid, ts, call, ret, device, ctx=ctx)
+
+
+def _nccl(buf, size):
+    (_, flags, tgid, tid, ts, call, ret, ctx, count, nbytes, comm, stream, group, datatype, redop, peer, nranks,
+     rank) = _exact(buf, size, NCCL, "NCCL")
+    return NcclCall(tgid, tid, ts, call, ret, count, nbytes, datatype, redop, peer, comm, nranks, rank, stream,
+                    group, ctx=ctx, unreadable=bool(flags & EV_FLAG_UNREADABLE))
 
 
 def _py_context(buf, size):
@@ -147,7 +156,8 @@ def _proc_exit(buf, size):
 _BY_KIND = {EV_CUDA_MEMCPY: _memcpy, EV_CUDA_MEMORY: _memory, EV_CUDA_SYNC: _sync,
             EV_CUDA_GRAPH: _graph, EV_CUDA_DEVICE: _device, EV_SOCK_READ: _sock_io,
             EV_SOCK_WRITE: _sock_io, EV_ACCEPT: _accept, EV_SOCK_CLOSE: _close,
-            EV_PROC_EXIT: _proc_exit, EV_PY_CONTEXT: _py_context, EV_KERNEL_HANDLE: _kernel_handle}
+            EV_PROC_EXIT: _proc_exit, EV_PY_CONTEXT: _py_context, EV_KERNEL_HANDLE: _kernel_handle,
+            EV_NCCL: _nccl}
 # Indexing bytes gives an int, a ctypes c_char array (the reader's zero-copy view)
 # a 1-byte bytes: both spellings are keys, so one lookup serves either buffer.
 _BY_KIND.update({bytes([k]): fn for k, fn in list(_BY_KIND.items())})

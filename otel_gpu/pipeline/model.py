@@ -46,7 +46,8 @@ class RollupAgg:
 
 # Call id -> the category a request summary counts it by (None: only in `calls`).
 _SUMMARY_KIND = {c.id: c.category for c in BY_ID.values()
-                 if c.category in (Category.LAUNCH, Category.GRAPH, Category.MEMCPY, Category.SYNC)}
+                 if c.category in (Category.LAUNCH, Category.GRAPH, Category.MEMCPY, Category.SYNC,
+                                   Category.COLLECTIVE)}
 _SYNC_IDS = frozenset(i for i, k in _SUMMARY_KIND.items() if k is Category.SYNC)
 
 
@@ -57,6 +58,8 @@ class GpuSummary:
     memcpy_bytes: dict = field(default_factory=dict)  # direction -> bytes
     sync_ns: int = 0
     kernels: set = field(default_factory=set)  # distinct kernel function pointers
+    nccl_calls: int = 0   # NCCL collectives and send/recv
+    nccl_bytes: int = 0
     # Calls that may belong here but were not attributed: each counts 1/N on each of its
     # N candidates, so the sum over spans never exceeds the ambiguous calls.
     ambiguous: float = 0.0
@@ -76,6 +79,9 @@ class GpuSummary:
             self.memcpy_bytes[d] = self.memcpy_bytes.get(d, 0) + nbytes
         elif kind is Category.SYNC:
             self.sync_ns += duration_ns
+        elif kind is Category.COLLECTIVE:
+            self.nccl_calls += count
+            self.nccl_bytes += nbytes
 
 
 class CallSink:

@@ -146,6 +146,25 @@ class DeviceCall(CudaCall):
 
 
 @dataclass(slots=True)
+class NcclCall(CudaCall):
+    """An NCCL collective or send/recv (bpf/nccl_probes.c); otel_gpu/probes/nccl.py names
+    the codes. `bytes` is what this rank receives (send: sends), 0 for an unknown type."""
+    count: int      # elements as passed (all_gather: sendcount; reduce_scatter: recvcount)
+    bytes: int
+    datatype: int   # ncclDataType_t
+    redop: int      # ncclRedOp_t, or NCCL_NO_OP
+    peer: int       # root (broadcast, reduce) or peer (send, recv); -1: none
+    comm: int       # ncclComm_t
+    nranks: int     # 0: the communicator's init was not seen
+    rank: int       # -1: unknown
+    stream: int
+    group: int      # the ncclGroupStart that encloses it (its timestamp), 0: none
+
+    def amounts(self) -> tuple[int, int, int]:
+        return self.comm, self.bytes, 0
+
+
+@dataclass(slots=True)
 class ContextCopy:
     """A Python process copied its current contextvars.Context (PyContext_CopyCurrent:
     a new asyncio Task, call_soon, copy_context() before a worker thread runs code in

@@ -23,19 +23,20 @@ from .. import proc
 from ..pipeline import sockets
 from . import python
 from .runtime_text import runtime_ranges
-from .table import DRIVER, PYTHON, RUNTIME
+from .table import DRIVER, NCCL, PYTHON, RUNTIME
 
 log = logging.getLogger(__name__)
 
 CUDART_RE = re.compile(r"/libcudart(?:[-.][^/]*)?\.so(?:\.[^/]*)?$")
 DRIVER_RE = re.compile(r"/libcuda\.so(?:\.[^/]*)?$")
+NCCL_RE = re.compile(r"/libnccl\.so(?:\.[^/]*)?$")  # bpf/nccl_probes.c
 
 
 @dataclass(frozen=True)
 class ProbeTarget:
     """A file to attach uprobes to: for every process mapping it, or (with
     --pid/--exe) for one process, through that process's root."""
-    kind: str          # RUNTIME, DRIVER or PYTHON
+    kind: str          # RUNTIME, DRIVER, NCCL or PYTHON
     path: str          # openable from here (through /proc/<pid>/root for containers)
     key: tuple         # (st_dev, st_ino): the same file seen from several processes
 
@@ -69,6 +70,8 @@ def libraries_in_maps(maps_text: str) -> list[tuple[str, str]]:
             found[path] = RUNTIME
         elif DRIVER_RE.search(path):
             found[path] = DRIVER
+        elif NCCL_RE.search(path):
+            found[path] = NCCL
     return [(kind, path) for path, kind in found.items()]
 
 
@@ -195,10 +198,11 @@ WELL_KNOWN_LIBRARIES = (
     "/usr/local/cuda*/lib64/libcudart.so*", "/usr/local/cuda*/targets/*/lib/libcudart.so*",
     "/usr/lib/x86_64-linux-gnu/libcudart.so*", "/usr/lib64/libcudart.so*",
     "/usr/lib/x86_64-linux-gnu/libcuda.so*", "/usr/lib64/libcuda.so*", "/usr/lib/wsl/lib/libcuda.so*",
+    "/usr/lib/x86_64-linux-gnu/libnccl.so*", "/usr/lib64/libnccl.so*",
 )
 SITE_DIRS = ("/usr/lib/python3*/dist-packages", "/usr/local/lib/python3*/*-packages",
              "/opt/conda/lib/python3*/site-packages", "/opt/conda/envs/*/lib/python3*/site-packages")
-IN_SITE = ("nvidia/cuda_runtime/lib/libcudart.so*", "torch/lib/libcudart*.so*")
+IN_SITE = ("nvidia/cuda_runtime/lib/libcudart.so*", "torch/lib/libcudart*.so*", "nvidia/nccl/lib/libnccl.so*")
 
 
 def known_library_files(host_root: str = "", site_dirs: Iterable[str] = ()) -> list[ProbeTarget]:
@@ -211,7 +215,8 @@ def known_library_files(host_root: str = "", site_dirs: Iterable[str] = ()) -> l
     patterns += [f"{d}/{p}" for d in sites for p in IN_SITE]
     out, keys = [], set()
     for path in sorted({hit for p in patterns for hit in glob.glob(p)}):
-        kind = RUNTIME if CUDART_RE.search(path) else DRIVER if DRIVER_RE.search(path) else None
+        kind = RUNTIME if CUDART_RE.search(path) else DRIVER if DRIVER_RE.search(path) else \
+            NCCL if NCCL_RE.search(path) else None
         try:
             st = os.stat(path)
         except OSError:

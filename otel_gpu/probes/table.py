@@ -16,6 +16,7 @@ from typing import Optional
 RUNTIME = "cudart"  # libcudart.so*, or an executable with cudart linked statically
 DRIVER = "cuda"     # libcuda.so*
 PYTHON = "python"   # a CPython interpreter (libpython3.X.so* or the executable): not CUDA calls
+NCCL = "nccl"       # libnccl.so*: collectives and point-to-point calls
 
 
 class Category(str, Enum):
@@ -28,6 +29,7 @@ class Category(str, Enum):
     SYNC = "sync"       # the host waits: handle (stream or event), duration
     DEVICE = "device"   # the thread's current device changes: ordinal
     NAME = "name"       # hands out a kernel handle: what later launches of it run (not a span)
+    COLLECTIVE = "collective"  # an NCCL collective or send/recv: op, bytes, datatype, communicator
 
 
 class Shape(str, Enum):
@@ -39,12 +41,13 @@ class Shape(str, Enum):
     GRAPH = "graph"
     DEVICE = "device"
     HANDLE = "handle"  # kernel_handle_event: decoded to records.KernelHandle, not a CudaCall
+    NCCL = "nccl"
 
 
 SHAPE_OF = {
     Category.LAUNCH: Shape.LAUNCH, Category.GRAPH: Shape.GRAPH, Category.MEMCPY: Shape.MEMCPY,
     Category.ALLOC: Shape.MEMORY, Category.FREE: Shape.MEMORY, Category.SYNC: Shape.SYNC,
-    Category.DEVICE: Shape.DEVICE, Category.NAME: Shape.HANDLE,
+    Category.DEVICE: Shape.DEVICE, Category.NAME: Shape.HANDLE, Category.COLLECTIVE: Shape.NCCL,
 }
 
 # What the 64-bit `detail` of an in-kernel rollup key (and of a span rollup) holds, by
@@ -54,6 +57,7 @@ ROLLUP_DETAIL = {
     Category.MEMCPY: "direction (cudaMemcpyKind)", Category.ALLOC: "pointer",
     Category.FREE: "pointer", Category.SYNC: "none (0)", Category.DEVICE: "device ordinal",
     Category.NAME: "never rolled up: always sent (once per kernel)",
+    Category.COLLECTIVE: "communicator (ncclComm_t)",
 }
 
 # cudaMemcpyKind, as the runtime numbers it.
@@ -65,7 +69,7 @@ class CallSpec:
     id: int                    # enum value shared with the BPF side (CALL_<CONST>)
     name: str                  # the API name: span names, gpu.cuda.call
     category: Category
-    library: str               # RUNTIME or DRIVER
+    library: str               # RUNTIME, DRIVER or NCCL
     symbols: tuple[str, ...]   # every exported variant (per-thread-stream _ptsz/_ptds too)
     entry: str                 # BPF function run at entry
     ret: Optional[str] = None  # BPF function run at return (~2x the cost: only where needed)
@@ -85,8 +89,8 @@ def _row(id_, name, category, symbols, entry, ret=None, library=RUNTIME, const="
     return CallSpec(id_, name, category, library, tuple(symbols), entry, ret, const)
 
 
-L, G, M, A, F, S, D, N = (Category.LAUNCH, Category.GRAPH, Category.MEMCPY, Category.ALLOC,
-                          Category.FREE, Category.SYNC, Category.DEVICE, Category.NAME)
+L, G, M, A, F, S, D, N, C = (Category.LAUNCH, Category.GRAPH, Category.MEMCPY, Category.ALLOC,
+                             Category.FREE, Category.SYNC, Category.DEVICE, Category.NAME, Category.COLLECTIVE)
 CALLS: tuple[CallSpec, ...] = (
     _row(1, "cudaLaunchKernel", L, ["cudaLaunchKernel", "cudaLaunchKernel_ptsz"], "cuda_launch_kernel",
          const="LAUNCH_KERNEL"),
@@ -126,8 +130,18 @@ CALLS: tuple[CallSpec, ...] = (
          const="CUDA_GET_KERNEL"),
     _row(20, "cudaLibraryGetKernel", N, ["cudaLibraryGetKernel"], "cuda_library_get_kernel",
          "cuda_library_get_kernel_return", const="CUDA_LIBRARY_GET_KERNEL"),
+    # NCCL (bpf/nccl_probes.c), ids from 40 so CUDA rows can grow below them. Entry only:
+    # the arguments say everything; bytes are what the rank receives (NCCL_OPS).
+    _row(40, "ncclAllReduce", C, ["ncclAllReduce"], "nccl_all_reduce", library=NCCL, const="NCCL_ALL_REDUCE"),
+    _row(41, "ncclAllGather", C, ["ncclAllGather"], "nccl_all_gather", library=NCCL, const="NCCL_ALL_GATHER"),
+    _row(42, "ncclReduceScatter", C, ["ncclReduceScatter"], "nccl_reduce_scatter", library=NCCL,
+         const="NCCL_REDUCE_SCATTER"),
+    _row(43, "ncclBroadcast", C, ["ncclBroadcast"], "nccl_broadcast", library=NCCL, const="NCCL_BROADCAST"),
+    _row(44, "ncclReduce", C, ["ncclReduce"], "nccl_reduce", library=NCCL, const="NCCL_REDUCE"),
+    _row(45, "ncclSend", C, ["ncclSend"], "nccl_send", library=NCCL, const="NCCL_SEND"),
+    _row(46, "ncclRecv", C, ["ncclRecv"], "nccl_recv", library=NCCL, const="NCCL_RECV"),
 )
-del L, G, M, A, F, S, D, N
+del L, G, M, A, F, S, D, N, C
 
 BY_ID: dict[int, CallSpec] = {c.id: c for c in CALLS}
 BY_NAME: dict[str, CallSpec] = {c.name: c for c in CALLS}
@@ -191,7 +205,22 @@ PYTHON_PROBES: tuple[UprobeRow, ...] = (
 )
 
 
+# NCCL state, not calls of their own (bpf/nccl_probes.c): the thread's group nesting, and
+# each communicator's size and rank (learnt at the return of its init, forgotten at its end).
+NCCL_STATE_PROBES: tuple[UprobeRow, ...] = (
+    UprobeRow(NCCL, "ncclGroupStart", "nccl_group_start"),
+    UprobeRow(NCCL, "ncclGroupEnd", "nccl_group_end"),
+    UprobeRow(NCCL, "ncclCommInitRank", "nccl_comm_init_rank", "nccl_comm_init_rank_return"),
+    UprobeRow(NCCL, "ncclCommInitRankConfig", "nccl_comm_init_rank", "nccl_comm_init_rank_return"),
+    UprobeRow(NCCL, "ncclCommInitAll", "nccl_comm_init_all", "nccl_comm_init_all_return"),
+    UprobeRow(NCCL, "ncclCommDestroy", "nccl_comm_end"),
+    UprobeRow(NCCL, "ncclCommAbort", "nccl_comm_end"),
+)
+
+
 def rows_for(library: str) -> list[UprobeRow]:
     if library == PYTHON:
         return list(PYTHON_PROBES)
+    if library == NCCL:
+        return [r for r in CUDA_PROBES if r.library == NCCL] + list(NCCL_STATE_PROBES)
     return [r for r in CUDA_PROBES if r.library == library]

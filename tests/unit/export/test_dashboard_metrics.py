@@ -46,7 +46,7 @@ def _batch():
     outside window with GPU time (split and outside cost)."""
     calls = [cuda(pid=PID), cuda("cudaMemcpy", pid=PID, nbytes=4096, kind=1),
              cuda("cudaMemcpy", pid=PID, nbytes=64, kind=2), cuda("cudaMalloc", pid=PID, func=0xA0, nbytes=1 << 20),
-             cuda("cudaDeviceSynchronize", pid=PID, duration=500_000)]
+             cuda("cudaDeviceSynchronize", pid=PID, duration=500_000), cuda("ncclAllReduce", pid=PID, nbytes=256)]
     a, b = _request(1, "/infer", calls), _request(2, "/embed", calls[:1])
     ambiguous = ProcessWindow(PID, "ambiguous", 0, 10, CallSink(8), candidates=[(1, 1), (2, 2)])
     ambiguous.sink.add(cuda(pid=PID, tid=9), "ambiguous")

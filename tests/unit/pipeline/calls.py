@@ -1,6 +1,6 @@
 """Typed CUDA call records for unit tests, by API name: cuda("cudaMemcpy", nbytes=64, kind=1)."""
 from otel_gpu.pipeline.records import (DeviceCall, GraphCall, LaunchCall, MemcpyCall, MemoryCall,
-                                       SyncCall)
+                                       NcclCall, SyncCall)
 from otel_gpu.probes.table import BY_NAME, Category
 
 
@@ -21,4 +21,6 @@ def cuda(name="cudaLaunchKernel", tid=1, func=0x1000, nbytes=0, kind=0, pid=1, d
         return SyncCall(*head, func, duration, ctx=ctx)
     if c is Category.GRAPH:
         return GraphCall(*head, func, stream, ctx=ctx)
+    if c is Category.COLLECTIVE:  # func is the communicator; float32, sum, 2 ranks
+        return NcclCall(*head, nbytes // 4, nbytes, 7, 0, -1, func, 2, 0, stream, 0, ctx=ctx)
     return DeviceCall(*head, kind, ctx=ctx)

@@ -2,12 +2,12 @@
 import re
 
 from otel_gpu.pipeline import records
-from otel_gpu.probes.table import (BY_ID, CALLS, CUDA_PROBES, DRIVER, ROLLUP_DETAIL, RUNTIME, SHAPE_OF,
+from otel_gpu.probes.table import (BY_ID, CALLS, CUDA_PROBES, DRIVER, NCCL, ROLLUP_DETAIL, RUNTIME, SHAPE_OF,
                                    Category, c_defines, call_name, rows_for)
 
 RECORD_OF_SHAPE = {"launch": records.LaunchCall, "memcpy": records.MemcpyCall, "memory": records.MemoryCall,
                    "sync": records.SyncCall, "graph": records.GraphCall, "device": records.DeviceCall,
-                   "handle": records.KernelHandle}
+                   "handle": records.KernelHandle, "nccl": records.NcclCall}
 
 
 def test_ids_names_and_constants_are_unique():
@@ -26,7 +26,8 @@ def test_every_category_has_a_shape_a_record_and_a_rollup_meaning():
 def test_each_row_names_its_api_symbol_and_library():
     for c in CALLS:
         assert c.name in c.symbols and all(s.startswith(c.name) for s in c.symbols)
-        assert c.library == (DRIVER if c.name.startswith("cu") and not c.name.startswith("cuda") else RUNTIME)
+        assert c.library == (NCCL if c.name.startswith("nccl") else
+                             DRIVER if c.name.startswith("cu") and not c.name.startswith("cuda") else RUNTIME)
         # A handle's call reads its out-parameter at return, in a return handler of its own.
         want_ret = f"{c.entry}_return" if c.category is Category.NAME else "cuda_call_return"
         assert c.entry and (c.ret is None or c.ret == want_ret)
@@ -35,7 +36,7 @@ def test_each_row_names_its_api_symbol_and_library():
 def test_probe_rows_are_derived_one_per_symbol():
     assert len(CUDA_PROBES) == sum(len(c.symbols) for c in CALLS)
     assert {r.symbol for r in rows_for(DRIVER)} == {s for c in CALLS if c.library == DRIVER for s in c.symbols}
-    assert set(rows_for(RUNTIME)) | set(rows_for(DRIVER)) == set(CUDA_PROBES)
+    assert set(rows_for(RUNTIME)) | set(rows_for(DRIVER)) | set(rows_for(NCCL)) >= set(CUDA_PROBES)
 
 
 def test_c_defines_carry_every_id():
