@@ -24,6 +24,7 @@ from .config import Config
 from .destinations import build_destinations
 from .export.spans import SpanBuilder
 from .export.stage import ExportStage
+from .gpu_devices import DeviceIdentities, gpu_model
 from .pipeline.cost import CostStage, Prices
 from .pipeline.enrich import Enrich
 from .pipeline.groups import ProcessGroups
@@ -94,8 +95,8 @@ def build_pipeline(config: Config, stats: Stats, k8s=None, destinations=None,
     enrich = Enrich(ProcessResources(config.proc_root, k8s, config.resource_attributes, stats,
                                      config.export_command_line),
                     RouteTemplater(config.route_patterns, max_routes=config.max_routes, stats=stats),
-                    kernel_names or KernelNames())
-    cost = CostStage(Prices(config.gpu_price, config.currency), config.feature_header,
+                    kernel_names or KernelNames(), DeviceIdentities(stats, config.proc_root, config.nvidia_procfs))
+    cost = CostStage(Prices(config.gpu_price, config.currency, gpu_model(config.nvidia_procfs)), config.feature_header,
                      feature_cap=ValueCap(config.max_routes, stats, "features_folded"))
     destinations = destinations if destinations is not None else build_destinations(config, stats)
     builder = SpanBuilder(clock or BpfClock(), config.export_query, config.export_headers,

@@ -46,6 +46,7 @@ class Config:
     prometheus_port: Optional[int] = None
     prometheus_addr: str = "127.0.0.1"  # OTEL_GPU_PROMETHEUS_ADDR: localhost unless told otherwise
     proc_root: str = "/proc"
+    nvidia_procfs: str = "/proc/driver/nvidia"  # OTEL_GPU_NVIDIA_PROCFS: GPU models and uuids (gpu_devices.py)
     # Export. The SDK's OTLP exporters read endpoint, headers and timeout themselves.
     otlp_traces: bool = False     # an OTLP endpoint for traces is configured
     otlp_metrics: bool = False    # ... for metrics
@@ -298,6 +299,7 @@ def load_config(args=None, env: Mapping[str, str] = os.environ) -> Config:
         max_connections=src.integer("max_connections", "OTEL_GPU_MAX_CONNECTIONS", 65536),
         health_file=src.text(None, "OTEL_GPU_HEALTH_FILE", None),
         gpu_price=src.text("gpu_price", "OTEL_GPU_PRICE_PER_HOUR", "0"),
+        nvidia_procfs=src.text(None, "OTEL_GPU_NVIDIA_PROCFS", "/proc/driver/nvidia"),
         currency=src.text("currency", "OTEL_GPU_CURRENCY", "USD"),
         feature_header=feature.lower() if feature else None,
         prometheus_port=src.integer("prometheus_port", "OTEL_GPU_PROMETHEUS_PORT", None),

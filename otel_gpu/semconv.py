@@ -104,6 +104,9 @@ GPU_COST_AMOUNT = "otel_gpu.cost.amount"      # gpu_seconds x price per GPU-hour
 GPU_COST_CURRENCY = "otel_gpu.cost.currency"  # e.g. USD
 GPU_FEATURE = "otel_gpu.feature"              # what cost is grouped by: http.route by default
 GPU_DEVICE = "gpu.device"                     # device ordinal (cudaSetDevice) of the request's work
+# The physical GPU that ordinal names, where certain (otel_gpu/gpu_devices.py): ours, after gpu.device.
+GPU_DEVICE_UUID = "gpu.device.uuid"           # "GPU-..." from the NVIDIA driver
+GPU_DEVICE_MODEL = "gpu.device.model"         # "NVIDIA H100 80GB HBM3"
 
 # On an ambiguous or shared window's span: its GPU seconds split among the candidate requests by
 # how long each was open during the window's busy time; lists aligned with the links.

@@ -53,6 +53,12 @@ def make_readers(config, stats: Optional[Stats] = None) -> list:
     return readers
 
 
+def device_labels(identity) -> dict:
+    """gpu.device.uuid/model of a gpu_devices.Identity, only those known."""
+    if identity is None:
+        return {}
+    return {k: v for k, v in ((sc.GPU_DEVICE_UUID, identity.uuid), (sc.GPU_DEVICE_MODEL, identity.model)) if v}
+
 class GpuMetrics:
     def __init__(self, readers: list, stats: Optional[Stats] = None, top_kernels: int = 50,
                  service_name: str = "otel-gpu") -> None:
@@ -127,9 +133,12 @@ class GpuMetrics:
         if r.status is not None:
             http_attrs[sc.HTTP_RESPONSE_STATUS_CODE] = r.status
         self.http.record(max(0, r.end_ns - r.start_ns) / 1e9, http_attrs)
+        # The physical GPU where certain: bounded by the GPUs the driver lists (read once at start).
+        device = device_labels(r.device_identity)
         if r.gpu_seconds:
-            self._add_cost(base[sc.SERVICE_NAME], r.feature or route, "exact", r.gpu_seconds, r.cost or 0.0)
-        self._calls(r, base)
+            self._add_cost(base[sc.SERVICE_NAME], r.feature or route, "exact", r.gpu_seconds, r.cost or 0.0,
+                           device)
+        self._calls(r, {**base, **device})
 
     def _window_cost(self, w: ProcessWindow) -> None:
         """A window's GPU time no request covers: split among an ambiguous or shared window's
@@ -146,8 +155,9 @@ class GpuMetrics:
         else:
             self._add_cost(service, OUTSIDE_FEATURE, "outside", w.gpu_seconds, w.cost or 0.0)
 
-    def _add_cost(self, service: str, feature: str, share: str, seconds: float, amount: float) -> None:
-        labels = {sc.SERVICE_NAME: service, sc.GPU_FEATURE: feature, sc.GPU_COST_SHARE: share}
+    def _add_cost(self, service: str, feature: str, share: str, seconds: float, amount: float,
+                  device: Optional[dict] = None) -> None:
+        labels = {sc.SERVICE_NAME: service, sc.GPU_FEATURE: feature, sc.GPU_COST_SHARE: share, **(device or {})}
         self.gpu_seconds.add(seconds, labels)
         self.cost.add(amount, labels)
 

@@ -81,6 +81,11 @@ class SpanBuilder:
             attrs[sc.GPU_FEATURE] = r.feature
         if r.busy.device is not None:
             attrs[sc.GPU_DEVICE] = r.busy.device
+        if r.device_identity is not None:  # only what is certain (otel_gpu/gpu_devices.py)
+            if r.device_identity.uuid:
+                attrs[sc.GPU_DEVICE_UUID] = r.device_identity.uuid
+            if r.device_identity.model:
+                attrs[sc.GPU_DEVICE_MODEL] = r.device_identity.model
         if r.error:
             status = Status(StatusCode.ERROR, r.error)
             attrs[sc.ERROR_TYPE] = "incomplete" if r.status is None else str(r.status)

@@ -22,12 +22,12 @@ window's busy interval: `w.split`, labelled split, on the window (the requests' 
 may be out already)."""
 from __future__ import annotations
 
-import glob
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Optional
 
+from ..gpu_devices import gpu_model
 from ..probes.table import BY_ID, Category
 from ..semconv import SERVICE_NAME
 from .model import CallSink, ProcessWindow, Request
@@ -128,18 +128,6 @@ class Prices:
                 if name != "default" and name in self.model.lower():
                     return price
         return self.by_model.get("default", 0.0)
-
-
-def gpu_model() -> Optional[str]:
-    """The first GPU's model from the NVIDIA driver's procfs, when there is one."""
-    for info in sorted(glob.glob("/proc/driver/nvidia/gpus/*/information")):
-        try:
-            for line in open(info):
-                if line.startswith("Model:"):
-                    return line.split(":", 1)[1].strip()
-        except OSError:
-            pass
-    return None
 
 
 @dataclass

@@ -18,8 +18,9 @@ MAX_KERNEL_NAME = 4096  # demangled C++ template names run to a few KiB
 
 
 class Enrich:
-    def __init__(self, resources: ProcessResources, routes: RouteTemplater, kernel_names) -> None:
+    def __init__(self, resources: ProcessResources, routes: RouteTemplater, kernel_names, devices=None) -> None:
         self.resources = resources
+        self.devices = devices  # gpu_devices.DeviceIdentities, or None: no uuid/model
         self.routes = routes
         self.kernel_names = kernel_names  # (pid, func) -> demangled name or None; has learn(r), forget(pid)
         self.handles_learned = 0
@@ -41,6 +42,8 @@ class Enrich:
         for tgid in exiting:
             self.resources.forget(tgid)
             self.kernel_names.forget(tgid)
+            if self.devices is not None:
+                self.devices.forget(tgid)
         return records
 
     def _learn(self, records: list) -> list:
@@ -62,6 +65,8 @@ class Enrich:
         self.unnamed += sum(1 for name in r.kernel_names.values() if name is None)
         if isinstance(r, Request):
             r.route = self.routes.route(r.head.path, str(r.resource.attributes.get(sc.SERVICE_NAME, "")))
+            if self.devices is not None:
+                r.device_identity = self.devices(r.tgid, r.busy.device)
 
     def state(self) -> dict:
         return {"resources": len(self.resources), "kernel_handles_learned": self.handles_learned,

@@ -82,6 +82,8 @@ PINNED = {
     "GPU_COST_CURRENCY": "otel_gpu.cost.currency",
     "GPU_FEATURE": "otel_gpu.feature",
     "GPU_DEVICE": "gpu.device",
+    "GPU_DEVICE_MODEL": "gpu.device.model",
+    "GPU_DEVICE_UUID": "gpu.device.uuid",
     "GPU_COST_SPLIT_SECONDS": "otel_gpu.cost.split.gpu_seconds",
     "GPU_COST_SPLIT_FEATURES": "otel_gpu.cost.split.features",
     "GPU_COST_SHARE": "otel_gpu.cost.share",
