@@ -94,3 +94,20 @@ def test_libnccl_files_are_found_in_maps():
     maps = ("7f00-7f10 r-xp 0 08:01 1 /venv/lib/python3.12/site-packages/nvidia/nccl/lib/libnccl.so.2\n"
             "7f20-7f30 r-xp 0 08:01 2 /usr/lib/x86_64-linux-gnu/libnccl-net.so\n")
     assert libraries_in_maps(maps) == [(NCCL, "/venv/lib/python3.12/site-packages/nvidia/nccl/lib/libnccl.so.2")]
+
+
+def test_calls_past_the_span_budget_roll_up_by_communicator():
+    import random
+
+    from opentelemetry.sdk.resources import Resource
+
+    from otel_gpu.clock import BpfClock
+    from otel_gpu.export.spans import SpanBuilder
+    w = ProcessWindow(9, "outside", 0, 10, CallSink(0))  # budget 0: every call rolls up
+    for comm, nbytes in ((0xC0, 40), (0xC0, 40), (0xC1, 8)):
+        w.sink.add(call(comm=comm, nbytes=nbytes), "outside")
+    w.resource, w.kernel_names = Resource({}), {}
+    _, *kids = SpanBuilder(BpfClock(), ids=random.Random(1)).build(w)
+    got = {(k.attributes[sc.GPU_NCCL_OP], k.attributes[sc.GPU_NCCL_COMM]):
+           (k.attributes[sc.GPU_ROLLUP_COUNT], k.attributes[sc.GPU_ROLLUP_BYTES]) for k in kids}
+    assert got == {("all_reduce", "0xc0"): (2, 80), ("all_reduce", "0xc1"): (1, 8)}
