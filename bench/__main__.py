@@ -10,8 +10,8 @@ import statistics
 import sys
 from pathlib import Path
 
-from . import (item_ablation, item_big_request, item_first_requests, item_http, item_launch, item_nccl, item_neighbour,
-               item_python_context, item_sustained, item_untraced, machine)
+from . import (item_ablation, item_big_request, item_dedup, item_first_requests, item_http, item_launch, item_nccl,
+               item_neighbour, item_python_context, item_sustained, item_untraced, machine)
 from .native import use_private_cudart
 from .report import profile_text, table, write_json
 
@@ -48,6 +48,7 @@ def main() -> int:
              ("6", "python_context", lambda: item_python_context.run(args.quick, starts), item_python_context.rows),
              ("7", "untraced", lambda: item_untraced.run(args.quick, starts), item_untraced.rows),
              ("10", "nccl", lambda: item_nccl.run(args.quick, starts), item_nccl.rows),
+             ("11", "dedup", lambda: item_dedup.run(args.quick, starts), item_dedup.rows),
              ("8", "first_requests", lambda: item_first_requests.run(args.quick, starts), item_first_requests.rows)]
     for key, name, run, to_rows in steps:
         if key not in items:
