@@ -7,7 +7,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Optional
 
 from ..probes.table import BY_ID, MEMCPY_DIRECTIONS, Category
-from .http_parser import RequestHead
+from .protocols.base import RequestHead
 from .records import CudaCall
 
 # How a CUDA call was tied to a request.

@@ -13,7 +13,10 @@ connection goes away. A CUDA call is attributed (see model.ATTRIBUTIONS):
     (pipeline/groups.py: same cgroup, or parent/child) have
     requests open: to nobody, linked to all of those           -> shared
   - with nothing open, or made in a context no request owns   -> outside
-A thread serving a connection that is not HTTP/1.x gives no thread/process attribution,
+Which protocol a connection speaks is told by its first bytes (protocols.detect); its
+session (protocols/<name>/) turns reads and writes into request events, so nothing here
+knows a protocol's bytes. A thread serving a connection no session can follow (not a
+known protocol, or bytes its protocol refused) gives no thread/process attribution,
 nor does a process with connections the kernel could not track (its table was full:
 their requests are not seen); such a process's spans carry how many it had.
 A call is never guessed onto a request.
@@ -29,12 +32,13 @@ from __future__ import annotations
 
 import logging
 import random
-from collections import deque
 from dataclasses import dataclass, field
 from typing import Optional
 
 from ..ratelimit import RateLimitedLog, Stats
-from .http_parser import HttpParseError, RequestStream, ResponseStream
+from . import protocols
+from .protocols.base import (DETECT_MAX, Notice, ProtocolError, RequestFinished, RequestStarted, ResponseStatus,
+                             Session, SessionConfig, StreamReset)
 from .contexts import HELD, Outcome, ProcessContexts
 from .model import (AMBIGUOUS, ATTRIBUTIONS, OUTSIDE, PROCESS, SHARED, TASK, THREAD, CallSink, ProcessWindow,
                     Request, RollupAgg)
@@ -52,15 +56,12 @@ class Conn:
     peer_addr: Optional[str] = None
     peer_port: Optional[int] = None
     listen_fd: int = -1
-    requests: RequestStream = None
-    responses: ResponseStream = field(default_factory=ResponseStream)
-    active: Optional[Request] = None
-    queued: deque = field(default_factory=deque)  # pipelined requests read ahead
-    head_start_ns: int = 0  # first read of the head being assembled
-    head_tid: int = 0
+    session: Optional[Session] = None  # chosen by the first bytes read (protocols.detect)
+    prefix: bytes = b""  # the first bytes while no protocol can tell yet (at most DETECT_MAX)
+    early: list = field(default_factory=list)  # their reads, replayed into the session
+    streams: dict = field(default_factory=dict)  # stream id -> open Request (HTTP/1: stream 0)
     server_port: Optional[int] = None
-    last_write_ns: int = 0
-    broken: bool = False    # not HTTP/1.x: ignored until closed
+    broken: bool = False    # no session can follow it: ignored until closed
     tracked: bool = True    # False: accepted while the kernel's table was full; its I/O is not seen
     inode: Optional[int] = None  # its socket, learnt at the first audit (a reused fd is another socket)
 
@@ -89,6 +90,7 @@ class Stitcher:
                  port_of=None, peer_of=None, group_of=None, sockets_of=None) -> None:
         self.span_budget = span_budget
         self.extra_headers = extra_headers
+        self._session_config = SessionConfig(extra_headers)
         self.stats = stats or Stats()
         self._log = RateLimitedLog(log, self.stats, interval_s=30.0)
         self._rng = rng or random.Random()
@@ -187,7 +189,7 @@ class Stitcher:
     def _conn(self, p: Proc, fd: int) -> Conn:
         c = p.conns.get(fd)
         if c is None:  # accepted before the collector saw it: peer unknown
-            c = p.conns[fd] = Conn(fd, requests=RequestStream(self.extra_headers))
+            c = p.conns[fd] = Conn(fd)
             c.server_port = self._port_of(p.tgid, -1, fd) if self._port_of else None
         return c
 
@@ -196,13 +198,13 @@ class Stitcher:
         if ev.fd in p.conns:  # the old connection's close was not seen (or it is seeded again)
             self._drop_conn(p, p.conns[ev.fd], ev.ts_ns, "connection replaced", out)
         if not ev.tracked:  # counted by the kernel (connections_untracked); released by the audit
-            p.conns[ev.fd] = Conn(ev.fd, requests=RequestStream(self.extra_headers), tracked=False)
+            p.conns[ev.fd] = Conn(ev.fd, tracked=False)
             p.untracked += 1
             return
         peer = (ev.peer_addr, ev.peer_port)
         if peer[0] is None and self._peer_of:  # accept(fd, NULL, NULL), as uvloop/libuv do
             peer = self._peer_of(ev.tgid, ev.fd) or peer
-        c = p.conns[ev.fd] = Conn(ev.fd, *peer, ev.listen_fd, RequestStream(self.extra_headers))
+        c = p.conns[ev.fd] = Conn(ev.fd, *peer, ev.listen_fd)
         c.server_port = self._port_of(ev.tgid, ev.listen_fd, ev.fd) if self._port_of else None
 
     def _on_read(self, ev: SockIo, out: list) -> None:
@@ -213,38 +215,83 @@ class Stitcher:
         if c.broken:
             p.broken.setdefault(ev.tid, set()).add(ev.fd)
             return
-        if not c.requests._head:
-            c.head_start_ns, c.head_tid = ev.ts_ns, ev.tid
-        try:
-            heads = c.requests.feed(ev.data, ev.ret)
-        except HttpParseError as e:
-            self._log.event("http_parse_errors", logging.WARNING,
-                            "pid %d fd %d: dropping connection that is not HTTP/1.x (%s)",
-                            ev.tgid, ev.fd, e)
-            c.broken = True
-            p.broken.setdefault(ev.tid, set()).add(ev.fd)
-            self._drop_requests(p, c, ev.ts_ns, "malformed HTTP", out)
+        if c.session is not None:
+            reads = ((ev.data, ev.ret, ev.ts_ns, ev.tid),)
+        elif (reads := self._detect(p, c, ev)) is None:
             return
-        if heads and c.active is not None and c.responses.current is not None \
-                and c.responses.current.status is not None and c.responses.current.body_left is None:
-            # The response's end could not be framed (its head was longer than the
-            # probe's copy): a new request on the connection means it was complete.
-            self._finish(p, c, c.active, c.last_write_ns, None, out)
-            if c.queued:
-                self._activate(p, c, c.queued.popleft(), c.last_write_ns, out)
-        for head in heads:
-            req = self._new_request(p, c, head, c.head_start_ns or ev.ts_ns, c.head_tid or ev.tid)
-            if c.active is None:
-                self._activate(p, c, req, req.start_ns, out)
-            else:
-                c.queued.append(req)
-            c.head_start_ns, c.head_tid = ev.ts_ns, ev.tid  # next pipelined head
-        if c.requests._head:
+        for data, length, ts, tid in reads:
+            self._apply(p, c, c.session.on_read(data, length, ts, tid), tid, ts, out)
+            if c.broken:
+                return
+        if c.session.partial:
             p.partial_heads[ev.tid] = ev.fd
-        else:
-            c.head_start_ns = 0
-            if p.partial_heads.get(ev.tid) == ev.fd:
-                del p.partial_heads[ev.tid]
+        elif p.partial_heads.get(ev.tid) == ev.fd:
+            del p.partial_heads[ev.tid]
+
+    def _detect(self, p: Proc, c: Conn, ev: SockIo) -> Optional[tuple]:
+        """The connection's reads so far once its first bytes tell its protocol (c.session
+        is then set); None while they cannot yet, or when no protocol claims them (counted,
+        logged, the connection ignored until it closes)."""
+        if ev.ret <= 0 and not ev.data:
+            return None  # nothing read: nothing to tell
+        c.prefix = (c.prefix + ev.data)[:DETECT_MAX]
+        c.early.append((ev.data, ev.ret, ev.ts_ns, ev.tid))
+        proto = protocols.detect(c.prefix)
+        if proto is protocols.PENDING:
+            if ev.ret <= len(ev.data):
+                p.partial_heads[ev.tid] = ev.fd  # a head may be on its way
+                return None
+            proto = None  # the rest of this read was not copied: no more bytes to tell by
+        reads, prefix, c.prefix, c.early = c.early, c.prefix, b"", []
+        if proto is None:
+            self._log.event("connections_unknown_protocol", logging.WARNING,
+                            "pid %d fd %d: dropping connection that is not %s (%d bytes, first byte 0x%s)",
+                            p.tgid, c.fd, protocols.labels(), len(prefix), prefix[:1].hex() or "--")
+            self._break(p, c, ev.tid)
+            return None
+        c.session = proto.session(self._session_config)
+        return reads
+
+    def _break(self, p: Proc, c: Conn, tid: int) -> None:
+        """No session can follow `c` any more: its threads lose thread/process attribution."""
+        c.broken = True
+        p.broken.setdefault(tid, set()).add(c.fd)
+        for t in [t for t, fd in p.partial_heads.items() if fd == c.fd]:
+            del p.partial_heads[t]
+
+    def _apply(self, p: Proc, c: Conn, events: list, tid: int, ts: int, out: list) -> None:
+        """A session's events for one read, write or close (tid, ts: that syscall's)."""
+        for e in events:
+            kind = type(e)
+            if kind is RequestStarted:
+                old = c.streams.get(e.stream)
+                if old is not None:  # a session that reuses an open stream: never two spans in one
+                    self.stats.add("requests_incomplete")
+                    self._finish(p, c, old, e.start_ns, "stream reused", out)
+                self._activate(p, c, e.stream, self._new_request(p, c, e.head, e.start_ns, e.tid), out)
+            elif kind is ResponseStatus:
+                if (req := c.streams.get(e.stream)) is not None:
+                    req.status = e.status
+            elif kind is RequestFinished:
+                if (req := c.streams.get(e.stream)) is not None:
+                    if e.status is not None:
+                        req.status = e.status
+                    self._finish(p, c, req, e.ts_ns, e.error, out)
+            elif kind is StreamReset:
+                if (req := c.streams.get(e.stream)) is not None:
+                    self.stats.add("requests_incomplete")
+                    self._finish(p, c, req, e.ts_ns, e.reason, out)
+            elif kind is ProtocolError:
+                self._log.event(e.counter, logging.WARNING, "pid %d fd %d: %s", p.tgid, c.fd, e.message)
+                self._break(p, c, tid)
+                self._drop_requests(p, c, ts, e.drop_reason, out)
+                return
+            elif kind is Notice:
+                if e.message is None:
+                    self.stats.add(e.counter, e.count)
+                else:
+                    self._log.event(e.counter, e.level, "pid %d fd %d: %s", p.tgid, c.fd, e.message,
+                                    count=e.count)
 
     def _new_request(self, p: Proc, c: Conn, head, start_ns: int, tid: int) -> Request:
         req = Request(p.tgid, tid, c.fd, head, start_ns,
@@ -258,10 +305,8 @@ class Stitcher:
             req.parent_trace_id = parent[0]
         return req
 
-    def _activate(self, p: Proc, c: Conn, req: Request, start_ns: int, out: list) -> None:
-        req.start_ns = start_ns
-        c.active = req
-        c.responses.start()
+    def _activate(self, p: Proc, c: Conn, stream: int, req: Request, out: list) -> None:
+        c.streams[stream] = req
         p.open.append(req)
         self._serving[p.tgid] = p
         p.contexts.opened(req)
@@ -272,44 +317,25 @@ class Stitcher:
         c = p.conns.get(ev.fd)
         if c is None or c.broken:
             return
-        req = c.active
-        if req is None:
+        if c.session is None:
             self.stats.add("writes_without_request")
             return
-        c.last_write_ns = ev.ts_ns
-        if ev.ctx:
+        if ev.ctx and len(c.streams) == 1:  # the writing context serves that request
+            (req,) = c.streams.values()
             self._settle(p, p.contexts.bind(req, ev), out)
-        try:
-            done = c.responses.feed(ev.data, ev.ret, ev.tail, req.head.method)
-        except HttpParseError as e:
-            self._log.event("http_response_errors", logging.WARNING,
-                            "pid %d fd %d: response is not HTTP/1.x (%s)", ev.tgid, ev.fd, e)
-            c.broken = True
-            p.broken.setdefault(ev.tid, set()).add(ev.fd)
-            self._drop_requests(p, c, ev.ts_ns, "malformed HTTP response", out)
-            return
-        if done is None:
-            req.status = c.responses.current.status if c.responses.current else req.status
-            return
-        req.status = done.status
-        self._finish(p, c, req, ev.ts_ns, None, out)
-        if c.queued:
-            self._activate(p, c, c.queued.popleft(), ev.ts_ns, out)
+        self._apply(p, c, c.session.on_write(ev.data, ev.ret, ev.tail, ev.ts_ns, ev.tid), ev.tid, ev.ts_ns, out)
 
     def _on_close(self, tgid: int, fd: int, ts: int, out: list) -> None:
         p = self.procs.get(tgid)
         c = p.conns.get(fd) if p else None
         if c is None:
             return
-        if c.requests._head:
-            self._log.event("http_incomplete_heads", logging.INFO,
-                            "pid %d fd %d: connection closed with a request head half read (%d bytes): dropped",
-                            tgid, fd, len(c.requests._head))
-        req = c.active
-        if req is not None and req.status is not None and c.responses.current is not None \
-                and c.responses.current.body_left is None:
-            # Close-delimited body (no Content-Length, not chunked): complete now.
-            self._finish(p, c, req, ts, None, out)
+        if c.session is not None and not c.broken:
+            self._apply(p, c, c.session.on_close(ts), 0, ts, out)
+        elif c.prefix and not c.broken:
+            self._log.event("connections_unknown_protocol", logging.INFO,
+                            "pid %d fd %d: connection closed after %d bytes, too few to tell its protocol",
+                            tgid, fd, len(c.prefix))
         self._drop_conn(p, c, ts, "connection closed before the response completed", out)
 
     def _drop_conn(self, p: Proc, c: Conn, ts: int, reason: str, out: list) -> None:
@@ -324,19 +350,17 @@ class Stitcher:
                 del p.broken[tid]
 
     def _drop_requests(self, p: Proc, c: Conn, ts: int, reason: str, out: list) -> None:
-        if c.active is not None:
+        for req in list(c.streams.values()):
             self.stats.add("requests_incomplete")
-            self._finish(p, c, c.active, ts, reason, out)
-        if c.queued:
-            self._log.event("pipelined_requests_dropped", logging.INFO,
-                            "pid %d fd %d: %d pipelined request(s) never answered",
-                            p.tgid, c.fd, len(c.queued), count=len(c.queued))
-            c.queued.clear()
+            self._finish(p, c, req, ts, reason, out)
+        if c.session is not None:
+            self._apply(p, c, c.session.abandon(), 0, ts, out)  # e.g. pipelined requests never answered
 
     def _finish(self, p: Proc, c: Conn, req: Request, ts: int, error: Optional[str], out: list) -> None:
         req.end_ns = max(ts, req.start_ns)
         req.error = error
-        c.active = None
+        for stream in [k for k, r in c.streams.items() if r is req]:
+            del c.streams[stream]
         if req in p.open:
             p.open.remove(req)
             if not p.open:
@@ -375,7 +399,7 @@ class Stitcher:
                 continue
             fds = self._sockets_of(p.tgid)
             for c in list(p.conns.values()):
-                if c.active is not None or c.queued or (c.tracked and not everyone):
+                if c.streams or (c.tracked and not everyone):
                     continue  # a request in flight: its close is on its way
                 inode = fds.get(c.fd)
                 if inode is not None and c.inode in (None, inode):

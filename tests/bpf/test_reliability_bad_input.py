@@ -78,7 +78,8 @@ def _finish(collector, receiver, target, expect: list) -> dict:
 
 
 def _assert_dropped_not_http(collector, counters):
-    assert counters.get("http_parse_errors") == 1, counters
+    assert counters.get("connections_unknown_protocol") == 1, counters  # no protocol claims it
+    assert counters.get("http_parse_errors", 0) == 0, counters
     assert [l for l in collector.log.lines if "not HTTP/1.x" in l], collector.log.lines
 
 

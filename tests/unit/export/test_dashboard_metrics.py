@@ -19,7 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from otel_gpu import semconv as sc
 from otel_gpu.export import metrics as metrics_module
 from otel_gpu.export.metrics import GpuMetrics
-from otel_gpu.pipeline.http_parser import RequestHead
+from otel_gpu.pipeline.protocols.base import RequestHead
 from otel_gpu.pipeline.model import CallSink, ProcessWindow, Request
 from otel_gpu.probes.attacher import ProbeCounts
 from otel_gpu.ratelimit import Stats

@@ -11,7 +11,7 @@ from opentelemetry.sdk.resources import Resource
 from otel_gpu import semconv as sc
 from otel_gpu.export.metric_values import INT64_MAX, MAX_CALL_BYTES, GuardedExporter, encodable
 from otel_gpu.export.metrics import GpuMetrics
-from otel_gpu.pipeline.http_parser import RequestHead
+from otel_gpu.pipeline.protocols.base import RequestHead
 from otel_gpu.pipeline.model import CallSink, Request
 from otel_gpu.ratelimit import Stats
 from tests.fakes.otlp_receiver import OtlpReceiver

@@ -8,7 +8,7 @@ from opentelemetry.trace import SpanKind, StatusCode
 from otel_gpu import semconv as sc
 from otel_gpu.clock import BpfClock
 from otel_gpu.export.spans import SpanBuilder
-from otel_gpu.pipeline.http_parser import RequestHead
+from otel_gpu.pipeline.protocols.base import RequestHead
 from otel_gpu.pipeline.model import CallSink, ProcessWindow, Request
 from otel_gpu.pipeline.routes import RouteTemplater
 from otel_gpu.probes.table import call_id

@@ -7,7 +7,7 @@ import pytest
 
 from otel_gpu.pipeline.cost import (UNKNOWN_FEATURE, CostStage, Prices, remainder_seconds, sink_busy,
                                     split_by_overlap, split_seconds)
-from otel_gpu.pipeline.http_parser import RequestHead
+from otel_gpu.pipeline.protocols.base import RequestHead
 from otel_gpu.pipeline.model import CallSink, ProcessWindow, Request
 from otel_gpu.pipeline.records import EV_SOCK_READ, EV_SOCK_WRITE, Accept, RequestOpened, ProcessGone, SockIo, Tick
 from otel_gpu.pipeline.stitcher import Stitcher

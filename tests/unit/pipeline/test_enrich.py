@@ -1,7 +1,7 @@
 """The enrich stage: what it writes onto requests and windows, and when it forgets."""
 from otel_gpu import semconv as sc
 from otel_gpu.pipeline.enrich import Enrich
-from otel_gpu.pipeline.http_parser import RequestHead
+from otel_gpu.pipeline.protocols.base import RequestHead
 from otel_gpu.pipeline.model import OUTSIDE, THREAD, CallSink, ProcessWindow, Request
 from otel_gpu.pipeline.records import ProcessGone, ProcessSeen
 from otel_gpu.pipeline.resources import ProcessResources

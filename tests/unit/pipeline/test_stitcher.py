@@ -217,9 +217,16 @@ def test_process_exit_hands_on_its_windows():
 
 @pytest.mark.parametrize("raw", [b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03",
                                  b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"])
-def test_malformed_bytes_give_no_request_and_are_counted(raw):
+def test_bytes_of_no_known_protocol_give_no_request_and_are_counted(raw):
     s = new()
     out = s.process([accept(), read(raw), read(get()), write(OK), SockClose(PID, 1, T(), FD)])
+    assert requests(out) == []
+    assert s.stats.snapshot()["connections_unknown_protocol"] == 1
+
+
+def test_bytes_http1_refuses_give_no_request_and_are_counted():
+    s = new()
+    out = s.process([accept(), read(b"GET /x HTTP/1.2\r\n\r\n"), read(get()), write(OK), SockClose(PID, 1, T(), FD)])
     assert requests(out) == []
     assert s.stats.snapshot()["http_parse_errors"] == 1
 

@@ -2,8 +2,8 @@
 the syscall's full byte count)."""
 import pytest
 
-from otel_gpu.pipeline.http_parser import (MAX_HEAD, HttpParseError, RequestHead,
-                                           RequestStream, ResponseStream)
+from otel_gpu.pipeline.protocols.base import RequestHead
+from otel_gpu.pipeline.protocols.http1.framing import MAX_HEAD, HttpParseError, RequestStream, ResponseStream
 
 CAP = 1024
 

@@ -5,10 +5,11 @@ what was copied are still skipped exactly."""
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Optional
 
-from .. import sanitize
+from .... import sanitize
+from ..base import RequestHead
 
 METHODS = frozenset({b"GET", b"POST", b"PUT", b"HEAD", b"DELETE", b"PATCH", b"OPTIONS",
                      b"TRACE", b"CONNECT"})
@@ -24,28 +25,6 @@ _ABSOLUTE_PREFIX = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://[^/?#]*")
 
 class HttpParseError(ValueError):
     """Bytes that are not HTTP/1.x: the connection is dropped and counted."""
-
-
-@dataclass
-class RequestHead:
-    method: str
-    target: str  # origin-form (absolute-form cut to its path), sanitised, bounded (safe_target)
-    version: str
-    headers: dict = field(default_factory=dict)  # lower-cased names, _KEPT_HEADERS + configured
-    truncated: bool = False  # some head bytes were not copied by the probe
-
-    @property
-    def path(self) -> str:
-        return self.target.split("?", 1)[0].split("#", 1)[0] or "/"
-
-    @property
-    def query(self) -> Optional[str]:
-        return self.target.split("?", 1)[1] if "?" in self.target else None
-
-    @property
-    def keep_alive(self) -> bool:
-        conn = self.headers.get("connection", "").lower()
-        return conn != "close" if self.version == "1.1" else conn == "keep-alive"
 
 
 def _parse_headers(lines: list[bytes], extra: frozenset) -> dict:
@@ -104,6 +83,11 @@ class RequestStream:
         self._head = b""
         self._body_left = 0
         self._resync = False
+
+    @property
+    def partial(self) -> int:
+        """Bytes of a request head read so far whose end has not come yet."""
+        return len(self._head)
 
     def feed(self, data: bytes, length: int) -> list[RequestHead]:
         heads: list[RequestHead] = []

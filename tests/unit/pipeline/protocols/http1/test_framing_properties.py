@@ -4,7 +4,7 @@ stream was cut into reads."""
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from otel_gpu.pipeline.http_parser import HttpParseError, RequestHead, RequestStream
+from otel_gpu.pipeline.protocols.http1.framing import HttpParseError, RequestHead, RequestStream
 
 PROPS = settings(max_examples=2000, deadline=None, database=None,
                  suppress_health_check=[HealthCheck.too_slow])

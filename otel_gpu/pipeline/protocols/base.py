@@ -1,0 +1,158 @@
+"""The protocol seam: what the stitcher asks of a protocol, and what a protocol tells it.
+
+Final API (H5; HTTP/2, gRPC and TLS build on it):
+
+  Protocol (one module-level object per protocol folder, listed in protocols.PROTOCOLS)
+    name: str                       "http1", "http2", ... (log and counter text)
+    label: str                      what the log says it is not: "HTTP/1.x", "HTTP/2"
+    detect(prefix: bytes) -> bool | None
+                                    the first bytes of a connection (server side, inbound);
+                                    None: need more bytes. Must decide within DETECT_MAX bytes.
+    session(config: SessionConfig) -> Session   one per connection
+
+  Session (one per connection, server side; all times in ns, tid = the thread of the syscall)
+    on_read(data, length, ts_ns, tid) -> list[Event]     one read: copied bytes, full length
+    on_write(data, length, tail, ts_ns, tid) -> list[Event]   tail: the write's last bytes
+    on_close(ts_ns) -> list[Event]   the peer or server closed: what that completes
+    abandon() -> list[Event]         the connection or its requests are being dropped
+                                     (error, exit, collector stop): Notices for requests the
+                                     session holds that never started (e.g. pipelined ones)
+    partial: bool                    a request head is half read: its reading thread may be
+                                     about to serve it (no "process" attribution for it)
+
+  Events (returned in order; the stitcher applies them as they come):
+    RequestStarted(stream, head, start_ns, tid)   a request opens; stream 0 for HTTP/1,
+                                                  the stream id for HTTP/2. tid: the thread
+                                                  that read its head ("thread" attribution)
+    ResponseStatus(stream, status)                status known before the end
+    RequestFinished(stream, ts_ns, status, error) status None: keep what is known
+    StreamReset(stream, ts_ns, reason)            ended without a response (RST_STREAM...):
+                                                  finished with error=reason, counted
+                                                  requests_incomplete
+    ProtocolError(counter, message, drop_reason)  bytes that are not this protocol: the
+                                                  stitcher logs "pid P fd F: <message>" under
+                                                  `counter`, drops the connection's requests
+                                                  with error=drop_reason and ignores the
+                                                  connection until it closes
+    Notice(counter, message=None, level, count)   a counted drop (message None: counted only)
+
+  RequestHead: method, target (origin-form, sanitised), version, headers (lower-case names:
+  only those the protocol needs and the configured extra ones), truncated, protocol
+  ("http/1.1", "h2", "grpc"), rpc (None or {"system","service","method"}), attributes
+  (None or extra span attributes).
+
+Adding a protocol: a folder under protocols/ with a Protocol object, and one line in
+protocols/__init__.py PROTOCOLS."""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Optional, Union
+
+DETECT_MAX = 64  # bytes: every protocol decides by then (the HTTP/2 preface is 24)
+
+
+@dataclass
+class SessionConfig:
+    extra_headers: frozenset = frozenset()  # request headers the user asked to keep (lower-case)
+
+
+@dataclass
+class RequestHead:
+    method: str
+    target: str  # origin-form (absolute-form cut to its path), sanitised, bounded
+    version: str
+    headers: dict = field(default_factory=dict)  # lower-cased names: needed + configured only
+    truncated: bool = False  # some head bytes were not copied by the probe
+    protocol: str = "http/1.1"
+    rpc: Optional[dict] = None  # {"system", "service", "method"} for RPC protocols
+    attributes: Optional[dict] = None  # extra span attributes the protocol knows
+
+    @property
+    def path(self) -> str:
+        return self.target.split("?", 1)[0].split("#", 1)[0] or "/"
+
+    @property
+    def query(self) -> Optional[str]:
+        return self.target.split("?", 1)[1] if "?" in self.target else None
+
+    @property
+    def keep_alive(self) -> bool:
+        conn = self.headers.get("connection", "").lower()
+        return conn != "close" if self.version == "1.1" else conn == "keep-alive"
+
+
+@dataclass
+class RequestStarted:
+    stream: int
+    head: RequestHead
+    start_ns: int
+    tid: int
+
+
+@dataclass
+class ResponseStatus:
+    stream: int
+    status: int
+
+
+@dataclass
+class RequestFinished:
+    stream: int
+    ts_ns: int
+    status: Optional[int] = None
+    error: Optional[str] = None
+
+
+@dataclass
+class StreamReset:
+    stream: int
+    ts_ns: int
+    reason: str
+
+
+@dataclass
+class ProtocolError:
+    counter: str      # e.g. http_parse_errors
+    message: str      # for the log: never header values, targets or bodies
+    drop_reason: str  # the error of the requests dropped with the connection
+
+
+@dataclass
+class Notice:
+    counter: str
+    message: Optional[str] = None  # None: counted, not logged
+    level: int = logging.INFO
+    count: int = 1
+
+
+Event = Union[RequestStarted, ResponseStatus, RequestFinished, StreamReset, ProtocolError, Notice]
+
+
+class Session:
+    """One connection's protocol state (server side). See the module docstring."""
+    partial: bool = False
+
+    def on_read(self, data: bytes, length: int, ts_ns: int, tid: int) -> list:
+        raise NotImplementedError
+
+    def on_write(self, data: bytes, length: int, tail: bytes, ts_ns: int, tid: int) -> list:
+        raise NotImplementedError
+
+    def on_close(self, ts_ns: int) -> list:
+        return []
+
+    def abandon(self) -> list:
+        return []
+
+
+class Protocol:
+    """One protocol: detection and a session factory. See the module docstring."""
+    name: str = ""
+    label: str = ""
+
+    def detect(self, prefix: bytes) -> Optional[bool]:
+        raise NotImplementedError
+
+    def session(self, config: SessionConfig) -> Session:
+        raise NotImplementedError

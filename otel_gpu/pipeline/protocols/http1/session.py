@@ -1,0 +1,103 @@
+"""HTTP/1.x behind the protocol seam: one session per connection turns reads and writes
+into request events (stream 0). Pipelined requests wait here, in order, and start when
+the response before them completes; a response whose end could not be framed (its head
+longer than the probe's copy) completes when the next request arrives or at close."""
+from __future__ import annotations
+
+from collections import deque
+
+from ..base import (Notice, ProtocolError, RequestFinished, RequestStarted, ResponseStatus, Session,
+                    SessionConfig)
+from .framing import HttpParseError, RequestStream, ResponseStream
+
+
+class Http1Session(Session):
+    def __init__(self, config: SessionConfig) -> None:
+        self._requests = RequestStream(config.extra_headers)
+        self._responses = ResponseStream()
+        self._active = None  # the head of the request being answered
+        self._pipelined: deque = deque()  # (head, reading tid) of pipelined requests read ahead
+        self._head_start_ns = 0  # first read of the head being assembled
+        self._head_tid = 0
+        self._last_write_ns = 0
+
+    @property
+    def partial(self) -> bool:
+        return self._requests.partial > 0
+
+    def on_read(self, data: bytes, length: int, ts_ns: int, tid: int) -> list:
+        if not self._requests.partial:
+            self._head_start_ns, self._head_tid = ts_ns, tid
+        try:
+            heads = self._requests.feed(data, length)
+        except HttpParseError as e:
+            return [ProtocolError("http_parse_errors", f"dropping connection that is not HTTP/1.x ({e})",
+                                  "malformed HTTP")]
+        out: list = []
+        if heads and self._unframed():
+            # A new request on the connection means the unframed response was complete.
+            out.append(RequestFinished(0, self._last_write_ns))
+            self._next(self._last_write_ns, out)
+        for head in heads:
+            start, head_tid = self._head_start_ns or ts_ns, self._head_tid or tid
+            if self._active is None:
+                self._start(head, start, head_tid, out)
+            else:
+                self._pipelined.append((head, head_tid))
+            self._head_start_ns, self._head_tid = ts_ns, tid  # next pipelined head
+        if not self._requests.partial:
+            self._head_start_ns = 0
+        return out
+
+    def on_write(self, data: bytes, length: int, tail: bytes, ts_ns: int, tid: int) -> list:
+        if self._active is None:
+            return [Notice("writes_without_request")]
+        self._last_write_ns = ts_ns
+        try:
+            done = self._responses.feed(data, length, tail, self._active.method)
+        except HttpParseError as e:
+            return [ProtocolError("http_response_errors", f"response is not HTTP/1.x ({e})",
+                                  "malformed HTTP response")]
+        out: list = []
+        if done is None:
+            current = self._responses.current
+            if current is not None and current.status is not None:
+                out.append(ResponseStatus(0, current.status))
+            return out
+        out.append(RequestFinished(0, ts_ns, done.status))
+        self._next(ts_ns, out)
+        return out
+
+    def on_close(self, ts_ns: int) -> list:
+        out: list = []
+        if self._requests.partial:
+            out.append(Notice("http_incomplete_heads", "connection closed with a request head half read "
+                              f"({self._requests.partial} bytes): dropped"))
+        if self._unframed():  # close-delimited body (no Content-Length, not chunked): complete now
+            out.append(RequestFinished(0, ts_ns))
+            self._active = None
+        return out
+
+    def abandon(self) -> list:
+        n = len(self._pipelined)
+        self._pipelined.clear()
+        self._active = None
+        if not n:
+            return []
+        return [Notice("pipelined_requests_dropped", f"{n} pipelined request(s) never answered", count=n)]
+
+    def _unframed(self) -> bool:
+        """The active response's status is known but its end cannot be framed."""
+        r = self._responses.current
+        return self._active is not None and r is not None and r.status is not None and r.body_left is None
+
+    def _start(self, head, start_ns: int, tid: int, out: list) -> None:
+        self._active = head
+        self._responses.start()
+        out.append(RequestStarted(0, head, start_ns, tid))
+
+    def _next(self, ts_ns: int, out: list) -> None:
+        self._active = None
+        if self._pipelined:
+            head, tid = self._pipelined.popleft()
+            self._start(head, ts_ns, tid, out)
