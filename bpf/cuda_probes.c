@@ -105,6 +105,43 @@ BPF_TABLE("lru_hash", struct budget_key, struct thread_budget, stream_budget, 16
 /* Not streamed calls of processes with HTTP activity (events.h struct agg_key). */
 BPF_HASH(req_agg, struct agg_key, struct agg_value, AGG_ENTRIES);
 
+/* Host-wide bound on calls streamed one by one: STREAM_RATE_PER_CPU a second on each CPU
+ * (user space splits --stream-rate), bursts of 100 ms. Past it calls are counted in req_agg,
+ * so the consumer's load follows this rate and not requests/s x budget: unbounded, its
+ * backlog filled the ring and pushed HTTP records out (requests never ended). */
+#ifndef STREAM_RATE_PER_CPU
+#define STREAM_RATE_PER_CPU 2500
+#endif
+#define NS_PER_S 1000000000ull
+struct stream_tokens {
+    u64 last_ns;
+    u64 tokens;  /* in 1e-9 calls */
+};
+BPF_PERCPU_ARRAY(stream_rate, struct stream_tokens, 1);
+
+static __always_inline int stream_token(void)
+{
+    u32 zero = 0;
+    struct stream_tokens *t = stream_rate.lookup(&zero);
+    if (!t)
+        return 0;
+    u64 now = bpf_ktime_get_ns();
+    u64 dt = now - t->last_ns;
+    if (dt > NS_PER_S)
+        dt = NS_PER_S;
+    u64 cap = (STREAM_RATE_PER_CPU / 10 + 1) * NS_PER_S;
+    u64 tokens = t->tokens + dt * STREAM_RATE_PER_CPU;
+    t->last_ns = now;
+    if (tokens > cap)
+        tokens = cap;
+    if (tokens < NS_PER_S) {
+        t->tokens = tokens;
+        return 0;
+    }
+    t->tokens = tokens - NS_PER_S;
+    return 1;
+}
+
 /* 1: this call of a streaming process goes out one by one; 0: it is counted in req_agg.
  * A follower (tv != TRACED) streams while it has no HTTP activity of its own: its calls
  * then belong to another process's requests, whose epochs are not its own. */
@@ -121,11 +158,13 @@ static __always_inline int stream_this(u64 id, u64 ctx, u32 tgid, u32 tv, struct
     struct budget_key key = {.pid_tgid = id, .ctx = ctx};
     struct thread_budget *b = stream_budget.lookup(&key);
     if (b && b->reads == reads) {
-        if (b->streamed >= STREAM_BUDGET)
+        if (b->streamed >= STREAM_BUDGET || !stream_token())
             return 0;
         b->streamed++;
         return 1;
     }
+    if (!stream_token())
+        return 0;
     struct thread_budget nb = {.reads = reads, .streamed = 1};
     stream_budget.update(&key, &nb);
     return 1;

@@ -29,6 +29,7 @@ class Config:
     exes: list[str] = field(default_factory=list)
     span_budget: int = 256
     stream_budget: int = 64  # CUDA calls streamed per thread and request; the rest counted in the kernel
+    stream_rate: int = 5000  # CUDA calls streamed per second, host-wide; the rest counted in the kernel
     console: bool = False            # print trace trees (resolved: on when no OTLP endpoint)
     route_patterns: list[str] = field(default_factory=list)
     max_routes: int = 100  # distinct http.route (and feature) values per service; later ones fold
@@ -69,6 +70,8 @@ class Config:
             raise ConfigError("span_budget", f"{self.span_budget} is not within 0..100000")
         if self.stream_budget < 0 or self.stream_budget > 100_000:
             raise ConfigError("stream_budget", f"{self.stream_budget} is not within 0..100000")
+        if self.stream_rate < 0 or self.stream_rate > 10_000_000:
+            raise ConfigError("stream_rate", f"{self.stream_rate} is not within 0..10000000")
         for pid in self.pids:
             if pid <= 0:
                 raise ConfigError("pid", f"{pid} is not a process id")
@@ -138,6 +141,9 @@ def add_run_arguments(p) -> None:
     p.add_argument("--stream-budget", type=int,
                    help="CUDA calls per thread and request sent one by one; the rest are counted in the "
                         "kernel (OTEL_GPU_STREAM_BUDGET; default 64)")
+    p.add_argument("--stream-rate", type=int,
+                   help="CUDA calls per second sent one by one, host-wide; the rest are counted in the "
+                        "kernel (OTEL_GPU_STREAM_RATE; default 5000)")
     p.add_argument("--console", dest="console", action="store_true", default=None,
                    help="print trace trees (default: on when no OTLP endpoint is set)")
     p.add_argument("--no-console", dest="console", action="store_false")
@@ -289,6 +295,7 @@ def load_config(args=None, env: Mapping[str, str] = os.environ) -> Config:
         exes=src.flag("exe") or [],
         span_budget=src.integer("span_budget", "OTEL_GPU_SPAN_BUDGET", 256, minimum=0),
         stream_budget=src.integer("stream_budget", "OTEL_GPU_STREAM_BUDGET", 64, minimum=0),
+        stream_rate=src.integer("stream_rate", "OTEL_GPU_STREAM_RATE", 5000, minimum=0),
         console=(not otlp_traces) if console is None else console,
         route_patterns=src.names("route", "OTEL_GPU_ROUTES"),
         max_routes=src.integer("max_routes", "OTEL_GPU_MAX_ROUTES", 100),

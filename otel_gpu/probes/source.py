@@ -33,6 +33,7 @@ class ProgramOptions:
     max_procs: int = 4096
     max_conns: int = 65536
     stream_budget: int = 64     # CUDA calls streamed per thread and request (bpf/maps.h STREAM_BUDGET)
+    stream_rate: int = 5000     # CUDA calls streamed per second, host-wide (bpf/cuda_probes.c STREAM_RATE_PER_CPU)
 
     def cflags(self) -> list[str]:
         if self.ringbuf_pages & (self.ringbuf_pages - 1):
@@ -45,6 +46,7 @@ class ProgramOptions:
             f"-DMAX_PROCS={self.max_procs}",
             f"-DMAX_CONNS={self.max_conns}",
             f"-DSTREAM_BUDGET={self.stream_budget}",
+            f"-DSTREAM_RATE_PER_CPU={-(-self.stream_rate // (os.cpu_count() or 1))}",
         ]
 
 

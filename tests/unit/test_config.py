@@ -25,6 +25,8 @@ def test_defaults_are_valid():
 @pytest.mark.parametrize("kwargs,field", [
     ({"span_budget": -1}, "span_budget"),
     ({"span_budget": 100_001}, "span_budget"),
+    ({"stream_rate": -1}, "stream_rate"),
+    ({"stream_rate": 10_000_001}, "stream_rate"),
     ({"pids": [10, 0]}, "pid"),
     ({"pids": [-5]}, "pid"),
     ({"ringbuf_pages": 0}, "ringbuf_pages"),
@@ -45,6 +47,7 @@ def test_invalid_values_name_the_field(kwargs, field):
 
 
 @pytest.mark.parametrize("kwargs", [{"span_budget": 0}, {"span_budget": 100_000}, {"ringbuf_pages": 1},
+                                    {"stream_rate": 0}, {"stream_rate": 10_000_000},
                                     {"ringbuf_pages": 4096}, {"pids": [1]}, {"max_connections": 16},
                                     {"max_connections": 1 << 20},
                                     {"route_patterns": ["/v1/models/{m}"]}, {"scan_interval_s": 0.01}])
@@ -97,6 +100,7 @@ def test_defaults_without_flags_or_environment():
 # (flags, environment, field, value from the flag, value from the environment)
 SETTINGS = [
     (["--span-budget", "5"], {"OTEL_GPU_SPAN_BUDGET": "7"}, "span_budget", 5, 7),
+    (["--stream-rate", "100"], {"OTEL_GPU_STREAM_RATE": "0"}, "stream_rate", 100, 0),
     (["--ringbuf-pages", "64"], {"OTEL_GPU_RINGBUF_PAGES": "128"}, "ringbuf_pages", 64, 128),
     (["--max-connections", "512"], {"OTEL_GPU_MAX_CONNECTIONS": "2048"}, "max_connections", 512, 2048),
     (["--route", "/a/{x}", "--route", "/b"], {"OTEL_GPU_ROUTES": " /c/{y}, ,/d "}, "route_patterns",
@@ -150,6 +154,7 @@ def test_environment_only_settings(env, name, value):
 
 @pytest.mark.parametrize("var, value", [
     ("OTEL_GPU_SPAN_BUDGET", "abc"), ("OTEL_GPU_SPAN_BUDGET", "-1"), ("OTEL_GPU_SPAN_BUDGET", "100001"),
+    ("OTEL_GPU_STREAM_RATE", "-1"), ("OTEL_GPU_STREAM_RATE", "10000001"),
     ("OTEL_GPU_RINGBUF_PAGES", "abc"), ("OTEL_GPU_RINGBUF_PAGES", "3"), ("OTEL_GPU_RINGBUF_PAGES", "0"),
     ("OTEL_GPU_PROMETHEUS_PORT", "abc"), ("OTEL_GPU_PROMETHEUS_PORT", "70000"),
     ("OTEL_GPU_ROUTES", "/ok,models/{m}"), ("OTEL_GPU_EXPORT_QUERY", "yes"),
