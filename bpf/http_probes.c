@@ -94,14 +94,16 @@ TRACEPOINT_PROBE(syscalls, sys_exit_accept4) { accept_exit(args->ret); return 0;
 TRACEPOINT_PROBE(syscalls, sys_enter_accept) { accept_enter(args->fd, args->upeer_sockaddr); return 0; }
 TRACEPOINT_PROBE(syscalls, sys_exit_accept) { accept_exit(args->ret); return 0; }
 
-/* Returns 1 when the first bytes are an HTTP/1.x request method. */
+/* Returns 1 when the first bytes are an HTTP/1.x request method or the HTTP/2 client
+ * preface ("PRI * HTTP/2.0", h2c prior knowledge): user space tells which. */
 static __always_inline int looks_like_request(const u8 *b)
 {
     u32 w = b[0] | b[1] << 8 | b[2] << 16 | (u32)b[3] << 24;
 #define W(a, b_, c, d) ((u32)(a) | (u32)(b_) << 8 | (u32)(c) << 16 | (u32)(d) << 24)
     return w == W('G', 'E', 'T', ' ') || w == W('P', 'O', 'S', 'T') || w == W('P', 'U', 'T', ' ') ||
            w == W('H', 'E', 'A', 'D') || w == W('D', 'E', 'L', 'E') || w == W('P', 'A', 'T', 'C') ||
-           w == W('O', 'P', 'T', 'I') || w == W('T', 'R', 'A', 'C') || w == W('C', 'O', 'N', 'N');
+           w == W('O', 'P', 'T', 'I') || w == W('T', 'R', 'A', 'C') || w == W('C', 'O', 'N', 'N') ||
+           w == W('P', 'R', 'I', ' ');
 #undef W
 }
 

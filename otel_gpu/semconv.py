@@ -17,6 +17,12 @@ CLIENT_PORT = "client.port"
 NETWORK_PROTOCOL_VERSION = "network.protocol.version"
 ERROR_TYPE = "error.type"
 
+# gRPC server spans (semconv RPC conventions): pipeline/protocols/http2/grpc.py.
+RPC_SYSTEM = "rpc.system"
+RPC_SERVICE = "rpc.service"
+RPC_METHOD = "rpc.method"
+RPC_GRPC_STATUS_CODE = "rpc.grpc.status_code"
+
 # Process and thread (semconv).
 PROCESS_PID = "process.pid"
 PROCESS_EXECUTABLE_NAME = "process.executable.name"

@@ -12,6 +12,7 @@ from .. import semconv as sc
 from ..probes import nccl
 from ..clock import BpfClock
 from ..pipeline.model import CallSink, ProcessWindow, Request
+from ..pipeline.protocols.http2.grpc import SERVER_ERROR_CODES
 from ..pipeline.records import CudaCall
 from ..probes.table import BY_ID, MEMCPY_DIRECTIONS, Category, call_name
 
@@ -86,9 +87,13 @@ class SpanBuilder:
                 attrs[sc.GPU_DEVICE_UUID] = r.device_identity.uuid
             if r.device_identity.model:
                 attrs[sc.GPU_DEVICE_MODEL] = r.device_identity.model
+        rpc_status = rpc_attributes(r.head.rpc, attrs)
         if r.error:
             status = Status(StatusCode.ERROR, r.error)
             attrs[sc.ERROR_TYPE] = "incomplete" if r.status is None else str(r.status)
+        elif rpc_status in SERVER_ERROR_CODES:
+            status = Status(StatusCode.ERROR)
+            attrs[sc.ERROR_TYPE] = str(rpc_status)
         elif r.status is not None and r.status >= 500:
             status = Status(StatusCode.ERROR)
             attrs[sc.ERROR_TYPE] = str(r.status)
@@ -96,7 +101,7 @@ class SpanBuilder:
             status = Status(StatusCode.UNSET)
         parent = _ctx(r.trace_id, r.parent_span_id, remote=True) if r.parent_span_id else None
         server = ReadableSpan(
-            name=f"{r.head.method} {route}", context=_ctx(r.trace_id, r.span_id), parent=parent,
+            name=server_span_name(r.head, route), context=_ctx(r.trace_id, r.span_id), parent=parent,
             resource=resource, attributes=int64_safe(attrs), kind=SpanKind.SERVER, status=status,
             start_time=self.clock.to_epoch_ns(r.start_ns), end_time=self.clock.to_epoch_ns(r.end_ns),
             instrumentation_scope=SCOPE)
@@ -181,6 +186,27 @@ def _kernel(func: int, names: dict) -> dict:
     if name:
         attrs[sc.GPU_KERNEL_NAME] = name
     return attrs
+
+
+def server_span_name(head, route: str) -> str:
+    """`{method} {route}`; a gRPC call: `{service}/{method}` (semconv RPC span name)."""
+    rpc = head.rpc
+    if rpc and rpc.get("service") and rpc.get("method"):
+        return f"{rpc['service']}/{rpc['method']}"
+    return f"{head.method} {route}"
+
+
+def rpc_attributes(rpc, attrs: dict):
+    """rpc.* of a gRPC call into `attrs`; returns its status code (None: not gRPC or none
+    received). The http.* attributes stay: gRPC is HTTP/2 POST, the route is /service/method."""
+    if not rpc:
+        return None
+    attrs[sc.RPC_SYSTEM] = rpc["system"]
+    for key, name in (("service", sc.RPC_SERVICE), ("method", sc.RPC_METHOD),
+                      ("status_code", sc.RPC_GRPC_STATUS_CODE)):
+        if rpc.get(key) is not None:
+            attrs[name] = rpc[key]
+    return rpc.get("status_code")
 
 
 def _stream(stream: int) -> dict:

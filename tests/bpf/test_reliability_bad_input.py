@@ -97,11 +97,16 @@ def test_redis_protocol_on_the_http_port(receiver, start_collector, start_target
     _assert_dropped_not_http(collector, _finish(collector, receiver, target, []))
 
 
-def test_http2_prior_knowledge(receiver, start_collector, start_target):
+def test_http2_prior_knowledge_to_an_http1_server(receiver, start_collector, start_target):
+    """The preface is HTTP/2's; the stdlib server answers in HTTP/1.x (505), which is not
+    HTTP/2 framing: the connection is dropped and counted, no span."""
     collector, target = _started(start_collector, start_target)
     settings = b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"  # empty SETTINGS frame
-    _send_and_close(target.port, [b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + settings])
-    _assert_dropped_not_http(collector, _finish(collector, receiver, target, []))
+    _send_and_close(target.port, [b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + settings], linger=2)
+    counters = _finish(collector, receiver, target, [])
+    assert counters.get("h2_parse_errors") == 1, counters
+    assert counters.get("connections_unknown_protocol", 0) == 0, counters
+    assert [l for l in collector.log.lines if "dropping HTTP/2 connection" in l], collector.log.lines
 
 
 def test_64k_request_head(receiver, start_collector, start_target):

@@ -10,6 +10,10 @@ PINNED = {
     "CONTAINER_ID": "container.id",
     "ERROR_TYPE": "error.type",
     "GPU_ALLOC_BYTES": "gpu.alloc.bytes",
+    "RPC_GRPC_STATUS_CODE": "rpc.grpc.status_code",
+    "RPC_METHOD": "rpc.method",
+    "RPC_SERVICE": "rpc.service",
+    "RPC_SYSTEM": "rpc.system",
     "GPU_ARGS_UNREADABLE": "gpu.cuda.args_unreadable",
     "GPU_ATTRIBUTION": "otel_gpu.attribution",
     "GPU_BLOCK": "gpu.block",
@@ -109,7 +113,7 @@ def test_names_are_dotted_lower_case():
 
 def test_own_names_live_under_gpu_or_otel_gpu():
     standard = ("http.", "url.", "server.", "client.", "network.", "error.", "process.", "thread.",
-                "service.", "host.", "container.", "k8s.")
+                "service.", "host.", "container.", "k8s.", "rpc.")
     for const, name in PINNED.items():
         if const.startswith("GPU_"):
             assert name.startswith(("gpu.", "otel_gpu.")), const

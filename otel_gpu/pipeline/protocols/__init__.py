@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from .base import DETECT_MAX, Protocol
 from .http1 import PROTOCOL as HTTP1
+from .http2 import PROTOCOL as HTTP2
 
 
 class _Pending:
@@ -18,6 +19,7 @@ PENDING = _Pending()  # more bytes are needed to tell
 
 PROTOCOLS: list = [
     HTTP1,
+    HTTP2,  # h2c prior knowledge, and gRPC over it
 ]
 
 

@@ -215,8 +215,7 @@ def test_process_exit_hands_on_its_windows():
     assert flush_windows(s) == []
 
 
-@pytest.mark.parametrize("raw", [b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03",
-                                 b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"])
+@pytest.mark.parametrize("raw", [b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03", b"*1\r\n$4\r\nPING\r\n"])
 def test_bytes_of_no_known_protocol_give_no_request_and_are_counted(raw):
     s = new()
     out = s.process([accept(), read(raw), read(get()), write(OK), SockClose(PID, 1, T(), FD)])

@@ -1,0 +1,67 @@
+"""hypercorn (PyPI) serving a plain ASGI app over HTTP/2 cleartext (prior knowledge:
+hypercorn switches to HTTP/2 on the client preface), each request doing real
+libcudart calls that encode it:
+
+  GET /infer?id=N&launches=K   K x cudaLaunchKernel with grid (N, 1, 1), then one
+                               cudaMemcpy of N bytes (H2D), yielding to the loop between
+                               calls so concurrent streams interleave
+
+  python h2_server.py PORT     (0: any free port)
+Binds, prints "listening on PORT" to stderr, waits for a line on stdin, then serves
+(hypercorn takes the bound socket by fd)."""
+from __future__ import annotations
+
+import asyncio
+import socket
+import sys
+from pathlib import Path
+from urllib.parse import parse_qs
+
+ROOT = Path(__file__).resolve().parents[3]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from hypercorn.asyncio import serve  # noqa: E402
+from hypercorn.config import Config  # noqa: E402
+
+from tests.bpf.targets.async_servers import copy, launch  # noqa: E402
+
+
+async def app(scope, receive, send):
+    if scope["type"] == "lifespan":
+        while (await receive())["type"] != "lifespan.shutdown":
+            await send({"type": "lifespan.startup.complete"})
+        await send({"type": "lifespan.shutdown.complete"})
+        return
+    q = {k: v[0] for k, v in parse_qs(scope["query_string"].decode()).items()}
+    n, k = int(q.get("id", 0)), int(q.get("launches", 3))
+    status = 200 if scope["path"] == "/infer" else 404
+    if status == 200:
+        for _ in range(k):
+            launch(n)
+            await asyncio.sleep(0)
+        copy(n)
+    body = str(n).encode()
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": body})
+
+
+def main() -> None:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", int(sys.argv[1]) if len(sys.argv) > 1 else 0))
+    sock.listen(128)
+    sock.set_inheritable(True)
+    launch(0)  # runtime initialisation before the first request (id 0: no request)
+    print(f"listening on {sock.getsockname()[1]}", file=sys.stderr, flush=True)
+    sys.stdin.readline()
+    config = Config()
+    config.bind = [f"fd://{sock.fileno()}"]
+    config.loglevel = "WARNING"
+    print("serving", file=sys.stderr, flush=True)
+    asyncio.run(serve(app, config))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,113 @@
+"""HTTP/2 cleartext (prior knowledge) through the real probes: hypercorn (PyPI) serving
+an ASGI app whose requests make real libcudart calls encoding their id, and a client
+built on the `h2` package sending several concurrent streams on one connection. One
+server span per stream, with its path and status; CUDA calls under their own stream or,
+where nothing decides (hypercorn writes every stream's frames from one send task, so no
+write binds a request to its task's context), on an ambiguous window: counted, never
+under another stream."""
+from __future__ import annotations
+
+import socket
+import sys
+import time
+
+import h2.config
+import h2.connection
+import h2.events
+import pytest
+
+from tests.harness import TARGETS, Target, children_of, server_spans
+
+ROLLUP = "gpu.rollup.count"
+
+
+def _rid(span):
+    """The request id a CUDA call encodes (tests/bpf/targets/h2_server.py)."""
+    if span.name == "cudaLaunchKernel":
+        return (span.attributes.get("gpu.grid") or [None])[0]
+    return span.attributes.get("gpu.memcpy.bytes") if span.name == "cudaMemcpy" else None
+
+
+def h2_get_all(port: int, paths: list[str], timeout: float = 30) -> dict:
+    """Sends every path as its own stream on one prior-knowledge connection at once;
+    returns {stream id: (path, status)} once all have ended."""
+    conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+    conn.initiate_connection()
+    sock = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+    streams = {}
+    for path in paths:
+        sid = conn.get_next_available_stream_id()
+        conn.send_headers(sid, [(":method", "GET"), (":path", path), (":scheme", "http"),
+                                (":authority", f"127.0.0.1:{port}")], end_stream=True)
+        streams[sid] = [path, None]
+    sock.sendall(conn.data_to_send())
+    ended, deadline = set(), time.monotonic() + timeout
+    while len(ended) < len(streams) and time.monotonic() < deadline:
+        data = sock.recv(65536)
+        if not data:
+            break
+        for ev in conn.receive_data(data):
+            if isinstance(ev, h2.events.ResponseReceived):
+                streams[ev.stream_id][1] = int(dict(ev.headers)[b":status"])
+            elif isinstance(ev, h2.events.DataReceived):
+                conn.acknowledge_received_data(ev.flow_controlled_length, ev.stream_id)
+            elif isinstance(ev, (h2.events.StreamEnded, h2.events.StreamReset)):
+                ended.add(ev.stream_id)
+        sock.sendall(conn.data_to_send())
+    conn.close_connection()
+    sock.sendall(conn.data_to_send())
+    sock.close()
+    return {sid: tuple(v) for sid, v in streams.items()}
+
+
+@pytest.fixture
+def h2_target(start_collector, targets):
+    collector = start_collector()
+    t = Target([sys.executable, str(TARGETS / "h2_server.py"), "0"])
+    targets.append(t)
+    collector.wait_traced(t.pid)
+    t.go_raw()
+    assert t.log.wait_for("serving", 20)
+    time.sleep(1)  # hypercorn listens once its loop runs
+    return collector, t
+
+
+def test_concurrent_streams_on_one_connection_each_get_their_span_and_calls(h2_target, receiver):
+    _, t = h2_target
+    ids = list(range(40, 48))
+    paths = [f"/infer?id={i}&launches=3" for i in ids] + ["/missing?id=99&launches=1"]
+    got = h2_get_all(t.port, paths)
+    assert sorted(status for _, status in got.values()) == [200] * len(ids) + [404]
+    receiver.wait_for(lambda spans: len(server_spans(spans, t.pid)) >= len(paths), 40)
+    receiver.wait_for(lambda spans: sum(1 for k in spans if k.resource.get("process.pid") == t.pid
+                                        and k.name in ("cudaLaunchKernel", "cudaMemcpy")) >= 4 * len(ids), 30)
+    spans = list(receiver.spans)
+    servers = server_spans(spans, t.pid)
+    assert len(servers) == len(paths), [s.name for s in servers]
+    ports = {s.attributes["client.port"] for s in servers}
+    assert len(ports) == 1  # all on one connection
+    by_path = {s.attributes["url.path"] + str(s.attributes.get("http.response.status_code")): s for s in servers}
+    assert by_path["/missing404"].name == "GET /missing"
+    exact, own = 0, {}
+    for s in servers:
+        a = s.attributes
+        assert a["network.protocol.version"] == "2" and "rpc.system" not in a
+        assert s.name in ("GET /infer", "GET /missing")
+        kids = [k for k in children_of(spans, s) if ROLLUP not in k.attributes]
+        if a["url.path"] == "/missing":
+            assert kids == []
+            continue
+        rids = {_rid(k) for k in kids}
+        assert len(rids) <= 1 and rids <= set(ids), (s.name, rids)  # never another stream's calls
+        if kids:
+            exact += len(kids) == 4
+            own[rids.pop()] = len(kids)
+    # Every call is somewhere, counted: under its own stream, or on an ambiguous window.
+    windows = [w for w in spans if w.name == "GPU work, ambiguous request" and w.resource.get("process.pid") == t.pid]
+    placed = dict(own)
+    for w in windows:
+        for k in children_of(spans, w):
+            if ROLLUP not in k.attributes and (rid := _rid(k)) in ids:
+                placed[rid] = placed.get(rid, 0) + 1
+    assert placed == {i: 4 for i in ids}, placed
+    print(f"h2c: {exact} of {len(ids)} streams with exactly their calls, the rest counted ambiguous")
