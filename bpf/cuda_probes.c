@@ -202,6 +202,10 @@ static __always_inline void agg_add(struct cuda_header *c, struct http_seq *s, u
 static __always_inline void cuda_emit(struct cuda_header *c, u32 size, u32 tv, u64 detail, u64 bytes,
                                       u64 duration_ns)
 {
+    if (c->h.kind == EV_CUDA_LAUNCH && capturing(c->h.tgid)) {
+        capture_emit(c, size);  /* recorded into a graph, or run: user space decides */
+        return;
+    }
     if (streaming(c->h.tgid, tv)) {
         u32 tgid = c->h.tgid;
         u64 id = (u64)tgid << 32 | c->h.tid;
@@ -269,8 +273,8 @@ int cuda_launch_kernel(struct pt_regs *ctx)
     u32 tv = cuda_admit(tgid);
     if (!tv)
         return 0;
-    int stream_it = streaming(tgid, tv);
-    if (!stream_it) {
+    int stream_it = streaming(tgid, tv), capture = capturing(tgid);
+    if (!stream_it && !capture) {
         rollup_add(tgid, CALL_LAUNCH_KERNEL, PT_REGS_PARM1(ctx), 0, 0);
         return 0;
     }
@@ -425,6 +429,8 @@ int cuda_graph_launch(struct pt_regs *ctx)
         return 0;
     e.graph_exec = PT_REGS_PARM1(ctx);
     e.stream = PT_REGS_PARM2(ctx);
+    if (driver_is_probed())
+        remember_rt_graph(e.c.h.tid, e.graph_exec);  /* cuGraphLaunch: bpf/graph_probes.c */
     EMIT(e, tv, e.graph_exec, 0, 0);
     return 0;
 }

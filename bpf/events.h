@@ -37,6 +37,7 @@ enum event_kind {
     EV_PY_CONTEXT = 12, /* a traced Python process copied its contextvars.Context */
     EV_KERNEL_HANDLE = 13, /* a kernel handle was handed out: what it names */
     EV_NCCL = 16,       /* an NCCL collective or point-to-point call (nccl_probes.c) */
+    EV_GRAPH_OP = 14,   /* CUDA graph capture begin/end, instantiate, destroy (graph_op_event) */
 };
 
 /* event_header.flags bits. */
@@ -45,6 +46,13 @@ enum event_flag {
      * stack argument, cudaMalloc's *devPtr) could not be read: the fields that come
      * from it are 0, not real values. */
     EV_FLAG_UNREADABLE = 1,
+    /* A socket read/write record whose bytes are TLS plaintext, read by the OpenSSL
+     * probes (bpf/tls_probes.c) from SSL_read/SSL_write, not by the syscall probes. */
+    EV_FLAG_TLS = 2,
+    /* A launch made while its process had a stream capture open: streamed whatever the
+     * HTTP state, so user space can tell a launch recorded into a graph (on the capturing
+     * stream: it does not run) from one that runs (bpf/graph_probes.c). */
+    EV_FLAG_CAPTURE = 4,
 };
 
 struct event_header {
@@ -189,6 +197,17 @@ struct kernel_handle_event {
     char name[KERNEL_NAME_CAP];
 };
 
+/* EV_GRAPH_OP: a CUDA graph's life, always sent (rare calls). Which fields count
+ * depends on the call: capture begin (stream), capture end (stream, graph read from
+ * the out-parameter), instantiate (graph, exec read from the out-parameter), destroy
+ * (graph or exec). ret is the call's return code; -1 without a return probe. */
+struct graph_op_event {
+    struct cuda_header c;
+    u64 stream;
+    u64 graph;
+    u64 graph_exec;
+};
+
 /* The launch config in the traced process's memory, as both APIs lay it out:
  * cudaLaunchConfig_t {dim3 grid, block; size_t dynamicSmemBytes; stream; ...} and
  * CUlaunchConfig {u32 grid x,y,z, block x,y,z; u32 sharedMemBytes; (4 bytes of
@@ -274,7 +293,10 @@ enum counter {
     CNT_AGGREGATED = 4,     /* calls of active processes counted in req_agg, not streamed */
     CNT_AGG_FULL = 5,       /* calls lost: req_agg was full */
     CNT_DRIVER_CALLER_UNKNOWN = 6, /* driver launches counted before the process's runtime code was known */
-    CNT_MAX = 7,
+    CNT_CAPTURE_LOST = 7,   /* launches on a capturing process lost: ring buffer full */
+    CNT_TLS_CIPHERTEXT = 8, /* connections whose first bytes were a TLS record: ciphertext never sent */
+    CNT_TLS_UNTIED = 9,     /* SSL_read/SSL_write plaintext dropped: no socket known for the SSL* */
+    CNT_MAX = 10,
 };
 
 #endif

@@ -1,7 +1,7 @@
 """The running collector. `build_pipeline` wires the stages, in the order a record
 passes them:
 
-    probes (BpfProgram) -> stitcher -> enrich -> cost -> export -> metrics
+    probes (BpfProgram) -> graphs -> stitcher -> enrich -> cost -> export -> metrics
 
 and the Collector runs it: it polls the program for records, pushes them through,
 scans /proc for new CUDA processes (and the HTTP servers related to them, whose
@@ -28,6 +28,7 @@ from .gpu_devices import DeviceIdentities, gpu_model
 from .pipeline.cost import CostStage, Prices
 from .pipeline.enrich import Enrich
 from .pipeline.groups import ProcessGroups
+from .pipeline.graphs import Graphs
 from .pipeline.records import Accept, ProcessGone, ProcessSeen, SockClose, Tick
 from .pipeline.resources import ProcessResources
 from .pipeline.route_cap import ValueCap
@@ -101,7 +102,7 @@ def build_pipeline(config: Config, stats: Stats, k8s=None, destinations=None,
     destinations = destinations if destinations is not None else build_destinations(config, stats)
     builder = SpanBuilder(clock or BpfClock(), config.export_query, config.export_headers,
                           currency=config.currency)
-    stages = [stitcher, enrich, cost, ExportStage(builder, destinations)]
+    stages = [Graphs(), stitcher, enrich, cost, ExportStage(builder, destinations)]
     if metric_readers is None:
         from .export.metrics import make_readers
         metric_readers = make_readers(config, stats)

@@ -69,6 +69,11 @@ GPU_NCCL_COMM = "gpu.nccl.comm"            # ncclComm_t, hex
 GPU_NCCL_COMM_NRANKS = "gpu.nccl.comm.nranks"  # when its init was seen
 GPU_NCCL_COMM_RANK = "gpu.nccl.comm.rank"
 GPU_NCCL_GROUP = "gpu.nccl.group"          # calls of one ncclGroupStart/End share it (hex)
+# A CUDA graph launch (ours): the kernels its capture recorded (pipeline/graphs.py), names
+# (gpu.kernel.func hex where unnamed) with aligned counts per launch, and their sum.
+GPU_GRAPH_KERNELS = "gpu.graph.kernels"              # string[]
+GPU_GRAPH_KERNEL_COUNTS = "gpu.graph.kernel_counts"  # int[], aligned with gpu.graph.kernels
+GPU_GRAPH_KERNEL_NODES = "gpu.graph.kernel_nodes"    # kernels one launch runs
 GPU_ROLLUP_COUNT = "gpu.rollup.count"  # calls folded into one rollup child
 GPU_ROLLUP_BYTES = "gpu.rollup.bytes"
 GPU_ROLLUP_DURATION_NS = "gpu.rollup.duration_ns"
@@ -95,6 +100,9 @@ GPU_MEMCPY_D2D_BYTES = "gpu.memcpy.d2d.bytes"
 GPU_MEMCPY_OTHER_BYTES = "gpu.memcpy.other.bytes"
 GPU_SYNC_DURATION_NS = "gpu.sync.duration_ns"
 GPU_DISTINCT_KERNELS = "gpu.kernels.distinct"
+# Kernels the request's graph launches ran (each graph launch is 1 in gpu.launches; its
+# kernels count here): only when any.
+GPU_GRAPH_KERNEL_LAUNCHES = "gpu.graph.kernel_launches"
 GPU_CALLS = "gpu.calls"
 GPU_NCCL_CALLS = "gpu.nccl.calls"  # NCCL collectives and send/recv (only when any)
 GPU_NCCL_TOTAL_BYTES = "gpu.nccl.total_bytes"  # their gpu.nccl.bytes summed

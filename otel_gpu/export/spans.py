@@ -163,6 +163,8 @@ class SpanBuilder:
                 attrs.update(_kernel(agg.detail, names))
             elif category is Category.MEMCPY:
                 attrs[sc.GPU_MEMCPY_DIRECTION] = MEMCPY_DIRECTIONS.get(agg.detail, "default")
+            elif category is Category.GRAPH:
+                attrs.update(_graph_kernels(agg.kernels, names))
             elif category is Category.COLLECTIVE:
                 attrs.update({sc.GPU_NCCL_OP: nccl.op_name(agg.call), sc.GPU_NCCL_COMM: hex(agg.detail)})
             spans.append(ReadableSpan(
@@ -186,6 +188,15 @@ def _kernel(func: int, names: dict) -> dict:
     if name:
         attrs[sc.GPU_KERNEL_NAME] = name
     return attrs
+
+
+def _graph_kernels(kernels, names: dict) -> dict:
+    """What one graph launch runs (pipeline/graphs.py); nothing when its capture was not seen."""
+    if not kernels:
+        return {}
+    return {sc.GPU_GRAPH_KERNELS: [names.get(f) or hex(f) for f, _n in kernels],
+            sc.GPU_GRAPH_KERNEL_COUNTS: [n for _f, n in kernels],
+            sc.GPU_GRAPH_KERNEL_NODES: sum(n for _f, n in kernels)}
 
 
 def server_span_name(head, route: str) -> str:
@@ -228,7 +239,7 @@ _ATTRIBUTES = {
     Category.ALLOC: lambda c, _n: {sc.GPU_ALLOC_BYTES: c.bytes},
     Category.FREE: lambda c, _n: {},
     Category.SYNC: lambda c, _n: _stream(c.handle),
-    Category.GRAPH: lambda c, _n: _stream(c.stream),
+    Category.GRAPH: lambda c, names: {**_stream(c.stream), **_graph_kernels(c.kernels, names)},
     Category.DEVICE: lambda c, _n: {},
     Category.COLLECTIVE: lambda c, _n: _nccl(c),
 }
@@ -299,4 +310,5 @@ def summary_attributes(s) -> dict:
         sc.GPU_DISTINCT_KERNELS: len(s.kernels),
         sc.GPU_CALLS_AMBIGUOUS: s.ambiguous,
         **({sc.GPU_NCCL_CALLS: s.nccl_calls, sc.GPU_NCCL_TOTAL_BYTES: s.nccl_bytes} if s.nccl_calls else {}),
+        **({sc.GPU_GRAPH_KERNEL_LAUNCHES: s.graph_kernels} if s.graph_kernels else {}),
     }

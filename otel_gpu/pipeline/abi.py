@@ -25,10 +25,13 @@ EV_CUDA_GRAPH = 10
 EV_CUDA_DEVICE = 11
 EV_PY_CONTEXT = 12
 EV_KERNEL_HANDLE = 13
+EV_GRAPH_OP = 14
 EV_NCCL = 16
 
 # enum event_flag: bits of event_header.flags
 EV_FLAG_UNREADABLE = 1  # a value read from the traced process's memory failed: its fields are 0
+EV_FLAG_TLS = 2  # a socket read/write record of TLS plaintext (bpf/tls_probes.c)
+EV_FLAG_CAPTURE = 4  # a launch of a process with a stream capture open (recorded into a graph, or run)
 
 # enum counter: indices of the per-CPU `counters` array
 CNT_RINGBUF_FULL = 0
@@ -38,10 +41,13 @@ CNT_CONN_TABLE_FULL = 3
 CNT_AGGREGATED = 4
 CNT_AGG_FULL = 5
 CNT_DRIVER_CALLER_UNKNOWN = 6
+CNT_CAPTURE_LOST = 7
+CNT_TLS_CIPHERTEXT = 8
+CNT_TLS_UNTIED = 9
 ACCEPT_UNTRACKED = 1  # accept_event.flags: the connection table was full
 
 COUNTER_NAMES = ("ringbuf_full", "cuda_streamed", "driver_deduped", "conn_table_full", "aggregated",
-                 "agg_full", "driver_caller_unknown")
+                 "agg_full", "driver_caller_unknown", "capture_lost", "tls_ciphertext", "tls_untied")
 
 u8, u16, u32, s32, u64, s64 = ct.c_uint8, ct.c_uint16, ct.c_uint32, ct.c_int32, ct.c_uint64, ct.c_int64
 
@@ -114,6 +120,10 @@ class DeviceEvent(ct.Structure):
     _fields_ = [("c", CudaHeader), ("device", u32), ("pad", u32)]
 
 
+class GraphOpEvent(ct.Structure):
+    _fields_ = [("c", CudaHeader), ("stream", u64), ("graph", u64), ("graph_exec", u64)]
+
+
 NCCL_NO_OP = 0xFFFFFFFF  # nccl_event.redop of a call without a reduction
 NCCL_NO_PEER = -1        # nccl_event.peer of a call without a root or peer
 
@@ -176,7 +186,7 @@ STRUCTS: dict[str, type] = {
     "kernel_handle_event": KernelHandleEvent, "proc_exit_event": ProcExitEvent,
     "cuda_header": CudaHeader, "launch_dims": LaunchDims, "launch_event": LaunchEvent,
     "memcpy_event": MemcpyEvent, "memory_event": MemoryEvent, "sync_event": SyncEvent,
-    "graph_event": GraphEvent, "device_event": DeviceEvent, "nccl_event": NcclEvent,
+    "graph_event": GraphEvent, "device_event": DeviceEvent, "graph_op_event": GraphOpEvent, "nccl_event": NcclEvent,
     "nccl_comm_key": NcclCommKey, "nccl_comm": NcclComm, "user_launch_config": UserLaunchConfig,
     "py_proc": PyProc, "rollup_key": RollupKey, "rollup_value": RollupValue,
     "agg_key": AggKey, "agg_value": AggValue, "http_seq": HttpSeq,

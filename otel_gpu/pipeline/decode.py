@@ -15,9 +15,9 @@ from . import abi
 from .abi import (EV_ACCEPT, EV_CUDA_DEVICE, EV_CUDA_GRAPH, EV_CUDA_LAUNCH, EV_CUDA_MEMCPY,
                   EV_CUDA_MEMORY, EV_CUDA_SYNC, EV_PROC_EXIT, EV_FLAG_UNREADABLE, EV_PY_CONTEXT, EV_SOCK_CLOSE,
                   EV_SOCK_READ, EV_SOCK_WRITE, HTTP_DATA_CAP, HTTP_TAIL_CAP)
-from .abi import EV_KERNEL_HANDLE, EV_NCCL
+from .abi import EV_FLAG_CAPTURE, EV_GRAPH_OP, EV_KERNEL_HANDLE, EV_NCCL
 from .records import (Accept, ContextCopy, DeviceCall, GraphCall, KernelHandle, LaunchCall, MemcpyCall,
-                      MemoryCall, NcclCall, ProcExit, SockClose, SockIo, SyncCall)
+                      GraphOp, MemoryCall, NcclCall, ProcExit, SockClose, SockIo, SyncCall)
 
 
 class DecodeError(ValueError):
@@ -32,6 +32,7 @@ MEMORY = struct.Struct(_CUDA_HEADER + "QQQ")      # ptr, bytes, duration_ns
 SYNC = struct.Struct(_CUDA_HEADER + "QQ")         # handle, duration_ns
 GRAPH = struct.Struct(_CUDA_HEADER + "QQ")        # graph_exec, stream
 DEVICE = struct.Struct(_CUDA_HEADER + "I4x")      # device, pad
+GRAPH_OP = struct.Struct(_CUDA_HEADER + "QQQ")    # stream, graph, graph_exec
 # count, bytes, comm, stream, group, datatype, redop, peer, nranks, rank, pad
 NCCL = struct.Struct(_CUDA_HEADER + "QQQQQIIiIi4x")
 PY_CONTEXT = struct.Struct("<B3xII4xQQQ")         # header, ctx, parent
@@ -41,6 +42,7 @@ KERNEL_HANDLE = struct.Struct("<BBxxII4xQIiQQI4x")
 # Each Struct beside the ctypes mirror it must match (checked by the layout test).
 STRUCT_MIRRORS = ((LAUNCH, abi.LaunchEvent), (MEMCPY, abi.MemcpyEvent), (MEMORY, abi.MemoryEvent),
                   (SYNC, abi.SyncEvent), (GRAPH, abi.GraphEvent), (DEVICE, abi.DeviceEvent), (NCCL, abi.NcclEvent),
+                  (GRAPH_OP, abi.GraphOpEvent),
                   (PY_CONTEXT, abi.PyContextEvent))
 
 _HEADER_SIZE = ct.sizeof(abi.EventHeader)
@@ -76,6 +78,11 @@ def _sync(buf, size):
 def _graph(buf, size):
     _, _flags, tgid, tid, ts, call, ret, ctx, graph_exec, stream = _exact(buf, size, GRAPH, "graph")
     return GraphCall(tgid, tid, ts, call, ret, graph_exec, stream, ctx=ctx)
+
+
+def _graph_op(buf, size):
+    _, flags, tgid, tid, ts, call, ret, _ctx, stream, graph, graph_exec = _exact(buf, size, GRAPH_OP, "graph op")
+    return GraphOp(tgid, tid, ts, call, ret, stream, graph, graph_exec, unreadable=bool(flags & EV_FLAG_UNREADABLE))
 
 
 def _device(buf, size):
@@ -156,7 +163,7 @@ def _proc_exit(buf, size):
 _BY_KIND = {EV_CUDA_MEMCPY: _memcpy, EV_CUDA_MEMORY: _memory, EV_CUDA_SYNC: _sync,
             EV_CUDA_GRAPH: _graph, EV_CUDA_DEVICE: _device, EV_SOCK_READ: _sock_io,
             EV_SOCK_WRITE: _sock_io, EV_ACCEPT: _accept, EV_SOCK_CLOSE: _close,
-            EV_PROC_EXIT: _proc_exit, EV_PY_CONTEXT: _py_context, EV_KERNEL_HANDLE: _kernel_handle,
+            EV_PROC_EXIT: _proc_exit, EV_GRAPH_OP: _graph_op, EV_PY_CONTEXT: _py_context, EV_KERNEL_HANDLE: _kernel_handle,
             EV_NCCL: _nccl}
 # Indexing bytes gives an int, a ctypes c_char array (the reader's zero-copy view)
 # a 1-byte bytes: both spellings are keys, so one lookup serves either buffer.
@@ -179,7 +186,8 @@ def decode(buf):
         r = LaunchCall(tgid, tid, ts, call, ret, func, (g0, g1, g2), (b0, b1, b2), shmem, stream)
         r.ctx = ctx  # a keyword argument costs ~20% of the decode here; an attribute ~5%
         if flags:
-            r.unreadable = True  # the launch config or a stack argument could not be read
+            r.unreadable = bool(flags & EV_FLAG_UNREADABLE)  # the launch config or a stack argument
+            r.capture = bool(flags & EV_FLAG_CAPTURE)  # its process had a stream capture open
         return r
     fn = _BY_KIND.get(kind)
     if fn is None:

@@ -8,7 +8,7 @@ from typing import Any, Optional
 
 from ..probes.table import BY_ID, MEMCPY_DIRECTIONS, Category
 from .protocols.base import RequestHead
-from .records import CudaCall
+from .records import CudaCall, GraphCall
 
 # How a CUDA call was tied to a request.
 TASK = "task"            # made in the Python context the request bound to, or one derived from it
@@ -33,6 +33,7 @@ class RollupAgg:
     first_ts: int = 0
     last_ts: int = 0
     last_end_ts: int = 0
+    kernels: Optional[tuple] = None  # a graph launch's ((kernel func, count), ...): pipeline/graphs.py
 
     def add(self, c: CudaCall, nbytes: int, duration_ns: int) -> None:
         if not self.count:
@@ -63,6 +64,14 @@ class GpuSummary:
     # Calls that may belong here but were not attributed: each counts 1/N on each of its
     # N candidates, so the sum over spans never exceeds the ambiguous calls.
     ambiguous: float = 0.0
+    # Kernels that graph launches ran (their captures' kernels x launches). A graph launch
+    # counts as one in `launches`; its kernels count here, never in `launches`.
+    graph_kernels: int = 0
+
+    def add_graph(self, kernels: tuple, launches: int) -> None:
+        for func, n in kernels:
+            self.graph_kernels += n * launches
+            self.kernels.add(func)
 
     def add_many(self, call: int, detail: int, count: int, nbytes: int, duration_ns: int) -> None:
         self.calls += count
@@ -98,6 +107,8 @@ class CallSink:
     def add(self, c: CudaCall, attribution: str) -> None:
         detail, nbytes, duration_ns = c.amounts()
         self.summary.add_many(c.call, detail, 1, nbytes, duration_ns)
+        if type(c) is GraphCall and c.kernels:
+            self.summary.add_graph(c.kernels, 1)
         self.attributed[attribution] = self.attributed.get(attribution, 0) + 1
         if len(self.calls) < self.budget:
             self.calls.append((c, attribution))
@@ -105,12 +116,16 @@ class CallSink:
         agg = self.rollups.get((c.call, detail))
         if agg is None:
             agg = self.rollups[(c.call, detail)] = RollupAgg(c.call, detail)
+            if type(c) is GraphCall:
+                agg.kernels = c.kernels
         agg.add(c, nbytes, duration_ns)
 
     def add_rollup(self, agg: RollupAgg, attribution: str) -> None:
         """Calls already folded together elsewhere (held while their request was not
         known): merged into this sink's rollup for (call, detail)."""
         self.summary.add_many(agg.call, agg.detail, agg.count, agg.bytes, agg.duration_ns)
+        if agg.kernels:
+            self.summary.add_graph(agg.kernels, agg.count)
         self.attributed[attribution] = self.attributed.get(attribution, 0) + agg.count
         mine = self.rollups.get((agg.call, agg.detail))
         if mine is None:
@@ -124,9 +139,10 @@ class CallSink:
         mine.last_end_ts = max(mine.last_end_ts, agg.last_end_ts)
 
     def add_aggregate(self, call: int, detail: int, count: int, nbytes: int, duration_ns: int,
-                      ts_ns: int, attribution: str) -> None:
+                      ts_ns: int, attribution: str, kernels: Optional[tuple] = None) -> None:
         """Calls already counted in the kernel (the BPF rollup map), read at `ts_ns`."""
-        self.add_rollup(RollupAgg(call, detail, count, nbytes, duration_ns, ts_ns, ts_ns, ts_ns), attribution)
+        self.add_rollup(RollupAgg(call, detail, count, nbytes, duration_ns, ts_ns, ts_ns, ts_ns, kernels),
+                        attribution)
 
     @property
     def rolled_up(self) -> int:
@@ -137,6 +153,9 @@ class CallSink:
         funcs = {c.func for c, _ in self.calls if BY_ID.get(c.call) and BY_ID[c.call].category is Category.LAUNCH}
         funcs |= {a.detail for a in self.rollups.values()
                   if BY_ID.get(a.call) and BY_ID[a.call].category is Category.LAUNCH}
+        # A graph launch's kernels, named like launches (export: gpu.graph.kernels).
+        funcs |= {f for c, _ in self.calls if type(c) is GraphCall and c.kernels for f, _n in c.kernels}
+        funcs |= {f for a in self.rollups.values() if a.kernels for f, _n in a.kernels}
         return funcs
 
 

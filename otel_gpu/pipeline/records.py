@@ -94,6 +94,9 @@ class LaunchCall(CudaCall):
     block: tuple
     shmem: int
     stream: int
+    # Made while its process had a stream capture open (bpf/events.h EV_FLAG_CAPTURE):
+    # pipeline/graphs.py keeps it out (recorded into a graph) if its stream was capturing.
+    capture: bool = field(default=False, kw_only=True)
 
     def amounts(self) -> tuple[int, int, int]:
         return self.func, 0, 0
@@ -132,6 +135,9 @@ class SyncCall(CudaCall):
 class GraphCall(CudaCall):
     graph_exec: int
     stream: int
+    # What the exec runs, from its capture (pipeline/graphs.py): ((kernel func, count), ...)
+    # in first-launch order; None when its capture was not seen.
+    kernels: Optional[tuple] = field(default=None, kw_only=True)
 
     def amounts(self) -> tuple[int, int, int]:
         return self.graph_exec, 0, 0
@@ -194,6 +200,22 @@ class KernelHandle:
 
 
 @dataclass(slots=True)
+class GraphOp:
+    """A CUDA graph's capture began or ended, a graph was instantiated, or a graph or
+    exec destroyed (probes/table.py Category.GRAPH_OP; the call says which). Consumed by
+    pipeline/graphs.py, never a span."""
+    tgid: int
+    tid: int
+    ts_ns: int
+    call: int
+    ret: int
+    stream: int
+    graph: int
+    graph_exec: int
+    unreadable: bool = False
+
+
+@dataclass(slots=True)
 class CallAggregate:
     """Calls of one thread in one Python context (`ctx`) and HTTP epoch that the kernel
     counted instead of streaming (past the thread's budget, or the ring buffer near
@@ -211,6 +233,7 @@ class CallAggregate:
     ts_ns: int        # entry of the first call
     last_ts: int      # entry of the last
     last_end_ts: int  # latest end (a synchronising call's return)
+    kernels: Optional[tuple] = None  # a graph launch's kernels (GraphCall.kernels)
 
 
 # --- records that say something about time or processes -----------------------------
@@ -226,6 +249,7 @@ class KernelRollup:
     duration_ns: int
     now_ns: int
     since_ns: Optional[int] = None
+    kernels: Optional[tuple] = None  # a graph launch's kernels (GraphCall.kernels)
 
 
 @dataclass(slots=True)

@@ -157,7 +157,7 @@ class Stitcher:
         attribution = SHARED if group else OUTSIDE
         self.attributed[attribution] += k.count
         w = self._window(p, attribution, k.now_ns if k.since_ns is None else k.since_ns)
-        w.sink.add_aggregate(k.call, k.detail, k.count, k.bytes, k.duration_ns, k.now_ns, attribution)
+        w.sink.add_aggregate(k.call, k.detail, k.count, k.bytes, k.duration_ns, k.now_ns, attribution, k.kernels)
         w.end_ns = max(w.end_ns, k.now_ns)
         self._link(w, group)
 
@@ -444,7 +444,8 @@ class Stitcher:
             return
         attribution, target = verdict
         self.attributed[attribution] += a.count
-        agg = RollupAgg(a.call, a.detail, a.count, a.bytes, a.duration_ns, a.ts_ns, a.last_ts, a.last_end_ts)
+        agg = RollupAgg(a.call, a.detail, a.count, a.bytes, a.duration_ns, a.ts_ns, a.last_ts, a.last_end_ts,
+                        a.kernels)
         if attribution is THREAD or attribution is TASK or attribution is PROCESS:
             target.sink.add_rollup(agg, attribution)
             target.busy.extend(device, a.ts_ns, a.last_end_ts)

@@ -17,18 +17,20 @@ RUNTIME = "cudart"  # libcudart.so*, or an executable with cudart linked statica
 DRIVER = "cuda"     # libcuda.so*
 PYTHON = "python"   # a CPython interpreter (libpython3.X.so* or the executable): not CUDA calls
 NCCL = "nccl"       # libnccl.so*: collectives and point-to-point calls
+TLS = "ssl"         # OpenSSL's libssl.so.3 / .so.1.1: TLS plaintext (bpf/tls_probes.c), not CUDA calls
 
 
 class Category(str, Enum):
     """What a call does, as far as spans, summaries, cost and metrics care."""
     LAUNCH = "launch"   # a kernel launch: function, grid, block, shared memory, stream
-    GRAPH = "graph"     # a CUDA graph launch: counts as a launch, the kernels are unseen
+    GRAPH = "graph"     # a CUDA graph launch: counts as a launch; its kernels come from the capture (pipeline/graphs.py)
     MEMCPY = "memcpy"   # a copy: bytes, direction, stream
     ALLOC = "alloc"     # device memory allocated: pointer (at return), bytes
     FREE = "free"       # device memory freed: pointer
     SYNC = "sync"       # the host waits: handle (stream or event), duration
     DEVICE = "device"   # the thread's current device changes: ordinal
     NAME = "name"       # hands out a kernel handle: what later launches of it run (not a span)
+    GRAPH_OP = "graph_op"  # a CUDA graph's capture, instantiation or end: what its launches run (not a span)
     COLLECTIVE = "collective"  # an NCCL collective or send/recv: op, bytes, datatype, communicator
 
 
@@ -41,13 +43,15 @@ class Shape(str, Enum):
     GRAPH = "graph"
     DEVICE = "device"
     HANDLE = "handle"  # kernel_handle_event: decoded to records.KernelHandle, not a CudaCall
+    GRAPH_OP = "graph_op"  # graph_op_event: decoded to records.GraphOp, not a CudaCall
     NCCL = "nccl"
 
 
 SHAPE_OF = {
     Category.LAUNCH: Shape.LAUNCH, Category.GRAPH: Shape.GRAPH, Category.MEMCPY: Shape.MEMCPY,
     Category.ALLOC: Shape.MEMORY, Category.FREE: Shape.MEMORY, Category.SYNC: Shape.SYNC,
-    Category.DEVICE: Shape.DEVICE, Category.NAME: Shape.HANDLE, Category.COLLECTIVE: Shape.NCCL,
+    Category.DEVICE: Shape.DEVICE, Category.NAME: Shape.HANDLE,
+    Category.GRAPH_OP: Shape.GRAPH_OP, Category.COLLECTIVE: Shape.NCCL,
 }
 
 # What the 64-bit `detail` of an in-kernel rollup key (and of a span rollup) holds, by
@@ -57,6 +61,7 @@ ROLLUP_DETAIL = {
     Category.MEMCPY: "direction (cudaMemcpyKind)", Category.ALLOC: "pointer",
     Category.FREE: "pointer", Category.SYNC: "none (0)", Category.DEVICE: "device ordinal",
     Category.NAME: "never rolled up: always sent (once per kernel)",
+    Category.GRAPH_OP: "never rolled up: always sent (once per capture, graph)",
     Category.COLLECTIVE: "communicator (ncclComm_t)",
 }
 
@@ -91,6 +96,7 @@ def _row(id_, name, category, symbols, entry, ret=None, library=RUNTIME, const="
 
 L, G, M, A, F, S, D, N, C = (Category.LAUNCH, Category.GRAPH, Category.MEMCPY, Category.ALLOC,
                              Category.FREE, Category.SYNC, Category.DEVICE, Category.NAME, Category.COLLECTIVE)
+O = Category.GRAPH_OP
 CALLS: tuple[CallSpec, ...] = (
     _row(1, "cudaLaunchKernel", L, ["cudaLaunchKernel", "cudaLaunchKernel_ptsz"], "cuda_launch_kernel",
          const="LAUNCH_KERNEL"),
@@ -140,8 +146,34 @@ CALLS: tuple[CallSpec, ...] = (
     _row(44, "ncclReduce", C, ["ncclReduce"], "nccl_reduce", library=NCCL, const="NCCL_REDUCE"),
     _row(45, "ncclSend", C, ["ncclSend"], "nccl_send", library=NCCL, const="NCCL_SEND"),
     _row(46, "ncclRecv", C, ["ncclRecv"], "nccl_recv", library=NCCL, const="NCCL_RECV"),
+    # CUDA graphs (bpf/graph_probes.c), ids 29-39: capture (kernels launched on the
+    # capturing stream are recorded, not run), graph -> exec, their end, the driver launch.
+    _row(29, "cuGraphLaunch", G, ["cuGraphLaunch", "cuGraphLaunch_ptsz"], "cu_graph_launch", library=DRIVER,
+         const="CU_GRAPH_LAUNCH"),
+    _row(30, "cudaStreamBeginCapture", O, ["cudaStreamBeginCapture", "cudaStreamBeginCapture_ptsz"],
+         "cuda_stream_begin_capture", "cuda_stream_begin_capture_return", const="STREAM_BEGIN_CAPTURE"),
+    _row(31, "cuStreamBeginCapture", O, ["cuStreamBeginCapture", "cuStreamBeginCapture_v2",
+                                         "cuStreamBeginCapture_ptsz", "cuStreamBeginCapture_v2_ptsz"],
+         "cu_stream_begin_capture", "cu_stream_begin_capture_return", library=DRIVER,
+         const="CU_STREAM_BEGIN_CAPTURE"),
+    _row(32, "cudaStreamEndCapture", O, ["cudaStreamEndCapture", "cudaStreamEndCapture_ptsz"],
+         "cuda_stream_end_capture", "cuda_stream_end_capture_return", const="STREAM_END_CAPTURE"),
+    _row(33, "cuStreamEndCapture", O, ["cuStreamEndCapture", "cuStreamEndCapture_ptsz"],
+         "cu_stream_end_capture", "cu_stream_end_capture_return", library=DRIVER, const="CU_STREAM_END_CAPTURE"),
+    _row(34, "cudaGraphInstantiate", O, ["cudaGraphInstantiate", "cudaGraphInstantiateWithFlags",
+                                         "cudaGraphInstantiateWithParams"],
+         "cuda_graph_instantiate", "cuda_graph_instantiate_return", const="GRAPH_INSTANTIATE"),
+    _row(35, "cuGraphInstantiate", O, ["cuGraphInstantiate", "cuGraphInstantiate_v2", "cuGraphInstantiateWithFlags",
+                                       "cuGraphInstantiateWithParams"],
+         "cu_graph_instantiate", "cu_graph_instantiate_return", library=DRIVER, const="CU_GRAPH_INSTANTIATE"),
+    _row(36, "cudaGraphDestroy", O, ["cudaGraphDestroy"], "cuda_graph_destroy", const="GRAPH_DESTROY"),
+    _row(37, "cudaGraphExecDestroy", O, ["cudaGraphExecDestroy"], "cuda_graph_exec_destroy",
+         const="GRAPH_EXEC_DESTROY"),
+    _row(38, "cuGraphDestroy", O, ["cuGraphDestroy"], "cu_graph_destroy", library=DRIVER, const="CU_GRAPH_DESTROY"),
+    _row(39, "cuGraphExecDestroy", O, ["cuGraphExecDestroy"], "cu_graph_exec_destroy", library=DRIVER,
+         const="CU_GRAPH_EXEC_DESTROY"),
 )
-del L, G, M, A, F, S, D, N, C
+del L, G, M, A, F, S, D, N, C, O
 
 BY_ID: dict[int, CallSpec] = {c.id: c for c in CALLS}
 BY_NAME: dict[str, CallSpec] = {c.name: c for c in CALLS}
@@ -218,9 +250,23 @@ NCCL_STATE_PROBES: tuple[UprobeRow, ...] = (
 )
 
 
+# The OpenSSL probes (bpf/tls_probes.c): the SSL* and buffer at entry, the count at
+# return; the handshake ties a socket to its SSL*, SSL_free forgets the tie.
+TLS_PROBES: tuple[UprobeRow, ...] = (
+    UprobeRow(TLS, "SSL_read", "tls_read_enter", "tls_read_return"),
+    UprobeRow(TLS, "SSL_read_ex", "tls_read_ex_enter", "tls_read_return"),
+    UprobeRow(TLS, "SSL_write", "tls_write_enter", "tls_write_return"),
+    UprobeRow(TLS, "SSL_write_ex", "tls_write_ex_enter", "tls_write_return"),
+    UprobeRow(TLS, "SSL_do_handshake", "tls_handshake_enter", "tls_handshake_return"),
+    UprobeRow(TLS, "SSL_free", "tls_free"),
+)
+
+
 def rows_for(library: str) -> list[UprobeRow]:
     if library == PYTHON:
         return list(PYTHON_PROBES)
+    if library == TLS:
+        return list(TLS_PROBES)
     if library == NCCL:
         return [r for r in CUDA_PROBES if r.library == NCCL] + list(NCCL_STATE_PROBES)
     return [r for r in CUDA_PROBES if r.library == library]

@@ -7,7 +7,8 @@ from otel_gpu.probes.table import (BY_ID, CALLS, CUDA_PROBES, DRIVER, NCCL, ROLL
 
 RECORD_OF_SHAPE = {"launch": records.LaunchCall, "memcpy": records.MemcpyCall, "memory": records.MemoryCall,
                    "sync": records.SyncCall, "graph": records.GraphCall, "device": records.DeviceCall,
-                   "handle": records.KernelHandle, "nccl": records.NcclCall}
+                   "handle": records.KernelHandle, "nccl": records.NcclCall,
+                   "graph_op": records.GraphOp}
 
 
 def test_ids_names_and_constants_are_unique():
@@ -29,7 +30,7 @@ def test_each_row_names_its_api_symbol_and_library():
         assert c.library == (NCCL if c.name.startswith("nccl") else
                              DRIVER if c.name.startswith("cu") and not c.name.startswith("cuda") else RUNTIME)
         # A handle's call reads its out-parameter at return, in a return handler of its own.
-        want_ret = f"{c.entry}_return" if c.category is Category.NAME else "cuda_call_return"
+        want_ret = f"{c.entry}_return" if c.category in (Category.NAME, Category.GRAPH_OP) else "cuda_call_return"
         assert c.entry and (c.ret is None or c.ret == want_ret)
 
 
