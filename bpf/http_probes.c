@@ -35,14 +35,20 @@ BPF_TABLE("lru_hash", u64, struct pending_accept, accepting, 4096);
 
 struct pending_io {
     s32 fd;
-    u32 is_iov;    /* buf points at a struct iovec array */
+    u32 is_iov;    /* non-zero: buf points at an array of this many struct iovec */
     u64 buf;
 };
 BPF_TABLE("lru_hash", u64, struct pending_io, reading, 4096);
 BPF_TABLE("lru_hash", u64, struct pending_io, writing, 4096);
 
-/* Per-CPU scratch: a sock_io_event is too large for the 512-byte BPF stack. */
-BPF_PERCPU_ARRAY(io_scratch, struct sock_io_event, 1);
+/* Per-CPU scratch: a sock_io_event is too large for the 512-byte BPF stack. The slack
+ * after it lets gather_iov() copy at a variable offset the verifier can bound. */
+struct sock_io_scratch {
+    struct sock_io_event e;
+    u8 slack[HTTP_DATA_CAP];
+};
+BPF_PERCPU_ARRAY(io_scratch, struct sock_io_scratch, 1);
+#define IOV_GATHER 16 /* iovecs copied, in order, until HTTP_DATA_CAP bytes */
 
 static __always_inline void accept_enter(s32 listen_fd, void *addr)
 {
@@ -107,6 +113,41 @@ static __always_inline int looks_like_request(const u8 *b)
 #undef W
 }
 
+/* Copies the first bytes of a readv/writev/recvmsg/sendmsg into the scratch event's data,
+ * iovec after iovec (gRPC's C-core writes each frame header and payload from its own
+ * iovec: the first alone is often 9 bytes). Returns the bytes copied: always a prefix of
+ * what the syscall transferred. */
+static __always_inline u32 gather_iov(u64 iovp, u32 count, u64 ret)
+{
+    u32 zero = 0;
+    struct sock_io_scratch *scratch = io_scratch.lookup(&zero);
+    if (!scratch)
+        return 0;
+    u32 off = 0;
+    u64 left = ret;
+#pragma unroll
+    for (int i = 0; i < IOV_GATHER; i++) {
+        if (i >= count || left == 0 || off >= HTTP_DATA_CAP)
+            break;
+        u64 iov[2] = {};
+        if (bpf_probe_read_user(iov, sizeof(iov), (void *)(iovp + i * sizeof(iov))) != 0)
+            break;
+        u64 n = iov[1] < left ? iov[1] : left;
+        left -= n;
+        if (n > HTTP_DATA_CAP - off)
+            n = HTTP_DATA_CAP - off;
+        /* Barriers: clang would drop the mask and the check, which the verifier needs. */
+        asm volatile("" : "+r"(off), "+r"(n));
+        off &= HTTP_DATA_CAP - 1; /* < HTTP_DATA_CAP, and n <= HTTP_DATA_CAP: within the slack */
+        if (n == 0 || n > HTTP_DATA_CAP)
+            continue;
+        if (bpf_probe_read_user(scratch->e.data + off, n, (void *)iov[0]) != 0)
+            break;
+        off += n;
+    }
+    return off;
+}
+
 static __always_inline void io_enter(u8 kind, s32 fd, u64 buf, u32 is_iov)
 {
     u64 id = bpf_get_current_pid_tgid();
@@ -139,18 +180,17 @@ static __always_inline void io_exit(u8 kind, long ret)
     if (ret <= 0)
         return;
     u64 buf = p.buf, copy_max = (u64)ret;
-    if (p.is_iov) {
-        /* First iovec only: struct iovec { void *base; size_t len; }. Never copy past it. */
-        u64 iov[2] = {};
-        bpf_probe_read_user(iov, sizeof(iov), (void *)buf);
-        buf = iov[0];
-        if (iov[1] < copy_max)
-            copy_max = iov[1];
+    if (p.is_iov) { /* struct iovec { void *base; size_t len; } x is_iov */
+        copy_max = gather_iov(buf, p.is_iov, (u64)ret);
+        buf = 0;
+        if (!copy_max)
+            return;
     }
     u32 zero = 0;
-    struct sock_io_event *e = io_scratch.lookup(&zero);
-    if (!e)
+    struct sock_io_scratch *scratch = io_scratch.lookup(&zero);
+    if (!scratch)
         return;
+    struct sock_io_event *e = &scratch->e;
     struct conn_key key = {.tgid = id >> 32, .fd = p.fd};
     struct conn_state *st = conns.lookup(&key);
     if (!st)
@@ -158,7 +198,8 @@ static __always_inline void io_exit(u8 kind, long ret)
     u32 len = copy_max < HTTP_DATA_CAP ? (u32)copy_max : HTTP_DATA_CAP;
     if (len > HTTP_DATA_CAP || len == 0) /* keeps the verifier's bounds explicit */
         return;
-    if (bpf_probe_read_user(e->data, len, (void *)buf) != 0)
+    /* buf 0: gather_iov() already put `copy_max` bytes in e->data. */
+    if (buf && bpf_probe_read_user(e->data, len, (void *)buf) != 0)
         return;
     if (kind == EV_SOCK_READ && st->state == CONN_UNKNOWN) {
         /* The first read decides: HTTP/1.x, or ignored from now on (user space
@@ -198,25 +239,36 @@ TRACEPOINT_PROBE(syscalls, sys_enter_read) { io_enter(EV_SOCK_READ, args->fd, (u
 TRACEPOINT_PROBE(syscalls, sys_exit_read) { io_exit(EV_SOCK_READ, args->ret); return 0; }
 TRACEPOINT_PROBE(syscalls, sys_enter_recvfrom) { io_enter(EV_SOCK_READ, args->fd, (u64)args->ubuf, 0); return 0; }
 TRACEPOINT_PROBE(syscalls, sys_exit_recvfrom) { io_exit(EV_SOCK_READ, args->ret); return 0; }
-TRACEPOINT_PROBE(syscalls, sys_enter_readv) { io_enter(EV_SOCK_READ, args->fd, (u64)args->vec, 1); return 0; }
+/* An iovec count as pending_io.is_iov: never 0 (that means a plain buffer). */
+static __always_inline u32 iov_count(u64 n)
+{
+    return n == 0 ? 1 : n > IOV_GATHER ? IOV_GATHER : (u32)n;
+}
+TRACEPOINT_PROBE(syscalls, sys_enter_readv) { io_enter(EV_SOCK_READ, args->fd, (u64)args->vec, iov_count(args->vlen)); return 0; }
 TRACEPOINT_PROBE(syscalls, sys_exit_readv) { io_exit(EV_SOCK_READ, args->ret); return 0; }
 TRACEPOINT_PROBE(syscalls, sys_enter_write) { io_enter(EV_SOCK_WRITE, args->fd, (u64)args->buf, 0); return 0; }
 TRACEPOINT_PROBE(syscalls, sys_exit_write) { io_exit(EV_SOCK_WRITE, args->ret); return 0; }
 TRACEPOINT_PROBE(syscalls, sys_enter_sendto) { io_enter(EV_SOCK_WRITE, args->fd, (u64)args->buff, 0); return 0; }
 TRACEPOINT_PROBE(syscalls, sys_exit_sendto) { io_exit(EV_SOCK_WRITE, args->ret); return 0; }
-TRACEPOINT_PROBE(syscalls, sys_enter_writev) { io_enter(EV_SOCK_WRITE, args->fd, (u64)args->vec, 1); return 0; }
+TRACEPOINT_PROBE(syscalls, sys_enter_writev) { io_enter(EV_SOCK_WRITE, args->fd, (u64)args->vec, iov_count(args->vlen)); return 0; }
 TRACEPOINT_PROBE(syscalls, sys_exit_writev) { io_exit(EV_SOCK_WRITE, args->ret); return 0; }
 
-/* recvmsg/sendmsg: struct user_msghdr { name; namelen(+pad); msg_iov @16; ... } */
+/* recvmsg/sendmsg: struct user_msghdr { name; namelen(+pad); msg_iov @16; msg_iovlen @24; ... } */
 static __always_inline u64 msg_iov(u64 msg)
 {
     u64 iov = 0;
     bpf_probe_read_user(&iov, sizeof(iov), (void *)(msg + 16));
     return iov;
 }
-TRACEPOINT_PROBE(syscalls, sys_enter_recvmsg) { io_enter(EV_SOCK_READ, args->fd, msg_iov((u64)args->msg), 1); return 0; }
+static __always_inline u32 msg_iovlen(u64 msg)
+{
+    u64 n = 0;
+    bpf_probe_read_user(&n, sizeof(n), (void *)(msg + 24));
+    return iov_count(n);
+}
+TRACEPOINT_PROBE(syscalls, sys_enter_recvmsg) { io_enter(EV_SOCK_READ, args->fd, msg_iov((u64)args->msg), msg_iovlen((u64)args->msg)); return 0; }
 TRACEPOINT_PROBE(syscalls, sys_exit_recvmsg) { io_exit(EV_SOCK_READ, args->ret); return 0; }
-TRACEPOINT_PROBE(syscalls, sys_enter_sendmsg) { io_enter(EV_SOCK_WRITE, args->fd, msg_iov((u64)args->msg), 1); return 0; }
+TRACEPOINT_PROBE(syscalls, sys_enter_sendmsg) { io_enter(EV_SOCK_WRITE, args->fd, msg_iov((u64)args->msg), msg_iovlen((u64)args->msg)); return 0; }
 TRACEPOINT_PROBE(syscalls, sys_exit_sendmsg) { io_exit(EV_SOCK_WRITE, args->ret); return 0; }
 
 static __always_inline void forget_conn(u64 id, struct conn_key *key, struct conn_state *st)

@@ -1,0 +1,77 @@
+"""A grpcio server (C-core reads the socket on its own threads, handlers run on a
+ThreadPoolExecutor) whose handlers make real libcudart calls that encode the RPC
+they are made for. Generic handlers over raw bytes (no generated code):
+
+  /demo.Inference/Predict   unary; request b"ID": 2 x cudaLaunchKernel
+                            with grid (ID, 1, 1), then one cudaMemcpy of ID bytes; reply b"ok"
+  /demo.Inference/Stream    server streaming; request b"ID": 3 messages, one launch with
+                            grid (ID, 1, 1) before each, then one cudaMemcpy of ID bytes
+  /demo.Inference/Fail      unary; one launch with grid (ID, 1, 1), then aborts with
+                            INTERNAL (gRPC status 13)
+
+  python grpc_server.py [PORT]    (0 or none: any free port)
+Binds, prints "listening on PORT" to stderr, waits for a line on stdin, then serves."""
+from __future__ import annotations
+
+import sys
+import time
+from concurrent import futures
+from pathlib import Path
+
+import grpc
+
+ROOT = Path(__file__).resolve().parents[3]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from otel_gpu.demo.cuda_work import H2D, CudaWork, Dim3  # noqa: E402
+
+WORK = CudaWork()
+KERNEL = WORK.kernel_address("matmul_tile")
+BLOCK = Dim3(64, 1, 1)
+SERVICE = "demo.Inference"
+UNARY_LAUNCHES, STREAM_MESSAGES = 2, 3
+
+
+def launch(rid: int) -> None:
+    WORK.rt.cudaLaunchKernel(KERNEL, Dim3(rid, 1, 1), BLOCK, None, 0, None)
+    time.sleep(0.001)  # lets concurrent RPCs interleave
+
+
+def predict(request: bytes, context) -> bytes:
+    rid = int(request)
+    for _ in range(UNARY_LAUNCHES):
+        launch(rid)
+    WORK.memcpy(rid, H2D)
+    return b"ok"
+
+
+def stream(request: bytes, context):
+    rid = int(request)
+    for i in range(STREAM_MESSAGES):
+        launch(rid)
+        yield b"part%d" % i
+    WORK.memcpy(rid, H2D)
+
+
+def fail(request: bytes, context) -> bytes:
+    launch(int(request))
+    context.abort(grpc.StatusCode.INTERNAL, "failed on purpose")
+
+
+def main() -> None:
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=16))
+    handlers = {"Predict": grpc.unary_unary_rpc_method_handler(predict),
+                "Stream": grpc.unary_stream_rpc_method_handler(stream),
+                "Fail": grpc.unary_unary_rpc_method_handler(fail)}
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
+    port = server.add_insecure_port(f"127.0.0.1:{int(sys.argv[1]) if len(sys.argv) > 1 else 0}")
+    print(f"listening on {port}", file=sys.stderr, flush=True)
+    sys.stdin.readline()
+    server.start()
+    print("serving", file=sys.stderr, flush=True)
+    server.wait_for_termination()
+
+
+if __name__ == "__main__":
+    main()

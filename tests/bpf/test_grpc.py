@@ -1,0 +1,130 @@
+"""gRPC through the real probes: a real grpcio server (tests/bpf/targets/grpc_server.py)
+whose handlers call the real libcudart with the RPC's id in every call, and a real
+grpcio client. One server span per RPC named `{service}/{method}` with rpc.*
+attributes and the gRPC status from the trailers; CUDA children exact where the
+attribution rules are exact (one RPC open: `process`), else counted ambiguous, never
+under a wrong RPC."""
+from __future__ import annotations
+
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import grpc
+import pytest
+
+from tests.harness import TARGETS, Target, children_of, server_spans
+
+SERVICE = "demo.Inference"
+ROLLUP = "gpu.rollup.count"
+
+
+def _rid(span) -> int | None:
+    a = span.attributes
+    if span.name == "cudaLaunchKernel":
+        return (a.get("gpu.grid") or [None])[0]
+    if span.name == "cudaMemcpy":
+        return a.get("gpu.memcpy.bytes")
+    return None
+
+
+class Client:
+    """One channel (one HTTP/2 connection) per concurrent client."""
+
+    def __init__(self, port: int) -> None:
+        self.channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+        self.predict = self.channel.unary_unary(f"/{SERVICE}/Predict")
+        self.stream = self.channel.unary_stream(f"/{SERVICE}/Stream")
+        self.fail = self.channel.unary_unary(f"/{SERVICE}/Fail")
+
+    def call(self, kind: str, rid: int):
+        body = str(rid).encode()
+        if kind == "Predict":
+            return self.predict(body, timeout=20)
+        if kind == "Stream":
+            return list(self.stream(body, timeout=20))
+        try:
+            self.fail(body, timeout=20)
+        except grpc.RpcError as e:
+            return e.code()
+
+
+@pytest.fixture
+def grpc_target(start_collector, targets):
+    collector = start_collector()
+    t = Target([sys.executable, str(TARGETS / "grpc_server.py"), "0"])
+    targets.append(t)
+    collector.wait_traced(t.pid)
+    t.go_raw()
+    assert t.log.wait_for("serving", 20)
+    return collector, t
+
+
+def _wait_spans(receiver, pid: int, n: int, timeout: float = 40) -> list:
+    receiver.wait_for(lambda spans: len(server_spans(spans, pid)) >= n, timeout)
+    time.sleep(1)  # children and windows exported in the same flush, or just after
+    return list(receiver.spans)
+
+
+@pytest.mark.parametrize("concurrency", [1, 8])
+def test_grpc_rpcs_get_one_span_each_with_rpc_attributes_and_own_calls(grpc_target, receiver, concurrency):
+    _, t = grpc_target
+    clients = [Client(t.port) for _ in range(concurrency)]
+    plan = [(kind, 10 + i) for i, kind in enumerate(["Predict", "Stream", "Fail"] * 8)]  # 24 RPCs, ids 10..33
+    with ThreadPoolExecutor(concurrency) as pool:
+        results = list(pool.map(lambda job: clients[job[1] % concurrency].call(*job), plan))
+    assert results.count(b"ok") == 8 and results.count(grpc.StatusCode.INTERNAL) == 8
+    for c in clients:
+        c.channel.close()
+    expected = {"Predict": 3, "Stream": 4, "Fail": 1}  # calls: 2 launches + memcpy, 3 + memcpy, 1 launch
+    ids, total = {rid for _, rid in plan}, sum(expected[kind] for kind, _ in plan)
+    receiver.wait_for(lambda got: sum(1 for k in got if k.resource.get("process.pid") == t.pid
+                                      and _rid(k) in ids) >= total, 40)
+    spans = _wait_spans(receiver, t.pid, len(plan))
+    servers = server_spans(spans, t.pid)
+    by_id = {}
+    for s in servers:
+        assert s.name in (f"{SERVICE}/Predict", f"{SERVICE}/Stream", f"{SERVICE}/Fail"), s.name
+        a = s.attributes
+        assert (a["rpc.system"], a["rpc.service"], a["http.route"]) == ("grpc", SERVICE, "/" + s.name)
+        assert a["rpc.method"] == s.name.split("/")[1]
+        assert a["network.protocol.version"] == "2"
+        want_status = 13 if a["rpc.method"] == "Fail" else 0
+        assert a["rpc.grpc.status_code"] == want_status, s.name
+        assert (s.status_code == 2) == (want_status == 13)  # 2: STATUS_CODE_ERROR
+        kids = [k for k in children_of(spans, s) if ROLLUP not in k.attributes]
+        ids = {_rid(k) for k in kids}
+        assert len(ids) <= 1, f"{s.name}: calls of several RPCs {ids}"  # never a wrong RPC's call
+        if ids:
+            by_id.setdefault(ids.pop(), []).append((s, kids))
+    assert len(servers) == len(plan), f"{len(servers)} server spans for {len(plan)} RPCs"
+    exact = ambiguous = 0
+    for kind, rid in plan:
+        got = by_id.get(rid, [])
+        assert len(got) <= 1, f"rpc {rid}: calls under {len(got)} spans"
+        if got:
+            s, kids = got[0]
+            assert s.name == f"{SERVICE}/{kind}"
+            if len(kids) == expected[kind]:
+                exact += 1
+            assert all(k.attributes["otel_gpu.attribution"] in ("process", "thread", "task") for k in kids)
+        ambiguous += 0 if got and len(got[0][1]) == expected[kind] else 1
+    # Every call is somewhere, counted: under its own RPC, or on an ambiguous window (or,
+    # seen once in six runs at 8 clients and not explained yet, an `outside` one: printed).
+    windows = [w for w in spans if w.name.startswith("GPU work") and w.attributes.get("process.pid") == t.pid]
+    placed, outside = {}, 0
+    for parent in [s for s, _ in sum(by_id.values(), [])] + windows:
+        for k in children_of(spans, parent):
+            if ROLLUP not in k.attributes and (rid := _rid(k)) in ids:
+                placed[rid] = placed.get(rid, 0) + 1
+                outside += k.attributes.get("otel_gpu.attribution") == "outside"
+    for kind, rid in plan:
+        if placed.get(rid, 0) != expected[kind]:
+            by_span = {x.span_id: x for x in spans}
+            where = [(k.name, k.attributes.get("otel_gpu.attribution"), getattr(by_span.get(k.parent_span_id), "name", None))
+                     for k in spans if _rid(k) == rid and k.resource.get("process.pid") == t.pid]
+            pytest.fail(f"rpc {rid} ({kind}): {placed.get(rid, 0)} calls placed; all its calls: {where}")
+    if concurrency == 1:
+        assert exact == len(plan), f"{exact} of {len(plan)} RPCs with exactly their calls"
+    print(f"grpc concurrency {concurrency}: {exact} of {len(plan)} RPCs exact, {ambiguous} counted ambiguous, "
+          f"{outside} calls of open RPCs on an outside window")
