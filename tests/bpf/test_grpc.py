@@ -93,10 +93,10 @@ def test_grpc_rpcs_get_one_span_each_with_rpc_attributes_and_own_calls(grpc_targ
         assert a["rpc.grpc.status_code"] == want_status, s.name
         assert (s.status_code == 2) == (want_status == 13)  # 2: STATUS_CODE_ERROR
         kids = [k for k in children_of(spans, s) if ROLLUP not in k.attributes]
-        ids = {_rid(k) for k in kids}
-        assert len(ids) <= 1, f"{s.name}: calls of several RPCs {ids}"  # never a wrong RPC's call
-        if ids:
-            by_id.setdefault(ids.pop(), []).append((s, kids))
+        rids = {_rid(k) for k in kids}
+        assert len(rids) <= 1, f"{s.name}: calls of several RPCs {rids}"  # never a wrong RPC's call
+        if rids:
+            by_id.setdefault(rids.pop(), []).append((s, kids))
     assert len(servers) == len(plan), f"{len(servers)} server spans for {len(plan)} RPCs"
     exact = ambiguous = 0
     for kind, rid in plan:
