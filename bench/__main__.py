@@ -12,11 +12,12 @@ from pathlib import Path
 
 from . import (item_ablation, item_big_request, item_dedup, item_first_requests, item_http, item_launch, item_nccl,
                item_neighbour, item_python_context, item_sustained, item_untraced, machine)
+from .collector import Collector
 from .native import use_private_cudart
 from .report import profile_text, table, write_json
 
 RESULTS = Path(__file__).resolve().parent / "results"
-READY_TARGET_S = 3.0
+READY_TARGET_S = 1.5  # issue 13
 
 
 def main() -> int:
@@ -63,8 +64,13 @@ def main() -> int:
     if starts:
         data["ready_s"] = starts
         rows.append(("4", f"start to 'ready' (s): median of {len(starts)} starts, max",
-                     f"{statistics.median(starts):.2f}, {max(starts):.2f}", f"<= {READY_TARGET_S:.0f}",
+                     f"{statistics.median(starts):.2f}, {max(starts):.2f}", f"<= {READY_TARGET_S}",
                      max(starts) <= READY_TARGET_S))
+        loads = Collector.loads
+        if loads:
+            data["load_s"] = loads
+            rows.append(("4", "  of which the BPF compile and load (clang + verifier, s): median, max",
+                         f"{statistics.median(loads):.2f}, {max(loads):.2f}", "", None))
     rows.sort(key=lambda r: r[0][0])  # stable: 1 and 1b stay in run order
     text = table(host, rows)
     for name in ("sustained", "http"):

@@ -14,6 +14,7 @@ from otel_gpu.demo.runner import LineWatcher, stop_process
 
 ROOT = Path(__file__).resolve().parents[1]
 TICK = os.sysconf("SC_CLK_TCK")
+LOADED_RE = re.compile(r"BPF program compiled and loaded \(([\d.]+) s\)")
 STOPPED_RE = re.compile(r"stopped: (\d+) requests, (\d+) spans; CUDA calls by attribution: "
                         r"((?:\w+=\d+ ?)+); dropped: (.*)$")
 
@@ -34,6 +35,8 @@ def rss_mb(pid: int) -> float:
 
 
 class Collector:
+    loads: list = []  # load_s of every collector this run started (item 4's split of `ready`)
+
     def __init__(self, otlp_endpoint: str | None = None, args: tuple = ()) -> None:
         env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_EXPORTER_OTLP")}
         if otlp_endpoint:
@@ -47,6 +50,10 @@ class Collector:
             self.stop()
             raise RuntimeError("collector not ready:\n" + "".join(self.log.lines))
         self.ready_s = time.monotonic() - t0
+        loaded = [m for m in (LOADED_RE.search(l) for l in self.log.lines) if m]
+        self.load_s = float(loaded[0].group(1)) if loaded else None  # of ready_s: clang + verifier
+        if self.load_s is not None:
+            Collector.loads.append(self.load_s)
         self.stop_s = None
 
     def wait_traced(self, pid: int, timeout: float = 30) -> None:
