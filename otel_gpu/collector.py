@@ -323,7 +323,7 @@ class Collector:
         deadline = time.monotonic() + self.config.shutdown_timeout_s - EXIT_MARGIN_S
         try:
             if self.program is not None:
-                self._push(self.program.poll(0))
+                self._drain(time.monotonic() + (deadline - time.monotonic()) / 2)
                 self._push(self.program.read_rollups(final=True) + [Tick(time.monotonic_ns(), final=True)])
         finally:
             from .export.bounded import wait_by
@@ -340,6 +340,23 @@ class Collector:
             if self.status is not None:
                 self.status.remove()  # `otel-gpu status` then says no collector is running
         log.info("stopped: %s", self.summary())
+
+    def _drain(self, by: float) -> None:
+        """Read the ring buffer until it is empty: a consumer behind its load holds many
+        batches, whose HTTP records end requests (closing them without those records would
+        misplace the calls counted for them). Half the shutdown budget at most; records
+        still unread then are not seen: logged and counted."""
+        while True:
+            batch = self.program.poll(0)
+            if not batch:
+                return
+            self._push(batch)
+            if time.monotonic() >= by:
+                self.stats.add("ring_undrained_shutdown")
+                log.warning("stopping with records still in the ring buffer (--shutdown-timeout %s s): "
+                            "requests they would have ended are closed as incomplete",
+                            self.config.shutdown_timeout_s)
+                return
 
     def traced_processes(self) -> dict[int, str]:
         """pid -> why it is traced: "cuda" (maps a CUDA library) or "http-server" (related to one)."""
