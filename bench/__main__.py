@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from . import (item_ablation, item_big_request, item_dedup, item_first_requests, item_http, item_launch, item_nccl,
-               item_neighbour, item_python_context, item_sustained, item_untraced, machine)
+               item_neighbour, item_python_context, item_sustained, item_tls, item_untraced, machine)
 from .collector import Collector
 from .native import use_private_cudart
 from .report import profile_text, table, write_json
@@ -23,7 +23,7 @@ READY_TARGET_S = 1.5  # issue 13
 def main() -> int:
     ap = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
     ap.add_argument("--quick", action="store_true", help="short phases (10 s sustained) for development")
-    ap.add_argument("--items", default="1,1b,1c,2,3,5,6,7,8",
+    ap.add_argument("--items", default="1,1b,1c,2,3,5,6,7,8,9",
                     help="comma-separated items to run (4 comes with any)")
     ap.add_argument("--wait-quiet", type=float, default=120,
                     help="seconds to wait for other collectors/bpftrace to finish before each item")
@@ -50,7 +50,8 @@ def main() -> int:
              ("7", "untraced", lambda: item_untraced.run(args.quick, starts), item_untraced.rows),
              ("10", "nccl", lambda: item_nccl.run(args.quick, starts), item_nccl.rows),
              ("11", "dedup", lambda: item_dedup.run(args.quick, starts), item_dedup.rows),
-             ("8", "first_requests", lambda: item_first_requests.run(args.quick, starts), item_first_requests.rows)]
+             ("8", "first_requests", lambda: item_first_requests.run(args.quick, starts), item_first_requests.rows),
+             ("9", "tls", lambda: item_tls.run(args.quick, starts), item_tls.rows)]
     for key, name, run, to_rows in steps:
         if key not in items:
             continue

@@ -2,6 +2,7 @@
 
   GET /work        100 cudaLaunchKernel + 2 cudaMemcpy (64 KiB H2D, 4 KiB D2H)
   GET /launch/<n>  n cudaLaunchKernel (n <= 100000)
+  --tls CERT,KEY   HTTPS on an ssl-wrapped socket
 
 Arguments are prepared once, so the Python cost per call is small and the
 tracing overhead shows. Prints "listening on <port>" when it serves."""
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes as ct
+import ssl
 import sys
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -66,10 +68,15 @@ def main(argv=None) -> None:
     global GPU
     ap = argparse.ArgumentParser()
     ap.add_argument("--port", type=int, default=0)
+    ap.add_argument("--tls", metavar="CERT,KEY", help="serve HTTPS (bench item 9)")
     args = ap.parse_args(argv)
     GPU = Gpu()
     GPU.launches(10)  # runtime initialisation before the first request
     server = ThreadingHTTPServer(("127.0.0.1", args.port), Handler)
+    if args.tls:
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        ctx.load_cert_chain(*args.tls.split(","))
+        server.socket = ctx.wrap_socket(server.socket, server_side=True)
     print(f"listening on {server.server_address[1]}", file=sys.stderr, flush=True)
     server.serve_forever()
 

@@ -7,12 +7,20 @@ from __future__ import annotations
 import argparse
 import http.client
 import json
+import ssl
 import threading
 import time
 
 
-def worker(port: int, path: str, deadline: float, budget: list, lock: threading.Lock, out: dict) -> None:
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+def connect(port: int, tls: bool) -> http.client.HTTPConnection:
+    if not tls:
+        return http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    return http.client.HTTPSConnection("127.0.0.1", port, timeout=30, context=ssl._create_unverified_context())
+
+
+def worker(port: int, path: str, deadline: float, budget: list, lock: threading.Lock, out: dict,
+           tls: bool = False) -> None:
+    conn = connect(port, tls)
     ok = errors = 0
     while time.monotonic() < deadline:
         with lock:
@@ -28,18 +36,18 @@ def worker(port: int, path: str, deadline: float, budget: list, lock: threading.
         except (OSError, http.client.HTTPException):
             errors += 1
             conn.close()
-            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+            conn = connect(port, tls)
     conn.close()
     with lock:
         out["ok"] += ok
         out["errors"] += errors
 
 
-def run(port: int, path: str, conns: int, seconds: float, max_requests: int) -> dict:
+def run(port: int, path: str, conns: int, seconds: float, max_requests: int, tls: bool = False) -> dict:
     out = {"ok": 0, "errors": 0}
     lock, budget = threading.Lock(), [max_requests]
     t0 = time.monotonic()
-    threads = [threading.Thread(target=worker, args=(port, path, t0 + seconds, budget, lock, out))
+    threads = [threading.Thread(target=worker, args=(port, path, t0 + seconds, budget, lock, out, tls))
                for _ in range(conns)]
     for t in threads:
         t.start()
@@ -57,8 +65,9 @@ def main() -> None:
     ap.add_argument("--conns", type=int, default=4)
     ap.add_argument("--seconds", type=float, default=10)
     ap.add_argument("--max", type=int, default=200_000)
+    ap.add_argument("--tls", action="store_true", help="HTTPS, certificate not verified (self-signed)")
     a = ap.parse_args()
-    print(json.dumps(run(a.port, a.path, a.conns, a.seconds, a.max)), flush=True)
+    print(json.dumps(run(a.port, a.path, a.conns, a.seconds, a.max, a.tls)), flush=True)
 
 
 if __name__ == "__main__":

@@ -11,8 +11,9 @@ from otel_gpu.demo.runner import LineWatcher, stop_process
 
 
 class Service:
-    def __init__(self) -> None:
-        self.proc = subprocess.Popen([sys.executable, "-m", "bench.http_service"],
+    def __init__(self, args: tuple = ()) -> None:
+        self.tls = "--tls" in args
+        self.proc = subprocess.Popen([sys.executable, "-m", "bench.http_service", *args],
                                      stderr=subprocess.PIPE, text=True)
         self.pid = self.proc.pid
         log = LineWatcher(self.proc.stderr, echo=None)
@@ -28,7 +29,8 @@ class Service:
 
     def load(self, seconds: float, conns: int = 4, max_requests: int = 500_000, path: str = "/work") -> dict:
         out = subprocess.run([sys.executable, "-m", "bench.load", "--port", str(self.port), "--path", path,
-                              "--conns", str(conns), "--seconds", str(seconds), "--max", str(max_requests)],
+                              "--conns", str(conns), "--seconds", str(seconds), "--max", str(max_requests)]
+                             + (["--tls"] if self.tls else []),
                              capture_output=True, text=True, timeout=seconds + 120, check=True)
         return json.loads(out.stdout)
 

@@ -46,6 +46,9 @@ enum event_flag {
      * stack argument, cudaMalloc's *devPtr) could not be read: the fields that come
      * from it are 0, not real values. */
     EV_FLAG_UNREADABLE = 1,
+    /* A socket read/write record whose bytes are TLS plaintext, read by the OpenSSL
+     * probes (bpf/tls_probes.c) from SSL_read/SSL_write, not by the syscall probes. */
+    EV_FLAG_TLS = 2,
     /* A launch made while its process had a stream capture open: streamed whatever the
      * HTTP state, so user space can tell a launch recorded into a graph (on the capturing
      * stream: it does not run) from one that runs (bpf/graph_probes.c). */
@@ -291,7 +294,9 @@ enum counter {
     CNT_AGG_FULL = 5,       /* calls lost: req_agg was full */
     CNT_DRIVER_CALLER_UNKNOWN = 6, /* driver launches counted before the process's runtime code was known */
     CNT_CAPTURE_LOST = 7,   /* launches on a capturing process lost: ring buffer full */
-    CNT_MAX = 8,
+    CNT_TLS_CIPHERTEXT = 8, /* connections whose first bytes were a TLS record: ciphertext never sent */
+    CNT_TLS_UNTIED = 9,     /* SSL_read/SSL_write plaintext dropped: no socket known for the SSL* */
+    CNT_MAX = 10,
 };
 
 #endif

@@ -14,8 +14,11 @@ struct conn_key {
 };
 
 struct conn_state {
-    u32 state;
+    u32 state;     /* of the plaintext for a TLS connection */
     u32 requests;  /* non-zero once the connection counted in http_active */
+    u32 tls;       /* its bytes are TLS records: the syscalls' ciphertext is never sent */
+    u32 pad;
+    u64 ssl;       /* the SSL* tied to it (bpf/tls_probes.c); 0: none yet */
 };
 
 /* Accepted TCP connections of traced processes only, so no neighbour can fill it
@@ -50,6 +53,23 @@ struct sock_io_scratch {
 BPF_PERCPU_ARRAY(io_scratch, struct sock_io_scratch, 1);
 #define IOV_GATHER 16 /* iovecs copied, in order, until HTTP_DATA_CAP bytes */
 
+/* Drops a connection's entry, and its SSL* tie if it still names this fd. */
+static __always_inline void forget_conn(struct conn_key *key, struct conn_state *st)
+{
+    if (st->requests) {
+        s64 *n = http_active.lookup(&key->tgid);
+        if (n)
+            __sync_fetch_and_add(n, -1);
+    }
+    if (st->ssl) {
+        struct ssl_key k = {.tgid = key->tgid, .ssl = st->ssl};
+        s32 *fd = ssl_fds.lookup(&k);
+        if (fd && *fd == key->fd)
+            ssl_fds.delete(&k);
+    }
+    conns.delete(key);
+}
+
 static __always_inline void accept_enter(s32 listen_fd, void *addr)
 {
     u64 id = bpf_get_current_pid_tgid();
@@ -71,11 +91,8 @@ static __always_inline void accept_exit(long ret)
         return;
     struct conn_key key = {.tgid = id >> 32, .fd = (s32)ret};
     struct conn_state st = {}, *old = conns.lookup(&key);
-    if (old && old->requests) { /* the previous connection on this fd: its close was not seen */
-        s64 *n = http_active.lookup(&key.tgid);
-        if (n)
-            __sync_fetch_and_add(n, -1);
-    }
+    if (old) /* the previous connection on this fd: its close was not seen */
+        forget_conn(&key, old);
     struct accept_event e = {};
     if (conns.update(&key, &st) != 0) {
         count(CNT_CONN_TABLE_FULL);
@@ -111,6 +128,89 @@ static __always_inline int looks_like_request(const u8 *b)
            w == W('O', 'P', 'T', 'I') || w == W('T', 'R', 'A', 'C') || w == W('C', 'O', 'N', 'N') ||
            w == W('P', 'R', 'I', ' ');
 #undef W
+}
+
+/* Returns 1 when the bytes start a TLS record (handshake, alert, change cipher spec,
+ * application data; versions 3.x), which no HTTP/1.x request does. */
+static __always_inline int looks_like_tls(const u8 *b, u32 len)
+{
+    return len >= 3 && b[0] >= 0x14 && b[0] <= 0x17 && b[1] == 0x03 && b[2] <= 0x04;
+}
+
+/* The connection is TLS and its SSL* is `ssl`: from now on the syscall probes send
+ * none of its ciphertext, and the SSL probes send its plaintext on this fd. */
+static __always_inline void tls_tie(u32 tgid, u64 ssl, s32 fd, struct conn_state *st)
+{
+    struct ssl_key k = {.tgid = tgid, .ssl = ssl};
+    ssl_fds.update(&k, &fd);
+    if (!st->tls)
+        count(CNT_TLS_CIPHERTEXT);
+    st->tls = 1;
+    st->ssl = ssl;
+}
+
+/* Copies the first bytes of a read/write of a tracked connection and sends them: the
+ * one path of the syscall probes and of the SSL probes (plaintext, `flags` EV_FLAG_TLS),
+ * so framing and attribution are the same for both. The first read decides whether the
+ * connection is HTTP/1.x; TLS ciphertext is never sent. `tail_ok`: `buf` is the whole
+ * buffer (not an iovec), so its last bytes can be copied too. */
+static __always_inline void emit_sock_io(u8 kind, u64 id, struct conn_key *key, struct conn_state *st,
+                                         u64 buf, u64 copy_max, long ret, int tail_ok, u8 flags)
+{
+    u32 zero = 0;
+    struct sock_io_scratch *scratch = io_scratch.lookup(&zero);
+    if (!scratch)
+        return;
+    struct sock_io_event *e = &scratch->e;
+    u32 len = copy_max < HTTP_DATA_CAP ? (u32)copy_max : HTTP_DATA_CAP;
+    if (len > HTTP_DATA_CAP || len == 0) /* keeps the verifier's bounds explicit */
+        return;
+    /* buf 0: gather_iov() already put `copy_max` bytes in e->data. */
+    if (buf && bpf_probe_read_user(e->data, len, (void *)buf) != 0)
+        return;
+    if (kind == EV_SOCK_READ && !flags && st->state == CONN_UNKNOWN && looks_like_tls(e->data, len)) {
+        /* TLS whose SSL* is not known yet (a memory BIO: the SSL call comes after this
+         * read, on this thread), or a stack without SSL probes: nothing is sent. */
+        if (!st->tls)
+            count(CNT_TLS_CIPHERTEXT);
+        st->tls = 1;
+        s32 fd = key->fd;
+        tls_last_read.update(&id, &fd);
+        return;
+    }
+    if (kind == EV_SOCK_READ && st->state == CONN_UNKNOWN) {
+        /* The first read decides: HTTP/1.x, or ignored from now on (user space
+         * still gets this one read, to count the drop). */
+        if (len >= 4 && !looks_like_request(e->data)) {
+            st->state = CONN_OTHER;
+        } else {
+            st->state = CONN_HTTP;
+            st->requests = 1;
+            u32 tgid = key->tgid;
+            s64 one = 1, *n = http_active.lookup(&tgid);
+            if (n)
+                __sync_fetch_and_add(n, 1);
+            else
+                http_active.update(&tgid, &one);
+        }
+    } else if (kind == EV_SOCK_WRITE && st->state != CONN_HTTP) {
+        return;
+    }
+    fill_header(&e->h, kind, id);
+    e->h.flags = flags;
+    e->fd = key->fd;
+    e->ret = ret;
+    e->data_len = len;
+    e->tail_len = 0;
+    e->ctx = py_context(key->tgid, (u32)id);
+    if (kind == EV_SOCK_WRITE && tail_ok && ret >= HTTP_TAIL_CAP) {
+        bpf_probe_read_user(e->tail, HTTP_TAIL_CAP, (void *)(buf + ret - HTTP_TAIL_CAP));
+        e->tail_len = HTTP_TAIL_CAP;
+    }
+    u32 size = offsetof(struct sock_io_event, data) + len;
+    if (size > sizeof(*e))
+        return;
+    http_submit(e, size, &e->h, kind == EV_SOCK_READ);
 }
 
 /* Copies the first bytes of a readv/writev/recvmsg/sendmsg into the scratch event's data,
@@ -156,8 +256,18 @@ static __always_inline void io_enter(u8 kind, s32 fd, u64 buf, u32 is_iov)
         return;
     struct conn_key key = {.tgid = tgid, .fd = fd};
     struct conn_state *st = conns.lookup(&key);
-    if (!st || st->state == CONN_OTHER)
+    if (!st || (st->state == CONN_OTHER && !st->tls))
         return;
+    if (st->tls) { /* ciphertext: its plaintext comes from the SSL probes */
+        if (!st->ssl && kind == EV_SOCK_READ)
+            tls_last_read.update(&id, &fd);
+        return;
+    }
+    struct tls_call *t = tls_calls.lookup(&id);
+    if (t) { /* inside SSL_read/SSL_write/SSL_do_handshake: this is its SSL*'s socket */
+        tls_tie(tgid, t->ssl, fd, st);
+        return;
+    }
     struct pending_io p = {.fd = fd, .is_iov = is_iov, .buf = buf};
     /* bcc maps cannot be passed by pointer: pick by kind. */
     if (kind == EV_SOCK_READ)
@@ -180,59 +290,17 @@ static __always_inline void io_exit(u8 kind, long ret)
     if (ret <= 0)
         return;
     u64 buf = p.buf, copy_max = (u64)ret;
+    struct conn_key key = {.tgid = id >> 32, .fd = p.fd};
+    struct conn_state *st = conns.lookup(&key);
+    if (!st)
+        return;
     if (p.is_iov) { /* struct iovec { void *base; size_t len; } x is_iov */
         copy_max = gather_iov(buf, p.is_iov, (u64)ret);
         buf = 0;
         if (!copy_max)
             return;
     }
-    u32 zero = 0;
-    struct sock_io_scratch *scratch = io_scratch.lookup(&zero);
-    if (!scratch)
-        return;
-    struct sock_io_event *e = &scratch->e;
-    struct conn_key key = {.tgid = id >> 32, .fd = p.fd};
-    struct conn_state *st = conns.lookup(&key);
-    if (!st)
-        return;
-    u32 len = copy_max < HTTP_DATA_CAP ? (u32)copy_max : HTTP_DATA_CAP;
-    if (len > HTTP_DATA_CAP || len == 0) /* keeps the verifier's bounds explicit */
-        return;
-    /* buf 0: gather_iov() already put `copy_max` bytes in e->data. */
-    if (buf && bpf_probe_read_user(e->data, len, (void *)buf) != 0)
-        return;
-    if (kind == EV_SOCK_READ && st->state == CONN_UNKNOWN) {
-        /* The first read decides: HTTP/1.x, or ignored from now on (user space
-         * still gets this one read, to count the drop). */
-        if (len >= 4 && !looks_like_request(e->data)) {
-            st->state = CONN_OTHER;
-        } else {
-            st->state = CONN_HTTP;
-            st->requests = 1;
-            u32 tgid = key.tgid;
-            s64 one = 1, *n = http_active.lookup(&tgid);
-            if (n)
-                __sync_fetch_and_add(n, 1);
-            else
-                http_active.update(&tgid, &one);
-        }
-    } else if (kind == EV_SOCK_WRITE && st->state != CONN_HTTP) {
-        return;
-    }
-    fill_header(&e->h, kind, id);
-    e->fd = p.fd;
-    e->ret = ret;
-    e->data_len = len;
-    e->tail_len = 0;
-    e->ctx = py_context(key.tgid, (u32)id);
-    if (kind == EV_SOCK_WRITE && p.is_iov == 0 && ret >= HTTP_TAIL_CAP) {
-        bpf_probe_read_user(e->tail, HTTP_TAIL_CAP, (void *)(buf + ret - HTTP_TAIL_CAP));
-        e->tail_len = HTTP_TAIL_CAP;
-    }
-    u32 size = offsetof(struct sock_io_event, data) + len;
-    if (size > sizeof(*e))
-        return;
-    http_submit(e, size, &e->h, kind == EV_SOCK_READ);
+    emit_sock_io(kind, id, &key, st, buf, copy_max, ret, p.is_iov == 0, 0);
 }
 
 TRACEPOINT_PROBE(syscalls, sys_enter_read) { io_enter(EV_SOCK_READ, args->fd, (u64)args->buf, 0); return 0; }
@@ -271,16 +339,6 @@ TRACEPOINT_PROBE(syscalls, sys_exit_recvmsg) { io_exit(EV_SOCK_READ, args->ret);
 TRACEPOINT_PROBE(syscalls, sys_enter_sendmsg) { io_enter(EV_SOCK_WRITE, args->fd, msg_iov((u64)args->msg), msg_iovlen((u64)args->msg)); return 0; }
 TRACEPOINT_PROBE(syscalls, sys_exit_sendmsg) { io_exit(EV_SOCK_WRITE, args->ret); return 0; }
 
-static __always_inline void forget_conn(u64 id, struct conn_key *key, struct conn_state *st)
-{
-    if (st->requests) {
-        s64 *n = http_active.lookup(&key->tgid);
-        if (n)
-            __sync_fetch_and_add(n, -1);
-    }
-    conns.delete(key);
-}
-
 TRACEPOINT_PROBE(syscalls, sys_enter_close)
 {
     u64 id = bpf_get_current_pid_tgid();
@@ -290,7 +348,7 @@ TRACEPOINT_PROBE(syscalls, sys_enter_close)
         return 0;
     /* Every tracked connection's close is reported: user space holds state from its accept. */
     int report = is_traced(key.tgid);
-    forget_conn(id, &key, st);
+    forget_conn(&key, st);
     if (report) {
         struct close_event e = {};
         fill_header(&e.h, EV_SOCK_CLOSE, id);

@@ -68,6 +68,33 @@ BPF_HASH(http_seq, u32, struct http_seq, MAX_PROCS);
 
 BPF_PERCPU_ARRAY(counters, u64, CNT_MAX);
 
+/* TLS (bpf/tls_probes.c), here because the syscall probes use them too. */
+#define TLS_CALL_READ 1
+#define TLS_CALL_WRITE 2
+#define TLS_CALL_HANDSHAKE 3
+struct tls_call {    /* an SSL_read/SSL_write/SSL_do_handshake in progress on a thread */
+    u64 ssl;         /* SSL* */
+    u64 buf;         /* plaintext buffer */
+    u64 done_ptr;    /* the _ex variants' size_t *readbytes/written; 0: the count is the return */
+    u32 call;        /* TLS_CALL_* */
+    u32 pad;
+};
+/* pid_tgid -> its SSL call in progress: a syscall on a connection made inside it is
+ * that SSL*'s socket (a socket BIO). LRU: a thread killed mid-call leaves no leak. */
+BPF_TABLE("lru_hash", u64, struct tls_call, tls_calls, 4096);
+struct ssl_key {
+    u32 tgid;
+    u32 pad;
+    u64 ssl;
+};
+/* (tgid, SSL*) -> the connection's fd. Bounded like the connection table, whose
+ * entry names the SSL* back (conn_state.ssl): both go at close and SSL_free. */
+BPF_HASH(ssl_fds, struct ssl_key, s32, MAX_CONNS);
+/* pid_tgid -> the last TLS connection whose ciphertext the thread read outside an SSL
+ * call (a memory BIO: asyncio, uvloop): an SSL* first used on that thread with no
+ * socket of its own is that connection's. */
+BPF_TABLE("lru_hash", u64, s32, tls_last_read, 4096);
+
 static __always_inline void count(u32 idx)
 {
     u64 *v = counters.lookup(&idx);

@@ -30,6 +30,7 @@ EV_NCCL = 16
 
 # enum event_flag: bits of event_header.flags
 EV_FLAG_UNREADABLE = 1  # a value read from the traced process's memory failed: its fields are 0
+EV_FLAG_TLS = 2  # a socket read/write record of TLS plaintext (bpf/tls_probes.c)
 EV_FLAG_CAPTURE = 4  # a launch of a process with a stream capture open (recorded into a graph, or run)
 
 # enum counter: indices of the per-CPU `counters` array
@@ -41,10 +42,12 @@ CNT_AGGREGATED = 4
 CNT_AGG_FULL = 5
 CNT_DRIVER_CALLER_UNKNOWN = 6
 CNT_CAPTURE_LOST = 7
+CNT_TLS_CIPHERTEXT = 8
+CNT_TLS_UNTIED = 9
 ACCEPT_UNTRACKED = 1  # accept_event.flags: the connection table was full
 
 COUNTER_NAMES = ("ringbuf_full", "cuda_streamed", "driver_deduped", "conn_table_full", "aggregated",
-                 "agg_full", "driver_caller_unknown", "capture_lost")
+                 "agg_full", "driver_caller_unknown", "capture_lost", "tls_ciphertext", "tls_untied")
 
 u8, u16, u32, s32, u64, s64 = ct.c_uint8, ct.c_uint16, ct.c_uint32, ct.c_int32, ct.c_uint64, ct.c_int64
 

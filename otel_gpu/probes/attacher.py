@@ -19,7 +19,7 @@ from typing import Callable, Optional
 from .closer import ProbeCloser
 from .discovery import ProbeTarget
 from .elf_init import init_address
-from .table import CALLS, Category, UprobeRow, rows_for
+from .table import CALLS, TLS, Category, UprobeRow, rows_for
 
 log = logging.getLogger(__name__)
 
@@ -171,6 +171,8 @@ class Attacher:
         """One uprobe on the library's DT_INIT for every process (bpf/library_probes.c):
         it fires once as a process loads the file, never on its calls. False when the
         file has no DT_INIT (then its processes are found by the /proc scan only)."""
+        if target.kind == TLS:
+            return False  # loading libssl says nothing about CUDA: its processes come from the scan
         key = (target.key, LOAD_PROBE)
         if key in self.attached:
             return True

@@ -23,20 +23,21 @@ from .. import proc
 from ..pipeline import sockets
 from . import python
 from .runtime_text import runtime_ranges
-from .table import DRIVER, NCCL, PYTHON, RUNTIME
+from .table import DRIVER, NCCL, PYTHON, RUNTIME, TLS
 
 log = logging.getLogger(__name__)
 
 CUDART_RE = re.compile(r"/libcudart(?:[-.][^/]*)?\.so(?:\.[^/]*)?$")
 DRIVER_RE = re.compile(r"/libcuda\.so(?:\.[^/]*)?$")
 NCCL_RE = re.compile(r"/libnccl\.so(?:\.[^/]*)?$")  # bpf/nccl_probes.c
+LIBSSL_RE = re.compile(r"/libssl\.so\.(?:3|1\.1)$")  # OpenSSL 3 and 1.1 (bpf/tls_probes.c)
 
 
 @dataclass(frozen=True)
 class ProbeTarget:
     """A file to attach uprobes to: for every process mapping it, or (with
     --pid/--exe) for one process, through that process's root."""
-    kind: str          # RUNTIME, DRIVER, NCCL or PYTHON
+    kind: str          # RUNTIME, DRIVER, NCCL, PYTHON or TLS
     path: str          # openable from here (through /proc/<pid>/root for containers)
     key: tuple         # (st_dev, st_ino): the same file seen from several processes
 
@@ -73,6 +74,17 @@ def libraries_in_maps(maps_text: str) -> list[tuple[str, str]]:
         elif NCCL_RE.search(path):
             found[path] = NCCL
     return [(kind, path) for path, kind in found.items()]
+
+
+def libssl_in_maps(maps_text: str) -> list[str]:
+    """Paths of the OpenSSL libssl files mapped, from /proc/<pid>/maps text."""
+    found = []
+    for line in maps_text.splitlines():
+        parts = line.split(None, 5)
+        path = parts[5].removesuffix(" (deleted)") if len(parts) == 6 else ""
+        if path.startswith("/") and LIBSSL_RE.search(path) and path not in found:
+            found.append(path)
+    return found
 
 
 class Discovery:
@@ -113,6 +125,7 @@ class Discovery:
             if py:
                 targets.append(py[0])
                 result.python[pid] = py[1]
+            targets += [t for t in (self._target(pid, TLS, lib) for lib in libssl_in_maps(maps)) if t]
             result.by_pid[pid] = targets
             for t in targets:
                 if t.key not in seen_keys:
@@ -199,6 +212,8 @@ WELL_KNOWN_LIBRARIES = (
     "/usr/lib/x86_64-linux-gnu/libcudart.so*", "/usr/lib64/libcudart.so*",
     "/usr/lib/x86_64-linux-gnu/libcuda.so*", "/usr/lib64/libcuda.so*", "/usr/lib/wsl/lib/libcuda.so*",
     "/usr/lib/x86_64-linux-gnu/libnccl.so*", "/usr/lib64/libnccl.so*",
+    # The system OpenSSL (Python's ssl module links it): HTTPS from a process's first request.
+    "/usr/lib/x86_64-linux-gnu/libssl.so.3", "/usr/lib/x86_64-linux-gnu/libssl.so.1.1", "/usr/lib64/libssl.so.3",
 )
 SITE_DIRS = ("/usr/lib/python3*/dist-packages", "/usr/local/lib/python3*/*-packages",
              "/opt/conda/lib/python3*/site-packages", "/opt/conda/envs/*/lib/python3*/site-packages")
@@ -216,7 +231,7 @@ def known_library_files(host_root: str = "", site_dirs: Iterable[str] = ()) -> l
     out, keys = [], set()
     for path in sorted({hit for p in patterns for hit in glob.glob(p)}):
         kind = RUNTIME if CUDART_RE.search(path) else DRIVER if DRIVER_RE.search(path) else \
-            NCCL if NCCL_RE.search(path) else None
+            TLS if LIBSSL_RE.search(path) else NCCL if NCCL_RE.search(path) else None
         try:
             st = os.stat(path)
         except OSError:

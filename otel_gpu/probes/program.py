@@ -24,8 +24,12 @@ log = logging.getLogger(__name__)
 # Maps keyed by tgid, and maps keyed by pid_tgid (tgid in the high 32 bits) or by a
 # struct with a tgid field: every entry of an exited process goes.
 _BY_TGID = ("traced", "http_active", "http_seq", "py_procs", "runtime_text")
-_BY_PID_TGID = ("in_call", "reading", "writing", "accepting", "py_tstate")
+_BY_PID_TGID = ("in_call", "reading", "writing", "accepting", "py_tstate", "tls_calls", "tls_last_read")
 _STATE_TABLES = ("traced", "http_active", "conns", "rollup", "req_agg", "in_call", "py_procs", "py_tstate")
+# Kernel counters (bpf/events.h) -> stats: connections whose TLS ciphertext was not sent
+# (tied to an SSL* or not: a stack without probes gives no span), and SSL plaintext
+# dropped for want of a socket (client connections of the process, untied SSL*).
+_TLS_COUNTERS = {"tls_ciphertext": "tls_connections", "tls_untied": "tls_plaintext_untied"}
 # `traced` values (bpf/maps.h): traced, following no server; every related server.
 TRACED, FOLLOW_ALL = 1, 0xFFFFFFFF
 
@@ -46,6 +50,7 @@ class BpfProgram:
         self._lost_seen = 0
         self._untracked_seen = 0
         self._agg_full_seen = 0
+        self._tls_seen: dict[str, int] = {}
         self._prune_suspects: set = set()  # (tgid, fd) found without a socket once
         self._runtime_text: dict = {}  # pid -> its runtime code ranges, as written to `runtime_text`
 
@@ -84,6 +89,10 @@ class BpfProgram:
             log.warning("per-request count table full (AGG_ENTRIES): %d CUDA calls lost so far", agg_full)
             self.stats.add("lost_events", agg_full - self._agg_full_seen)
             self._agg_full_seen = agg_full
+        for name, stat in _TLS_COUNTERS.items():  # not losses: what the TLS probes saw
+            if counters[name] > self._tls_seen.get(name, 0):
+                self.stats.add(stat, counters[name] - self._tls_seen.get(name, 0))
+                self._tls_seen[name] = counters[name]
 
     def counters(self) -> dict[str, int]:
         table = self.bpf["counters"]
@@ -220,7 +229,7 @@ class BpfProgram:
                 except KeyError:
                     pass
         # One pass per table whatever the number of exits: reading a map key by key is slow.
-        for name, tgid_of in [("conns", lambda k: k.tgid), ("req_agg", lambda k: k.tgid),
+        for name, tgid_of in [("conns", lambda k: k.tgid), ("req_agg", lambda k: k.tgid), ("ssl_fds", lambda k: k.tgid),
                               ("stream_budget", lambda k: k.pid_tgid >> 32)] + [(n, lambda k: k.value >> 32) for n in _BY_PID_TGID]:
             table = self.bpf[name]
             for k in [k for k in table.keys() if tgid_of(k) in tgids]:

@@ -2,6 +2,7 @@
 
 The program is the generated CALL_* ids (probes/table.py c_defines()) followed by
 bpf/maps.h, bpf/library_probes.c, bpf/python_probes.c, bpf/http_probes.c,
+bpf/tls_probes.c (OpenSSL plaintext through http_probes.c's emit path),
 bpf/graph_capture.c, bpf/cuda_probes.c, bpf/graph_probes.c and bpf/nccl_probes.c
 (cuda_probes.c's helpers). Tunables
 go in as -D cflags, never by editing the C text."""
@@ -64,7 +65,7 @@ def kernel_headers_hint() -> None:
 # only in the main source text, never in #included files; so the program is these
 # files joined. Their own `#include "maps.h"` lines are then no-ops (include guard).
 # python_probes.c defines py_context(), which the HTTP and CUDA probes call.
-PROGRAM_FILES = ("maps.h", "library_probes.c", "python_probes.c", "http_probes.c", "graph_capture.c",
+PROGRAM_FILES = ("maps.h", "library_probes.c", "python_probes.c", "http_probes.c", "tls_probes.c", "graph_capture.c",
                  "cuda_probes.c", "graph_probes.c", "nccl_probes.c")
 
 

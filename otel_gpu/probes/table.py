@@ -17,6 +17,7 @@ RUNTIME = "cudart"  # libcudart.so*, or an executable with cudart linked statica
 DRIVER = "cuda"     # libcuda.so*
 PYTHON = "python"   # a CPython interpreter (libpython3.X.so* or the executable): not CUDA calls
 NCCL = "nccl"       # libnccl.so*: collectives and point-to-point calls
+TLS = "ssl"         # OpenSSL's libssl.so.3 / .so.1.1: TLS plaintext (bpf/tls_probes.c), not CUDA calls
 
 
 class Category(str, Enum):
@@ -249,9 +250,23 @@ NCCL_STATE_PROBES: tuple[UprobeRow, ...] = (
 )
 
 
+# The OpenSSL probes (bpf/tls_probes.c): the SSL* and buffer at entry, the count at
+# return; the handshake ties a socket to its SSL*, SSL_free forgets the tie.
+TLS_PROBES: tuple[UprobeRow, ...] = (
+    UprobeRow(TLS, "SSL_read", "tls_read_enter", "tls_read_return"),
+    UprobeRow(TLS, "SSL_read_ex", "tls_read_ex_enter", "tls_read_return"),
+    UprobeRow(TLS, "SSL_write", "tls_write_enter", "tls_write_return"),
+    UprobeRow(TLS, "SSL_write_ex", "tls_write_ex_enter", "tls_write_return"),
+    UprobeRow(TLS, "SSL_do_handshake", "tls_handshake_enter", "tls_handshake_return"),
+    UprobeRow(TLS, "SSL_free", "tls_free"),
+)
+
+
 def rows_for(library: str) -> list[UprobeRow]:
     if library == PYTHON:
         return list(PYTHON_PROBES)
+    if library == TLS:
+        return list(TLS_PROBES)
     if library == NCCL:
         return [r for r in CUDA_PROBES if r.library == NCCL] + list(NCCL_STATE_PROBES)
     return [r for r in CUDA_PROBES if r.library == library]

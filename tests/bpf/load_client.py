@@ -23,14 +23,15 @@ class Outcome:
 
 
 def fetch_all(port: int, paths: list[str], concurrency: int, seconds: float = 60.0,
-              timeout: float = 20.0) -> Outcome:
+              timeout: float = 20.0, tls=None) -> Outcome:
+    """`tls`: an ssl.SSLContext, for HTTPS."""
     out, lock = Outcome(), threading.Lock()
     todo = list(reversed(paths))
     deadline = time.monotonic() + seconds
     start = threading.Barrier(concurrency)  # every client connected before the first request
 
     def client() -> None:
-        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+        conn = _connection(port, timeout, tls)
         opened = 0
         try:
             conn.connect()
@@ -56,7 +57,7 @@ def fetch_all(port: int, paths: list[str], concurrency: int, seconds: float = 60
                 with lock:
                     out.errors.append((path, repr(e)))
                 conn.close()
-                conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+                conn = _connection(port, timeout, tls)
                 opened += 1
             with lock:
                 out.status[path], out.body[path] = status, data
@@ -72,3 +73,9 @@ def fetch_all(port: int, paths: list[str], concurrency: int, seconds: float = 60
         t.join(seconds + timeout + 5)
     out.seconds = time.monotonic() - t0
     return out
+
+
+def _connection(port: int, timeout: float, tls) -> http.client.HTTPConnection:
+    if tls is None:
+        return http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    return http.client.HTTPSConnection("127.0.0.1", port, timeout=timeout, context=tls)

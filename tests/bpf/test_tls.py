@@ -1,0 +1,171 @@
+"""HTTPS through the OpenSSL probes (bpf/tls_probes.c), against real servers: uvicorn
+with a self-signed certificate on asyncio and on uvloop (memory BIO: the SSL* is tied
+to the connection the loop thread last read), and a stdlib ThreadingHTTPServer on an
+ssl-wrapped socket (socket BIO: tied by the read() inside SSL_read). Each request's
+CUDA calls encode its id (tests/bpf/targets/tls_servers.py), so every span is checked:
+one server span per request, its route and status, exactly its own K launches and
+one copy. Also: TLS records split across reads (a request written a few bytes at a
+time, a 256 KiB body), and a cleartext server traced by the same collector, unaffected."""
+from __future__ import annotations
+
+import socket
+import ssl
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.bpf.load_client import fetch_all
+from tests.bpf.test_async_attribution import K, Check, request_id
+from tests.harness import TARGETS, Target, server_spans
+
+LEVELS = {1: 20, 8: 48}  # clients -> requests at that level
+SECONDS = 60             # time bound of one level's load
+BIG_BODY = 256 * 1024
+
+
+@pytest.fixture(scope="module")
+def certificate(tmp_path_factory):
+    d = tmp_path_factory.mktemp("tls")
+    cert, key = d / "cert.pem", d / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj",
+                    "/CN=127.0.0.1", "-keyout", str(key), "-out", str(cert)], check=True, capture_output=True,
+                   timeout=60)
+    return str(cert), str(key)
+
+
+def client_context() -> ssl.SSLContext:
+    ctx = ssl.create_default_context()
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE  # self-signed
+    return ctx
+
+
+def start_https(collector, kind: str, certificate) -> Target:
+    target = Target([sys.executable, str(TARGETS / "tls_servers.py"), kind, "0", *certificate])
+    collector.wait_traced(target.pid)
+    return start_https_serving(target)
+
+
+def start_https_serving(target: Target) -> Target:
+    """Lets the target serve, and waits until it answers over TLS."""
+    target.go_raw()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:  # binds before "listening", serves after go
+        try:
+            fetch_one(target.port, b"GET /nothing HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            return target
+        except OSError:
+            time.sleep(0.2)
+    target.stop()
+    raise RuntimeError("https target not serving")
+
+
+def fetch_one(port: int, request: bytes, piece: int = 0) -> bytes:
+    """One request on its own TLS connection, written whole or `piece` bytes per TLS
+    record; returns the whole response (the server closes: Connection: close)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=20) as raw:
+        raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        with client_context().wrap_socket(raw) as s:
+            step = piece or len(request)
+            for i in range(0, len(request), step):
+                s.sendall(request[i:i + step])  # one TLS record per call
+                if piece:
+                    time.sleep(0.002)  # so the server's reads see them apart
+            out = b""
+            while chunk := s.recv(65536):
+                out += chunk
+            return out
+
+
+def wait_for_ids(receiver, pid: int, ids: list[int], timeout: float = 40) -> None:
+    want = set(ids)
+    receiver.wait_for(lambda spans: want <= {request_id(s) for s in server_spans(spans, pid)}, timeout)
+    last, deadline = -1, time.monotonic() + 5  # children may come in the exporter's next batch
+    while time.monotonic() < deadline and len(receiver.spans) != last:
+        last = len(receiver.spans)
+        time.sleep(0.6)
+
+
+@pytest.mark.parametrize("kind", ["uvicorn", "uvloop", "threaded"])
+def test_https_requests_are_exact_at_1_and_8_clients(kind, certificate, receiver, start_collector, targets):
+    # --pid: a host-wide collector also exports every other CUDA process's spans, and a
+    # neighbour's flood can fill its export queue (tests on a shared machine).
+    target = Target([sys.executable, str(TARGETS / "tls_servers.py"), kind, "0", *certificate])
+    targets.append(target)
+    collector = start_collector("--export-query", "--pid", str(target.pid))
+    collector.wait_traced(target.pid)
+    start_https_serving(target)
+    tls = client_context()
+    first = 1
+    for clients, n in LEVELS.items():
+        ids = list(range(first, first + n))
+        first += n
+        out = fetch_all(target.port, [f"/infer?id={i}&launches={K}" for i in ids], clients, SECONDS, tls=tls)
+        assert len(out.ok) == n, out.errors[:3]
+        wait_for_ids(receiver, target.pid, ids)
+        check = Check(receiver.spans, target.pid, ids)
+        assert not check.wrong, check.wrong[:5]
+        assert check.exact == n, f"{kind} {clients} clients: {check.not_exact[:5]}"
+        for rid in ids:
+            span = check.by_id[rid][0]
+            assert span.name == "GET /infer"
+            assert span.attributes["http.response.status_code"] == 200
+            assert span.attributes["http.route"] == "/infer"
+
+
+def test_tls_records_split_across_reads_and_a_large_body(certificate, receiver, start_collector, targets):
+    """A request head written 5 bytes per TLS record (one SSL_read each on the server),
+    and a 256 KiB POST body (16 KiB records, many reads): one exact span each."""
+    collector = start_collector("--export-query")
+    target = start_https(collector, "threaded", certificate)
+    targets.append(target)
+    head = f"GET /infer?id=7&launches={K} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode()
+    assert fetch_one(target.port, head, piece=5).endswith(b"ok 7\n")
+    body = bytes(range(256)) * (BIG_BODY // 256)
+    post = (f"POST /infer?id=8&launches={K} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n").encode() + body
+    assert fetch_one(target.port, post).endswith(f"ok 8 len {BIG_BODY}\n".encode())
+    wait_for_ids(receiver, target.pid, [7, 8])
+    check = Check(receiver.spans, target.pid, [7, 8])
+    assert not check.wrong and check.exact == 2, check.not_exact
+    assert check.by_id[8][0].name == "POST /infer"
+    assert len(server_spans(receiver.spans, target.pid)) == 3  # + start_https's /nothing (404)
+
+
+def test_a_cleartext_server_beside_an_https_one_is_unaffected(certificate, receiver, start_collector, targets):
+    collector = start_collector("--export-query")
+    https = start_https(collector, "uvicorn", certificate)
+    targets.append(https)
+    plain = Target([sys.executable, str(TARGETS / "async_servers.py"), "fastapi-async", "0"])
+    targets.append(plain)
+    collector.wait_traced(plain.pid)
+    plain.go()
+    ids_tls, ids_plain = list(range(1, 17)), list(range(101, 117))
+    out_tls = fetch_all(https.port, [f"/infer?id={i}&launches={K}" for i in ids_tls], 4, SECONDS,
+                        tls=client_context())
+    out_plain = fetch_all(plain.port, [f"/infer?id={i}&launches={K}" for i in ids_plain], 4, SECONDS)
+    assert len(out_tls.ok) == len(ids_tls) and len(out_plain.ok) == len(ids_plain)
+    wait_for_ids(receiver, https.pid, ids_tls)
+    wait_for_ids(receiver, plain.pid, ids_plain)
+    for pid, ids in ((https.pid, ids_tls), (plain.pid, ids_plain)):
+        check = Check(receiver.spans, pid, ids)
+        assert not check.wrong and check.exact == len(ids), check.not_exact[:5]
+
+
+def test_https_with_per_process_probes(certificate, receiver, start_collector, targets):
+    """--pid: the target's libssl gets probes of its own (no file-wide ones)."""
+    target = Target([sys.executable, str(TARGETS / "tls_servers.py"), "uvloop", "0", *certificate])
+    targets.append(target)
+    collector = start_collector("--export-query", "--pid", str(target.pid))
+    assert collector.log.wait_for("libssl.so", 30)  # attached after its CUDA and Python probes
+    ssl_lines = [l for l in collector.log.lines if "libssl.so" in l and "attached" in l]
+    assert ssl_lines and all(f"for pid {target.pid} only" in l for l in ssl_lines), ssl_lines
+    start_https_serving(target)
+    ids = list(range(1, 11))
+    out = fetch_all(target.port, [f"/infer?id={i}&launches={K}" for i in ids], 2, SECONDS, tls=client_context())
+    assert len(out.ok) == len(ids), out.errors[:3]
+    wait_for_ids(receiver, target.pid, ids)
+    check = Check(receiver.spans, target.pid, ids)
+    assert not check.wrong and check.exact == len(ids), check.not_exact[:5]
