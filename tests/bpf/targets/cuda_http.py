@@ -136,7 +136,8 @@ def run_asgi(port: int, ready) -> None:
                     "headers": [(b"content-length", str(len(body)).encode())]})
         await send({"type": "http.response.body", "body": body})
 
-    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off", loop="asyncio")
+    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off", loop="asyncio",
+                            timeout_keep_alive=120)  # idle keep-alive outlives a slow collector start (tests under load)
     server = uvicorn.Server(config)
     ready()
     server.run()
