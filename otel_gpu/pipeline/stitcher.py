@@ -15,7 +15,8 @@ connection goes away. A CUDA call is attributed (see model.ATTRIBUTIONS):
   - with nothing open, or made in a context no request owns   -> outside
 Which protocol a connection speaks is told by its first bytes (protocols.detect); its
 session (protocols/<name>/) turns reads and writes into request events, so nothing here
-knows a protocol's bytes. A thread serving a connection no session can follow (not a
+knows a protocol's bytes; a session may hand its connection to another protocol's
+(SwitchProtocol: HTTP/1.1 Upgrade: h2c), its open requests going on under it. A thread serving a connection no session can follow (not a
 known protocol, or bytes its protocol refused) gives no thread/process attribution,
 nor does a process with connections the kernel could not track (its table was full:
 their requests are not seen); such a process's spans carry how many it had.
@@ -38,7 +39,7 @@ from typing import Optional
 from ..ratelimit import RateLimitedLog, Stats
 from . import protocols
 from .protocols.base import (DETECT_MAX, Notice, ProtocolError, RequestFinished, RequestStarted, ResponseStatus,
-                             Session, SessionConfig, StreamReset)
+                             Session, SessionConfig, StreamReset, SwitchProtocol)
 from .contexts import HELD, Outcome, ProcessContexts
 from .model import (AMBIGUOUS, ATTRIBUTIONS, OUTSIDE, PROCESS, SHARED, TASK, THREAD, CallSink, ProcessWindow,
                     Request, RollupAgg)
@@ -282,9 +283,12 @@ class Stitcher:
                     self.stats.add("requests_incomplete")
                     self._finish(p, c, req, e.ts_ns, e.reason, out)
             elif kind is ProtocolError:
-                self._log.event(e.counter, logging.WARNING, "pid %d fd %d: %s", p.tgid, c.fd, e.message)
+                self._log.event(e.counter, e.level, "pid %d fd %d: %s", p.tgid, c.fd, e.message)
                 self._break(p, c, tid)
                 self._drop_requests(p, c, ts, e.drop_reason, out)
+                return
+            elif kind is SwitchProtocol:  # the old session's last event
+                self._switch(p, c, e, tid, ts, out)
                 return
             elif kind is Notice:
                 if e.message is None:
@@ -292,6 +296,20 @@ class Stitcher:
                 else:
                     self._log.event(e.counter, e.level, "pid %d fd %d: %s", p.tgid, c.fd, e.message,
                                     count=e.count)
+
+    def _switch(self, p: Proc, c: Conn, e: SwitchProtocol, tid: int, ts: int, out: list) -> None:
+        """The connection speaks another protocol from here on (e.g. 101 to Upgrade: h2c):
+        a new session; the requests it carries on keep their spans under their new stream
+        ids; the rest of the switching write is the new protocol's."""
+        h = e.handover
+        moved = {new: c.streams.pop(old) for old, (new, _) in h.streams.items() if old in c.streams}
+        for req in list(c.streams.values()):
+            self.stats.add("requests_incomplete")
+            self._finish(p, c, req, ts, "protocol switched", out)
+        c.streams = moved
+        c.session = protocols.by_name(e.name).session(self._session_config, h)
+        if h.rest_length:
+            self._apply(p, c, c.session.on_write(h.rest, h.rest_length, h.tail, ts, tid), tid, ts, out)
 
     def _new_request(self, p: Proc, c: Conn, head, start_ns: int, tid: int) -> Request:
         req = Request(p.tgid, tid, c.fd, head, start_ns,

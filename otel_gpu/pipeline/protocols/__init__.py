@@ -35,9 +35,14 @@ def detect(prefix: bytes):
     return None
 
 
+def by_name(name: str) -> Protocol:
+    """The protocol a SwitchProtocol names."""
+    return next(p for p in PROTOCOLS if p.name == name)
+
+
 def labels() -> str:
     """What the log says an unclaimed connection is not: "HTTP/1.x nor HTTP/2"."""
     return " nor ".join(p.label for p in PROTOCOLS)
 
 
-__all__ = ["DETECT_MAX", "PENDING", "PROTOCOLS", "Protocol", "detect", "labels"]
+__all__ = ["DETECT_MAX", "PENDING", "PROTOCOLS", "Protocol", "by_name", "detect", "labels"]

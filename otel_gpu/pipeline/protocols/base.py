@@ -8,7 +8,9 @@ Final API (H5; HTTP/2, gRPC and TLS build on it):
     detect(prefix: bytes) -> bool | None
                                     the first bytes of a connection (server side, inbound);
                                     None: need more bytes. Must decide within DETECT_MAX bytes.
-    session(config: SessionConfig) -> Session   one per connection
+    session(config: SessionConfig, handover: Handover | None = None) -> Session
+                                    one per connection; handover: the connection switched
+                                    to this protocol from another (SwitchProtocol)
 
   Session (one per connection, server side; all times in ns, tid = the thread of the syscall)
     on_read(data, length, ts_ns, tid) -> list[Event]     one read: copied bytes, full length
@@ -29,11 +31,17 @@ Final API (H5; HTTP/2, gRPC and TLS build on it):
     StreamReset(stream, ts_ns, reason)            ended without a response (RST_STREAM...):
                                                   finished with error=reason, counted
                                                   requests_incomplete
-    ProtocolError(counter, message, drop_reason)  bytes that are not this protocol: the
-                                                  stitcher logs "pid P fd F: <message>" under
+    ProtocolError(counter, message, drop_reason, level)  bytes that are not this protocol:
+                                                  the stitcher logs "pid P fd F: <message>" under
                                                   `counter`, drops the connection's requests
                                                   with error=drop_reason and ignores the
                                                   connection until it closes
+    SwitchProtocol(name, handover)                the connection speaks protocol `name` from
+                                                  here on (HTTP/1.1 101 to Upgrade: h2c): the
+                                                  stitcher replaces the session with that
+                                                  protocol's session(config, handover), moves
+                                                  the open requests to their new stream ids
+                                                  and gives it the rest of this write
     Notice(counter, message=None, level, count)   a counted drop (message None: counted only)
 
   RequestHead: method, target (origin-form, sanitised), version, headers (lower-case names:
@@ -116,6 +124,7 @@ class ProtocolError:
     counter: str      # e.g. http_parse_errors
     message: str      # for the log: never header values, targets or bodies
     drop_reason: str  # the error of the requests dropped with the connection
+    level: int = logging.WARNING
 
 
 @dataclass
@@ -126,7 +135,23 @@ class Notice:
     count: int = 1
 
 
-Event = Union[RequestStarted, ResponseStatus, RequestFinished, StreamReset, ProtocolError, Notice]
+@dataclass
+class Handover:
+    """What a session hands to the one that takes its connection over."""
+    streams: dict = field(default_factory=dict)  # old stream id -> (new stream id, RequestHead)
+    settings: bytes = b""  # the new protocol's opening parameters (h2c: the HTTP2-Settings payload)
+    rest: bytes = b""      # the switching write's bytes past the switch point (copied ...
+    rest_length: int = 0   # ... of this many), already in the new protocol
+    tail: bytes = b""      # that write's last bytes
+
+
+@dataclass
+class SwitchProtocol:
+    name: str  # a Protocol.name in protocols.PROTOCOLS
+    handover: Handover
+
+
+Event = Union[RequestStarted, ResponseStatus, RequestFinished, StreamReset, ProtocolError, Notice, SwitchProtocol]
 
 
 class Session:
@@ -154,5 +179,5 @@ class Protocol:
     def detect(self, prefix: bytes) -> Optional[bool]:
         raise NotImplementedError
 
-    def session(self, config: SessionConfig) -> Session:
+    def session(self, config: SessionConfig, handover: Optional[Handover] = None) -> Session:
         raise NotImplementedError

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from ..base import Protocol, SessionConfig
+from ..base import Handover, Protocol, SessionConfig
 from .framing import METHODS
 from .session import Http1Session
 
@@ -22,8 +22,8 @@ class Http1(Protocol):
             return False
         return None
 
-    def session(self, config: SessionConfig) -> Http1Session:
-        return Http1Session(config)
+    def session(self, config: SessionConfig, handover: Optional[Handover] = None) -> Http1Session:
+        return Http1Session(config)  # nothing switches to HTTP/1
 
 
 PROTOCOL = Http1()

@@ -17,7 +17,8 @@ _REQUEST_LINE = re.compile(rb"^([A-Z]{3,7}) (\S{1,8192}) HTTP/(1\.[01])$")
 _STATUS_LINE = re.compile(rb"^HTTP/(1\.[01]) (\d{3})(?: .*)?$")
 # Headers the collector reads; others are never kept (privacy by default).
 _KEPT_HEADERS = frozenset({"content-length", "transfer-encoding", "connection",
-                           "traceparent", "tracestate"})
+                           "traceparent", "tracestate",
+                           "upgrade", "http2-settings"})  # a switch to h2c (session.py)
 MAX_HEAD = 64 * 1024  # a request head beyond this is dropped as malformed
 # Absolute-form target (RFC 9112 3.2.2): scheme and authority, userinfo included.
 _ABSOLUTE_PREFIX = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://[^/?#]*")
@@ -164,6 +165,8 @@ class ResponseState:
     body_left: Optional[int] = None  # None: until chunked terminator or close
     chunked: bool = False
     complete: bool = False
+    upgrade: str = ""   # a 101's Upgrade header: the protocol switched to
+    switch_at: int = 0  # a 101: where in the write's copied bytes that protocol starts
 
 
 class ResponseStream:
@@ -197,6 +200,8 @@ class ResponseStream:
                     m = _STATUS_LINE.match(chunk.split(b"\r\n", 1)[0])
                     if not m or b"\r\n" not in chunk:
                         raise HttpParseError("response status line longer than the probe's copy")
+                    if m.group(2) == b"101":  # where the new protocol starts is unknown
+                        raise HttpParseError("101 response head longer than the probe's copy")
                     r.status, r.version, r.body_left = int(m.group(2)), m.group(1).decode(), None
                     self._head = b""
                     return None
@@ -210,9 +215,17 @@ class ResponseStream:
             headers = _parse_headers(lines[1:], frozenset())
             head_len = end + 4 - len(self._head)
             self._head = b""
+            if status == 101:  # Switching Protocols: the bytes after it are another protocol's
+                r.status, r.version, r.body_left, r.complete = status, m.group(1).decode(), 0, True
+                r.upgrade, r.switch_at = headers.get("upgrade", ""), head_len
+                self.current = None
+                return r
             if 100 <= status < 200:  # interim response: the real one follows
-                return self.feed(data[head_len:], length - head_len, tail, request_method) \
+                final = self.feed(data[head_len:], length - head_len, tail, request_method) \
                     if length > head_len else None
+                if final is not None and final.status == 101:
+                    final.switch_at += head_len
+                return final
             r.status, r.version = status, m.group(1).decode()
             if request_method == "HEAD" or status in (204, 304):
                 r.body_left = 0

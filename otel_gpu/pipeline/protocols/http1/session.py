@@ -1,13 +1,20 @@
 """HTTP/1.x behind the protocol seam: one session per connection turns reads and writes
 into request events (stream 0). Pipelined requests wait here, in order, and start when
 the response before them completes; a response whose end could not be framed (its head
-longer than the probe's copy) completes when the next request arrives or at close."""
+longer than the probe's copy) completes when the next request arrives or at close.
+A 101 Switching Protocols ends HTTP/1 on the connection: to HTTP/2 when the request asked
+for h2c and the 101 names it (the request goes on as stream 1: SwitchProtocol); to
+anything else (websocket...) the request ends with status 101 and the connection is no
+longer followed (counted connections_upgraded)."""
 from __future__ import annotations
 
+import base64
+import binascii
+import logging
 from collections import deque
 
-from ..base import (Notice, ProtocolError, RequestFinished, RequestStarted, ResponseStatus, Session,
-                    SessionConfig)
+from ..base import (Handover, Notice, ProtocolError, RequestFinished, RequestStarted, ResponseStatus, Session,
+                    SessionConfig, SwitchProtocol)
 from .framing import HttpParseError, RequestStream, ResponseStream
 
 
@@ -64,8 +71,25 @@ class Http1Session(Session):
             if current is not None and current.status is not None:
                 out.append(ResponseStatus(0, current.status))
             return out
+        if done.status == 101:
+            return self._switch(done, data, length, tail, ts_ns)
         out.append(RequestFinished(0, ts_ns, done.status))
         self._next(ts_ns, out)
+        return out
+
+    def _switch(self, done, data: bytes, length: int, tail: bytes, ts_ns: int) -> list:
+        """101 Switching Protocols to the active request: HTTP/1 ends on this connection."""
+        head, at = self._active, done.switch_at
+        settings = _h2c_settings(head.headers, done.upgrade)
+        if settings is None:  # not h2c (websocket...): the exchange ends here, the rest is not followed
+            message = ("101 Switching Protocols to a protocol other than h2c "
+                       "(or without valid HTTP2-Settings): not followed")
+            return [RequestFinished(0, ts_ns, 101),
+                    ProtocolError("connections_upgraded", message, "protocol switched", logging.INFO)]
+        out = self.abandon()  # requests pipelined behind an upgrade are never answered in HTTP/1
+        head.headers.pop("http2-settings", None)
+        out.append(SwitchProtocol("http2", Handover({0: (1, head)}, settings, data[at:],
+                                                    max(0, length - at), tail)))
         return out
 
     def on_close(self, ts_ns: int) -> list:
@@ -101,3 +125,19 @@ class Http1Session(Session):
         if self._pipelined:
             head, tid = self._pipelined.popleft()
             self._start(head, ts_ns, tid, out)
+
+
+def _h2c_settings(request_headers: dict, response_upgrade: str):
+    """The client's SETTINGS payload (RFC 7540 3.2.1) when the request asked for h2c and the
+    101 switched to it; None otherwise (or when HTTP2-Settings is not base64url SETTINGS)."""
+    asked = {t.strip().lower() for t in request_headers.get("upgrade", "").split(",")}
+    if "h2c" not in asked or response_upgrade.strip().lower() != "h2c":
+        return None
+    raw = request_headers.get("http2-settings")
+    if raw is None:
+        return None
+    try:
+        payload = base64.urlsafe_b64decode(raw.strip() + "=" * (-len(raw.strip()) % 4))
+    except (binascii.Error, ValueError):
+        return None
+    return payload if len(payload) % 6 == 0 else None

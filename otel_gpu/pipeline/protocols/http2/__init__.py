@@ -1,9 +1,9 @@
-"""HTTP/2 cleartext (prior knowledge) and gRPC over it, behind the protocol seam."""
+"""HTTP/2 cleartext (prior knowledge, or HTTP/1.1 `Upgrade: h2c`) and gRPC over it, behind the protocol seam."""
 from __future__ import annotations
 
 from typing import Optional
 
-from ..base import Protocol, SessionConfig
+from ..base import Handover, Protocol, SessionConfig
 from .frames import PREFACE
 from .session import H2Session
 
@@ -19,8 +19,8 @@ class Http2(Protocol):
             return False
         return True if n == len(PREFACE) else None
 
-    def session(self, config: SessionConfig) -> H2Session:
-        return H2Session(config)
+    def session(self, config: SessionConfig, handover: Optional[Handover] = None) -> H2Session:
+        return H2Session(config, handover=handover)
 
 
 PROTOCOL = Http2()

@@ -1,4 +1,5 @@
-"""One HTTP/2 server connection (h2c, prior knowledge): frames each way
+"""One HTTP/2 server connection (h2c: prior knowledge, or switched from HTTP/1.1 by
+`Upgrade: h2c`, RFC 7540 3.2): frames each way
 (frames.py), header blocks through one HPACK decoder per direction (headers.py),
 and the streams' lives turned into the seam's events (protocols/base.py):
   client HEADERS opening a stream          -> RequestStarted (method, :path, :authority)
@@ -10,6 +11,8 @@ payloads are not needed: skipped by their length. Bytes that are not HTTP/2, or
 framing/HPACK state lost to the probe's 1 KiB copy, raise H2FramingError: the
 stitcher drops the connection and counts it (ProtocolError: `h2_parse_errors`, or
 `h2_hpack_lost` when a header block was not all copied).
+Upgrade: h2c hands over the upgraded request as stream 1, already open (its head is
+the HTTP/1.1 one; its response comes as HTTP/2), and the client's HTTP2-Settings.
 gRPC: the RPC's status code (grpc-status in the trailers) goes into head.rpc
 ["status_code"] before the stream's RequestFinished (the request holds that head)."""
 from __future__ import annotations
@@ -18,8 +21,8 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from .... import sanitize
-from ..base import (Notice, ProtocolError, RequestFinished, RequestHead, RequestStarted, ResponseStatus, Session,
-                    SessionConfig, StreamReset)
+from ..base import (Handover, Notice, ProtocolError, RequestFinished, RequestHead, RequestStarted, ResponseStatus,
+                    Session, SessionConfig, StreamReset)
 from ..http1.framing import safe_target
 from . import grpc
 from .frames import (ACK, DEFAULT_MAX_FRAME, MAX_FRAME_LEN, DATA, END_STREAM, GOAWAY, HEADERS, PUSH_PROMISE, CONTINUATION, RST_STREAM, SETTINGS,
@@ -48,7 +51,8 @@ class _Direction:
 
 
 class H2Session(Session):
-    def __init__(self, config: SessionConfig = SessionConfig(), preface: bool = True) -> None:
+    def __init__(self, config: SessionConfig = SessionConfig(), preface: bool = True,
+                 handover: Optional[Handover] = None) -> None:
         self.extra_headers = config.extra_headers
         # The server's SETTINGS (its limits on what the client sends) is usually written
         # before the first read, when the probes copy nothing yet: the protocol's widest
@@ -59,6 +63,18 @@ class H2Session(Session):
         self._streams: dict[int, _Stream] = {}
         self._last_client_stream = 0
         self._failed = False
+        if handover is not None:
+            self._take_over(handover)
+
+    def _take_over(self, handover: Handover) -> None:
+        """After 101 to Upgrade: h2c: the upgraded request is stream 1, half closed by the
+        client (RFC 7540 3.2); the client's HTTP2-Settings bind what the server sends
+        until its preface's SETTINGS (the server may answer stream 1 before reading it)."""
+        self._settings(handover.settings, self._out)
+        for stream, head in handover.streams.values():
+            head.version, head.protocol = "2", "h2"  # its response is HTTP/2
+            self._streams[stream] = _Stream(head=head)
+            self._last_client_stream = max(self._last_client_stream, stream)
 
     # --- seam interface --------------------------------------------------------
     def on_read(self, data: bytes, length: int, ts_ns: int, tid: int) -> list:
