@@ -20,10 +20,6 @@
 /* Per-CPU: plain adds, no atomics on the hot path; user space sums the CPUs. */
 BPF_PERCPU_HASH(rollup, struct rollup_key, struct rollup_value, 65536);
 
-/* Set by user space once a libcuda is probed: only then is the runtime/driver
- * de-duplication state worth keeping (it costs a hash update per launch). */
-BPF_ARRAY(driver_probed, u32, 1);
-
 /* Exact runtime/driver de-duplication: per process, the executable mappings of its CUDA
  * runtime (each libcudart, or the executable with cudart linked in), written by user
  * space at each scan (otel_gpu/probes/runtime_text.py). A driver launch called from
@@ -228,13 +224,6 @@ static __always_inline void cuda_emit(struct cuda_header *c, u32 size, u32 tv, u
 }
 #define EMIT(e, tv, detail, bytes, duration_ns) cuda_emit(&(e).c, sizeof(e), tv, detail, bytes, duration_ns)
 
-static __always_inline int driver_is_probed(void)
-{
-    u32 zero = 0;
-    u32 *on = driver_probed.lookup(&zero);
-    return on && *on;
-}
-
 /* The process's traced value (non-zero), or 0: not traced, nothing to do. */
 static __always_inline u32 cuda_begin(struct cuda_header *c, u8 kind, u32 call)
 {
@@ -420,7 +409,8 @@ int cuda_free(struct pt_regs *ctx)
     return 0;
 }
 
-/* cudaGraphLaunch(graphExec, stream) */
+/* cudaGraphLaunch(graphExec, stream); its pass through the driver's cuGraphLaunch is
+ * dropped there (caller rule, bpf/graph_probes.c). */
 int cuda_graph_launch(struct pt_regs *ctx)
 {
     struct graph_event e = {};
@@ -429,8 +419,6 @@ int cuda_graph_launch(struct pt_regs *ctx)
         return 0;
     e.graph_exec = PT_REGS_PARM1(ctx);
     e.stream = PT_REGS_PARM2(ctx);
-    if (driver_is_probed())
-        remember_rt_graph(e.c.h.tid, e.graph_exec);  /* cuGraphLaunch: bpf/graph_probes.c */
     EMIT(e, tv, e.graph_exec, 0, 0);
     return 0;
 }

@@ -33,13 +33,3 @@ static __always_inline void capture_emit(struct cuda_header *c, u32 size)
     if (events.ringbuf_output(c, size, 0) != 0)
         count(CNT_CAPTURE_LOST);
 }
-
-/* Last runtime graph launch per thread: cudaGraphLaunch goes through the driver's
- * cuGraphLaunch with the same exec handle (cudaGraphExec_t is a CUgraphExec), which is
- * then not counted twice. */
-BPF_TABLE("lru_hash", u32, u64, last_rt_graph, 16384);
-
-static __always_inline void remember_rt_graph(u32 tid, u64 graph_exec)
-{
-    last_rt_graph.update(&tid, &graph_exec);
-}

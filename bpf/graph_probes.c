@@ -2,7 +2,8 @@
  * and the driver's cuGraphLaunch. Each sends one graph_op_event, always (rare calls,
  * usually at warm-up), and capture begin/end keep bpf/graph_capture.c's counts, which
  * make the launch probes stream a capturing process's launches. Out-parameters (the
- * graph at capture end, the exec at instantiate) are read at return. */
+ * graph at capture end, the exec at instantiate) are read at return. A process's open
+ * captures are dropped at its exit. */
 #include "maps.h"
 
 /* Entry state by thread and call: the runtime calls the driver inside (nested). */
@@ -98,6 +99,27 @@ int cuda_graph_instantiate_return(struct pt_regs *ctx) { return graph_return(ctx
 int cu_graph_instantiate(struct pt_regs *ctx) { return graph_enter(CALL_CU_GRAPH_INSTANTIATE, PT_REGS_PARM1(ctx), PT_REGS_PARM2(ctx)); }
 int cu_graph_instantiate_return(struct pt_regs *ctx) { return graph_return(ctx, CALL_CU_GRAPH_INSTANTIATE); }
 
+/* A process that exits with a capture open (killed or crashed mid-capture) leaves the
+ * global switch: else every launch on the host would go on paying the capture_procs
+ * lookup. At its main thread's exit, as the collector forgets a process (ProcExit); a
+ * raw tracepoint, since http_probes.c holds the TRACEPOINT_PROBE of this event. */
+RAW_TRACEPOINT_PROBE(sched_process_exit)
+{
+    u64 id = bpf_get_current_pid_tgid();
+    u32 tgid = id >> 32, zero = 0;
+    if ((u32)id != tgid)
+        return 0;
+    s64 *mine = capture_procs.lookup(&tgid);
+    if (!mine)
+        return 0;
+    s64 open = *mine;
+    capture_procs.delete(&tgid);
+    s64 *all = captures_open.lookup(&zero);
+    if (all && open > 0)
+        __sync_fetch_and_add(all, -open);
+    return 0;
+}
+
 /* cudaGraphDestroy(graph), cudaGraphExecDestroy(exec) and the driver's: entry only. */
 static __always_inline int graph_destroyed(u32 call, u64 graph, u64 graph_exec)
 {
@@ -114,23 +136,18 @@ int cuda_graph_exec_destroy(struct pt_regs *ctx) { return graph_destroyed(CALL_G
 int cu_graph_destroy(struct pt_regs *ctx) { return graph_destroyed(CALL_CU_GRAPH_DESTROY, PT_REGS_PARM1(ctx), 0); }
 int cu_graph_exec_destroy(struct pt_regs *ctx) { return graph_destroyed(CALL_CU_GRAPH_EXEC_DESTROY, 0, PT_REGS_PARM1(ctx)); }
 
-/* cuGraphLaunch(hGraphExec, hStream): a graph launch like cudaGraphLaunch's, unless it
- * is that launch passing through the driver (same thread, same exec). */
+/* cuGraphLaunch(hGraphExec, hStream): a graph launch of its own, unless its caller is
+ * the process's CUDA runtime (cudaGraphLaunch passing through the driver, already
+ * counted): the same exact rule as the driver's kernel launches (cuda_probes.c
+ * `from_runtime`). */
 int cu_graph_launch(struct pt_regs *ctx)
 {
     struct graph_event e = {};
     u32 tv = cuda_begin(&e.c, EV_CUDA_GRAPH, CALL_CU_GRAPH_LAUNCH);
-    if (!tv)
+    if (!tv || from_runtime(ctx, e.c.h.tgid))
         return 0;
     e.graph_exec = PT_REGS_PARM1(ctx);
     e.stream = PT_REGS_PARM2(ctx);
-    u32 tid = e.c.h.tid;
-    u64 *last = last_rt_graph.lookup(&tid);
-    if (last && *last == e.graph_exec) {
-        last_rt_graph.delete(&tid);
-        count(CNT_DRIVER_DEDUPED);
-        return 0;
-    }
     EMIT(e, tv, e.graph_exec, 0, 0);
     return 0;
 }

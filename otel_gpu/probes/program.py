@@ -16,14 +16,14 @@ from ..ratelimit import Stats
 from . import compiler_memory, runtime_text
 from .attacher import Attacher
 from .discovery import ProbeTarget
+from .map_batch import BatchMap
 from .source import ProgramOptions, load
-from .table import DRIVER
 
 log = logging.getLogger(__name__)
 
 # Maps keyed by tgid, and maps keyed by pid_tgid (tgid in the high 32 bits) or by a
 # struct with a tgid field: every entry of an exited process goes.
-_BY_TGID = ("traced", "http_active", "http_seq", "py_procs", "runtime_text")
+_BY_TGID = ("traced", "http_active", "http_seq", "py_procs", "runtime_text", "capture_procs")
 _BY_PID_TGID = ("in_call", "reading", "writing", "accepting", "py_tstate", "tls_calls", "tls_last_read")
 _STATE_TABLES = ("traced", "http_active", "conns", "rollup", "req_agg", "in_call", "py_procs", "py_tstate")
 # Kernel counters (bpf/events.h) -> stats: connections whose TLS ciphertext was not sent
@@ -45,7 +45,9 @@ class BpfProgram:
                  self.load_s, dropped_kb // 1024)
         self.ring = RingReader(self.bpf, "events", stats)
         self.rollups = RollupReader(self.bpf["rollup"])
-        self.aggregates = AggregateReader(self.bpf["req_agg"], stats)
+        counters, aggregated = self.bpf["counters"], ct.c_int(COUNTER_NAMES.index("aggregated"))
+        self.aggregates = AggregateReader(BatchMap(self.bpf["req_agg"]), stats,
+                                          counted=lambda: sum(counters[aggregated]))
         self.attacher = Attacher(self.bpf, stats)
         self._lost_seen = 0
         self._untracked_seen = 0
@@ -102,11 +104,7 @@ class BpfProgram:
     def attach(self, target: ProbeTarget, pid: Optional[int] = None) -> int:
         """Probes `target` for every process that maps it, or for `pid` only; again:
         retries its probes that failed, when their backoff is over."""
-        n = self.attacher.attach(target, pid)
-        if target.kind == DRIVER and n:
-            # Runtime launches now may pass through libcuda: keep the de-dup state.
-            self.bpf["driver_probed"][ct.c_int(0)] = ct.c_uint32(1)
-        return n
+        return self.attacher.attach(target, pid)
 
     def probe_counts(self):
         """A ProbeCounts record for the metrics stage: attached and failed by function."""
