@@ -3,7 +3,8 @@ configured, a Prometheus scrape endpoint as an option. A pipeline stage: it read
 finished, enriched requests and process windows, and passes every record on.
 
 Kernel names are bounded: the first `top_kernels` distinct names keep their own
-series, later ones are reported as "other". Grid/block/sync histograms sample the
+series, later ones are reported as "other"; a CUDA graph launch counts each kernel it
+ran (its capture's counts) by name. Grid/block/sync histograms sample the
 first HISTOGRAM_SAMPLE calls of each request; counters include every call."""
 from __future__ import annotations
 
@@ -74,8 +75,9 @@ class GpuMetrics:
         self.provider = MeterProvider(metric_readers=readers, resource=Resource.create(
             {sc.SERVICE_NAME: service_name}))
         m = self.provider.get_meter("otel-gpu", __version__)
-        self.launches = CappedCounter(m.create_counter("gpu.kernel.launches", "{launch}",
-                                                       "Kernel launches seen on the host"), self.stats)
+        self.launches = CappedCounter(m.create_counter(
+            "gpu.kernel.launches", "{launch}",
+            "Kernel launches seen on the host, by kernel; a CUDA graph launch adds each kernel it runs"), self.stats)
         self.copied = CappedCounter(m.create_counter("gpu.memcpy.bytes", "By", "Bytes copied by cudaMemcpy*"),
                                     self.stats)
         # By op: a fixed set of 7 values (probes/nccl.py), whatever a process passes.
@@ -171,12 +173,18 @@ class GpuMetrics:
         copied: dict[str, int] = {}
         collectives: dict[str, list] = {}  # op -> [calls, bytes]
 
-        def tally(call, detail, count, nbytes, ok=True):
+        def launched(func, count):
+            name = self._bounded(names.get(func))
+            launches[name] = launches.get(name, 0) + count
+
+        def tally(call, detail, count, nbytes, ok=True, kernels=None):
             spec = BY_ID.get(call)
             category = spec.category if spec else None
             if category is Category.LAUNCH:
-                name = self._bounded(names.get(detail))
-                launches[name] = launches.get(name, 0) + count
+                launched(detail, count)
+            elif category is Category.GRAPH and kernels:  # what the graph ran (pipeline/graphs.py)
+                for func, n in kernels:
+                    launched(func, n * count)
             elif category is Category.MEMCPY:
                 d = MEMCPY_DIRECTIONS.get(detail, "default")
                 copied[d] = copied.get(d, 0) + clamp_call_bytes(nbytes, self.stats, count)
@@ -194,7 +202,8 @@ class GpuMetrics:
         for i, (c, _attribution) in enumerate(sink.calls):
             detail, nbytes, duration_ns = c.amounts()
             # a failed cudaMalloc allocated nothing; an unreadable *devPtr names nothing
-            category = tally(c.call, detail, 1, nbytes, ok=c.ret <= 0 and not c.unreadable)
+            category = tally(c.call, detail, 1, nbytes, ok=c.ret <= 0 and not c.unreadable,
+                             kernels=getattr(c, "kernels", None))
             if i >= HISTOGRAM_SAMPLE:
                 continue
             if category is Category.LAUNCH and not c.unreadable:  # its dims are unknown, not 0
@@ -203,7 +212,7 @@ class GpuMetrics:
             elif category is Category.SYNC:
                 self.sync.record(duration_ns / 1e9, base)
         for agg in sink.rollups.values():
-            tally(agg.call, agg.detail, agg.count, agg.bytes)
+            tally(agg.call, agg.detail, agg.count, agg.bytes, kernels=agg.kernels)
         for name, n in launches.items():
             self.launches.add(n, {**base, sc.GPU_KERNEL_NAME: name})
         for direction, n in copied.items():

@@ -1,0 +1,43 @@
+"""gpu.kernel.launches by kernel name (otel_gpu/export/metrics.py) through the wired
+pipeline: a CUDA graph launch counts each kernel it ran (graph launches x the capture's
+counts), in requests and outside them, and its kernels' names are bounded like any."""
+from otel_gpu import semconv as sc
+from otel_gpu.export import metrics
+from otel_gpu.pipeline.records import KernelRollup, Tick
+from otel_gpu.probes.table import call_id
+from tests.unit.pipeline.test_graphs import EXEC, capture_events, request_with_graph_launches
+from tests.unit.test_pipeline import PID, _points, wired
+
+ROUTE, SVC = (sc.HTTP_ROUTE, "/infer/{id}"), (sc.SERVICE_NAME, "svc")
+
+
+def _key(*labels):
+    return tuple(sorted(labels))
+
+
+def test_graph_launches_count_the_kernels_they_ran_by_name(tmp_path):
+    w, _, reader = wired(tmp_path)
+    # Capture A x3, B x1 on S (C ran on another stream), two graph launches in a request,
+    # then 5 replays counted in the kernel outside requests.
+    w.pipeline.push(capture_events() + request_with_graph_launches(n=2)
+                    + [KernelRollup(PID, call_id("cudaGraphLaunch"), EXEC, 5, 0, 0, 5_000, None),
+                       Tick(6_000, final=True)])
+    launches = _points(reader, "gpu.kernel.launches")
+    kernel = lambda name: (sc.GPU_KERNEL_NAME, name)  # noqa: E731
+    assert launches[_key(ROUTE, SVC, kernel("ka"))] == 2 * 3
+    assert launches[_key(ROUTE, SVC, kernel("kb"))] == 2 * 1
+    assert launches[_key(SVC, kernel("ka"))] == 5 * 3  # outside requests
+    assert launches[_key(SVC, kernel("kb"))] == 5 * 1
+    assert launches[_key(SVC, kernel("kc"))] == 1      # ran beside the capture
+    assert sum(launches.values()) == 8 + 20 + 1        # the 4 recorded launches ran nowhere
+
+
+def test_graph_kernel_names_share_the_name_bound(tmp_path):
+    w, _, reader = wired(tmp_path)
+    gm = next(s for s in w.pipeline.stages if isinstance(s, metrics.GpuMetrics))
+    gm.top_kernels = 1  # the first name seen keeps its series; ka, kb, kc: two fold into "other"
+    w.pipeline.push(capture_events() + request_with_graph_launches(n=1) + [Tick(6_000, final=True)])
+    launches = _points(reader, "gpu.kernel.launches")
+    names = {dict(k)[sc.GPU_KERNEL_NAME] for k in launches}
+    assert len(names) == 2 and metrics.OTHER in names, names
+    assert sum(launches.values()) == 3 + 1 + 1
