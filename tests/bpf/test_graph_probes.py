@@ -7,6 +7,8 @@ child process driven one call batch at a time:
   same thread right after a runtime graph launch that did not reach the driver (the
   real libcudart here) is a launch of its own. The old same-thread/same-exec rule
   dropped it.
+- Every graph op (capture begin/end, instantiate, destroy; runtime and driver) arrives
+  with its stream, graph and exec.
 - A process that exits with a capture open leaves no capture state behind: its
   capture_procs entry goes and the global "captures open" switch is back to 0, so
   launches on the host stop paying the capture lookup."""
@@ -22,10 +24,10 @@ import pytest
 
 from otel_gpu import proc
 from otel_gpu.pipeline.abi import CNT_DRIVER_DEDUPED
-from otel_gpu.pipeline.records import GraphCall
+from otel_gpu.pipeline.records import GraphCall, GraphOp
 from otel_gpu.probes import runtime_text
 from otel_gpu.probes.discovery import libraries_in_maps
-from otel_gpu.probes.table import DRIVER, RUNTIME, call_id
+from otel_gpu.probes.table import CALLS, DRIVER, RUNTIME, Category, call_id
 from tests.bpf.probe_harness import Child, Probes
 from tests.harness import TARGETS
 
@@ -66,6 +68,19 @@ def through():
 
 def begin_capture():
     return [stub_rt.cudaStreamBeginCapture(STREAM, 0)]
+
+def ops():
+    """Every graph call of the runtime (each reaching the driver's, as libcudart does):
+    capture begin/end on STREAM, instantiate, destroy the graph, then the exec."""
+    stub_rt.cudaStreamEndCapture.argtypes = [vp, ct.POINTER(vp)]
+    stub_rt.cudaGraphInstantiate.argtypes = [ct.POINTER(vp), vp, ct.c_ulonglong]
+    for name in ("cudaGraphDestroy", "cudaGraphExecDestroy"):
+        getattr(stub_rt, name).argtypes = [vp]
+    graph, graph_exec = vp(0), vp(0)
+    rets = [stub_rt.cudaStreamBeginCapture(STREAM, 0), stub_rt.cudaStreamEndCapture(STREAM, ct.byref(graph)),
+            stub_rt.cudaGraphInstantiate(ct.byref(graph_exec), graph, 0)]
+    rets += [stub_rt.cudaGraphDestroy(graph), stub_rt.cudaGraphExecDestroy(graph_exec)]
+    return {"rets": rets, "graph": graph.value, "exec": graph_exec.value}
 
 def exit_now():
     os._exit(0)  # the capture begun is still open
@@ -143,6 +158,24 @@ def test_counted_graph_launches_are_exact_too(probes, child):
             counts[(k.call, k.detail)] = counts.get((k.call, k.detail), 0) + sum(v.count for v in per_cpu)
     assert counts == {(RT, EXEC): 6, (CU, EXEC): 6}
     assert [r for r in probes.of(child.pid) if isinstance(r, GraphCall)] == []
+
+
+def test_graph_ops_arrive_with_their_stream_graph_and_exec(probes, child):
+    """Sent always (not only during requests), runtime and driver alike; out-parameters
+    read at return. The probe table's runtime graph ops are covered here."""
+    r = child.run("ops")
+    assert r["rets"] == [0] * 5 and r["graph"] and r["exec"]
+    got = sorted((x for x in probes.of(child.pid) if isinstance(x, GraphOp)), key=lambda x: x.ts_ns)
+    g, e = r["graph"], r["exec"]
+    expected = [("cudaStreamBeginCapture", STREAM, 0, 0), ("cuStreamBeginCapture", STREAM, 0, 0),
+                ("cudaStreamEndCapture", STREAM, g, 0), ("cuStreamEndCapture", STREAM, g, 0),
+                ("cudaGraphInstantiate", 0, g, e), ("cuGraphInstantiate", 0, g, e),
+                ("cudaGraphDestroy", 0, g, 0), ("cuGraphDestroy", 0, g, 0),
+                ("cudaGraphExecDestroy", 0, 0, e), ("cuGraphExecDestroy", 0, 0, e)]
+    assert [(x.call, x.stream, x.graph, x.graph_exec) for x in got] == [
+        (call_id(n), *rest) for n, *rest in expected]
+    assert {(x.ret, x.unreadable) for x in got} <= {(0, False), (-1, False)}  # destroys: entry only
+    assert {n for n, *_ in expected} >= {c.name for c in CALLS if c.category is Category.GRAPH_OP}
 
 
 def test_a_process_exiting_mid_capture_leaves_no_capture_state(probes, child):
