@@ -4,6 +4,7 @@ counts of the req_agg map (CallAggregate) in the batches where their HTTP epoch 
 by the program's owner (probes/program.py) and names none itself."""
 from __future__ import annotations
 
+import bisect
 import ctypes as ct
 import logging
 from typing import Optional
@@ -102,68 +103,136 @@ class AggregateReader:
     counting (but one whose probe read the epoch just before the HTTP probe bumped it,
     a window of nanoseconds, which then lands in a new entry: placed late and counted,
     `aggregates_late`). It goes just before that record, where its calls one by one would
-    have been: the stitcher attributes it with the same open requests and contexts."""
+    have been: the stitcher attributes it with the same open requests and contexts.
 
-    def __init__(self, table, stats: Stats) -> None:
+    `table`: items() -> [(key, value)] and delete(keys) -> [deleted?] (probes/map_batch.py:
+    the kernel's batch commands). `counted()`: calls the kernel counted in req_agg so
+    far (it bumps that counter after the entry is written): while it has not moved and no
+    process with entries left has a new epoch, the map is not read at all."""
+
+    def __init__(self, table, stats: Stats, counted=None) -> None:
         self.table = table
         self.stats = stats
+        self.counted = counted
         self.epochs: dict[int, int] = {}  # tgid -> latest HTTP epoch in the stream
+        self._counted_seen: Optional[int] = None
+        self._waiting: set = set()  # tgids whose entries were left (their epoch ran on)
 
     def merge(self, batch: list, final: bool = False) -> list:
         """`batch` with the aggregates whose epoch ended in or before it put in place."""
         before = dict(self.epochs)
         bounds: dict[int, list] = {}  # tgid -> [(epoch, index)] of its HTTP records
         exits: dict[int, int] = {}
+        epochs = self.epochs
         for i, r in enumerate(batch):
             cls = r.__class__
             if (cls is SockIo or cls is SockClose) and r.epoch:
-                bounds.setdefault(r.tgid, []).append((r.epoch, i))
-                last = self.epochs.get(r.tgid)
-                if last is None or epoch_after(r.epoch, last):
-                    self.epochs[r.tgid] = r.epoch
+                tgid, epoch = r.tgid, r.epoch
+                b = bounds.get(tgid)
+                if b is None:
+                    bounds[tgid] = [(epoch, i)]
+                else:
+                    b.append((epoch, i))
+                last = epochs.get(tgid)
+                if last is None or epoch_after(epoch, last):
+                    epochs[tgid] = epoch
             elif cls is ProcExit and r.tgid not in exits:
                 exits[r.tgid] = i
         if not (bounds or exits or final):
             return batch
-        taken = self._take(exits, final)
+        taken = self._take(bounds, exits, final)
         if not taken:
             return batch
         at: dict[int, list] = {}
+        places = _Places(bounds, exits, before, len(batch))
         for a in taken:
-            at.setdefault(self._place(a, bounds, exits, before, len(batch)), []).append(a)
+            i = places.index(a)
+            if i < 0:
+                self.stats.add("aggregates_late", a.count)  # its epoch ended in an earlier batch
+                i = 0
+            at.setdefault(i, []).append(a)
         out: list = []
-        for i, r in enumerate(batch):
-            if i in at:
-                out.extend(sorted(at.pop(i), key=lambda a: a.ts_ns))
-            out.append(r)
+        prev = 0
         for i in sorted(at):
-            out.extend(sorted(at[i], key=lambda a: a.ts_ns))
+            out += batch[prev:i]
+            out += sorted(at[i], key=_ts) if len(at[i]) > 1 else at[i]
+            prev = max(prev, i)
+        out += batch[prev:]
         return out
 
-    def _take(self, exits: dict, final: bool) -> list[CallAggregate]:
-        taken = []
-        for k, v in list(self.table.items()):
-            last = self.epochs.get(k.tgid)
+    def _take(self, bounds: dict, exits: dict, final: bool) -> list[CallAggregate]:
+        counted = self.counted() if self.counted is not None else None
+        if (counted is not None and counted == self._counted_seen and not (final or exits)
+                and self._waiting.isdisjoint(bounds)):
+            return []  # nothing new counted, and no entry left behind has seen its epoch end
+        epochs, waiting, keys, values = self.epochs, set(), [], []
+        for k, v in self.table.items():
+            last = epochs.get(k.tgid)
             if not (final or k.tgid in exits or (last is not None and epoch_after(last, k.epoch))):
-                continue  # its epoch is still running: calls may still be counting in it
-            try:
-                del self.table[k]
-            except KeyError:
+                waiting.add(k.tgid)  # its epoch is still running: calls may still be counting in it
                 continue
-            taken.append(CallAggregate(k.tgid, k.tid, k.epoch, k.call, k.detail, k.ctx, v.count, v.bytes,
-                                       v.duration_ns, v.first_ts, v.last_ts, v.last_end_ts))
-        return taken
-
-    def _place(self, a: CallAggregate, bounds: dict, exits: dict, before: dict, end: int) -> int:
-        last = before.get(a.tgid)
-        if last is not None and epoch_after(last, a.epoch):
-            self.stats.add("aggregates_late", a.count)  # its epoch ended in an earlier batch
-            return 0
-        for epoch, i in bounds.get(a.tgid, ()):
-            if epoch_after(epoch, a.epoch):
-                return i
-        return exits.get(a.tgid, end)  # at its exit, or (the collector stops) after everything
+            keys.append(k)
+            values.append(v)
+        self._counted_seen, self._waiting = counted, waiting
+        return [CallAggregate(k.tgid, k.tid, k.epoch, k.call, k.detail, k.ctx, v.count, v.bytes,
+                              v.duration_ns, v.first_ts, v.last_ts, v.last_end_ts)
+                for k, v, gone in zip(keys, values, self.table.delete(keys)) if gone]
 
     def forget(self, tgids: set) -> None:
         for tgid in tgids:
             self.epochs.pop(tgid, None)
+
+
+def _ts(a: CallAggregate) -> int:
+    return a.ts_ns
+
+
+def _rel(epoch: int, base: int) -> int:
+    """`epoch` relative to `base` as a signed distance (u32 epochs wrap)."""
+    d = (epoch - base) & 0xFFFFFFFF
+    return d - 0x100000000 if d >= 0x80000000 else d
+
+
+class _Places:
+    """Where each aggregate goes in one batch: before the first HTTP record of its process
+    with a later epoch, else at its exit, else at the end. Per process, the running maximum
+    of its epochs is increasing: a bisection finds that record (linear in the batch, once)."""
+
+    def __init__(self, bounds: dict, exits: dict, before: dict, end: int) -> None:
+        self.bounds, self.exits, self.before, self.end = bounds, exits, before, end
+        self._maxima: dict[int, tuple] = {}
+        self._found: dict[tuple, int] = {}
+
+    def index(self, a: CallAggregate) -> int:
+        """-1: its epoch had already ended before this batch (placed first, counted late)."""
+        key = (a.tgid, a.epoch)
+        i = self._found.get(key)
+        if i is None:
+            i = self._found[key] = self._index(a.tgid, a.epoch)
+        return i
+
+    def _index(self, tgid: int, epoch: int) -> int:
+        last = self.before.get(tgid)
+        if last is not None and epoch_after(last, epoch):
+            return -1
+        b = self.bounds.get(tgid)
+        if b:
+            m = self._maxima.get(tgid)
+            if m is None:
+                m = self._maxima[tgid] = self._running_max(b)
+            base, rels, where = m
+            k = bisect.bisect_right(rels, _rel(epoch, base))
+            if k < len(rels):
+                return where[k]
+        return self.exits.get(tgid, self.end)  # at its exit, or (the collector stops) after everything
+
+    @staticmethod
+    def _running_max(b: list) -> tuple:
+        base, rels, where, top = b[0][0], [], [], None
+        for epoch, i in b:
+            r = _rel(epoch, base)
+            if top is None or r > top:
+                top = r
+                rels.append(r)
+                where.append(i)
+        return base, rels, where

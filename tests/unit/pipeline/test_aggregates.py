@@ -28,11 +28,15 @@ class FakeReqAgg(dict):
         self[id(k)] = (k, SimpleNamespace(count=count, bytes=nbytes, duration_ns=duration, first_ts=ts,
                                           last_ts=ts, last_end_ts=ts + duration))
 
-    def items(self):
-        return list(dict.values(self))
+    def delete(self, keys):
+        """As probes/map_batch.BatchMap.delete: whether each key was still there."""
+        return [dict.pop(self, id(k), None) is not None for k in keys]
 
-    def __delitem__(self, k):
-        dict.__delitem__(self, id(k))
+    reads = 0
+
+    def items(self):
+        self.reads += 1
+        return list(dict.values(self))
 
 
 def read(epoch, ts=0, pid=PID, raw=b"GET /r HTTP/1.1\r\nHost: x\r\n\r\n", tid=LOOP, ctx=0, fd=FD):
@@ -123,3 +127,77 @@ def test_stitcher_holds_an_aggregate_in_a_context_until_its_request_binds():
     (req,) = [o for o in s.process(evs) if isinstance(o, Request)]
     assert req.sink.summary.launches == 21 and req.sink.attributed == {"task": 21}
     assert s.procs[PID].contexts.state()["pending_calls"] == 0
+
+
+def test_the_map_is_read_only_when_the_kernel_counted_more_or_a_waiting_epoch_ended():
+    table, counted = FakeReqAgg(), [0]
+    r = AggregateReader(table, Stats(), counted=lambda: counted[0])
+    table.put(PID, LOOP, 1, LAUNCH, count=4)
+    counted[0] = 4
+    assert r.merge([read(1)]) == [read(1)] and table.reads == 1  # epoch 1 runs on: left
+    r.merge([read(1, pid=PID + 1)])  # another process's record, nothing new counted: no read
+    assert table.reads == 1
+    out = r.merge([write(2)])  # the waiting process's epoch ended: read and taken
+    assert table.reads == 2 and [o.count for o in out if o.__class__ is CallAggregate] == [4]
+    r.merge([read(3)])
+    assert table.reads == 2  # nothing left, nothing new
+    table.put(PID, LOOP, 3, LAUNCH, count=1)
+    counted[0] = 5
+    out = r.merge([write(4)])
+    assert table.reads == 3 and [o.count for o in out if o.__class__ is CallAggregate] == [1]
+
+
+def test_a_key_another_reader_deleted_is_not_reported():
+    table = FakeReqAgg()
+    table.put(PID, LOOP, 1, LAUNCH, count=4)
+    r = AggregateReader(table, Stats())
+    table.delete = lambda keys: [False] * len(keys)  # gone between the read and the delete
+    assert r.merge([write(2)]) == [write(2)]
+
+
+def _place_by_scan(batch, aggs, before):
+    """The placement rule, spelled as a scan (the reader bisects): first HTTP record of the
+    process with a later epoch; -1 if its epoch ended before the batch; else the end."""
+    out = []
+    for a in aggs:
+        last = before.get(a.tgid)
+        if last is not None and epoch_after(last, a.epoch):
+            out.append(-1)
+            continue
+        out.append(next((i for i, r in enumerate(batch) if r.tgid == a.tgid and epoch_after(r.epoch, a.epoch)),
+                        len(batch)))
+    return out
+
+
+def test_placement_matches_the_scan_on_random_batches_with_epochs_out_of_order_and_wrapping():
+    rng = random.Random(7)
+    for trial in range(200):
+        base = rng.choice([1, 0xFFFFFFF0, 1000])
+        batch, epochs = [], {PID: base, PID + 1: base}
+        for _ in range(rng.randrange(1, 60)):
+            pid = rng.choice([PID, PID + 1])
+            epochs[pid] = (epochs[pid] + rng.choice([1, 1, 2, 0])) & 0xFFFFFFFF or 1
+            e = (epochs[pid] - rng.choice([0, 0, 0, 1])) & 0xFFFFFFFF or 1  # a record from another CPU, late
+            batch.append(read(e, pid=pid) if rng.random() < 0.5 else write(e, pid=pid))
+        before = {PID: (base - 1) & 0xFFFFFFFF} if trial % 2 else {}
+        table, stats = FakeReqAgg(), Stats()
+        aggs = []
+        for n in range(rng.randrange(1, 20)):
+            pid = rng.choice([PID, PID + 1])
+            e = (base + rng.randrange(-2, 70)) & 0xFFFFFFFF or 1
+            table.put(pid, LOOP, e, LAUNCH, count=1, ts=n)
+            aggs.append(CallAggregate(pid, LOOP, e, LAUNCH, 0, 0, 1, 0, 0, n, n, n))
+        r = AggregateReader(table, stats)
+        r.epochs = dict(before)
+        out = r.merge(list(batch), final=True)
+        want = _place_by_scan(batch, aggs, before)
+        # Each aggregate's place: the number of batch records ahead of it in the output.
+        got, seen = {}, 0
+        for o in out:
+            if o.__class__ is CallAggregate:
+                got[o.ts_ns] = seen
+            else:
+                seen += 1
+        assert [got[n] for n in range(len(aggs))] == [max(w, 0) for w in want], trial
+        assert stats.snapshot().get("aggregates_late", 0) == sum(w < 0 for w in want)
+        assert [o for o in out if o.__class__ is not CallAggregate] == batch

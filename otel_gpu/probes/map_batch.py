@@ -1,0 +1,91 @@
+"""A BPF hash map read and cleared with the kernel's batch commands (BPF_MAP_LOOKUP_BATCH,
+BPF_MAP_DELETE_BATCH, Linux >= 5.6): a few syscalls for the whole map instead of three
+per entry (get-next-key, lookup, delete) through bcc's iterator. Buffers are allocated
+once. bcc's own items_lookup_batch allocates max_entries keys and values per call and
+shares one c_uint32 between its batch token and its count, so it is not used."""
+from __future__ import annotations
+
+import ctypes as ct
+import errno
+import logging
+
+from bcc.libbcc import lib
+
+log = logging.getLogger(__name__)
+
+
+class BatchMap:
+    """items() and delete(keys) of one bcc hash table; falls back to bcc's per-entry
+    calls where the kernel refuses the batch commands (logged once)."""
+
+    def __init__(self, table) -> None:
+        self.table = table
+        self.Key, self.Leaf = table.Key, table.Leaf
+        self._n = table.max_entries
+        self._keys = (table.Key * self._n)()
+        self._values = (table.Leaf * self._n)()
+        self._batched = True
+
+    def items(self) -> list:
+        """(key, value) of every entry, copies (the buffers are reused)."""
+        if self._batched:
+            try:
+                total = self._lookup_all()
+            except OSError as e:
+                log.warning("%s: batch lookup refused (%s): reading entry by entry", self.table.name, e)
+                self._batched = False
+            else:
+                # One copy of what was read: its elements are views into it, and the
+                # buffers are overwritten by the next read.
+                keys = (self.Key * total).from_buffer_copy(self._keys)
+                values = (self.Leaf * total).from_buffer_copy(self._values)
+                return list(zip(keys, values))
+        return list(self.table.items())
+
+    def _lookup_all(self) -> int:
+        token, count, total = ct.c_uint32(0), ct.c_uint32(0), 0
+        ksz, vsz = ct.sizeof(self.Key), ct.sizeof(self.Leaf)
+        while total < self._n:
+            count.value = self._n - total
+            res = lib.bpf_lookup_batch(self.table.map_fd, ct.byref(token) if total else None, ct.byref(token),
+                                       ct.byref(self._keys, ksz * total), ct.byref(self._values, vsz * total),
+                                       ct.byref(count))
+            err = ct.get_errno()
+            total += count.value
+            if res != 0:
+                if err == errno.ENOENT:  # the end of the map
+                    return total
+                raise OSError(err, "BPF_MAP_LOOKUP_BATCH: " + errno.errorcode.get(err, str(err)))
+            if count.value == 0:
+                break
+        return total
+
+    def delete(self, keys: list) -> list[bool]:
+        """Deletes `keys`; for each, whether it was there (another reader may have taken it)."""
+        n = len(keys)
+        done, i = [False] * n, 0
+        if self._batched and n:
+            arr, ksz = (self.Key * n)(*keys), ct.sizeof(self.Key)
+            while i < n:
+                count = ct.c_uint32(n - i)
+                res = lib.bpf_delete_batch(self.table.map_fd, ct.byref(arr, ksz * i), ct.byref(count))
+                err = ct.get_errno()
+                done[i:i + count.value] = [True] * count.value
+                i += count.value
+                if res == 0:
+                    return done
+                if err != errno.ENOENT:
+                    log.warning("%s: batch delete refused (%s): deleting entry by entry", self.table.name,
+                                errno.errorcode.get(err, err))
+                    self._batched = False
+                    break
+                i += 1  # the kernel stops at a key that is gone: skip it
+            else:
+                return done
+        for j in range(i, n):
+            try:
+                del self.table[keys[j]]
+                done[j] = True
+            except KeyError:
+                pass
+        return done
