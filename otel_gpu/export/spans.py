@@ -54,7 +54,7 @@ class SpanBuilder:
             sc.URL_PATH: r.head.path,
             sc.HTTP_ROUTE: route,
             sc.NETWORK_PROTOCOL_VERSION: r.head.version,
-            sc.URL_SCHEME: "http",
+            sc.URL_SCHEME: "https" if r.tls else "http",
             sc.PROCESS_PID: r.tgid,
             sc.THREAD_ID: r.tid,
         }

@@ -15,7 +15,7 @@ from . import abi
 from .abi import (EV_ACCEPT, EV_CUDA_DEVICE, EV_CUDA_GRAPH, EV_CUDA_LAUNCH, EV_CUDA_MEMCPY,
                   EV_CUDA_MEMORY, EV_CUDA_SYNC, EV_PROC_EXIT, EV_FLAG_UNREADABLE, EV_PY_CONTEXT, EV_SOCK_CLOSE,
                   EV_SOCK_READ, EV_SOCK_WRITE, HTTP_DATA_CAP, HTTP_TAIL_CAP)
-from .abi import EV_FLAG_CAPTURE, EV_GRAPH_OP, EV_KERNEL_HANDLE, EV_NCCL
+from .abi import EV_FLAG_CAPTURE, EV_FLAG_TLS, EV_GRAPH_OP, EV_KERNEL_HANDLE, EV_NCCL
 from .records import (Accept, ContextCopy, DeviceCall, GraphCall, KernelHandle, LaunchCall, MemcpyCall,
                       GraphOp, MemoryCall, NcclCall, ProcExit, SockClose, SockIo, SyncCall)
 
@@ -137,7 +137,7 @@ def _sock_io(buf, size):
         raise DecodeError(f"socket record claims {e.data_len} data bytes in {size}")
     data = buf[_IO_FIXED:_IO_FIXED + e.data_len]
     return SockIo(e.h.kind, e.h.tgid, e.h.tid, e.h.ts_ns, e.fd, e.ret, data, bytes(e.tail[:e.tail_len]), e.ctx,
-                  e.h.epoch)
+                  e.h.epoch, bool(e.h.flags & EV_FLAG_TLS))
 
 
 def _accept(buf, size):

@@ -211,6 +211,7 @@ class Request:
     peer_port: Optional[int] = None
     listen_fd: int = -1
     server_port: Optional[int] = None
+    tls: bool = False  # read through the SSL probes: url.scheme https
     end_ns: int = 0
     status: Optional[int] = None
     error: Optional[str] = None   # why the request did not complete normally

@@ -62,6 +62,7 @@ class Conn:
     early: list = field(default_factory=list)  # their reads, replayed into the session
     streams: dict = field(default_factory=dict)  # stream id -> open Request (HTTP/1: stream 0)
     server_port: Optional[int] = None
+    tls: bool = False       # its bytes come from the SSL probes (HTTPS)
     broken: bool = False    # no session can follow it: ignored until closed
     tracked: bool = True    # False: accepted while the kernel's table was full; its I/O is not seen
     inode: Optional[int] = None  # its socket, learnt at the first audit (a reused fd is another socket)
@@ -211,6 +212,7 @@ class Stitcher:
     def _on_read(self, ev: SockIo, out: list) -> None:
         p = self._proc(ev.tgid, out)
         c = self._conn(p, ev.fd)
+        c.tls = c.tls or ev.tls
         if ev.ctx:
             p.contexts.seen(ev.tid, ev.ctx, ev.ts_ns)
         if c.broken:
@@ -316,7 +318,7 @@ class Stitcher:
                       trace_id=self._rng.getrandbits(128) or 1,
                       span_id=self._rng.getrandbits(64) or 1,
                       sink=CallSink(self.span_budget), peer_addr=c.peer_addr,
-                      peer_port=c.peer_port, listen_fd=c.listen_fd, server_port=c.server_port)
+                      peer_port=c.peer_port, listen_fd=c.listen_fd, server_port=c.server_port, tls=c.tls)
         parent = parse_traceparent(head.headers.get("traceparent"))
         if parent:
             req.trace_id, req.parent_span_id = parent

@@ -113,6 +113,7 @@ def test_https_requests_are_exact_at_1_and_8_clients(kind, certificate, receiver
             assert span.name == "GET /infer"
             assert span.attributes["http.response.status_code"] == 200
             assert span.attributes["http.route"] == "/infer"
+            assert span.attributes["url.scheme"] == "https"
 
 
 def test_tls_records_split_across_reads_and_a_large_body(certificate, receiver, start_collector, targets):
@@ -149,9 +150,10 @@ def test_a_cleartext_server_beside_an_https_one_is_unaffected(certificate, recei
     assert len(out_tls.ok) == len(ids_tls) and len(out_plain.ok) == len(ids_plain)
     wait_for_ids(receiver, https.pid, ids_tls)
     wait_for_ids(receiver, plain.pid, ids_plain)
-    for pid, ids in ((https.pid, ids_tls), (plain.pid, ids_plain)):
+    for pid, ids, scheme in ((https.pid, ids_tls, "https"), (plain.pid, ids_plain, "http")):
         check = Check(receiver.spans, pid, ids)
         assert not check.wrong and check.exact == len(ids), check.not_exact[:5]
+        assert {s.attributes["url.scheme"] for s in server_spans(receiver.spans, pid)} == {scheme}
 
 
 def test_https_with_per_process_probes(certificate, receiver, start_collector, targets):

@@ -200,3 +200,10 @@ def test_outside_window_without_links():
 
 def test_unknown_records_build_nothing():
     assert builder().build(object()) == []
+
+
+def test_url_scheme_is_https_for_a_request_read_through_the_ssl_probes():
+    plain, secure = request(), request()
+    secure.tls = True
+    assert builder().build(plain)[0].attributes[sc.URL_SCHEME] == "http"
+    assert builder().build(secure)[0].attributes[sc.URL_SCHEME] == "https"

@@ -73,6 +73,13 @@ def test_sock_io_carries_the_python_context():
     assert r.ctx == 0x7F00DEAD0000 and decode(io_record(abi.EV_SOCK_READ, b"x")).ctx == 0
 
 
+def test_sock_io_from_the_ssl_probes_is_marked_tls():
+    rec = bytearray(io_record(abi.EV_SOCK_READ, b"GET / HTTP/1.1\r\n"))
+    assert decode(bytes(rec)).tls is False
+    rec[abi.SockIoEvent.h.offset + abi.EventHeader.flags.offset] = abi.EV_FLAG_TLS
+    assert decode(bytes(rec)).tls is True
+
+
 def test_context_copy():
     rec = bytes(abi.PyContextEvent(h=header(abi.EV_PY_CONTEXT), ctx=0x7F01, parent=0x7F02))
     assert decode(rec) == decode(view(rec)) == ContextCopy(*HEAD, 0x7F01, 0x7F02)

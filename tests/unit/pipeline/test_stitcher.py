@@ -349,3 +349,13 @@ def test_calls_without_a_python_context_keep_the_thread_rules_beside_tracked_con
                      write(OK)])
     (r,) = requests(out)
     assert [a for _, a in r.sink.calls] == ["thread", "process"]
+
+
+def test_a_connection_read_through_the_ssl_probes_gives_https_requests():
+    from dataclasses import replace
+    s = Stitcher()
+    s.process([accept(), accept(fd=FD + 1)])
+    out = s.process([replace(read(get("/secure")), tls=True), write(OK),
+                     read(get("/plain"), fd=FD + 1), write(OK, fd=FD + 1)])
+    done = {r.head.path: r for r in out if isinstance(r, Request)}
+    assert done["/secure"].tls is True and done["/plain"].tls is False
