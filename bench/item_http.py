@@ -41,6 +41,10 @@ def run(quick: bool, starts: list, results_dir: Path, stamp: str) -> dict:
             out["collector_cores"] = (col.cpu_seconds() - cpu0) / (time.monotonic() - t0)
             out["profile"] = prof.result()
             out["rss_mb"] = col.rss_mb()
+            # The consumer's cost per request: what it finished until the receiver stopped
+            # growing (its backlog drained, or not), over the CPU it spent since the load began.
+            _settle(rx)
+            out["settled_spans"], out["settled_cpu_s"] = len(rx.servers), col.cpu_seconds() - cpu0
         finally:
             out["collector"] = col.stop()
         _settle(rx)
@@ -71,6 +75,9 @@ def rows(r: dict) -> list:
         ("2", "  collector CPU during traced load (cores)", f"{r['collector_cores']:.2f}", "", None),
         ("3", "server spans received / requests served",
          f"{r['server_spans']} / {r['traced']['ok']}", "all", r["server_spans"] >= r["traced"]["ok"]),
+        ("3", "  server spans received before stop, per collector CPU-second (load + drain)",
+         f"{r['settled_spans']} / {r['settled_cpu_s']:.1f} s = {r['settled_spans'] / max(r['settled_cpu_s'], 1e-9):.0f}"
+         if "settled_spans" in r else "?", "", None),
         ("3", "spans exported per request (expect 1 + 102)", f"{r['spans_per_request']:.1f}", "", None),
         ("3", "OTLP bytes exported per request; per span", f"{r['bytes_per_request']:.0f}; "
          f"{r['bytes_per_span']:.0f}", "", None),

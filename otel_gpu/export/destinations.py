@@ -23,6 +23,9 @@ log = logging.getLogger(__name__)
 
 
 PROTOCOLS = ("grpc", "http/protobuf")
+# A full OTLP queue: how long the pipeline waits for a working exporter to make room
+# (per record), and how long a worker may take no batch before it counts as stalled.
+ROOM_WAIT_S, STALL_S = 2.0, 0.5
 
 
 def otlp_span_exporter(protocol: str) -> SpanExporter:
@@ -45,6 +48,7 @@ class _Counting(SpanExporter):
     def __init__(self, inner: SpanExporter, stats: Stats, log_: RateLimitedLog) -> None:
         self.inner, self.stats, self._log = inner, stats, log_
         self._lock = threading.Lock()  # the worker and force_flush both call export()
+        self.progress = threading.Condition(self._lock)  # notified when a batch leaves the queue
         self.taken = 0  # handed to export()
         self.ended = 0  # export() returned, delivered or counted as failed
         self._settled = False
@@ -52,6 +56,7 @@ class _Counting(SpanExporter):
     def export(self, spans) -> SpanExportResult:
         with self._lock:
             self.taken += len(spans)
+            self.progress.notify_all()
         try:
             result = self.inner.export(spans)
         except Exception as e:  # the SDK would only log it: count the spans as failed
@@ -95,6 +100,7 @@ class QueuedExporter(SpanExporter):
         self._counting = _Counting(inner, stats, self._log)
         self._put = 0
         self._closed = False
+        self._stalled_at = -1  # `taken` when the worker was last found stalled
         # The SDK refuses an export batch larger than the queue: cap it.
         self._batch = BatchSpanProcessor(self._counting, max_queue_size=queue_size,
                                          schedule_delay_millis=schedule_delay_ms,
@@ -112,7 +118,7 @@ class QueuedExporter(SpanExporter):
             return SpanExportResult.FAILURE
         if not spans:
             return SpanExportResult.SUCCESS
-        if self.pending + len(spans) > self.queue_size:
+        if self.pending + len(spans) > self.queue_size and not self._wait_for_room(len(spans)):
             self._log.event("spans_dropped_queue_full", logging.WARNING,
                             "OTLP queue full (%d spans): dropping %d new spans", self.queue_size,
                             len(spans), count=len(spans))
@@ -121,6 +127,25 @@ class QueuedExporter(SpanExporter):
         for s in spans:
             self._batch.on_end(s)
         return SpanExportResult.SUCCESS
+
+    def _wait_for_room(self, n: int) -> bool:
+        """A full queue while the worker keeps taking batches (the backend is slower than
+        the pipeline, not down): the pipeline waits for room, so it is paced by the export
+        and the backlog stays in the ring buffer (past its mark the kernel counts calls
+        instead of streaming them) rather than spans being dropped. At most ROOM_WAIT_S a
+        call; a worker that took nothing for STALL_S (backend slow or down) is not waited
+        for again until it takes a batch."""
+        deadline = time.monotonic() + ROOM_WAIT_S
+        with self._counting.progress:
+            while self.pending + n > self.queue_size:
+                taken, left = self._counting.taken, deadline - time.monotonic()
+                if taken == self._stalled_at or left <= 0:
+                    return False
+                self._counting.progress.wait(min(STALL_S, left))
+                if self._counting.taken == taken and self.pending + n > self.queue_size:
+                    self._stalled_at = taken
+                    return False
+        return True
 
     def force_flush(self, timeout_millis: int = 10_000) -> bool:
         # The SDK's force_flush ignores its timeout (it exports everything in this thread).

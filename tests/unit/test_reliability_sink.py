@@ -4,12 +4,13 @@ no network: fake exporters)."""
 from __future__ import annotations
 
 import threading
+import time
 
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.trace import SpanContext, TraceFlags
 
-from otel_gpu.export.destinations import Destinations, QueuedExporter
+from otel_gpu.export.destinations import STALL_S, Destinations, QueuedExporter
 from otel_gpu.ratelimit import Stats
 
 
@@ -158,3 +159,44 @@ def test_shutdown_with_a_backend_that_never_answers_ends_by_its_deadline_and_cou
     assert exporter.received >= 4
     time.sleep(0.1)
     assert d.stats.snapshot() == {"spans_dropped_shutdown": 10}  # ...and is not counted twice
+
+
+class SlowExporter(SpanExporter):
+    """A working backend slower than the pipeline: each batch takes `delay_s`."""
+
+    def __init__(self, delay_s: float) -> None:
+        self.delay_s, self.received = delay_s, 0
+
+    def export(self, spans):
+        threading.Event().wait(self.delay_s)
+        self.received += len(spans)
+        return SpanExportResult.SUCCESS
+
+    def shutdown(self):
+        pass
+
+
+def test_a_slow_but_working_backend_paces_the_pipeline_instead_of_dropping():
+    exporter = SlowExporter(0.01)
+    d = _otlp(exporter, 8)
+    for i in range(40):  # 160 spans through a queue of 8: the producer waits for room
+        d.export(_spans(4, 1 + 4 * i))
+    d.shutdown()
+    assert d.stats.snapshot() == {"spans_exported": 160} and exporter.received == 160
+
+
+def test_a_stalled_backend_is_waited_for_once_then_drops_at_once():
+    exporter = GatedExporter()
+    d = _otlp(exporter, 8)
+    d.export(_spans(4))
+    assert exporter.entered.wait(5)
+    d.export(_spans(8, 5))  # queue full
+    t0 = time.monotonic()
+    d.export(_spans(4, 13))  # the worker takes nothing: waited STALL_S, then dropped
+    d.export(_spans(4, 17))  # known stalled: dropped without waiting
+    waited = time.monotonic() - t0
+    assert d.stats.snapshot().get("spans_dropped_queue_full") == 8
+    assert waited < STALL_S + 1.0  # not ROOM_WAIT_S twice
+    exporter.release.set()
+    d.shutdown()
+    assert _accounted(d) == d.spans_out == 20
