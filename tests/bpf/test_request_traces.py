@@ -90,8 +90,11 @@ def test_concurrent_requests_are_flagged_ambiguous_not_guessed(receiver, start_c
     collector.stop()  # flushes the ambiguous window
     for s in spans:
         assert children_of(receiver.spans, s) == []
-        assert s.attributes["otel_gpu.calls.ambiguous"] == 2  # 4 calls, 2 candidates: a half share each
+        assert 0 < s.attributes["otel_gpu.calls.ambiguous"] < 4  # a share of the 4, by overlap
         assert s.attributes["gpu.launches"] == 0
+    # Split among the 2 candidates by how long each was open while the calls were made
+    # (half each when they overlap exactly): the shares add up to the 4 calls.
+    assert sum(s.attributes["otel_gpu.calls.ambiguous"] for s in spans) == pytest.approx(4)
     windows = [s for s in receiver.spans if s.attributes.get("otel_gpu.attribution") == "ambiguous"
                and s.attributes.get("process.pid") == target.pid and s.parent_span_id == ""]
     assert sum(w.attributes["gpu.launches"] for w in windows) == 4, ([(s.name, s.attributes) for s in receiver.spans if s.parent_span_id == ""], collector.log.lines)
