@@ -9,7 +9,14 @@ import subprocess
 
 from otel_gpu.pipeline.decode import decode
 from otel_gpu.probes.table import rows_for
-from tests.harness import ROOT
+from tests.harness import ROOT, TARGETS
+
+
+def build_stub(out_dir, source: str, name: str, *link: str) -> str:
+    """A stub library from tests/bpf/targets/<source>, built as out_dir/<name>."""
+    out = out_dir / name
+    subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(out), str(TARGETS / source), *link], check=True)
+    return str(out)
 
 
 class Child:

@@ -7,19 +7,14 @@ captured kernels with counts, in the request and in the outside rollups; the dri
 cuGraphLaunch under cudaGraphLaunch is not counted twice."""
 from __future__ import annotations
 
-import subprocess
 import sys
 
+from tests.bpf.probe_harness import build_stub
 from tests.harness import TARGETS, Target, children_of, server_spans
 
 GEMM, RELU, COPY = "gemm_tile(float*, int)", "relu(float*, int)", "copy_side(float*, int)"
 REPLAYS = 5  # targets/graph_http.py
 
-
-def _build(tmp_path, source: str, name: str) -> str:
-    out = tmp_path / name
-    subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(out), str(TARGETS / source)], check=True)
-    return str(out)
 
 
 def _pid_of(span) -> int | None:
@@ -31,8 +26,8 @@ def _outside(spans, pid: int) -> list:
 
 
 def test_graph_launches_name_the_captured_kernels(tmp_path, receiver, start_collector):
-    env = {"STUB_LIBCUDA": _build(tmp_path, "stub_libcuda_graphs.c", "libcuda.so.1"),
-           "STUB_CUDART": _build(tmp_path, "stub_cudart_graphs.c", "libcudart.so.12")}
+    env = {"STUB_LIBCUDA": build_stub(tmp_path, "stub_libcuda_graphs.c", "libcuda.so.1"),
+           "STUB_CUDART": build_stub(tmp_path, "stub_cudart_graphs.c", "libcudart.so.12")}
     collector = start_collector()
     target = Target([sys.executable, str(TARGETS / "graph_http.py")], env)
     try:

@@ -9,9 +9,7 @@ dropped it."""
 from __future__ import annotations
 
 import ctypes as ct
-import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -21,8 +19,7 @@ from otel_gpu.pipeline.records import LaunchCall
 from otel_gpu.probes import runtime_text
 from otel_gpu.probes.discovery import libraries_in_maps
 from otel_gpu.probes.table import DRIVER, RUNTIME, call_id
-from tests.bpf.probe_harness import Child, Probes
-from tests.harness import TARGETS
+from tests.bpf.probe_harness import Child, Probes, build_stub
 
 # The child: the stub libcuda, a stub libcudart that reaches it, a library launching
 # through the driver itself, and the real libcudart (which never reaches a driver here).
@@ -70,11 +67,6 @@ for line in sys.stdin:
 '''
 
 
-def _gcc(tmp_path: Path, source: str, name: str, *link: str) -> str:
-    out = tmp_path / name
-    subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(out), str(TARGETS / source), *link], check=True)
-    return str(out)
-
 
 @pytest.fixture(scope="module")
 def probes():
@@ -85,10 +77,10 @@ def probes():
 
 @pytest.fixture
 def child(probes, tmp_path):
-    drv = _gcc(tmp_path, "stub_libcuda.c", "libcuda.so.1")
+    drv = build_stub(tmp_path, "stub_libcuda.c", "libcuda.so.1")
     link = [f"-L{tmp_path}", "-l:libcuda.so.1", f"-Wl,-rpath,{tmp_path}"]
-    stub_rt = _gcc(tmp_path, "stub_cudart_driver.c", "libcudart-stub.so", *link)
-    lib = _gcc(tmp_path, "stub_driver_library.c", "libstub_blas.so", *link)
+    stub_rt = build_stub(tmp_path, "stub_cudart_driver.c", "libcudart-stub.so", *link)
+    lib = build_stub(tmp_path, "stub_driver_library.c", "libstub_blas.so", *link)
     c = Child([sys.executable, "-c", CHILD, drv, stub_rt, lib])
     maps = proc.maps("/proc", c.pid)
     runtimes = {p for kind, p in libraries_in_maps(maps) if kind == RUNTIME}

@@ -15,10 +15,8 @@ child process driven one call batch at a time:
 from __future__ import annotations
 
 import ctypes as ct
-import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
@@ -28,8 +26,7 @@ from otel_gpu.pipeline.records import GraphCall, GraphOp
 from otel_gpu.probes import runtime_text
 from otel_gpu.probes.discovery import libraries_in_maps
 from otel_gpu.probes.table import CALLS, DRIVER, RUNTIME, Category, call_id
-from tests.bpf.probe_harness import Child, Probes
-from tests.harness import TARGETS
+from tests.bpf.probe_harness import Child, Probes, build_stub
 
 EXEC, STREAM = 0x6A000, 0x5100
 # The child: the stub libcuda (RTLD_GLOBAL: the stub runtime finds the driver's graph
@@ -91,11 +88,6 @@ for line in sys.stdin:
 '''
 
 
-def _gcc(tmp_path: Path, source: str, name: str) -> str:
-    out = tmp_path / name
-    subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(out), str(TARGETS / source)], check=True)
-    return str(out)
-
 
 @pytest.fixture(scope="module")
 def probes():
@@ -106,8 +98,8 @@ def probes():
 
 @pytest.fixture
 def child(probes, tmp_path):
-    drv = _gcc(tmp_path, "stub_libcuda_graphs.c", "libcuda.so.1")
-    stub_rt = _gcc(tmp_path, "stub_cudart_graphs.c", "libcudart-graphs.so")
+    drv = build_stub(tmp_path, "stub_libcuda_graphs.c", "libcuda.so.1")
+    stub_rt = build_stub(tmp_path, "stub_cudart_graphs.c", "libcudart-graphs.so")
     c = Child([sys.executable, "-c", CHILD, drv, stub_rt, str(EXEC), str(STREAM)])
     runtimes = {p for kind, p in libraries_in_maps(proc.maps("/proc", c.pid)) if kind == RUNTIME}
     assert stub_rt in runtimes and len(runtimes) == 2, runtimes  # the stub and the real libcudart

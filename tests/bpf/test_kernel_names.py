@@ -7,7 +7,6 @@ symbolising the live child), and each launch must come out with its kernel's nam
 from __future__ import annotations
 
 import ctypes as ct
-import subprocess
 import sys
 from pathlib import Path
 
@@ -16,7 +15,7 @@ import pytest
 from otel_gpu.pipeline.records import KernelHandle, LaunchCall
 from otel_gpu.pipeline.symbols import KernelNames
 from otel_gpu.probes.table import DRIVER, RUNTIME, call_id
-from tests.bpf.probe_harness import Child, Probes
+from tests.bpf.probe_harness import Child, Probes, build_stub
 from tests.harness import TARGETS, Target, children_of, server_spans
 
 CUDART13 = Path("/usr/local/cuda-13.0/lib/libcudart.so.13")
@@ -81,11 +80,6 @@ for line in sys.stdin:
 '''
 
 
-def _build(tmp_path: Path, source: str, name: str) -> str:
-    out = tmp_path / name
-    subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(out), str(TARGETS / source)], check=True)
-    return str(out)
-
 
 @pytest.fixture(scope="module")
 def probes():
@@ -99,7 +93,7 @@ def child(probes, tmp_path):
     made = []
 
     def start(cudart: str) -> Child:
-        drv = _build(tmp_path, "stub_libcuda.c", "libcuda.so.1")
+        drv = build_stub(tmp_path, "stub_libcuda.c", "libcuda.so.1")
         c = Child([sys.executable, "-c", CHILD, drv, cudart])
         made.append(c)
         assert probes.attach(DRIVER, drv, c.pid) >= 4  # cuLaunchKernel(Ex) and the three handle calls
@@ -128,7 +122,7 @@ def _named(pid: int, handles, launches) -> dict:
 
 
 def test_driver_handles_are_named_through_the_calls_that_handed_them_out(probes, child, tmp_path):
-    c = child(_build(tmp_path, "stub_cudart13.c", "libcudart.so.13"))
+    c = child(build_stub(tmp_path, "stub_cudart13.c", "libcudart.so.13"))
     r = c.run("driver")
     assert r["module_ret"] == r["library_ret"] == r["kfunc_ret"] == 0 and r["missing_ret"] == 500
     handles, launches = _records(probes, c.pid)
@@ -153,7 +147,7 @@ def test_driver_handles_are_named_through_the_calls_that_handed_them_out(probes,
 
 
 def test_cuda13_opaque_handles_are_named_by_their_host_stub(probes, child, tmp_path):
-    c = child(_build(tmp_path, "stub_cudart13.c", "libcudart.so.13"))
+    c = child(build_stub(tmp_path, "stub_cudart13.c", "libcudart.so.13"))
     r = c.run("runtime")
     assert r["get_ret"] == 0 and r["handle"] not in (0, r["stub"])  # opaque, as on a GPU
     handles, launches = _records(probes, c.pid)
@@ -194,8 +188,8 @@ def test_real_cudart_without_a_gpu(probes, child, cudart, get_ret):
 def test_the_collector_names_handle_launches_in_spans(tmp_path, receiver, start_collector):
     """End to end: `otel-gpu run` discovers the stub libraries, learns the handles
     and names each launch's span; the unknown handle keeps its honest 0x... only."""
-    env = {"STUB_LIBCUDA": _build(tmp_path, "stub_libcuda.c", "libcuda.so.1"),
-           "STUB_CUDART13": _build(tmp_path, "stub_cudart13.c", "libcudart.so.13")}
+    env = {"STUB_LIBCUDA": build_stub(tmp_path, "stub_libcuda.c", "libcuda.so.1"),
+           "STUB_CUDART13": build_stub(tmp_path, "stub_cudart13.c", "libcudart.so.13")}
     collector = start_collector()
     target = Target([sys.executable, str(TARGETS / "handle_http.py")], env)
     try:
