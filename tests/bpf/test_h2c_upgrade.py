@@ -13,8 +13,8 @@ import h2.config
 import h2.connection
 import h2.events
 
-from tests.bpf.test_http2 import ROLLUP, _rid, h2_target  # noqa: F401 (h2_target: fixture)
-from tests.harness import children_of, server_spans
+from tests.bpf.test_http2 import h2_target, own_or_ambiguous  # noqa: F401 (h2_target: fixture)
+from tests.harness import server_spans
 
 
 def h2c_upgrade_get_all(port: int, first: str, paths: list[str], timeout: float = 30) -> dict:
@@ -73,25 +73,8 @@ def test_upgraded_request_and_three_concurrent_streams_each_get_their_span(h2_ta
     assert sorted((s.attributes["url.path"], s.attributes.get("http.response.status_code")) for s in servers) == [
         ("/infer", 200)] * len(ids) + [("/missing", 404)], [s.name for s in servers]
     assert len({s.attributes["client.port"] for s in servers}) == 1  # all on one connection
-    exact, own = 0, {}
     for s in servers:
-        a = s.attributes
-        assert a["network.protocol.version"] == "2" and s.name in ("GET /infer", "GET /missing")
+        assert s.attributes["network.protocol.version"] == "2" and s.name in ("GET /infer", "GET /missing")
         assert s.status_code != 2, s.name  # 2: ERROR (a request ended by a drop, not its response)
-        kids = [k for k in children_of(spans, s) if ROLLUP not in k.attributes]
-        if a["url.path"] == "/missing":
-            assert kids == []
-            continue
-        rids = {_rid(k) for k in kids}
-        assert len(rids) <= 1 and rids <= set(ids), (s.name, rids)  # never another request's calls
-        if kids:
-            exact += len(kids) == 4
-            own[rids.pop()] = len(kids)
-    windows = [w for w in spans if w.name == "GPU work, ambiguous request" and w.resource.get("process.pid") == t.pid]
-    placed = dict(own)
-    for w in windows:
-        for k in children_of(spans, w):
-            if ROLLUP not in k.attributes and (rid := _rid(k)) in ids:
-                placed[rid] = placed.get(rid, 0) + 1
-    assert placed == {i: 4 for i in ids}, placed
+    exact = own_or_ambiguous(spans, servers, t.pid, ids)
     print(f"h2c upgrade: {exact} of {len(ids)} requests with exactly their calls, the rest counted ambiguous")

@@ -88,26 +88,34 @@ def test_concurrent_streams_on_one_connection_each_get_their_span_and_calls(h2_t
     assert len(ports) == 1  # all on one connection
     by_path = {s.attributes["url.path"] + str(s.attributes.get("http.response.status_code")): s for s in servers}
     assert by_path["/missing404"].name == "GET /missing"
-    exact, own = 0, {}
     for s in servers:
         a = s.attributes
         assert a["network.protocol.version"] == "2" and "rpc.system" not in a
         assert s.name in ("GET /infer", "GET /missing")
+    exact = own_or_ambiguous(spans, servers, t.pid, ids)
+    print(f"h2c: {exact} of {len(ids)} streams with exactly their calls, the rest counted ambiguous")
+
+
+def own_or_ambiguous(spans, servers, pid: int, ids: list, calls: int = 4) -> int:
+    """Each stream's calls: under its own server span or on an ambiguous window, never
+    under another stream's (/missing has none); how many streams got exactly theirs."""
+    exact, own = 0, {}
+    for s in servers:
         kids = [k for k in children_of(spans, s) if ROLLUP not in k.attributes]
-        if a["url.path"] == "/missing":
+        if s.attributes["url.path"] == "/missing":
             assert kids == []
             continue
         rids = {_rid(k) for k in kids}
         assert len(rids) <= 1 and rids <= set(ids), (s.name, rids)  # never another stream's calls
         if kids:
-            exact += len(kids) == 4
+            exact += len(kids) == calls
             own[rids.pop()] = len(kids)
     # Every call is somewhere, counted: under its own stream, or on an ambiguous window.
-    windows = [w for w in spans if w.name == "GPU work, ambiguous request" and w.resource.get("process.pid") == t.pid]
+    windows = [w for w in spans if w.name == "GPU work, ambiguous request" and w.resource.get("process.pid") == pid]
     placed = dict(own)
     for w in windows:
         for k in children_of(spans, w):
             if ROLLUP not in k.attributes and (rid := _rid(k)) in ids:
                 placed[rid] = placed.get(rid, 0) + 1
-    assert placed == {i: 4 for i in ids}, placed
-    print(f"h2c: {exact} of {len(ids)} streams with exactly their calls, the rest counted ambiguous")
+    assert placed == {i: calls for i in ids}, placed
+    return exact
