@@ -29,7 +29,9 @@ def _rid(span) -> int | None:
 
 
 class Client:
-    """One channel (one HTTP/2 connection) per concurrent client."""
+    """One channel per concurrent client. grpcio's global subchannel pool puts every
+    channel to the same target on one HTTP/2 connection (measured: one accept for 8
+    clients), so concurrent RPCs are multiplexed streams of that connection."""
 
     def __init__(self, port: int) -> None:
         self.channel = grpc.insecure_channel(f"127.0.0.1:{port}")
