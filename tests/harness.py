@@ -8,10 +8,12 @@ import subprocess
 import sys
 import time
 import urllib.request
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 
+from bench.isolate import OwnCgroup
 from otel_gpu.demo.runner import LineWatcher, free_port, stop_process
 from tests.fakes.otlp_receiver import OtlpReceiver
 
@@ -59,12 +61,31 @@ def start_collector(receiver):
         c.stop()
 
 
+@contextmanager
+def module_collector(*args: str, **env: str):
+    """A collector with a receiver of its own, for a module-scoped fixture: tests that need
+    no fresh collector share one (each start and stop costs seconds: the BPF compile, and
+    ~0.1 s per uprobe detached). They filter what they check by their own target's pid."""
+    r = OtlpReceiver().start()
+    try:
+        c = RunningCollector(r, list(args), env)
+        try:
+            yield c
+        finally:
+            c.stop()
+    finally:
+        r.stop()
+
+
 class Target:
     """A target process started after the collector, held until it is traced."""
 
     def __init__(self, argv: list[str], env: dict | None = None) -> None:
-        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                     cwd=ROOT, env=dict(os.environ, **(env or {})))
+        # In a cgroup of its own, as a container: else this process, whose OTLP receiver is a
+        # gRPC server, is a related server the collector traces (bench/isolate.py).
+        self.cgroup = OwnCgroup()
+        self.proc = subprocess.Popen(self.cgroup.wrap(argv), stdin=subprocess.PIPE, stderr=subprocess.PIPE,
+                                     text=True, cwd=ROOT, env=dict(os.environ, **(env or {})))
         self.log = LineWatcher(self.proc.stderr, echo=None)
         if not self.log.wait_for("listening on", 30):
             raise RuntimeError("target did not start:\n" + "".join(self.log.lines))
@@ -95,6 +116,7 @@ class Target:
 
     def stop(self) -> None:
         stop_process(self.proc, timeout=10)
+        self.cgroup.remove()
 
 
 @pytest.fixture
@@ -132,7 +154,12 @@ def started(start_collector, start_target, *collector_args: str, kind: str = "st
             env: dict | None = None):
     """A collector, then a target process it traces, serving: (collector, target)."""
     collector = start_collector(*collector_args)
+    return collector, traced(collector, start_target, kind, env)
+
+
+def traced(collector: RunningCollector, start_target, kind: str = "stdlib", env: dict | None = None) -> Target:
+    """A target process that a running collector traces, serving."""
     target = start_target(kind, env)
     collector.wait_traced(target.pid)
     target.go()
-    return collector, target
+    return target

@@ -18,7 +18,7 @@ import pytest
 
 from tests.bpf.load_client import fetch_all
 from tests.bpf.test_async_attribution import K, Check, request_id
-from tests.harness import TARGETS, Target, server_spans
+from tests.harness import TARGETS, Target, module_collector, server_spans
 
 LEVELS = {1: 20, 8: 48}  # clients -> requests at that level
 SECONDS = 60             # time bound of one level's load
@@ -116,10 +116,35 @@ def test_https_requests_are_exact_at_1_and_8_clients(kind, certificate, receiver
             assert span.attributes["url.scheme"] == "https"
 
 
-def test_tls_records_split_across_reads_and_a_large_body(certificate, receiver, start_collector, targets):
+def test_https_with_per_process_probes(certificate, receiver, start_collector, targets):
+    """--pid: the target's libssl gets probes of its own (no file-wide ones)."""
+    target = Target([sys.executable, str(TARGETS / "tls_servers.py"), "uvloop", "0", *certificate])
+    targets.append(target)
+    collector = start_collector("--export-query", "--pid", str(target.pid))
+    assert collector.log.wait_for("libssl.so", 30)  # attached after its CUDA and Python probes
+    ssl_lines = [l for l in collector.log.lines if "libssl.so" in l and "attached" in l]
+    assert ssl_lines and all(f"for pid {target.pid} only" in l for l in ssl_lines), ssl_lines
+    start_https_serving(target)
+    ids = list(range(1, 11))
+    out = fetch_all(target.port, [f"/infer?id={i}&launches={K}" for i in ids], 2, SECONDS, tls=client_context())
+    assert len(out.ok) == len(ids), out.errors[:3]
+    wait_for_ids(receiver, target.pid, ids)
+    check = Check(receiver.spans, target.pid, ids)
+    assert not check.wrong and check.exact == len(ids), check.not_exact[:5]
+
+
+@pytest.fixture(scope="module")
+def host_wide():
+    """One host-wide collector for the two tests below (they need no fresh one); the last
+    tests of the module, so that no other collector of this module runs beside it."""
+    with module_collector("--export-query") as collector:
+        yield collector
+
+
+def test_tls_records_split_across_reads_and_a_large_body(certificate, host_wide, targets):
     """A request head written 5 bytes per TLS record (one SSL_read each on the server),
     and a 256 KiB POST body (16 KiB records, many reads): one exact span each."""
-    collector = start_collector("--export-query")
+    collector, receiver = host_wide, host_wide.receiver
     target = start_https(collector, "threaded", certificate)
     targets.append(target)
     head = f"GET /infer?id=7&launches={K} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode()
@@ -135,8 +160,8 @@ def test_tls_records_split_across_reads_and_a_large_body(certificate, receiver, 
     assert len(server_spans(receiver.spans, target.pid)) == 3  # + start_https's /nothing (404)
 
 
-def test_a_cleartext_server_beside_an_https_one_is_unaffected(certificate, receiver, start_collector, targets):
-    collector = start_collector("--export-query")
+def test_a_cleartext_server_beside_an_https_one_is_unaffected(certificate, host_wide, targets):
+    collector, receiver = host_wide, host_wide.receiver
     https = start_https(collector, "uvicorn", certificate)
     targets.append(https)
     plain = Target([sys.executable, str(TARGETS / "async_servers.py"), "fastapi-async", "0"])
@@ -154,20 +179,3 @@ def test_a_cleartext_server_beside_an_https_one_is_unaffected(certificate, recei
         check = Check(receiver.spans, pid, ids)
         assert not check.wrong and check.exact == len(ids), check.not_exact[:5]
         assert {s.attributes["url.scheme"] for s in server_spans(receiver.spans, pid)} == {scheme}
-
-
-def test_https_with_per_process_probes(certificate, receiver, start_collector, targets):
-    """--pid: the target's libssl gets probes of its own (no file-wide ones)."""
-    target = Target([sys.executable, str(TARGETS / "tls_servers.py"), "uvloop", "0", *certificate])
-    targets.append(target)
-    collector = start_collector("--export-query", "--pid", str(target.pid))
-    assert collector.log.wait_for("libssl.so", 30)  # attached after its CUDA and Python probes
-    ssl_lines = [l for l in collector.log.lines if "libssl.so" in l and "attached" in l]
-    assert ssl_lines and all(f"for pid {target.pid} only" in l for l in ssl_lines), ssl_lines
-    start_https_serving(target)
-    ids = list(range(1, 11))
-    out = fetch_all(target.port, [f"/infer?id={i}&launches={K}" for i in ids], 2, SECONDS, tls=client_context())
-    assert len(out.ok) == len(ids), out.errors[:3]
-    wait_for_ids(receiver, target.pid, ids)
-    check = Check(receiver.spans, target.pid, ids)
-    assert not check.wrong and check.exact == len(ids), check.not_exact[:5]
