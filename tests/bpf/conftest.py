@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from tests.harness import mark_tier, receiver, start_collector, start_target  # noqa: F401 (fixtures)
+from tests.harness import mark_tier, module_collector, receiver, start_collector, start_target  # noqa: F401 (fixtures)
 
 
 def _why_not() -> str | None:
@@ -31,3 +31,13 @@ def targets():
     yield started
     for t in started:
         t.stop()
+
+
+@pytest.fixture(scope="module")
+def shared_collector():
+    """One default collector (and its receiver, .receiver) for the tests of a module that
+    need no fresh one: they only check their own target's spans. A module's tests that
+    start collectors of their own come before the first that uses this one, so that no
+    two collectors of the module run at once."""
+    with module_collector() as collector:
+        yield collector

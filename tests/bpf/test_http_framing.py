@@ -5,7 +5,7 @@ from __future__ import annotations
 import socket
 import time
 
-from tests.harness import children_of, server_spans, started
+from tests.harness import children_of, server_spans, traced
 
 
 def _recv_responses(sock: socket.socket, n: int) -> bytes:
@@ -24,8 +24,8 @@ def _work_spans(receiver, pid, n):
                   key=lambda s: s.start_ns)
 
 
-def test_keep_alive_many_requests_on_one_connection(receiver, start_collector, start_target):
-    _, target = started(start_collector, start_target)
+def test_keep_alive_many_requests_on_one_connection(shared_collector, start_target):
+    receiver, target = shared_collector.receiver, traced(shared_collector, start_target)
     with socket.create_connection(("127.0.0.1", target.port)) as s:
         for i in range(1, 6):
             s.sendall(f"GET /work?launches={i} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
@@ -36,8 +36,8 @@ def test_keep_alive_many_requests_on_one_connection(receiver, start_collector, s
     assert len({s.attributes["client.port"] for s in spans}) == 1  # one connection
 
 
-def test_http_1_0_and_a_request_split_across_reads(receiver, start_collector, start_target):
-    _, target = started(start_collector, start_target)
+def test_http_1_0_and_a_request_split_across_reads(shared_collector, start_target):
+    receiver, target = shared_collector.receiver, traced(shared_collector, start_target)
     with socket.create_connection(("127.0.0.1", target.port)) as s:
         s.sendall(b"GET /work?launches=2 HTTP/1.0\r\n\r\n")
         _recv_responses(s, 1)
@@ -53,8 +53,8 @@ def test_http_1_0_and_a_request_split_across_reads(receiver, start_collector, st
     assert second.attributes["url.path"] == "/work"
 
 
-def test_pipelined_requests(receiver, start_collector, start_target):
-    _, target = started(start_collector, start_target)
+def test_pipelined_requests(shared_collector, start_target):
+    receiver, target = shared_collector.receiver, traced(shared_collector, start_target)
     with socket.create_connection(("127.0.0.1", target.port)) as s:
         s.sendall(b"GET /work?launches=1 HTTP/1.1\r\nHost: x\r\n\r\n"
                   b"GET /work?launches=2 HTTP/1.1\r\nHost: x\r\n\r\n"
