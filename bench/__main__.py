@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from . import (item_ablation, item_big_request, item_dedup, item_first_requests, item_http, item_launch, item_nccl,
-               item_neighbour, item_python_context, item_sustained, item_tls, item_untraced, machine)
+               item_neighbour, item_python_context, item_rates, item_sustained, item_tls, item_untraced, machine)
 from .collector import Collector
 from .native import use_private_cudart
 from .report import profile_text, table, write_json
@@ -23,7 +23,7 @@ READY_TARGET_S = 1.5  # issue 13
 def main() -> int:
     ap = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
     ap.add_argument("--quick", action="store_true", help="short phases (10 s sustained) for development")
-    ap.add_argument("--items", default="1,1b,1c,2,3,5,6,7,8,9,10,11",
+    ap.add_argument("--items", default="1,1b,1c,2,3,5,6,7,8,9,10,11,12",
                     help="comma-separated items to run (4 comes with any)")
     ap.add_argument("--wait-quiet", type=float, default=120,
                     help="seconds to wait for other collectors/bpftrace to finish before each item")
@@ -45,6 +45,7 @@ def main() -> int:
              ("1c", "neighbour", lambda: item_neighbour.run(args.quick, starts), item_neighbour.rows),
              ("3", "sustained", lambda: item_sustained.run(args.quick, starts, RESULTS, stamp), item_sustained.rows),
              ("2", "http", lambda: item_http.run(args.quick, starts, RESULTS, stamp), item_http.rows),
+             ("12", "rates", lambda: item_rates.run(args.quick, starts), item_rates.rows),
              ("5", "big_request", lambda: item_big_request.run(args.quick, starts), item_big_request.rows),
              ("6", "python_context", lambda: item_python_context.run(args.quick, starts), item_python_context.rows),
              ("7", "untraced", lambda: item_untraced.run(args.quick, starts), item_untraced.rows),

@@ -23,7 +23,7 @@ def run(quick: bool, starts: list) -> dict:
             col.wait_traced(svc.pid)
             status = svc.get(path)
             deadline = time.monotonic() + 30
-            while time.monotonic() < deadline and not _server(rx, path):
+            while time.monotonic() < deadline and not rx.server_span(path):
                 time.sleep(0.5)
         finally:
             out = {"collector": col.stop()}
@@ -31,20 +31,12 @@ def run(quick: bool, starts: list) -> dict:
     finally:
         svc.stop()
         rx.stop()
-    span_id, attrs = _server(rx, path) or (None, {})
+    span_id, attrs = rx.server_span(path) or (None, {})
     singles, rollups = rx.children_of(span_id) if span_id else (0, 0)
     out.update(status=status, found=span_id is not None, launches=attrs.get(semconv.GPU_LAUNCHES),
                rolled_up=attrs.get(semconv.GPU_SPANS_DROPPED), single_children=singles,
                rollup_children=rollups)
     return out
-
-
-def _server(rx: CountingReceiver, path: str):
-    with rx.lock:
-        for span_id, attrs in rx.servers.items():
-            if attrs.get(semconv.URL_PATH) == path:
-                return span_id, attrs
-    return None
 
 
 def rows(r: dict) -> list:

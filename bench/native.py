@@ -9,6 +9,8 @@ from pathlib import Path
 
 from otel_gpu.demo.cuda_work import find_cudart
 
+from .isolate import OwnCgroup
+
 HERE = Path(__file__).resolve().parent
 BUILD = HERE / "build"  # ignored by the repository .gitignore (build/)
 
@@ -40,11 +42,15 @@ def use_private_cudart() -> str:
 
 
 class LaunchLoop:
-    """One launch_loop process: started, held at `ready` until go()."""
+    """One launch_loop process: started, held at `ready` until go(). With http, go() sends
+    one `GET <path>` that stays open for the whole loop."""
 
-    def __init__(self, *options: str, http: bool = False) -> None:
+    def __init__(self, *options: str, http: bool = False, path: str = "/loop") -> None:
         argv = [str(build()), find_cudart(), *options] + (["--http"] if http else [])
-        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.path = path
+        self.cgroup = OwnCgroup()  # the bench process is not a related server of it (isolate.py)
+        self.proc = subprocess.Popen(self.cgroup.wrap(argv), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     text=True)
         self.port = None
         line = self.proc.stdout.readline()
         if line.startswith("port "):
@@ -60,12 +66,13 @@ class LaunchLoop:
         self.proc.stdin.flush()
         if self.port:  # one request, answered after the loop
             self.client = socket.create_connection(("127.0.0.1", self.port), timeout=700)
-            self.client.sendall(b"GET /loop HTTP/1.1\r\nHost: bench\r\n\r\n")
+            self.client.sendall(f"GET {self.path} HTTP/1.1\r\nHost: bench\r\n\r\n".encode())
 
     def result(self, timeout: float = 700) -> dict:
         """{'reps': [wall ns per launch], 'cpu_reps': [thread CPU ns per launch], 'launched': n,
         'seconds': s} once the loop is done."""
         out, _ = self.proc.communicate(timeout=timeout)
+        self.cgroup.remove()
         res = {"reps": [], "cpu_reps": [], "launched": 0, "seconds": None}
         for line in out.splitlines():
             f = line.split()

@@ -44,6 +44,11 @@ class CountingReceiver(OtlpReceiver):
                             self.child_names[(s.parent_span_id, rollup)] += 1
         return trace_service_pb2.ExportTraceServiceResponse()
 
+    def server_span(self, path: str):
+        """(span_id, attributes) of the first server span received for url.path `path`, or None."""
+        with self.lock:
+            return next(((sid, a) for sid, a in self.servers.items() if a.get(semconv.URL_PATH) == path), None)
+
     def children_of(self, span_id: bytes) -> tuple[int, int]:
         """(single-call children, rollup children) of one span."""
         with self.lock:

@@ -9,11 +9,14 @@ import urllib.request
 
 from otel_gpu.demo.runner import LineWatcher, stop_process
 
+from .isolate import OwnCgroup
+
 
 class Service:
     def __init__(self, args: tuple = ()) -> None:
         self.tls = "--tls" in args
-        self.proc = subprocess.Popen([sys.executable, "-m", "bench.http_service", *args],
+        self.cgroup = OwnCgroup()  # the bench process is not a related server of it (isolate.py)
+        self.proc = subprocess.Popen(self.cgroup.wrap([sys.executable, "-m", "bench.http_service", *args]),
                                      stderr=subprocess.PIPE, text=True)
         self.pid = self.proc.pid
         log = LineWatcher(self.proc.stderr, echo=None)
@@ -36,3 +39,4 @@ class Service:
 
     def stop(self) -> None:
         stop_process(self.proc, timeout=10)
+        self.cgroup.remove()
