@@ -61,7 +61,7 @@ class Attacher:
         self.bpf = bpf
         self.stats = stats
         self.clock = clock
-        self.closer = closer or ProbeCloser(bpf, stats)  # detaches off the loop (~0.1 s a probe)
+        self.closer = closer or ProbeCloser(bpf, stats)  # detaches off the loop (~0.1 s a probe), many at once
         # (file key, pid or None for every process) -> what is attached there
         self.attached: dict[tuple, Attached] = {}
         self.probe_count = 0
@@ -216,12 +216,14 @@ class Attacher:
         return self.closer.detach(events)
 
     def detach_all(self, timeout: float = 60) -> None:
-        # bcc's cleanup detaches every uprobe and tracepoint it still holds; the closer
-        # finishes those of processes that went before.
-        self.bpf.cleanup()
+        # Every probe is disabled at once and closed by the closer's threads (bcc's
+        # cleanup would close them one after another: ~0.1 s each); then bcc's cleanup
+        # frees the programs and maps.
+        self.closer.detach_all()
         self.attached.clear()
         if not self.closer.wait(timeout):
-            log.warning("%d uprobes still closing after %.0f s", self.closer.pending(), timeout)
+            log.warning("%d probes still closing after %.0f s", self.closer.pending(), timeout)
+        self.bpf.cleanup()
 
 
 def _for(pid: Optional[int]) -> str:
