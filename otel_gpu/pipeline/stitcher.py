@@ -6,6 +6,10 @@ connection goes away. A CUDA call is attributed (see model.ATTRIBUTIONS):
   - made in a Python context (ctx != 0) the probes saw created: to the request bound
     to that context or an ancestor, or held until one binds (pipeline/contexts.py) -> task
   - in an untracked context on an event-loop/worker thread: never by thread; below
+  - by a handler thread of a multiplexed server (a gRPC pool thread in its own untracked
+    context) where the rules below find several candidates: held, and given to the
+    HTTP/2 stream whose frames that thread and context wrote alone, where that is
+    provable (pipeline/handlers.py)                          -> task
   - to the one open request read by the calling thread       -> thread
   - else to the only open request of the process             -> process
   - else, with several candidates, to nobody: counted         -> ambiguous
@@ -41,6 +45,7 @@ from . import protocols
 from .protocols.base import (DETECT_MAX, Notice, ProtocolError, RequestFinished, RequestStarted, ResponseStatus,
                              Session, SessionConfig, StreamReset, SwitchProtocol)
 from .contexts import HELD, Outcome, ProcessContexts
+from .handlers import HandlerPairs
 from .model import (AMBIGUOUS, ATTRIBUTIONS, OUTSIDE, PROCESS, SHARED, TASK, THREAD, CallSink, ProcessWindow,
                     Request, RollupAgg)
 from .records import (Accept, CallAggregate, RequestOpened, ContextCopy, CudaCall, DeviceCall, EV_SOCK_READ,
@@ -83,6 +88,7 @@ class Proc:
     # Threads that served a connection that is not HTTP/1.x (tid -> fds): nor "thread".
     broken: dict = field(default_factory=dict)
     contexts: Optional[ProcessContexts] = None
+    pairs: Optional[HandlerPairs] = None  # handler threads of multiplexed connections
     untracked: int = 0  # open connections the kernel does not track (Conn.tracked False)
 
 
@@ -178,6 +184,7 @@ class Stitcher:
             for conn in list(p.conns.values()):
                 self._drop_conn(p, conn, now_ns, reason, out)
             self._settle(p, p.contexts.drain(), out)
+            self._settle(p, p.pairs.drain(), out)
 
     # --- processes and connections ----------------------------------------------
     def _proc(self, tgid: int, out: list) -> Proc:
@@ -185,6 +192,7 @@ class Stitcher:
         if p is None:
             p = self.procs[tgid] = Proc(tgid)
             p.contexts = ProcessContexts(tgid, self.span_budget, self.stats, self._log)
+            p.pairs = HandlerPairs(tgid, self.stats, self._log)
             out.append(ProcessSeen(tgid))
         return p
 
@@ -343,7 +351,17 @@ class Stitcher:
         if ev.ctx and len(c.streams) == 1:  # the writing context serves that request
             (req,) = c.streams.values()
             self._settle(p, p.contexts.bind(req, ev), out)
-        self._apply(p, c, c.session.on_write(ev.data, ev.ret, ev.tail, ev.ts_ns, ev.tid), ev.tid, ev.ts_ns, out)
+        events = c.session.on_write(ev.data, ev.ret, ev.tail, ev.ts_ns, ev.tid)
+        if ev.ctx and c.session.written and self._handler_pair(p, ev) \
+                and all(r.tid != ev.tid for r in c.streams.values()):  # before the events end streams
+            p.pairs.wrote((ev.tid, ev.ctx), c.session.written, c.streams, ev.ts_ns)
+        self._apply(p, c, events, ev.tid, ev.ts_ns, out)
+
+    @staticmethod
+    def _handler_pair(p: Proc, ev) -> bool:
+        """Made in a context the probes never saw created, on a thread that never ran a
+        tracked one (pipeline/handlers.py)."""
+        return ev.ctx not in p.contexts.nodes and ev.tid not in p.contexts.threads
 
     def _on_close(self, tgid: int, fd: int, ts: int, out: list) -> None:
         p = self.procs.get(tgid)
@@ -386,6 +404,7 @@ class Stitcher:
             if not p.open:
                 self._serving.pop(p.tgid, None)
         self._settle(p, p.contexts.finished(req), out)
+        self._settle(p, p.pairs.finished(req), out)
         if p.untracked:
             req.untracked_connections = p.untracked
         self.stats.add("requests_finished")
@@ -399,6 +418,7 @@ class Stitcher:
             for c in list(p.conns.values()):
                 self._drop_conn(p, c, ev.ts_ns, "process exited", out)
             self._settle(p, p.contexts.drain(), out)
+            self._settle(p, p.pairs.drain(), out)
             self._serving.pop(ev.tgid, None)
             for attr in ("ambiguous", "shared", "outside"):
                 if getattr(p, attr) is not None:
@@ -485,6 +505,11 @@ class Stitcher:
         if verdict is HELD:
             return
         attribution, target = verdict
+        if attribution is AMBIGUOUS and ev.ctx and ev.tid not in p.broken and not p.untracked \
+                and HandlerPairs.applies(target) and self._handler_pair(p, ev) \
+                and all(r.tid != ev.tid for r in target) \
+                and p.pairs.hold((ev.tid, ev.ctx), target, ev, device):
+            return  # counted when it settles
         self.attributed[attribution] += 1
         if attribution is THREAD or attribution is TASK or attribution is PROCESS:
             target.sink.add(ev, attribution)

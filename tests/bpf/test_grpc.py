@@ -2,7 +2,8 @@
 whose handlers call the real libcudart with the RPC's id in every call, and a real
 grpcio client. One server span per RPC named `{service}/{method}` with rpc.*
 attributes and the gRPC status from the trailers; CUDA children exact where the
-attribution rules are exact (one RPC open: `process`), else counted ambiguous, never
+attribution rules are exact (one RPC open: `process`; several: `task`, through the pool
+thread that wrote its RPC's frames alone, pipeline/handlers.py), else counted ambiguous, never
 under a wrong RPC."""
 from __future__ import annotations
 
@@ -101,6 +102,7 @@ def test_grpc_rpcs_get_one_span_each_with_rpc_attributes_and_own_calls(grpc_targ
             by_id.setdefault(rids.pop(), []).append((s, kids))
     assert len(servers) == len(plan), f"{len(servers)} server spans for {len(plan)} RPCs"
     exact = ambiguous = 0
+    exact_by_kind = dict.fromkeys(expected, 0)
     for kind, rid in plan:
         got = by_id.get(rid, [])
         assert len(got) <= 1, f"rpc {rid}: calls under {len(got)} spans"
@@ -109,6 +111,7 @@ def test_grpc_rpcs_get_one_span_each_with_rpc_attributes_and_own_calls(grpc_targ
             assert s.name == f"{SERVICE}/{kind}"
             if len(kids) == expected[kind]:
                 exact += 1
+                exact_by_kind[kind] += 1
             assert all(k.attributes["otel_gpu.attribution"] in ("process", "thread", "task") for k in kids)
         ambiguous += 0 if got and len(got[0][1]) == expected[kind] else 1
     # Every call is somewhere, counted: under its own RPC, or on an ambiguous window (or,
@@ -128,5 +131,8 @@ def test_grpc_rpcs_get_one_span_each_with_rpc_attributes_and_own_calls(grpc_targ
             pytest.fail(f"rpc {rid} ({kind}): {placed.get(rid, 0)} calls placed; all its calls: {where}")
     if concurrency == 1:
         assert exact == len(plan), f"{exact} of {len(plan)} RPCs with exactly their calls"
-    print(f"grpc concurrency {concurrency}: {exact} of {len(plan)} RPCs exact, {ambiguous} counted ambiguous, "
+    else:  # exact where the pool thread wrote its RPC's frames alone (pipeline/handlers.py): 12-20 of 24
+        # measured, fewer on a loaded machine where C-core's threads write more; 0-2 before that rule
+        assert exact >= len(plan) // 4, f"{exact} of {len(plan)} RPCs with exactly their calls {exact_by_kind}"
+    print(f"grpc concurrency {concurrency}: {exact} of {len(plan)} RPCs exact {exact_by_kind}, {ambiguous} counted ambiguous, "
           f"{outside} calls of open RPCs on an outside window")

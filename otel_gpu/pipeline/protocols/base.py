@@ -21,6 +21,8 @@ Final API (H5; HTTP/2, gRPC and TLS build on it):
                                      session holds that never started (e.g. pipelined ones)
     partial: bool                    a request head is half read: its reading thread may be
                                      about to serve it (no "process" attribution for it)
+    written: frozenset               after on_write: the stream ids (!= 0) that write's frames
+                                     carry; multiplexed protocols only (pipeline/handlers.py)
 
   Events (returned in order; the stitcher applies them as they come):
     RequestStarted(stream, head, start_ns, tid)   a request opens; stream 0 for HTTP/1,
@@ -157,6 +159,7 @@ Event = Union[RequestStarted, ResponseStatus, RequestFinished, StreamReset, Prot
 class Session:
     """One connection's protocol state (server side). See the module docstring."""
     partial: bool = False
+    written: frozenset = frozenset()
 
     def on_read(self, data: bytes, length: int, ts_ns: int, tid: int) -> list:
         raise NotImplementedError

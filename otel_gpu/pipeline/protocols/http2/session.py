@@ -81,6 +81,7 @@ class H2Session(Session):
         return self._guard(self._in, data, length, ts_ns, tid, self._client_frame)
 
     def on_write(self, data: bytes, length: int, tail: bytes, ts_ns: int, tid: int) -> list:
+        self.written = frozenset()
         return self._guard(self._out, data, length, ts_ns, tid, self._server_frame)
 
     def on_close(self, ts_ns: int) -> list:
@@ -107,6 +108,8 @@ class H2Session(Session):
             frames, fault = d.frames.feed(data, length), None
         except H2FramingError as e:  # the frames before it still count
             frames, fault = e.frames, e
+        if d is self._out:  # which streams this write carries: a handler thread's binding
+            self.written = frozenset(f.stream for f in frames if f.stream)
         for f in frames:
             if f.type in (HEADERS, PUSH_PROMISE, CONTINUATION):
                 if not d.blocks.in_block:
