@@ -189,6 +189,3 @@ class HandlerPairs:
         elif len(self.verdict) > 4 * len(self.index) + 64:
             live = {id(c) for hs in self.index.values() for h in hs for c in h.cands}
             self.verdict = {k: v for k, v in self.verdict.items() if k in live}
-
-    def state(self) -> dict:
-        return {"handler_pairs_bound": len(self.req_of), "handler_calls_held": self.held}

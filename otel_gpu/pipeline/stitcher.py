@@ -154,6 +154,7 @@ class Stitcher:
                  "contexts_tracked": 0, "contexts_bound": 0, "pending_calls": 0}
         for k, v in (kv for p in procs for kv in p.contexts.state().items()):
             sizes[k] += v
+        sizes["pending_calls"] += sum(p.pairs.held for p in procs)  # held for a handler thread's stream
         return sizes
 
     def _on_kernel_rollup(self, k: KernelRollup, out: list) -> None:

@@ -44,11 +44,11 @@ def grids(req) -> list:
 def test_each_pool_thread_writing_its_own_stream_alone_gets_its_calls():
     s, server = opened(1, 3)
     s.process([call(W1, X, 1), call(W2, Y, 3), call(W1, X, 1), call(W2, Y, 3)])
-    assert s.attributed["ambiguous"] == 0  # held, not guessed
+    assert s.attributed["ambiguous"] == 0 and s.state()["pending_calls"] == 4  # held, not guessed
     first = requests(s.process([in_ctx(write(response(server, 1), tid=W1), X)]))
     second = requests(s.process([in_ctx(write(response(server, 3), tid=W2), Y)]))
     assert [grids(r) for r in first + second] == [[(1, "task")] * 2, [(3, "task")] * 2]
-    assert s.attributed["task"] == 4 and s.attributed["ambiguous"] == 0
+    assert s.attributed["task"] == 4 and s.attributed["ambiguous"] == 0 and s.state()["pending_calls"] == 0
 
 
 def test_a_reused_context_address_never_hands_an_earlier_rpcs_calls_to_the_next():
