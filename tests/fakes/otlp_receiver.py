@@ -81,6 +81,11 @@ class OtlpReceiver(trace_service_pb2_grpc.TraceServiceServicer):
         with self._cond:
             return self._cond.wait_for(lambda: predicate(self.spans), timeout)
 
+    def clear(self) -> None:
+        """Forgets the spans received so far (a receiver shared by consecutive tests)."""
+        with self._cond:
+            self.spans.clear()
+
 
 class _Metrics(metrics_service_pb2_grpc.MetricsServiceServicer):
     def __init__(self, receiver: OtlpReceiver) -> None:
