@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from tests.harness import children_of, server_spans, started
+from tests.harness import children_of, server_spans, started, traced
 
 GRID, BLOCK = [7, 3, 1], [128, 2, 1]
 
@@ -57,26 +57,6 @@ def test_n_requests_with_known_work(kind, receiver, start_collector, start_targe
         assert all(s.start_ns <= c.start_ns <= s.end_ns for c in kids)
         assert s.resource["service.name"] == "cuda_http"
         assert s.resource["process.pid"] == target.pid
-
-
-def test_traceparent_continues_the_callers_trace(receiver, start_collector, start_target):
-    collector, target = started(start_collector, start_target)
-    trace_id, parent = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
-    target.get("/work?launches=1", headers={"traceparent": f"00-{trace_id}-{parent}-01"})
-    (span,) = _wait_requests(receiver, target.pid, "/work", 1)
-    assert span.trace_id == trace_id and span.parent_span_id == parent
-    (kid,) = children_of(receiver.spans, span)
-    assert kid.trace_id == trace_id
-
-
-def test_handoff_to_another_thread_with_one_request_in_flight(receiver, start_collector, start_target):
-    collector, target = started(start_collector, start_target)
-    target.get("/handoff?launches=3")
-    (span,) = _wait_requests(receiver, target.pid, "/handoff", 1)
-    kids = children_of(receiver.spans, span)
-    assert len(kids) == 3
-    assert {c.attributes["otel_gpu.attribution"] for c in kids} == {"process"}
-    assert all(c.attributes["thread.id"] != span.attributes["thread.id"] for c in kids)
 
 
 def test_concurrent_requests_are_flagged_ambiguous_not_guessed(receiver, start_collector, start_target):
@@ -133,3 +113,24 @@ def test_otlp_http_protobuf_exporter(start_target):
     finally:
         collector.stop()
         http_receiver.stop()
+
+
+# Last in the module: these two share one collector (shared_collector).
+def test_traceparent_continues_the_callers_trace(shared_collector, start_target):
+    receiver, target = shared_collector.receiver, traced(shared_collector, start_target)
+    trace_id, parent = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
+    target.get("/work?launches=1", headers={"traceparent": f"00-{trace_id}-{parent}-01"})
+    (span,) = _wait_requests(receiver, target.pid, "/work", 1)
+    assert span.trace_id == trace_id and span.parent_span_id == parent
+    (kid,) = children_of(receiver.spans, span)
+    assert kid.trace_id == trace_id
+
+
+def test_handoff_to_another_thread_with_one_request_in_flight(shared_collector, start_target):
+    receiver, target = shared_collector.receiver, traced(shared_collector, start_target)
+    target.get("/handoff?launches=3")
+    (span,) = _wait_requests(receiver, target.pid, "/handoff", 1)
+    kids = children_of(receiver.spans, span)
+    assert len(kids) == 3
+    assert {c.attributes["otel_gpu.attribution"] for c in kids} == {"process"}
+    assert all(c.attributes["thread.id"] != span.attributes["thread.id"] for c in kids)
