@@ -14,14 +14,16 @@ import logging
 import os
 import queue
 import threading
+from typing import Optional
 
 log = logging.getLogger(__name__)
 
 PERF_EVENT_IOC_DISABLE = 0x2401
 WORKERS = 16  # past ~16 closes in flight the time no longer drops (measured: 8: 12.4 s, 32: 9.7 s, 64: 9.3 s)
 # bcc makes a uprobe through tracefs only where the kernel has no uprobe PMU; such an
-# event must also be removed from this file. Read once per batch, not once per probe
-# as bcc's bpf_detach_uprobe does (each read waits for the event mutex).
+# event must also be removed from this file. Read once per batch, by a closer thread,
+# not once per probe as bcc's bpf_detach_uprobe does (each read waits for the event
+# mutex, which the closes hold: the loop must not wait there).
 UPROBE_EVENTS = ("/sys/kernel/tracing/uprobe_events", "/sys/kernel/debug/tracing/uprobe_events")
 
 
@@ -39,14 +41,14 @@ class ProbeCloser:
 
     def detach(self, events: list) -> int:
         """Disables each of bcc's uprobe events now and closes them in the background; how many."""
-        tracefs = _tracefs_events() if events else ""
+        batch = _Batch()
         done = 0
         for ev in events:
             fd = self.bpf.uprobe_fds.get(ev)
             if fd is None or not self._disable(fd, "uprobe", ev):
                 continue
             _forget(self.bpf, ev)
-            self._queue(ev, fd, ev.decode(errors="replace") in tracefs)
+            self._queue(ev, fd, batch)
             done += 1
         return done
 
@@ -57,7 +59,7 @@ class ProbeCloser:
         for tp, fd in list(self.bpf.tracepoint_fds.items()):
             if self._disable(fd, "tracepoint", tp):
                 del self.bpf.tracepoint_fds[tp]  # bcc's bpf_detach_tracepoint does nothing more
-                self._queue(tp, fd, False)
+                self._queue(tp, fd, None)
                 n += 1
         return n
 
@@ -78,7 +80,7 @@ class ProbeCloser:
             log.warning("cannot disable %s %s: %s", kind, name.decode(errors="replace"), e)
             return False
 
-    def _queue(self, name: bytes, fd: int, in_tracefs: bool) -> None:
+    def _queue(self, name: bytes, fd: int, batch: "Optional[_Batch]") -> None:
         with self._lock:
             self._pending += 1
             self._idle.clear()
@@ -87,15 +89,15 @@ class ProbeCloser:
                                      daemon=True)
                 self._threads.append(t)
                 t.start()
-        self._closing.put((name, fd, in_tracefs))
+        self._closing.put((name, fd, batch))
 
     def _run(self) -> None:
         from bcc import lib
         while True:
-            name, fd, in_tracefs = self._closing.get()
+            name, fd, batch = self._closing.get()
             try:
                 os.close(fd)
-                if in_tracefs and lib.bpf_detach_uprobe(name) < 0:
+                if batch is not None and batch.in_tracefs(name) and lib.bpf_detach_uprobe(name) < 0:
                     raise OSError(f"cannot remove it from {UPROBE_EVENTS[0]}")
             except OSError as e:
                 self.stats.add("probe_detach_failed")
@@ -104,6 +106,20 @@ class ProbeCloser:
                 self._pending -= 1
                 if not self._pending:
                     self._idle.set()
+
+
+class _Batch:
+    """The uprobes of one detach call: uprobe_events as read once for all of them."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._text: Optional[str] = None
+
+    def in_tracefs(self, name: bytes) -> bool:
+        with self._lock:
+            if self._text is None:
+                self._text = _tracefs_events()
+        return name.decode(errors="replace") in self._text
 
 
 def _tracefs_events() -> str:
