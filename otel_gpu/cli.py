@@ -1,4 +1,4 @@
-"""otel-gpu command line: `run` (the collector), `demo`, `status`, and the local store's `report` and `traces`."""
+"""otel-gpu command line: `run` (the collector), `compile` (warms the BPF cache), `demo`, `status`, and the local store's `report` and `traces`."""
 from __future__ import annotations
 
 import argparse
@@ -26,6 +26,38 @@ def _run_parser(sub) -> None:
     p = sub.add_parser("run", help="attach the probes and export traces until SIGINT/SIGTERM")
     add_run_arguments(p)
     p.add_argument("--ebpf", action="store_true", help="print the BPF C program and exit")
+
+
+def _compile_parser(sub) -> None:
+    p = sub.add_parser("compile", help="compile the BPF program into the BPF cache (--bpf-cache) and exit: "
+                       "a later `run` with the same settings starts without compiling (install step)")
+    add_run_arguments(p)
+
+
+def cmd_compile(args) -> int:
+    try:
+        config = load_config(args)
+    except ConfigError as e:
+        print(f"otel-gpu: {e}", file=sys.stderr)
+        return 2
+    setup_logging(config.log_level)
+    if not config.bpf_cache:
+        print("otel-gpu: the BPF cache is off (--bpf-cache / OTEL_GPU_BPF_CACHE): nothing to compile into",
+              file=sys.stderr)
+        return 2
+    preflight()
+    from .probes.program_cache import CacheError
+    from .probes.source import ProgramOptions, load, program_cache
+    options = ProgramOptions.from_config(config)
+    cache, key = program_cache(options)
+    try:
+        if cache.read(key) is not None:
+            log.info("BPF cache %s already holds this program", cache.entry_path(key))
+            return 0
+    except CacheError as e:
+        log.info("BPF cache entry %s replaced: %s", cache.entry_path(key), e)
+    load(options, compile_only=True).cleanup()
+    return 0 if cache.entry_path(key).is_file() else 1  # not cacheable: load said why
 
 
 def preflight() -> None:
@@ -112,6 +144,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="otel-gpu", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     _run_parser(sub)
+    _compile_parser(sub)
     d = sub.add_parser("demo", help="run the collector on a bundled CUDA HTTP service and print traces; "
                        "its data stays in the local store")
     d.add_argument("--requests", type=int, default=3, help="requests per route")
@@ -134,6 +167,8 @@ def main(argv=None) -> int:
         return status(args)
     if args.command == "run":
         return cmd_run(args)  # sets up logging once its configuration is loaded
+    if args.command == "compile":
+        return cmd_compile(args)
     setup_logging("INFO")
     from .demo.runner import run_demo
     return run_demo(args.requests, keep=args.keep)

@@ -146,11 +146,7 @@ class Collector:
         from .probes.program import BpfProgram
         from .probes.source import ProgramOptions
         t0 = time.monotonic()
-        self.program = BpfProgram(ProgramOptions(trace_all=self.config.trace_all,
-                                                 ringbuf_pages=self.config.ringbuf_pages,
-                                                 max_conns=self.config.max_connections,
-                                                 stream_budget=self.config.stream_budget,
-                                                 stream_rate=self.config.stream_rate), self.stats)
+        self.program = BpfProgram(ProgramOptions.from_config(self.config), self.stats)
         self._probe_known_files()
         self._scan()
         # Still `ready` first (the health file and tests wait for it), but never silently

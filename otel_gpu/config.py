@@ -9,6 +9,8 @@ from typing import Mapping, Optional
 
 from .status.file import DEFAULT_PATH as DEFAULT_STATUS_FILE
 
+DEFAULT_BPF_CACHE = "/var/cache/otel-gpu"
+
 OTLP_PROTOCOLS = ("grpc", "http/protobuf")
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 MIN_CONNECTIONS, MAX_CONNECTIONS = 16, 1 << 20  # --max-connections: the BPF map's bounds
@@ -58,6 +60,7 @@ class Config:
     metric_interval_ms: int = 10_000  # OTEL_METRIC_EXPORT_INTERVAL (the SDK's 60 s is coarse for an agent)
     store_path: Optional[str] = None  # local SQLite store; None: off
     status_file: Optional[str] = None  # state file read by `otel-gpu status`; None: off
+    bpf_cache: Optional[str] = DEFAULT_BPF_CACHE  # compiled BPF programs (probes/program_cache.py); None: off
     store_group: Optional[int] = None  # gid that may read the store (file 0640, dir 0750); None: 0600/0700
     shutdown_timeout_s: int = 5   # SIGTERM to exit, whatever the backend does; undelivered spans are counted
     resource_attributes: dict = field(default_factory=dict)  # our OTEL_RESOURCE_ATTRIBUTES
@@ -101,6 +104,8 @@ class Config:
             raise ConfigError("interval", "scan and flush intervals must be positive")
         if self.otlp_protocol not in OTLP_PROTOCOLS:
             raise ConfigError("otlp_protocol", f"{self.otlp_protocol!r} is not one of {', '.join(OTLP_PROTOCOLS)}")
+        if self.bpf_cache is not None and not os.path.isabs(self.bpf_cache):
+            raise ConfigError("bpf_cache", f"{self.bpf_cache!r} is not an absolute path (or off)")
         if self.log_level not in LOG_LEVELS:
             raise ConfigError("log_level", f"{self.log_level!r} is not one of {', '.join(LOG_LEVELS)}")
         return self
@@ -185,6 +190,9 @@ def add_run_arguments(p) -> None:
                         "default 5)")
     p.add_argument("--status-file", help="state file that `otel-gpu status` reads, rewritten every 2 s "
                    "(OTEL_GPU_STATUS_FILE; default /run/otel-gpu/status.json; '' turns it off)")
+    p.add_argument("--bpf-cache", help="directory of compiled BPF programs: a start with a cached program "
+                   "skips the clang compile (OTEL_GPU_BPF_CACHE; default /var/cache/otel-gpu; 'off' compiles "
+                   "at every start)")
     p.add_argument("--log-level", help="debug, info, warning, error (OTEL_GPU_LOG_LEVEL; default info)")
     p.add_argument("--python-context", dest="python_context", action="store_true", default=None,
                    help="attribute CUDA calls of Python services by asyncio task / contextvars context "
@@ -272,6 +280,10 @@ def _group(value: Optional[str], src: _Sources) -> Optional[int]:
         raise ConfigError(var, f"no group named {value!r}") from None
 
 
+def _off(value: str) -> Optional[str]:
+    return None if value.strip().lower() == "off" else value.strip()
+
+
 def _otlp_protocol(src: _Sources) -> str:
     traces = "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"
     var = traces if src.env.get(traces, "").strip() else "OTEL_EXPORTER_OTLP_PROTOCOL"
@@ -321,6 +333,7 @@ def load_config(args=None, env: Mapping[str, str] = os.environ) -> Config:
         metric_interval_ms=src.integer(None, "OTEL_METRIC_EXPORT_INTERVAL", 10_000),
         store_path=_store_path(src, otlp_traces),
         status_file=src.text("status_file", "OTEL_GPU_STATUS_FILE", DEFAULT_STATUS_FILE) or None,
+        bpf_cache=_off(src.text("bpf_cache", "OTEL_GPU_BPF_CACHE", DEFAULT_BPF_CACHE)),
         store_group=_group(src.text("store_group", "OTEL_GPU_STORE_GROUP", None), src),
         shutdown_timeout_s=src.integer("shutdown_timeout", "OTEL_GPU_SHUTDOWN_TIMEOUT", 5),
         resource_attributes=resource_attributes(env.get("OTEL_RESOURCE_ATTRIBUTES", "")),

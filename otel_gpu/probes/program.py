@@ -38,7 +38,7 @@ class BpfProgram:
     def __init__(self, options: ProgramOptions, stats: Stats) -> None:
         self.stats = stats
         t0 = time.monotonic()
-        self.bpf = load(options)
+        self.bpf = load(options, stats)  # from the BPF cache when it holds this program
         self.load_s = time.monotonic() - t0  # the clang compile and the verifier: most of `ready`
         dropped_kb = compiler_memory.release()
         log.info("BPF program compiled and loaded (%.1f s); %d MB of compiler pages released",

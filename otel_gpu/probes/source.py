@@ -12,6 +12,7 @@ import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Optional
 
 from .table import c_defines
 
@@ -36,6 +37,13 @@ class ProgramOptions:
     max_conns: int = 65536
     stream_budget: int = 64     # CUDA calls streamed per thread and request (bpf/maps.h STREAM_BUDGET)
     stream_rate: int = 5000     # CUDA calls streamed per second, host-wide (bpf/cuda_probes.c STREAM_RATE_PER_CPU)
+    bpf_cache: Optional[str] = None  # directory of compiled programs (probes/program_cache.py); None: compile
+
+    @classmethod
+    def from_config(cls, config) -> "ProgramOptions":
+        """What `otel-gpu run` and `otel-gpu compile` load: one program per config."""
+        return cls(trace_all=config.trace_all, ringbuf_pages=config.ringbuf_pages, max_conns=config.max_connections,
+                   stream_budget=config.stream_budget, stream_rate=config.stream_rate, bpf_cache=config.bpf_cache)
 
     def cflags(self) -> list[str]:
         if self.ringbuf_pages & (self.ringbuf_pages - 1):
@@ -75,14 +83,60 @@ def source_text() -> str:
     return c_defines() + "\n".join((bpf_dir() / name).read_text() for name in PROGRAM_FILES)
 
 
-def load(options: ProgramOptions):
-    """Compile and load; returns the bcc BPF object. bcc attaches the
-    TRACEPOINT_PROBE functions itself; uprobes are the caller's."""
+def load(options: ProgramOptions, stats=None, compile_only: bool = False):
+    """The bcc BPF object, from the cache when it holds this exact program, else
+    compiled (and then cached). bcc attaches the TRACEPOINT_PROBE functions itself
+    (not with `compile_only`: `otel-gpu compile` warms the cache and attaches
+    nothing); uprobes are the caller's. An unusable entry is logged, counted in
+    `stats` as bpf_cache_invalid, and the program compiled."""
     kernel_headers_hint()
     from bcc import BPF  # imported late: the unit tier runs without bcc
 
     from . import bcc_abi
     bcc_abi.apply()  # uprobes without a garbage ref_ctr_offset (other tools can attach too)
 
-    log.debug("compiling %s with %s", PROGRAM_FILES, options.cflags())
-    return BPF(text=source_text().encode(), cflags=options.cflags())
+    text, cflags = source_text().encode(), options.cflags()
+    if not options.bpf_cache:
+        return _compile(BPF, text, cflags, compile_only)
+    from . import cached_bpf
+    from .program_cache import Uncacheable
+    cache, key = program_cache(options, text)
+    if not compile_only:
+        try:
+            entry = cache.read(key)
+            if entry is not None:
+                bpf = cached_bpf.CachedBPF(entry)
+                log.info("BPF program from the cache %s (no compile)", cache.entry_path(key))
+                return bpf
+        except Exception as e:  # CacheError, or the kernel refused what the entry holds
+            log.warning("BPF cache entry %s unusable: %s; compiling", cache.entry_path(key), e)
+            if stats is not None:
+                stats.add("bpf_cache_invalid")
+    bpf = _compile(BPF, text, cflags, compile_only)
+    try:
+        path = cache.write(key, cached_bpf.extract(bpf))
+        log.info("BPF program cached in %s", path)
+    except (Uncacheable, OSError) as e:
+        log.warning("BPF program not cached (%s): every start compiles", e)
+    return bpf
+
+
+def program_cache(options: ProgramOptions, text: Optional[bytes] = None):
+    """(CacheDir, key) of this program: the entry a start with `options` reads."""
+    from bcc import __version__ as bcc_version
+
+    from .program_cache import CacheDir, cache_key
+    kernel_headers_hint()  # BCC_KERNEL_SOURCE is part of the key
+    text = source_text().encode() if text is None else text
+    return CacheDir(options.bpf_cache), cache_key(text, options.cflags(), bpf_dir(), os.uname().release, bcc_version)
+
+
+def _compile(BPF, text: bytes, cflags: list, compile_only: bool):
+    log.debug("compiling %s with %s", PROGRAM_FILES, cflags)
+    if not compile_only:
+        return BPF(text=text, cflags=cflags)
+
+    class _NoAutoload(BPF):  # maps created, nothing loaded or attached
+        def _trace_autoload(self):
+            pass
+    return _NoAutoload(text=text, cflags=cflags)

@@ -233,3 +233,14 @@ def test_max_routes_flag_beats_environment_beats_default():
         load(OTEL_GPU_MAX_ROUTES="0")
     with pytest.raises(ConfigError, match="max_routes"):
         load("--max-routes", "0")
+
+
+def test_bpf_cache_flag_env_default_and_off():
+    assert load().bpf_cache == "/var/cache/otel-gpu"
+    assert load(OTEL_GPU_BPF_CACHE="/tmp/c").bpf_cache == "/tmp/c"
+    assert load("--bpf-cache", "/tmp/f", OTEL_GPU_BPF_CACHE="/tmp/c").bpf_cache == "/tmp/f"  # flag wins
+    assert load("--bpf-cache", "off").bpf_cache is None
+    assert load(OTEL_GPU_BPF_CACHE="OFF").bpf_cache is None
+    with pytest.raises(ConfigError) as e:
+        load(OTEL_GPU_BPF_CACHE="relative/dir")
+    assert e.value.field == "OTEL_GPU_BPF_CACHE"

@@ -1,0 +1,212 @@
+"""A bcc BPF object made from a program_cache Entry instead of a clang compile.
+
+Everything after the compile stays bcc's: tables (bcc.table classes), probes and
+tracepoints (attach_*), the ring buffer, cleanup. Only what bcc reads from its
+compiled module is answered from the entry: function instructions (load_func), the
+autoloaded TRACEPOINT_PROBE functions (_trace_autoload), and the three facts bcc's
+tables ask libbcc about a map (type, flags, max entries). So libLLVM/libclang are
+never touched on a cache hit. Programs load without BTF (none of ours needs it:
+no spin locks, kfuncs or global functions); the verifier checks them as always."""
+from __future__ import annotations
+
+import atexit
+import ctypes as ct
+import json
+import os
+
+import bcc
+import bcc.table
+from bcc import BPF
+from bcc.libbcc import lib
+
+from .program_cache import CacheError, Entry, FuncSpec, MapSpec, Uncacheable, relocate_in, relocate_out
+
+_AUTOLOAD = {b"tracepoint__": BPF.TRACEPOINT, b"raw_tracepoint__": BPF.RAW_TRACEPOINT}
+# bcc would attach these itself too; this module does not implement them, so refuses to cache.
+_OTHER_AUTOLOAD = (b"kprobe__", b"kretprobe__", b"kfunc__", b"kretfunc__", b"lsm__")
+_QUEUE_STACK = (bcc.table.BPF_MAP_TYPE_QUEUE, bcc.table.BPF_MAP_TYPE_STACK)
+
+# Our own function objects of libbcc: argtypes set here change nobody else's.
+_lib = ct.CDLL(lib._name, use_errno=True)
+_lib.bcc_create_map.restype = ct.c_int
+_lib.bcc_create_map.argtypes = [ct.c_int, ct.c_char_p, ct.c_int, ct.c_int, ct.c_int, ct.c_int]
+_lib.bcc_prog_load.restype = ct.c_int
+_lib.bcc_prog_load.argtypes = [ct.c_int, ct.c_char_p, ct.c_void_p, ct.c_int, ct.c_char_p, ct.c_uint,
+                               ct.c_int, ct.c_char_p, ct.c_uint]
+_lib.bpf_obj_get_info.restype = ct.c_int
+_lib.bpf_obj_get_info.argtypes = [ct.c_int, ct.c_void_p, ct.POINTER(ct.c_uint32)]
+_lib.bpf_num_tables.restype = ct.c_ulonglong
+_lib.bpf_num_tables.argtypes = [ct.c_void_p]
+_lib.bpf_table_name.restype = ct.c_char_p
+_lib.bpf_table_name.argtypes = [ct.c_void_p, ct.c_ulonglong]
+
+
+class _MapInfo(ct.Structure):  # the head of the kernel's struct bpf_map_info
+    _fields_ = [("type", ct.c_uint32), ("id", ct.c_uint32), ("key_size", ct.c_uint32),
+                ("value_size", ct.c_uint32), ("max_entries", ct.c_uint32), ("map_flags", ct.c_uint32),
+                ("name", ct.c_char * 16), ("_rest", ct.c_uint8 * 104)]  # zeroed: the kernel's tail check
+
+
+# --- compiled -> entry -----------------------------------------------------------------
+def extract(bpf) -> Entry:
+    """Every function and map of a compiled bcc BPF object (loaded or not yet).
+    Raises Uncacheable when the entry could not reproduce it."""
+    mod, maps, fd_to_index = bpf.module, [], {}
+    for i in range(_lib.bpf_num_tables(mod)):
+        name = _lib.bpf_table_name(mod, i)
+        fd = lib.bpf_table_fd(mod, name)
+        info, size = _MapInfo(), ct.c_uint32(ct.sizeof(_MapInfo))
+        if fd < 0 or _lib.bpf_obj_get_info(fd, ct.byref(info), ct.byref(size)) != 0:
+            raise Uncacheable(f"map {name.decode()}: no fd or no info (errno {ct.get_errno()})")
+        fd_to_index[fd] = len(maps)
+        maps.append(MapSpec(name.decode(), info.type, info.key_size, info.value_size, info.max_entries,
+                            info.map_flags, (lib.bpf_table_key_desc(mod, name) or b"").decode(),
+                            (lib.bpf_table_leaf_desc(mod, name) or b"").decode()))
+    funcs = []
+    for i in range(lib.bpf_num_functions(mod)):
+        name = lib.bpf_function_name(mod, i)
+        if name.startswith(_OTHER_AUTOLOAD):
+            raise Uncacheable(f"{name.decode()}: autoload kind not implemented by the cache")
+        code = ct.string_at(lib.bpf_function_start(mod, name), lib.bpf_function_size(mod, name))
+        try:
+            insns, relocs = relocate_out(code, fd_to_index)
+        except Uncacheable as e:
+            raise Uncacheable(f"{name.decode()}: {e}") from None
+        funcs.append(FuncSpec(name.decode(), insns, relocs))
+    return Entry(lib.bpf_module_license(mod).decode(), lib.bpf_module_kern_version(mod), tuple(maps), tuple(funcs))
+
+
+# --- entry -> BPF object -----------------------------------------------------------------
+class CachedModule:
+    """Stands where bcc keeps its compiled module's pointer: the maps we created and
+    the entry. Not a pointer: handed to libbcc by mistake, ctypes refuses it
+    (ArgumentError) instead of libbcc reading garbage."""
+
+    def __init__(self, entry: Entry) -> None:
+        self.entry, self.fds = entry, []
+        self.index = {m.name.encode(): i for i, m in enumerate(entry.maps)}
+        self.funcs = {f.name.encode(): f for f in entry.funcs}
+        try:
+            for m in entry.maps:
+                fd = _lib.bcc_create_map(m.type, m.name.encode(), m.key_size, m.value_size, m.max_entries, m.flags)
+                if fd < 0:
+                    raise CacheError(f"map {m.name}: create failed ({os.strerror(ct.get_errno())})")
+                self.fds.append(fd)
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        for fd in self.fds:
+            os.close(fd)
+        self.fds = []
+
+
+class _TableLib:
+    """bcc.table's `lib`: the map facts bcc's tables read at construction come from a
+    CachedModule; every other call, and every other module, goes to libbcc."""
+
+    def __init__(self, real) -> None:
+        self._real = real
+
+    def __getattr__(self, name):
+        return getattr(self._real, name)
+
+    def bpf_table_type_id(self, module, map_id):
+        if isinstance(module, CachedModule):
+            return module.entry.maps[map_id].type
+        return self._real.bpf_table_type_id(module, map_id)
+
+    def bpf_table_flags_id(self, module, map_id):
+        if isinstance(module, CachedModule):
+            return module.entry.maps[map_id].flags
+        return self._real.bpf_table_flags_id(module, map_id)
+
+    def bpf_table_max_entries_id(self, module, map_id):
+        if isinstance(module, CachedModule):
+            return module.entry.maps[map_id].max_entries
+        return self._real.bpf_table_max_entries_id(module, map_id)
+
+
+def _install_table_lib() -> None:
+    if not isinstance(bcc.table.lib, _TableLib):
+        bcc.table.lib = _TableLib(bcc.table.lib)
+
+
+class CachedBPF(BPF):
+    """bcc.BPF without the compile. The attributes are the ones bcc's __init__ sets
+    (bcc 0.26; the cache key holds bcc's version)."""
+
+    def __init__(self, entry: Entry) -> None:
+        _install_table_lib()
+        self.kprobe_fds, self.uprobe_fds, self.tracepoint_fds = {}, {}, {}
+        self.raw_tracepoint_fds, self.kfunc_entry_fds, self.kfunc_exit_fds, self.lsm_fds = {}, {}, {}, {}
+        self.perf_buffers, self.open_perf_events = {}, {}
+        self._ringbuf_manager = None
+        self.tracefile = None
+        self.debug = 0
+        self.funcs, self.tables = {}, {}
+        self.module = None
+        self.module = CachedModule(entry)
+        atexit.register(self.cleanup)
+        try:
+            self._trace_autoload()
+        except BaseException:
+            self.cleanup()
+            raise
+
+    def relocated(self, name: bytes) -> bytes:
+        """The instructions of function `name` as loaded: this process's map fds written in."""
+        if name not in self.module.funcs:
+            raise Exception("Unknown program %s" % name)
+        return relocate_in(self.module.funcs[name], self.module.fds)
+
+    def load_func(self, func_name, prog_type, device=None, attach_type=-1):
+        func_name = bcc._assert_is_bytes(func_name)
+        if func_name in self.funcs:
+            return self.funcs[func_name]
+        if device is not None or attach_type != -1:
+            raise Exception("the cached program loads no device or attach-type programs")
+        code = self.relocated(func_name)
+        entry = self.module.entry
+        fd = _lib.bcc_prog_load(prog_type, func_name, code, len(code), entry.license.encode(),
+                                entry.kern_version, 0, None, 0)
+        if fd < 0:
+            raise Exception("Failed to load BPF program %s: %s" % (func_name, os.strerror(ct.get_errno())))
+        fn = BPF.Function(self, func_name, fd)
+        self.funcs[func_name] = fn
+        return fn
+
+    def _trace_autoload(self) -> None:
+        for f in self.module.entry.funcs:
+            name = f.name.encode()
+            for prefix, prog_type in _AUTOLOAD.items():
+                if name.startswith(prefix):
+                    fn = self.load_func(name, prog_type)
+                    if prog_type == BPF.TRACEPOINT:
+                        self.attach_tracepoint(tp=name[len(prefix):].replace(b"__", b":"), fn_name=fn.name)
+                    else:
+                        self.attach_raw_tracepoint(tp=name[len(prefix):], fn_name=fn.name)
+
+    def get_table(self, name, keytype=None, leaftype=None, reducer=None):
+        name = bcc._assert_is_bytes(name)
+        if name not in self.module.index:
+            raise KeyError(name)
+        map_id = self.module.index[name]
+        spec = self.module.entry.maps[map_id]
+        if not keytype and spec.type not in _QUEUE_STACK:
+            keytype = BPF._decode_table_type(json.loads(spec.key_desc))
+        if not leaftype:
+            leaftype = BPF._decode_table_type(json.loads(spec.leaf_desc))
+        return bcc.table.Table(self, map_id, self.module.fds[map_id], keytype, leaftype, name, reducer=reducer)
+
+    def dump_func(self, func_name):
+        return self.relocated(bcc._assert_is_bytes(func_name))
+
+    def close(self) -> None:
+        for name, fn in list(self.funcs.items()):
+            os.close(fn.fd)
+            del self.funcs[name]
+        if self.module:
+            self.module.close()
+            self.module = None

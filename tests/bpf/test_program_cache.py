@@ -1,0 +1,193 @@
+"""The compiled-program cache in the real kernel: a cached program is the compiled one
+(same instructions for every function once each map reference is resolved to its
+map, same kernel program tags), a damaged entry falls back to compiling (counted),
+and a collector started cold then warm traces requests both times."""
+from __future__ import annotations
+
+import base64
+import ctypes as ct
+import hashlib
+import json
+import os
+import shutil
+
+import pytest
+
+from otel_gpu.probes.program_cache import INSN
+from otel_gpu.probes.source import ProgramOptions, load, program_cache
+from otel_gpu.probes.table import CUDA_PROBES
+from otel_gpu.ratelimit import Stats
+from tests.harness import children_of, server_spans, started
+
+
+def _by_map_name(code: bytes, fd_names: dict) -> list:
+    """Instructions with each map fd load's immediate replaced by the map's name."""
+    out = []
+    for off in range(0, len(code), INSN.size):
+        op, regs, o, imm = INSN.unpack_from(code, off)
+        if op == 0x18 and regs >> 4 == 1:  # ld_imm64 of a map fd (its second slot has op 0)
+            imm = fd_names[imm]
+        out.append((op, regs, o, imm))
+    return out
+
+
+def _prog_tag(fd: int) -> str:
+    """The kernel's hash of a loaded program's instructions, map fds masked."""
+    with open(f"/proc/self/fdinfo/{fd}") as f:
+        return next(line.split()[1] for line in f if line.startswith("prog_tag:"))
+
+
+def _map_fds() -> int:
+    n = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            n += os.readlink(f"/proc/self/fd/{fd}") == "anon_inode:bpf-map"
+        except OSError:
+            pass
+    return n
+
+
+def test_cached_program_equals_the_compiled_one(tmp_path):
+    from bcc import BPF
+    from bcc.libbcc import lib
+
+    from otel_gpu.probes.cached_bpf import CachedBPF, _lib
+    options = ProgramOptions(bpf_cache=str(tmp_path))
+    compiled = load(options)
+    assert not isinstance(compiled, CachedBPF)
+    cache, key = program_cache(options)
+    entry = cache.read(key)
+    maps_before = _map_fds()
+    cached = CachedBPF(entry)
+    try:
+        mod = compiled.module
+        compiled_names = {lib.bpf_table_fd(mod, _lib.bpf_table_name(mod, i)): _lib.bpf_table_name(mod, i).decode()
+                          for i in range(_lib.bpf_num_tables(mod))}
+        cached_names = {fd: m.name for fd, m in zip(cached.module.fds, entry.maps)}
+        assert sorted(compiled_names.values()) == sorted(cached_names.values())
+        names = [lib.bpf_function_name(mod, i) for i in range(lib.bpf_num_functions(mod))]
+        assert [f.name.encode() for f in entry.funcs] == names  # every function, in bcc's order
+        refs = 0
+        for name in names:
+            theirs = _by_map_name(compiled.dump_func(name), compiled_names)
+            ours = _by_map_name(cached.relocated(name), cached_names)
+            assert ours == theirs, name
+            refs += sum(1 for x in ours if isinstance(x[3], str))
+        assert refs > 50  # the comparison did meet map references
+        # Loaded by the kernel: the same programs (tags mask map fds), tracepoints attached alike.
+        assert cached.num_open_tracepoints() == compiled.num_open_tracepoints() > 0
+        handlers = sorted({r.entry for r in CUDA_PROBES} | {r.ret for r in CUDA_PROBES if r.ret})
+        for name in [n.decode() for n in names if n.startswith(b"tracepoint__")] + handlers:
+            kind = BPF.TRACEPOINT if name.startswith("tracepoint__") else BPF.KPROBE
+            a, b = compiled.load_func(name.encode(), kind), cached.load_func(name.encode(), kind)
+            assert _prog_tag(a.fd) == _prog_tag(b.fd), name
+        # Tables: bcc's classes, types and sizes as compiled.
+        for m in entry.maps:
+            t1, t2 = compiled[m.name.encode()], cached[m.name.encode()]
+            assert type(t1) is type(t2) and t1.max_entries == t2.max_entries and t1.flags == t2.flags
+            if m.type != 27:  # ringbuf: no key/leaf
+                assert ct.sizeof(t1.Key) == ct.sizeof(t2.Key) and ct.sizeof(t1.Leaf) == ct.sizeof(t2.Leaf)
+        cached[b"traced"][ct.c_uint32(4242)] = ct.c_uint32(1)
+        assert cached[b"traced"][ct.c_uint32(4242)].value == 1
+        with pytest.raises(KeyError):
+            compiled[b"traced"][ct.c_uint32(4242)]  # maps of its own
+        cached.cleanup()
+        assert _map_fds() == maps_before  # and closed with it
+    finally:
+        cached.cleanup()
+        compiled.cleanup()
+
+
+def _flip(path):
+    data = bytearray(path.read_bytes())
+    data[-20] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def _truncate(path):
+    path.write_bytes(path.read_bytes()[:4096])
+
+
+def _foreign(path):
+    other = path.with_name("0" * 64 + ".bpfc")
+    shutil.copy(path, other)
+    path.write_bytes(other.read_bytes().replace(path.stem.encode(), other.stem.encode(), 1))
+    other.unlink()
+
+
+def _kernel_refuses(path):
+    """A well-formed entry whose first tracepoint program the verifier rejects: the
+    load fails after maps were created and some tracepoints attached."""
+    head, _, body = path.read_bytes().partition(b"\n")
+    doc = json.loads(body)
+    exit_only = INSN.pack(0x95, 0, 0, 0)  # exit without setting r0
+    func = next(f for f in doc["funcs"] if f["name"].startswith("tracepoint__"))
+    func["insns"], func["relocs"] = base64.b64encode(exit_only).decode(), []
+    body = json.dumps(doc).encode()
+    parts = head.split(b" ")
+    parts[5] = hashlib.sha256(body).hexdigest().encode()
+    path.write_bytes(b" ".join(parts) + b"\n" + body)
+
+
+@pytest.mark.parametrize("damage", [_flip, _truncate, _foreign, _kernel_refuses])
+def test_a_bad_entry_is_counted_and_the_program_compiled(tmp_path, damage, caplog):
+    from otel_gpu.probes.cached_bpf import CachedBPF
+    options = ProgramOptions(bpf_cache=str(tmp_path))
+    cache, key = program_cache(options)
+    load(options, compile_only=True).cleanup()
+    damage(cache.entry_path(key))
+    stats = Stats()
+    bpf = load(options, stats)
+    try:
+        assert not isinstance(bpf, CachedBPF)
+        assert bpf["traced"].max_entries == options.max_procs and bpf.num_open_tracepoints() > 0
+    finally:
+        bpf.cleanup()
+    assert stats.snapshot().get("bpf_cache_invalid") == 1
+    assert sum("unusable" in r.getMessage() for r in caplog.records) == 1
+    again = load(options, stats)  # the compile rewrote a good entry
+    try:
+        assert isinstance(again, CachedBPF)
+    finally:
+        again.cleanup()
+    assert stats.snapshot().get("bpf_cache_invalid") == 1
+
+
+def _one_traced_request(collector, target, receiver):
+    target.get("/work?launches=3&copies=2&h2d=1000&d2h=300")
+    assert receiver.wait_for(lambda spans: any(s.attributes.get("http.route") == "/work"
+                                               for s in server_spans(spans, target.pid)))
+    span = next(s for s in server_spans(receiver.spans, target.pid) if s.attributes.get("http.route") == "/work")
+    assert span.attributes["gpu.launches"] == 3
+    assert sorted(c.name for c in children_of(receiver.spans, span)) == ["cudaLaunchKernel"] * 3 + ["cudaMemcpy"] * 2
+
+
+def test_a_collector_starts_cold_then_warm_and_traces_both_times(tmp_path, receiver, start_collector,
+                                                                  start_target):
+    cache = str(tmp_path / "cache")
+    for start, line in (("cold", "BPF program cached in"), ("warm", "BPF program from the cache")):
+        collector, target = started(start_collector, start_target, "--bpf-cache", cache)
+        assert any(line in l for l in collector.log.lines), (start, "".join(collector.log.lines))
+        _one_traced_request(collector, target, receiver)
+        collector.stop()
+        target.stop()
+    assert len(os.listdir(cache)) == 1
+
+
+def test_otel_gpu_compile_warms_the_cache_a_start_then_reads(tmp_path):
+    import subprocess
+    import sys
+
+    from otel_gpu.probes.cached_bpf import CachedBPF
+    from tests.harness import ROOT
+    cache = str(tmp_path / "cache")
+    cmd = [sys.executable, "-m", "otel_gpu.cli", "compile", "--bpf-cache", cache]
+    first = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert first.returncode == 0 and "BPF program cached in" in first.stderr, first.stderr
+    again = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert again.returncode == 0 and "already holds this program" in again.stderr, again.stderr
+    bpf = load(ProgramOptions(bpf_cache=cache))  # the collector's default settings: the same program
+    try:
+        assert isinstance(bpf, CachedBPF)
+    finally:
+        bpf.cleanup()
