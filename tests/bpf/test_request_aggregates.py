@@ -7,10 +7,18 @@ import threading
 
 import pytest
 
-from tests.harness import children_of, server_spans, started
+from tests.harness import children_of, module_collector, server_spans, traced
 
 BUDGET = 16
 PAST = BUDGET + 37  # calls of each kind: well across the budget boundary
+
+
+@pytest.fixture(scope="module")
+def budgeted():
+    """One collector with the budget for the module's tests: each checks its own target's
+    spans, and a collector start and stop cost seconds (BPF compile, probe detach)."""
+    with module_collector("--stream-budget", str(BUDGET)) as collector:
+        yield collector
 
 
 def _spans(receiver, pid, route, n):
@@ -29,8 +37,8 @@ def _children_add_up(receiver, span, calls):
 
 
 @pytest.mark.parametrize("kind", ["stdlib", "asgi"])  # thread and task (Python context) attribution
-def test_counts_exact_across_the_budget(kind, receiver, start_collector, start_target):
-    collector, target = started(start_collector, start_target, "--stream-budget", str(BUDGET), kind=kind)
+def test_counts_exact_across_the_budget(kind, budgeted, start_target):
+    receiver, target = budgeted.receiver, traced(budgeted, start_target, kind=kind)
     target.get(f"/work?launches={PAST}&copies={PAST}&h2d=1000&d2h=300&syncs={PAST}")
     (span,) = _spans(receiver, target.pid, "/work", 1)
     a = span.attributes
@@ -42,10 +50,10 @@ def test_counts_exact_across_the_budget(kind, receiver, start_collector, start_t
     _children_add_up(receiver, span, 3 * PAST)
 
 
-def test_calls_on_another_thread_right_before_the_reply(receiver, start_collector, start_target):
+def test_calls_on_another_thread_right_before_the_reply(budgeted, start_target):
     """/handoff: a fresh thread makes the calls and is joined just before the response is
     written: its counts are still in the kernel map when the write arrives."""
-    collector, target = started(start_collector, start_target, "--stream-budget", str(BUDGET))
+    receiver, target = budgeted.receiver, traced(budgeted, start_target)
     for _ in range(3):
         target.get(f"/handoff?launches={PAST}")
     spans = _spans(receiver, target.pid, "/handoff", 3)
@@ -54,8 +62,8 @@ def test_calls_on_another_thread_right_before_the_reply(receiver, start_collecto
         _children_add_up(receiver, s, PAST)
 
 
-def test_two_concurrent_requests_each_exact(receiver, start_collector, start_target):
-    collector, target = started(start_collector, start_target, "--stream-budget", str(BUDGET))
+def test_two_concurrent_requests_each_exact(budgeted, start_target):
+    receiver, target = budgeted.receiver, traced(budgeted, start_target)
     counts = (PAST, 3 * PAST)
     errors = []
 
