@@ -11,7 +11,8 @@ import sys
 from pathlib import Path
 
 from . import (item_ablation, item_big_request, item_dedup, item_first_requests, item_http, item_launch, item_nccl,
-               item_neighbour, item_python_context, item_rates, item_sustained, item_tls, item_untraced, machine)
+               item_neighbour, item_python_context, item_rates, item_start, item_sustained, item_tls, item_untraced,
+               machine)
 from .collector import Collector
 from .native import use_private_cudart
 from .report import profile_text, table, write_json
@@ -31,7 +32,7 @@ def main() -> int:
     if os.geteuid() != 0:
         print("bench: needs root (eBPF)", file=sys.stderr)
         return 2
-    items = set(args.items.split(","))
+    items = set(args.items.split(",")) | {"4"}  # start figures come with any
     host = machine.describe()
     host["libcudart"] = use_private_cudart()
     stamp = datetime.datetime.now().strftime("%Y-%m-%d-%H%M")
@@ -52,7 +53,8 @@ def main() -> int:
              ("10", "nccl", lambda: item_nccl.run(args.quick, starts), item_nccl.rows),
              ("11", "dedup", lambda: item_dedup.run(args.quick, starts), item_dedup.rows),
              ("8", "first_requests", lambda: item_first_requests.run(args.quick, starts), item_first_requests.rows),
-             ("9", "tls", lambda: item_tls.run(args.quick, starts), item_tls.rows)]
+             ("9", "tls", lambda: item_tls.run(args.quick, starts), item_tls.rows),
+             ("4", "start", lambda: item_start.run(args.quick, starts), lambda r: item_start.rows(r, READY_TARGET_S))]
     for key, name, run, to_rows in steps:
         if key not in items:
             continue
@@ -65,13 +67,13 @@ def main() -> int:
         write_json(out, data)  # partial results survive a later failure
     if starts:
         data["ready_s"] = starts
-        rows.append(("4", f"start to 'ready' (s): median of {len(starts)} starts, max",
-                     f"{statistics.median(starts):.2f}, {max(starts):.2f}", f"<= {READY_TARGET_S}",
-                     max(starts) <= READY_TARGET_S))
+        rows.append(("4", f"start to 'ready' (s), every start this run (cold and warm BPF cache): median of "
+                          f"{len(starts)} starts, max",
+                     f"{statistics.median(starts):.2f}, {max(starts):.2f}", "", None))  # target: item_start's warm row
         loads = Collector.loads
         if loads:
             data["load_s"] = loads
-            rows.append(("4", "  of which the BPF compile and load (clang + verifier, s): median, max",
+            rows.append(("4", "  of which the BPF load (compile or cache, verifier, tracepoints; s): median, max",
                          f"{statistics.median(loads):.2f}, {max(loads):.2f}", "", None))
     rows.sort(key=lambda r: r[0][0])  # stable: 1 and 1b stay in run order
     text = table(host, rows)

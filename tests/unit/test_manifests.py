@@ -201,8 +201,9 @@ def test_daemonset_security_and_host_access():
     assert security["allowPrivilegeEscalation"] is False
     mounts = {m["mountPath"]: m for m in container(daemonset)["volumeMounts"]}
     # /run/otel-gpu: the state file `otel-gpu status` reads (the default --status-file)
+    # /var/cache/otel-gpu: the compiled BPF program (the default --bpf-cache), kept across restarts
     for path in ("/sys/kernel/tracing", "/sys/kernel/debug", "/sys/fs/cgroup", "/lib/modules", "/usr/src",
-                 "/run/otel-gpu"):
+                 "/run/otel-gpu", "/var/cache/otel-gpu"):
         volume = next(v for v in pod["volumes"] if v["name"] == mounts[path]["name"])
         assert volume["hostPath"]["path"] == path
     for path in ("/sys/fs/cgroup", "/lib/modules", "/usr/src"):
