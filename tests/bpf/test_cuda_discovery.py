@@ -1,6 +1,7 @@
 """CUDA discovery beyond the pip wheel: cudart linked statically by nvcc, the driver
 API through a stub libcuda (no real driver exists without a GPU), and a process
-that loads libcudart only after the collector started."""
+that loads libcudart only after the collector started. The three share one collector
+(shared_collector): each checks its own target's spans."""
 from __future__ import annotations
 
 import shutil
@@ -21,10 +22,10 @@ def _outside_windows(spans, pid):
 
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc (CUDA toolkit) not installed")
-def test_static_cudart_in_an_nvcc_built_program(tmp_path, receiver, start_collector):
+def test_static_cudart_in_an_nvcc_built_program(tmp_path, shared_collector):
     exe = tmp_path / "static_launch"
     subprocess.run([str(NVCC), "-o", str(exe), str(TARGETS / "static_launch.cu")], check=True)
-    collector = start_collector()
+    collector, receiver = shared_collector, shared_collector.receiver
     target = Target([str(exe), "25"])
     try:
         collector.wait_traced(target.pid)
@@ -48,15 +49,15 @@ def _build_stub_libcuda(tmp_path) -> str:
     return str(lib)
 
 
-def test_driver_api_launches_and_one_count_per_launch(tmp_path, receiver, start_collector, start_target):
+def test_driver_api_launches_and_one_count_per_launch(tmp_path, shared_collector, start_target):
     stub = _build_stub_libcuda(tmp_path)
     cudart = tmp_path / "libcudart-stub.so"  # reaches the stub libcuda, as the real one does on a GPU
     subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(cudart), str(TARGETS / "stub_cudart_driver.c"),
                     f"-L{tmp_path}", "-l:libcuda.so.1", f"-Wl,-rpath,{tmp_path}"], check=True)
-    collector = start_collector()
+    collector, receiver = shared_collector, shared_collector.receiver
     target = start_target(env={"STUB_LIBCUDA": stub, "STUB_CUDART": str(cudart)})
     collector.wait_traced(target.pid)
-    assert collector.log.wait_for("libcuda.so.1", 10), "stub libcuda not probed"
+    assert collector.log.wait_for(stub, 10), "stub libcuda not probed"  # this test's own copy
     target.go()
     target.get("/driver?launches=3")
     target.get("/both")
@@ -74,8 +75,8 @@ def test_driver_api_launches_and_one_count_per_launch(tmp_path, receiver, start_
     assert spans["/both"].attributes["gpu.launches"] == 3
 
 
-def test_process_that_loads_cudart_after_the_collector_started(receiver, start_collector):
-    collector = start_collector()
+def test_process_that_loads_cudart_after_the_collector_started(shared_collector):
+    collector, receiver = shared_collector, shared_collector.receiver
     code = ("import sys; print('listening on 0', file=sys.stderr, flush=True); sys.stdin.readline();"
             "from otel_gpu.demo.cuda_work import CudaWork; w = CudaWork();"
             "print('loaded', file=sys.stderr, flush=True); sys.stdin.readline();"

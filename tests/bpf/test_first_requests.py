@@ -42,44 +42,7 @@ def _assert_all_traced(receiver, collector, target: Target) -> None:
         assert all(k.attributes["gpu.grid"] == [7, 3, 1] for k in kids)
 
 
-@pytest.mark.parametrize("kind", ["stdlib", "asgi"])
-def test_first_requests_after_start_are_traced(receiver, start_collector, kind):
-    collector = start_collector()
-    target = _start(kind)
-    try:
-        _first_requests(target)
-        _assert_all_traced(receiver, collector, target)
-    finally:
-        target.stop()
-
-
-def test_interleaved_asyncio_first_requests_keep_their_own_calls(receiver, start_collector):
-    """FastAPI `async def` on uvicorn, 8 concurrent requests from the moment it listens,
-    each yielding to the loop between its calls: every span has exactly its own launches
-    (grid x = its id), so the Python-context probes were ready (the load probe's scan
-    runs while the framework imports, after libcudart is loaded)."""
-    collector = start_collector()
-    target = Target([sys.executable, str(TARGETS / "async_servers.py"), "fastapi-async", "0"])
-    ids = range(1, 9)
-    try:
-        target.go_raw()
-        with ThreadPoolExecutor(len(ids)) as pool:
-            answered = list(pool.map(lambda i: send_first_requests(target, [f"/infer?id={i}&launches=4"], go=False), ids))
-        assert answered == [1] * len(ids)
-        assert receiver.wait_for(lambda s: len(server_spans(s, target.pid)) >= len(ids), 30), \
-            "".join(collector.log.lines[-30:])
-        owners = []
-        for span in server_spans(receiver.spans, target.pid):
-            kids = [k for k in children_of(receiver.spans, span) if k.name == "cudaLaunchKernel"]
-            assert len(kids) == span.attributes["gpu.launches"] == 4
-            grids = {k.attributes["gpu.grid"][0] for k in kids}
-            assert len(grids) == 1  # one request's calls only
-            owners += grids
-        assert sorted(owners) == list(ids)
-    finally:
-        target.stop()
-
-
+# First: a collector of its own (--exe); the tests after it share one (shared_collector).
 def test_exe_filter_first_requests_exact_or_absent(receiver, start_collector):
     """--exe: per-process probes are attached when the load probe has user space scan
     the process (not ahead of it), so a server answering within milliseconds of loading
@@ -107,11 +70,49 @@ def test_exe_filter_first_requests_exact_or_absent(receiver, start_collector):
         target.stop()
 
 
-def test_cudart_at_a_new_path_is_found_by_the_scan(tmp_path, receiver, start_collector):
+@pytest.mark.parametrize("kind", ["stdlib", "asgi"])
+def test_first_requests_after_start_are_traced(shared_collector, kind):
+    collector, receiver = shared_collector, shared_collector.receiver
+    target = _start(kind)
+    try:
+        _first_requests(target)
+        _assert_all_traced(receiver, collector, target)
+    finally:
+        target.stop()
+
+
+def test_interleaved_asyncio_first_requests_keep_their_own_calls(shared_collector):
+    """FastAPI `async def` on uvicorn, 8 concurrent requests from the moment it listens,
+    each yielding to the loop between its calls: every span has exactly its own launches
+    (grid x = its id), so the Python-context probes were ready (the load probe's scan
+    runs while the framework imports, after libcudart is loaded)."""
+    collector, receiver = shared_collector, shared_collector.receiver
+    target = Target([sys.executable, str(TARGETS / "async_servers.py"), "fastapi-async", "0"])
+    ids = range(1, 9)
+    try:
+        target.go_raw()
+        with ThreadPoolExecutor(len(ids)) as pool:
+            answered = list(pool.map(lambda i: send_first_requests(target, [f"/infer?id={i}&launches=4"], go=False), ids))
+        assert answered == [1] * len(ids)
+        assert receiver.wait_for(lambda s: len(server_spans(s, target.pid)) >= len(ids), 30), \
+            "".join(collector.log.lines[-30:])
+        owners = []
+        for span in server_spans(receiver.spans, target.pid):
+            kids = [k for k in children_of(receiver.spans, span) if k.name == "cudaLaunchKernel"]
+            assert len(kids) == span.attributes["gpu.launches"] == 4
+            grids = {k.attributes["gpu.grid"][0] for k in kids}
+            assert len(grids) == 1  # one request's calls only
+            owners += grids
+        assert sorted(owners) == list(ids)
+    finally:
+        target.stop()
+
+
+def test_cudart_at_a_new_path_is_found_by_the_scan(tmp_path, shared_collector):
     from otel_gpu.demo.cuda_work import find_cudart
     copy = tmp_path / "libcudart.so.12"
     shutil.copy(find_cudart(), copy)
-    collector = start_collector()
+    collector, receiver = shared_collector, shared_collector.receiver
     t0 = time.monotonic()
     target = _start("stdlib", env={"OTEL_GPU_CUDART": str(copy)})
     try:
