@@ -36,11 +36,11 @@ class RunningCollector:
         self.proc = subprocess.Popen([sys.executable, "-m", "otel_gpu.cli", "run", "--no-console", *args],
                                      stderr=subprocess.PIPE, text=True, env=full_env, cwd=ROOT)
         self.log = LineWatcher(self.proc.stderr, echo=None)
-        if not self.log.wait_for("ready", 90):
+        if not self.log.wait_for("ready", 180):  # generous: a BPF compile took 28-70 s at load average 30-45
             self.stop()
             raise RuntimeError("collector not ready:\n" + "".join(self.log.lines))
 
-    def wait_traced(self, pid: int, timeout: float = 20) -> None:
+    def wait_traced(self, pid: int, timeout: float = 60) -> None:  # a deadline, not a wait: loaded machines
         if not self.log.wait_for(f"tracing pid {pid}", timeout):
             raise RuntimeError(f"pid {pid} never traced:\n" + "".join(self.log.lines))
 
