@@ -8,6 +8,7 @@ one copy. Also: TLS records split across reads (a request written a few bytes at
 time, a 256 KiB body), and a cleartext server traced by the same collector, unaffected."""
 from __future__ import annotations
 
+import os
 import socket
 import ssl
 import subprocess
@@ -23,6 +24,7 @@ from tests.harness import TARGETS, Target, module_collector, server_spans
 LEVELS = {1: 20, 8: 48}  # clients -> requests at that level
 SECONDS = 60             # time bound of one level's load
 BIG_BODY = 256 * 1024
+SELECTED = f"tlsexact{os.getpid() % 100000}"  # the process name --exe selects (15 characters at most)
 
 
 @pytest.fixture(scope="module")
@@ -88,32 +90,44 @@ def wait_for_ids(receiver, pid: int, ids: list[int], timeout: float = 40) -> Non
         time.sleep(0.6)
 
 
-@pytest.mark.parametrize("kind", ["uvicorn", "uvloop", "threaded"])
-def test_https_requests_are_exact_at_1_and_8_clients(kind, certificate, receiver, start_collector, targets):
-    # --pid: a host-wide collector also exports every other CUDA process's spans, and a
-    # neighbour's flood can fill its export queue (tests on a shared machine).
-    target = Target([sys.executable, str(TARGETS / "tls_servers.py"), kind, "0", *certificate])
-    targets.append(target)
-    collector = start_collector("--export-query", "--pid", str(target.pid))
-    collector.wait_traced(target.pid)
-    start_https_serving(target)
-    tls = client_context()
-    first = 1
-    for clients, n in LEVELS.items():
-        ids = list(range(first, first + n))
-        first += n
-        out = fetch_all(target.port, [f"/infer?id={i}&launches={K}" for i in ids], clients, SECONDS, tls=tls)
-        assert len(out.ok) == n, out.errors[:3]
-        wait_for_ids(receiver, target.pid, ids)
-        check = Check(receiver.spans, target.pid, ids)
-        assert not check.wrong, check.wrong[:5]
-        assert check.exact == n, f"{kind} {clients} clients: {check.not_exact[:5]}"
-        for rid in ids:
-            span = check.by_id[rid][0]
-            assert span.name == "GET /infer"
-            assert span.attributes["http.response.status_code"] == 200
-            assert span.attributes["http.route"] == "/infer"
-            assert span.attributes["url.scheme"] == "https"
+@pytest.fixture(scope="class")
+def selected():
+    """One collector for the class's three servers, tracing only the processes named
+    SELECTED (--exe: per-process probes, as with --pid). Not host-wide: a host-wide
+    collector also exports every other CUDA process's spans, and a neighbour's flood can
+    fill its export queue (tests on a shared machine)."""
+    with module_collector("--export-query", "--exe", SELECTED) as collector:
+        yield collector
+
+
+class TestOneCollector:
+    """A class: its collector stops before the module's next tests start their own."""
+
+    @pytest.mark.parametrize("kind", ["uvicorn", "uvloop", "threaded"])
+    def test_https_requests_are_exact_at_1_and_8_clients(self, kind, certificate, selected, targets):
+        collector, receiver = selected, selected.receiver
+        target = Target([sys.executable, str(TARGETS / "tls_servers.py"), kind, "0", *certificate],
+                        {"TARGET_COMM": SELECTED})
+        targets.append(target)
+        collector.wait_traced(target.pid)
+        start_https_serving(target)
+        tls = client_context()
+        first = 1
+        for clients, n in LEVELS.items():
+            ids = list(range(first, first + n))
+            first += n
+            out = fetch_all(target.port, [f"/infer?id={i}&launches={K}" for i in ids], clients, SECONDS, tls=tls)
+            assert len(out.ok) == n, out.errors[:3]
+            wait_for_ids(receiver, target.pid, ids)
+            check = Check(receiver.spans, target.pid, ids)
+            assert not check.wrong, check.wrong[:5]
+            assert check.exact == n, f"{kind} {clients} clients: {check.not_exact[:5]}"
+            for rid in ids:
+                span = check.by_id[rid][0]
+                assert span.name == "GET /infer"
+                assert span.attributes["http.response.status_code"] == 200
+                assert span.attributes["http.route"] == "/infer"
+                assert span.attributes["url.scheme"] == "https"
 
 
 def test_https_with_per_process_probes(certificate, receiver, start_collector, targets):
