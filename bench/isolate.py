@@ -12,6 +12,7 @@ from __future__ import annotations
 import itertools
 import logging
 import os
+import time
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -45,10 +46,18 @@ class OwnCgroup:
             return list(argv)
         return ["sh", "-c", 'echo $$ > "$0" || echo "bench: target not in a cgroup of its own" >&2; exec "$@"', str(self.path / "cgroup.procs"), *map(str, argv)]
 
-    def remove(self) -> None:
-        if self.path is not None:
+    def remove(self, wait_s: float = 5.0) -> None:
+        """Once the target has exited; its children (a worker) may take a moment more."""
+        if self.path is None:
+            return
+        deadline = time.monotonic() + wait_s
+        while True:
             try:
-                self.path.rmdir()  # empty once its process has exited
+                self.path.rmdir()
+                break
             except OSError as e:
-                log.warning("bench: cgroup %s left behind: %s", self.path, e)
-            self.path = None
+                if time.monotonic() > deadline:
+                    log.warning("bench: cgroup %s left behind: %s", self.path, e)
+                    break
+                time.sleep(0.1)
+        self.path = None
