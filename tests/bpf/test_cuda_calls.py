@@ -108,7 +108,7 @@ class CudaProbes(Probes):
 def probes():
     p = CudaProbes()
     yield p
-    p.bpf.cleanup()
+    p.close()
 
 
 @pytest.fixture

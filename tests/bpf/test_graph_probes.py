@@ -93,7 +93,7 @@ for line in sys.stdin:
 def probes():
     p = Probes()
     yield p
-    p.bpf.cleanup()
+    p.close()
 
 
 @pytest.fixture

@@ -140,7 +140,7 @@ INTERPRETERS = {"debian-3.11-stripped": "/usr/bin/python3", "pyenv-3.12": _pyenv
 def probes():
     p = Probes()
     yield p
-    p.bpf.cleanup()
+    p.close()
 
 
 @pytest.fixture(scope="module")
