@@ -13,11 +13,16 @@ BPF_ARRAY(captures_open, s64, 1);
 /* Captures open by tgid: looked up only while captures_open is non-zero. */
 BPF_HASH(capture_procs, u32, s64, MAX_PROCS);
 
-static __always_inline int capturing(u32 tgid)
+static __always_inline int captures_any(void)
 {
     u32 zero = 0;
     s64 *all = captures_open.lookup(&zero);
-    if (!all || *all <= 0)
+    return all && *all > 0;
+}
+
+static __always_inline int capturing(u32 tgid)
+{
+    if (!captures_any())
         return 0;
     s64 *mine = capture_procs.lookup(&tgid);
     return mine && *mine > 0;

@@ -73,8 +73,8 @@ static __always_inline void forget_conn(struct conn_key *key, struct conn_state 
 static __always_inline void accept_enter(s32 listen_fd, void *addr)
 {
     u64 id = bpf_get_current_pid_tgid();
-    if (!is_traced(id >> 32))
-        return; /* untraced: this one lookup, and the exit finds nothing pending */
+    if (!is_traced_now(id >> 32))
+        return; /* untraced: one inlined read, and the exit's the same */
     struct pending_accept p = {.listen_fd = listen_fd, .addr = (u64)addr};
     accepting.update(&id, &p);
 }
@@ -82,6 +82,8 @@ static __always_inline void accept_enter(s32 listen_fd, void *addr)
 static __always_inline void accept_exit(long ret)
 {
     u64 id = bpf_get_current_pid_tgid();
+    if (!(pid_flags(id >> 32) & PID_TRACED))
+        return;
     struct pending_accept *p = accepting.lookup(&id);
     if (!p)
         return;
@@ -187,6 +189,7 @@ static __always_inline void emit_sock_io(u8 kind, u64 id, struct conn_key *key, 
             st->state = CONN_HTTP;
             st->requests = 1;
             u32 tgid = key->tgid;
+            pid_mark(tgid, PID_SLOW); /* before the count: the launch probe's fast path reads it */
             s64 one = 1, *n = http_active.lookup(&tgid);
             if (n)
                 __sync_fetch_and_add(n, 1);
@@ -252,7 +255,7 @@ static __always_inline void io_enter(u8 kind, s32 fd, u64 buf, u32 is_iov)
 {
     u64 id = bpf_get_current_pid_tgid();
     u32 tgid = id >> 32;
-    if (!is_traced(tgid))
+    if (!is_traced_now(tgid))
         return;
     struct conn_key key = {.tgid = tgid, .fd = fd};
     struct conn_state *st = conns.lookup(&key);
@@ -279,6 +282,8 @@ static __always_inline void io_enter(u8 kind, s32 fd, u64 buf, u32 is_iov)
 static __always_inline void io_exit(u8 kind, long ret)
 {
     u64 id = bpf_get_current_pid_tgid();
+    if (!(pid_flags(id >> 32) & PID_TRACED))
+        return; /* untraced: out before the pending-I/O hash */
     struct pending_io *pp = kind == EV_SOCK_READ ? reading.lookup(&id) : writing.lookup(&id);
     if (!pp)
         return;
@@ -342,6 +347,8 @@ TRACEPOINT_PROBE(syscalls, sys_exit_sendmsg) { io_exit(EV_SOCK_WRITE, args->ret)
 TRACEPOINT_PROBE(syscalls, sys_enter_close)
 {
     u64 id = bpf_get_current_pid_tgid();
+    if (!(pid_flags(id >> 32) & PID_TRACED))
+        return 0; /* untraced: its connections went with forget() */
     struct conn_key key = {.tgid = id >> 32, .fd = args->fd};
     struct conn_state *st = conns.lookup(&key);
     if (!st)
@@ -362,8 +369,11 @@ TRACEPOINT_PROBE(sched, sched_process_exit)
 {
     u64 id = bpf_get_current_pid_tgid();
     u32 tgid = id >> 32;
-    if ((u32)id != tgid || !is_traced(tgid))
-        return 0; /* a thread, or untraced */
+    if ((u32)id != tgid)
+        return 0; /* a thread */
+    pid_unmark(tgid); /* the pid may be reused */
+    if (!is_traced(tgid))
+        return 0;
     /* User space drops this process's connections and rollups when it sees this. */
     struct proc_exit_event e = {};
     fill_header(&e.h, EV_PROC_EXIT, id);

@@ -17,6 +17,7 @@ int cuda_library_loaded(struct pt_regs *ctx)
 #if TRACE_ALL
     u32 one = TRACED;
     traced.lookup_or_try_init(&tgid, &one);
+    pid_mark(tgid, PID_TRACED);
 #endif
     loaded.update(&tgid, &zero);
     return 0;

@@ -117,6 +117,67 @@ static __always_inline int is_traced(u32 tgid)
     return traced.lookup(&tgid) != NULL;
 }
 
+/* The question every syscall tracepoint asks for every process on the host, and the
+ * launch probe for every launch: two bits per tgid in an array, whose lookup the
+ * verifier inlines (a few ns, where a hash lookup costs ~20). Per tgid, one word of
+ * each writer, so that no word has two writers that could lose each other's bits:
+ *   PID_USER (otel_gpu/probes/pid_bits.py): TRACED: trace()/follow(); SLOW: it follows
+ *     a server (its calls may stream while it has no HTTP activity of its own);
+ *   PID_KERNEL: TRACED: traced by its first CUDA call or library load (TRACE_ALL);
+ *     SLOW: it has had HTTP activity (sticky: clearing it would race the next
+ *     connection). Both clear at exit (the pid may be reused).
+ * A writer sets SLOW before, and clears it after, the state it announces. No bit is
+ * exact "not traced": a set TRACED bit is confirmed with `traced` where it matters.
+ * Pids from pid_max at start up (PID_WORDS * 32) take the full path. */
+#ifndef PID_WORDS
+#define PID_WORDS 1024
+#endif
+#define PID_USER 0
+#define PID_KERNEL 1
+#define PID_TRACED 1
+#define PID_SLOW 2
+BPF_ARRAY(pid_bits, u64, 2 * PID_WORDS);
+
+static __always_inline u64 *pid_word(u32 tgid, u32 writer)
+{
+    u32 i = writer * PID_WORDS + (tgid >> 5);
+    return pid_bits.lookup(&i);
+}
+
+/* PID_TRACED | PID_SLOW as both writers have them (both for a pid beyond the array). */
+static __always_inline u64 pid_flags(u32 tgid)
+{
+    if (tgid >= PID_WORDS * 32)
+        return PID_TRACED | PID_SLOW;
+    u64 *u = pid_word(tgid, PID_USER), *k = pid_word(tgid, PID_KERNEL);
+    u64 both = (u ? *u : 0) | (k ? *k : 0);
+    return (both >> ((tgid & 31) * 2)) & 3;
+}
+
+static __always_inline void pid_mark(u32 tgid, u64 flags)
+{
+    u64 bits = flags << ((tgid & 31) * 2), *w;
+    if (tgid >= PID_WORDS * 32 || !(w = pid_word(tgid, PID_KERNEL)))
+        return;
+    if ((*w & bits) != bits) /* read-only once set: no shared cache-line write per call */
+        __sync_fetch_and_or(w, bits);
+}
+
+static __always_inline void pid_unmark(u32 tgid)
+{
+    u64 bits = 3ull << ((tgid & 31) * 2), *w;
+    if (tgid >= PID_WORDS * 32 || !(w = pid_word(tgid, PID_KERNEL)))
+        return;
+    if (*w & bits)
+        __sync_fetch_and_and(w, ~bits);
+}
+
+/* 0: certainly not traced (one inlined read); else confirmed by the `traced` lookup. */
+static __always_inline int is_traced_now(u32 tgid)
+{
+    return (pid_flags(tgid) & PID_TRACED) && is_traced(tgid);
+}
+
 static __always_inline void submit(void *data, u32 size)
 {
     if (events.ringbuf_output(data, size, 0) != 0)

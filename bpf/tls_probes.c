@@ -19,8 +19,8 @@ static __always_inline void tls_enter(struct pt_regs *ctx, u32 call, u64 done_pt
 {
     u64 id = bpf_get_current_pid_tgid();
     u32 tgid = id >> 32;
-    if (!is_traced(tgid))
-        return; /* libssl is probed for every process mapping it: one lookup here */
+    if (!is_traced_now(tgid))
+        return; /* libssl is probed for every process mapping it: one inlined read here */
     u64 ssl = PT_REGS_PARM1(ctx);
     if (call == TLS_CALL_HANDSHAKE && tls_calls.lookup(&id))
         return; /* a handshake inside SSL_read/SSL_write: that call's entry stays */
@@ -42,6 +42,8 @@ static __always_inline void tls_enter(struct pt_regs *ctx, u32 call, u64 done_pt
 static __always_inline void tls_return(struct pt_regs *ctx, u32 call)
 {
     u64 id = bpf_get_current_pid_tgid();
+    if (!(pid_flags(id >> 32) & PID_TRACED))
+        return;
     struct tls_call *cp = tls_calls.lookup(&id);
     if (!cp || cp->call != call)
         return;
@@ -90,6 +92,8 @@ int tls_handshake_return(struct pt_regs *ctx) { tls_return(ctx, TLS_CALL_HANDSHA
 int tls_free(struct pt_regs *ctx)
 {
     u64 id = bpf_get_current_pid_tgid();
+    if (!(pid_flags(id >> 32) & PID_TRACED))
+        return 0;
     struct ssl_key k = {.tgid = id >> 32, .ssl = PT_REGS_PARM1(ctx)};
     s32 *fd = ssl_fds.lookup(&k);
     if (!fd)

@@ -13,7 +13,7 @@ from typing import Optional
 from ..pipeline.abi import COUNTER_NAMES, PyProc
 from ..pipeline.reader import AggregateReader, RingReader, RollupReader
 from ..ratelimit import Stats
-from . import compiler_memory, runtime_text
+from . import compiler_memory, pid_bits, runtime_text
 from .attacher import Attacher
 from .discovery import ProbeTarget
 from .map_batch import BatchMap
@@ -49,6 +49,7 @@ class BpfProgram:
         self.aggregates = AggregateReader(BatchMap(self.bpf["req_agg"]), stats,
                                           counted=lambda: sum(counters[aggregated]))
         self.attacher = Attacher(self.bpf, stats)
+        self.pid_bits = pid_bits.PidBits(self.bpf["pid_bits"], options.pid_words)
         self._lost_seen = 0
         self._untracked_seen = 0
         self._agg_full_seen = 0
@@ -151,6 +152,7 @@ class BpfProgram:
 
     def trace(self, pid: int) -> None:
         self.bpf["traced"][ct.c_uint32(pid)] = ct.c_uint32(TRACED)
+        self.pid_bits.set(pid, pid_bits.TRACED)  # after the entry, clearing any SLOW
 
     def follow(self, pid: int, server: Optional[int]) -> None:
         """Traced process `pid` streams its CUDA calls while `server` (a related
@@ -158,7 +160,11 @@ class BpfProgram:
         itself; FOLLOW_ALL: always (several related servers); None: its own only.
         The kernel decides at each call, from the one `traced` lookup it makes anyway."""
         value = TRACED if server is None else FOLLOW_ALL if server <= TRACED else server
+        if value != TRACED:  # SLOW before the value that needs it
+            self.pid_bits.set(pid, pid_bits.TRACED | pid_bits.SLOW)
         self.bpf["traced"][ct.c_uint32(pid)] = ct.c_uint32(value)
+        if value == TRACED:  # and cleared only after
+            self.pid_bits.set(pid, pid_bits.TRACED)
 
     def seed_connection(self, tgid: int, fd: int) -> Optional[bool]:
         """A server connection the process held before we traced it (its accept was
@@ -226,6 +232,8 @@ class BpfProgram:
                     del table[ct.c_uint32(tgid)]
                 except KeyError:
                     pass
+        for tgid in tgids:
+            self.pid_bits.set(tgid, 0)
         # One pass per table whatever the number of exits: reading a map key by key is slow.
         for name, tgid_of in [("conns", lambda k: k.tgid), ("req_agg", lambda k: k.tgid), ("ssl_fds", lambda k: k.tgid),
                               ("stream_budget", lambda k: k.pid_tgid >> 32)] + [(n, lambda k: k.value >> 32) for n in _BY_PID_TGID]:

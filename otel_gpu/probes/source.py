@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import logging
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
+from .pid_bits import pid_words
 from .table import c_defines
 
 log = logging.getLogger(__name__)
@@ -38,6 +39,7 @@ class ProgramOptions:
     stream_budget: int = 64     # CUDA calls streamed per thread and request (bpf/maps.h STREAM_BUDGET)
     stream_rate: int = 5000     # CUDA calls streamed per second, host-wide (bpf/cuda_probes.c STREAM_RATE_PER_CPU)
     bpf_cache: Optional[str] = None  # directory of compiled programs (probes/program_cache.py); None: compile
+    pid_words: int = field(default_factory=pid_words)  # bpf/maps.h pid_bits: this host's pid_max / 32
 
     @classmethod
     def from_config(cls, config) -> "ProgramOptions":
@@ -57,6 +59,7 @@ class ProgramOptions:
             f"-DMAX_CONNS={self.max_conns}",
             f"-DSTREAM_BUDGET={self.stream_budget}",
             f"-DSTREAM_RATE_PER_CPU={-(-self.stream_rate // (os.cpu_count() or 1))}",
+            f"-DPID_WORDS={self.pid_words}",
         ]
 
 

@@ -51,8 +51,12 @@ class Probes:
     """The loaded program, the records it streamed, and its maps."""
 
     def __init__(self) -> None:
+        from otel_gpu.probes.pid_bits import PidBits
         from otel_gpu.probes.source import ProgramOptions, load
-        self.bpf = load(ProgramOptions())
+        options = ProgramOptions()
+        self.bpf = load(options)
+        self.pid_bits = PidBits(self.bpf["pid_bits"], options.pid_words)
+        self._set_by_pid: dict = {}
         self.records: list = []
         self.bpf["events"].open_ring_buffer(self._on_record)
 
@@ -78,6 +82,27 @@ class Probes:
 
     def set(self, table: str, pid: int, value) -> None:
         self.bpf[table][ct.c_uint32(pid)] = value
+        if table in ("traced", "http_active"):
+            self._mark(pid, table, value.value)
+
+    def unset(self, table: str, pid: int) -> None:
+        try:
+            del self.bpf[table][ct.c_uint32(pid)]
+        except KeyError:
+            pass
+        if table in ("traced", "http_active"):
+            self._mark(pid, table, 0)
+
+    def _mark(self, pid: int, table: str, value: int) -> None:
+        """pid_bits as the collector and kernel keep them (bpf/maps.h): `traced` sets
+        TRACED (and SLOW when following); `http_active`, written here in place of the
+        kernel's HTTP probes, sets SLOW as they do."""
+        from otel_gpu.probes.pid_bits import SLOW, TRACED
+        mine = self._set_by_pid.setdefault(pid, {})
+        mine[table] = value
+        following = mine.get("traced", TRACED) not in (0, TRACED)
+        self.pid_bits.set(pid, (TRACED if mine.get("traced") else 0)
+                          | (SLOW if following or mine.get("http_active", 0) > 0 else 0))
 
     def close(self) -> None:
         """Detaches every probe as the collector does (otel_gpu/probes/closer.py: closed

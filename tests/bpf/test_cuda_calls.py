@@ -82,14 +82,10 @@ class CudaProbes(Probes):
     """The shared harness, plus the maps these tests turn and read."""
 
     def streaming(self, pid: int, on: bool) -> None:
-        table = self.bpf["http_active"]
         if on:
-            table[ct.c_uint32(pid)] = ct.c_int64(1)
-            return
-        try:
-            del table[ct.c_uint32(pid)]
-        except KeyError:
-            pass
+            self.set("http_active", pid, ct.c_int64(1))
+        else:
+            self.unset("http_active", pid)
 
     def rollup(self, pid: int) -> dict:
         """(call, detail) -> [count, bytes, duration_ns], summed over CPUs."""

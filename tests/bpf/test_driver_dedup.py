@@ -92,10 +92,7 @@ def child(probes, tmp_path):
     yield c
     c.stop()
     for table in ("runtime_text", "http_active"):
-        try:
-            del probes.bpf[table][ct.c_uint32(c.pid)]
-        except KeyError:
-            pass
+        probes.unset(table, c.pid)
 
 
 def _know_runtime(probes: Probes, c: Child) -> list:

@@ -114,10 +114,7 @@ def child(probes, tmp_path):
     if c.proc.poll() is None:
         c.stop()
     for table in ("runtime_text", "http_active"):
-        try:
-            del probes.bpf[table][ct.c_uint32(c.pid)]
-        except KeyError:
-            pass
+        probes.unset(table, c.pid)
 
 
 def _counter(probes: Probes, idx: int) -> int:
