@@ -311,14 +311,16 @@ class Collector:
                 self.status.tick(self)  # `otel-gpu status` reads it
 
     def shutdown(self) -> None:
-        """Drain what is left and close open requests; then the exporters flush while the
-        probes detach. The flush ends within config.shutdown_timeout_s whatever the
+        """Stop the probes, drain what they left and close open requests; then the
+        exporters flush while the probes' events close. Stopping them first leaves no
+        record or count between the last read and the detach. The flush ends within config.shutdown_timeout_s whatever the
         backend does; what OTLP has not delivered by then is counted
         (spans_dropped_shutdown, metrics_dropped_shutdown). Detaching takes what the
         kernel takes (logged)."""
         deadline = time.monotonic() + self.config.shutdown_timeout_s - EXIT_MARGIN_S
         try:
             if self.program is not None:
+                self.program.stop_probes()
                 self._drain(time.monotonic() + (deadline - time.monotonic()) / 2)
                 self._push(self.program.read_rollups(final=True) + [Tick(time.monotonic_ns(), final=True)])
         finally:

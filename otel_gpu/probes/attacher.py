@@ -215,12 +215,17 @@ class Attacher:
     def _detach_events(self, events: list) -> int:
         return self.closer.detach(events)
 
-    def detach_all(self, timeout: float = 60) -> None:
-        # Every probe is disabled at once and closed by the closer's threads (bcc's
-        # cleanup would close them one after another: ~0.1 s each); then bcc's cleanup
-        # frees the programs and maps.
+    def disable_all(self) -> None:
+        """Every probe disabled at once (nothing more is recorded), their closes queued
+        on the closer's threads (bcc's cleanup would close them one after another: ~0.1 s
+        each). The ring buffer and maps stay readable until detach_all()."""
         self.closer.detach_all()
         self.attached.clear()
+
+    def detach_all(self, timeout: float = 60) -> None:
+        """disable_all() if not done, the closes waited for, then bcc's cleanup frees the
+        programs and maps."""
+        self.disable_all()
         if not self.closer.wait(timeout):
             log.warning("%d probes still closing after %.0f s", self.closer.pending(), timeout)
         self.bpf.cleanup()

@@ -256,5 +256,10 @@ class BpfProgram:
         return {**{f"bpf.{name}": len(self.bpf[name]) for name in _STATE_TABLES},
                 "bpf.uprobes": self.bpf.num_open_uprobes() + self.attacher.closer.pending()}
 
+    def stop_probes(self) -> None:
+        """No probe records anything from now on; what they recorded stays readable
+        (ring buffer, rollups) until close()."""
+        self.attacher.disable_all()
+
     def close(self) -> None:
         self.attacher.detach_all()

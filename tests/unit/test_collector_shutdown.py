@@ -11,18 +11,25 @@ from otel_gpu.pipeline.records import ProcExit
 class BatchesProgram:
     def __init__(self, batches, delay_s=0.0):
         self.batches, self.delay_s, self.closed = list(batches), delay_s, False
+        self.calls = []  # the order of what shutdown asked
 
     def poll(self, timeout_ms):
+        self.calls.append("poll")
         time.sleep(self.delay_s)
         return self.batches.pop(0) if self.batches else []
 
     def read_rollups(self, final=False):
+        self.calls.append("rollups")
         return []
 
     def forget(self, pids):
         pass
 
+    def stop_probes(self):
+        self.calls.append("stop_probes")
+
     def close(self):
+        self.calls.append("close")
         self.closed = True
 
 
@@ -41,6 +48,15 @@ def test_every_batch_left_in_the_ring_goes_through_before_the_final_close(tmp_pa
     c.shutdown()
     assert [e.tgid for e in seen if isinstance(e, ProcExit)] == [100, 101, 102, 103, 104]
     assert c.program.closed and c.stats.snapshot().get("ring_undrained_shutdown", 0) == 0
+
+
+def test_probes_stop_before_the_last_read_and_close_after_it(tmp_path):
+    """A record or count made between the last read and the detach would be lost unseen."""
+    c = Collector(Config(proc_root=str(tmp_path), shutdown_timeout_s=5, store_path=None, console=False))
+    c.program = BatchesProgram([[ProcExit(100, 0)]])
+    c.shutdown()
+    calls = c.program.calls
+    assert calls[0] == "stop_probes" and calls[-2:] == ["rollups", "close"] and "poll" in calls
 
 
 def test_a_ring_that_does_not_empty_in_time_is_left_counted(tmp_path):
