@@ -41,3 +41,13 @@ def shared_collector():
     two collectors of the module run at once."""
     with module_collector() as collector:
         yield collector
+
+
+@pytest.fixture(scope="module")
+def probes():
+    """The BPF program loaded directly, with no collector (tests/bpf/probe_harness.py),
+    one per module; a module that needs more of it overrides this fixture."""
+    from tests.bpf.probe_harness import Probes
+    p = Probes()
+    yield p
+    p.close()

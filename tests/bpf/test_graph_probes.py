@@ -89,13 +89,6 @@ for line in sys.stdin:
 
 
 
-@pytest.fixture(scope="module")
-def probes():
-    p = Probes()
-    yield p
-    p.close()
-
-
 @pytest.fixture
 def child(probes, tmp_path):
     drv = build_stub(tmp_path, "stub_libcuda_graphs.c", "libcuda.so.1")

@@ -81,13 +81,6 @@ for line in sys.stdin:
 
 
 
-@pytest.fixture(scope="module")
-def probes():
-    p = Probes()
-    yield p
-    p.close()
-
-
 @pytest.fixture
 def child(probes, tmp_path):
     made = []

@@ -9,8 +9,6 @@ import socket
 import sys
 import time
 
-import pytest
-
 from otel_gpu.pipeline.records import LaunchCall
 from otel_gpu.probes.pid_bits import SLOW, TRACED
 from otel_gpu.probes.table import BY_NAME, RUNTIME
@@ -44,13 +42,6 @@ for line in sys.stdin:
         conn.close()
     print("{}", flush=True)
 '''
-
-
-@pytest.fixture(scope="module")
-def probes():
-    p = Probes()
-    yield p
-    p.close()
 
 
 def kernel_flags(probes: Probes, pid: int) -> int:

@@ -18,7 +18,7 @@ from otel_gpu.pipeline.records import ContextCopy, CudaCall, LaunchCall, MemcpyC
 from otel_gpu.probes import python
 from otel_gpu.probes.discovery import Discovery
 from otel_gpu.probes.table import PYTHON, RUNTIME
-from tests.bpf.probe_harness import Child, Probes
+from tests.bpf.probe_harness import Child
 
 # Each command runs on the main thread inside OUTER, a context whose id() is known;
 # every context whose id() is reported stays alive in KEEP (an id is an address:
@@ -134,13 +134,6 @@ def _pyenv(minor: int):
 
 
 INTERPRETERS = {"debian-3.11-stripped": "/usr/bin/python3", "pyenv-3.12": _pyenv(12)}
-
-
-@pytest.fixture(scope="module")
-def probes():
-    p = Probes()
-    yield p
-    p.close()
 
 
 @pytest.fixture(scope="module")
