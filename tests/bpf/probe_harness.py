@@ -4,12 +4,25 @@ from __future__ import annotations
 
 import ctypes as ct
 import json
+import os
 import select
 import subprocess
 
 from otel_gpu.pipeline.decode import decode
 from otel_gpu.probes.table import rows_for
 from tests.harness import ROOT, TARGETS
+
+
+def open_fds(kind: str) -> int:
+    """This process's open descriptors of one anonymous-inode kind: "[perf_event]" (an
+    attached uprobe or tracepoint), "bpf-map", "bpf-prog"."""
+    n = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            n += os.readlink(f"/proc/self/fd/{fd}") == f"anon_inode:{kind}"
+        except OSError:
+            pass
+    return n
 
 
 def build_stub(out_dir, source: str, name: str, *link: str) -> str:

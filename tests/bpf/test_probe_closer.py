@@ -8,17 +8,7 @@ import site
 from otel_gpu.probes.attacher import Attacher
 from otel_gpu.probes.discovery import known_library_files
 from otel_gpu.ratelimit import Stats
-
-
-def _perf_event_fds() -> int:
-    """Each attached uprobe or tracepoint is a perf event this process holds open."""
-    n = 0
-    for fd in os.listdir("/proc/self/fd"):
-        try:
-            n += os.readlink(f"/proc/self/fd/{fd}") == "anon_inode:[perf_event]"
-        except OSError:
-            pass
-    return n
+from tests.bpf.probe_harness import open_fds
 
 
 def _tracefs_uprobes() -> list[str]:
@@ -29,7 +19,7 @@ def _tracefs_uprobes() -> list[str]:
 
 def test_detach_all_closes_every_probe_before_returning():
     from otel_gpu.probes.source import ProgramOptions, load
-    before = _perf_event_fds()
+    before = open_fds("[perf_event]")
     bpf = load(ProgramOptions())
     stats = Stats()
     attacher = Attacher(bpf, stats)
@@ -38,11 +28,11 @@ def test_detach_all_closes_every_probe_before_returning():
     probes = sum(attacher.attach(t) for t in targets)
     tracepoints = len(bpf.tracepoint_fds)
     assert probes >= 20 and tracepoints >= 10
-    assert _perf_event_fds() - before == probes + tracepoints
+    assert open_fds("[perf_event]") - before == probes + tracepoints
 
     attacher.detach_all(timeout=300)
 
-    assert _perf_event_fds() == before, "perf events still open after detach_all"
+    assert open_fds("[perf_event]") == before, "perf events still open after detach_all"
     assert attacher.closer.pending() == 0
     assert bpf.uprobe_fds == {} and bpf.tracepoint_fds == {} and bpf.num_open_uprobes() == 0
     assert _tracefs_uprobes() == []

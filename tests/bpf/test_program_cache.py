@@ -17,6 +17,7 @@ from otel_gpu.probes.program_cache import INSN
 from otel_gpu.probes.source import ProgramOptions, load, program_cache
 from otel_gpu.probes.table import CUDA_PROBES
 from otel_gpu.ratelimit import Stats
+from tests.bpf.probe_harness import open_fds
 from tests.harness import children_of, server_spans, started
 
 
@@ -37,16 +38,6 @@ def _prog_tag(fd: int) -> str:
         return next(line.split()[1] for line in f if line.startswith("prog_tag:"))
 
 
-def _map_fds() -> int:
-    n = 0
-    for fd in os.listdir("/proc/self/fd"):
-        try:
-            n += os.readlink(f"/proc/self/fd/{fd}") == "anon_inode:bpf-map"
-        except OSError:
-            pass
-    return n
-
-
 def test_cached_program_equals_the_compiled_one(tmp_path):
     from bcc import BPF
     from bcc.libbcc import lib
@@ -57,7 +48,7 @@ def test_cached_program_equals_the_compiled_one(tmp_path):
     assert not isinstance(compiled, CachedBPF)
     cache, key = program_cache(options)
     entry = cache.read(key)
-    maps_before = _map_fds()
+    maps_before = open_fds("bpf-map")
     cached = CachedBPF(entry)
     try:
         mod = compiled.module
@@ -92,7 +83,7 @@ def test_cached_program_equals_the_compiled_one(tmp_path):
         with pytest.raises(KeyError):
             compiled[b"traced"][ct.c_uint32(4242)]  # maps of its own
         cached.cleanup()
-        assert _map_fds() == maps_before  # and closed with it
+        assert open_fds("bpf-map") == maps_before  # and closed with it
     finally:
         cached.cleanup()
         compiled.cleanup()
