@@ -43,6 +43,9 @@ REQUEST_ATTRIBUTES = {
     "cost": (sc.GPU_COST_AMOUNT, 0.0),
     "currency": (sc.GPU_COST_CURRENCY, None),
     "ambiguous": (sc.GPU_CALLS_AMBIGUOUS, 0),
+    "nccl_calls": (sc.GPU_NCCL_CALLS, 0),  # set only when the request made any
+    "nccl_bytes": (sc.GPU_NCCL_TOTAL_BYTES, 0),
+    "graph_kernels": (sc.GPU_GRAPH_KERNEL_LAUNCHES, 0),
 }
 # Columns not read from one span attribute: identity, resource, derived.
 _OWN_COLUMNS = ("ts", "trace_id", "span_id", "service", "k8s_namespace", "k8s_pod", "feature", "duration_ns")

@@ -26,6 +26,9 @@ GPU seconds, then requests, all descending.
         p50_ms, p95_ms        request latency percentiles in ms (nearest rank), null if none
         launches_per_request  mean kernel launches per request
         copy_bytes            total bytes copied by cudaMemcpy* (h2d + d2h + d2d + other)
+        nccl_calls            NCCL collectives and send/recv (gpu.nccl.calls); 0 in a store
+                              older than v3
+        nccl_bytes            their bytes, what each rank received (send: sent) (gpu.nccl.total_bytes)
         gpu_seconds           estimated GPU seconds: exact + split + outside
         exact_gpu_seconds     charged to the requests themselves (otel_gpu.cost.gpu_seconds)
         split_gpu_seconds     shares of ambiguous and shared windows' time, split among their
@@ -47,12 +50,12 @@ from datetime import datetime, timezone
 from typing import Optional
 
 from .. import sanitize
-from .schema import has_table
+from .schema import columns, has_table
 from .since import iso_utc
 from .text import fit, split_width
 
 ROW_FIELDS = ("service", "feature", "requests", "p50_ms", "p95_ms", "launches_per_request",
-              "copy_bytes", "gpu_seconds", "exact_gpu_seconds", "split_gpu_seconds", "outside_gpu_seconds",
+              "copy_bytes", "nccl_calls", "nccl_bytes", "gpu_seconds", "exact_gpu_seconds", "split_gpu_seconds", "outside_gpu_seconds",
               "cost", "share")
 OUTSIDE_LABEL = "(outside)"  # the text table's name for the feature-null row
 TOTAL_FIELDS = ROW_FIELDS[2:]
@@ -65,8 +68,9 @@ _FILTER = "WHERE ts >= :since AND (:service IS NULL OR service = :service)"
 # SUM raises "integer overflow" on two of them.
 _GROUPS_SQL = f"""
 SELECT service, feature, COUNT(*), TOTAL(launches), TOTAL(h2d_bytes + d2h_bytes + d2d_bytes + other_bytes),
-       SUM(gpu_seconds), SUM(cost)
+       {{nccl}}, SUM(gpu_seconds), SUM(cost)
 FROM requests INDEXED BY requests_ts {_FILTER} GROUP BY service, feature"""
+_NCCL_SUMS = "TOTAL(nccl_calls), TOTAL(nccl_bytes)"  # "0, 0" on a store older than v3
 # The k-th fastest request of a group: an in-order walk of the covering latency index,
 # no sort (SQLite's window functions took ~25x longer on 100k requests).
 _NTH_IN_GROUP_SQL = ("SELECT duration_ns FROM requests INDEXED BY requests_latency"
@@ -97,18 +101,20 @@ def _nth_sorted(cursor, offsets: list[int]) -> list[int]:
     return found
 
 
-def _figures(requests, launches, copy_bytes, gpu_s, cost, pcts) -> dict:
+def _figures(requests, launches, copy_bytes, nccl_calls, nccl_bytes, gpu_s, cost, pcts) -> dict:
     return {"requests": requests,
             "p50_ms": pcts[0] / 1e6 if pcts else None,
             "p95_ms": pcts[1] / 1e6 if pcts else None,
             "launches_per_request": (launches or 0) / requests if requests else 0.0,
-            "copy_bytes": int(copy_bytes or 0), "exact_gpu_seconds": float(gpu_s or 0.0),
+            "copy_bytes": int(copy_bytes or 0), "nccl_calls": int(nccl_calls or 0),
+            "nccl_bytes": int(nccl_bytes or 0), "exact_gpu_seconds": float(gpu_s or 0.0),
             "split_gpu_seconds": 0.0, "outside_gpu_seconds": 0.0, "cost": float(cost or 0.0)}
 
 
 def _read(conn, params: dict) -> tuple[list[dict], dict, list[str]]:
     rows = {}
-    for service, feature, n, *sums in conn.execute(_GROUPS_SQL, params).fetchall():
+    nccl = _NCCL_SUMS if "nccl_calls" in columns(conn, "requests") else "0, 0"
+    for service, feature, n, *sums in conn.execute(_GROUPS_SQL.format(nccl=nccl), params).fetchall():
         pcts = [conn.execute(_NTH_IN_GROUP_SQL, (service, feature, params["since"], k)).fetchone()[0]
                 for k in _rank_offsets(n)]
         rows[service, feature] = dict(service=service, feature=feature, **_figures(n, *sums, pcts))
@@ -118,7 +124,7 @@ def _read(conn, params: dict) -> tuple[list[dict], dict, list[str]]:
             row = rows.get((service, feature))
             if row is None:  # time split to a feature none of whose requests are in range
                 row = rows[service, feature] = dict(service=service, feature=feature,
-                                                    **_figures(0, 0, 0, 0.0, 0.0, []))
+                                                    **_figures(0, 0, 0, 0, 0, 0.0, 0.0, []))
             row["outside_gpu_seconds" if kind == "outside" else "split_gpu_seconds"] += seconds or 0.0
             row["cost"] += cost or 0.0
         currencies |= {r[0] for r in conn.execute(_WINDOW_CURRENCY_SQL, params)}
@@ -129,7 +135,8 @@ def _read(conn, params: dict) -> tuple[list[dict], dict, list[str]]:
     n = sum(r["requests"] for r in rows)
     pcts = _nth_sorted(conn.execute(_SORTED_SQL, params), _rank_offsets(n)) if n else []
     launches = sum(r["launches_per_request"] * r["requests"] for r in rows)
-    totals = _figures(n, launches, sum(r["copy_bytes"] for r in rows), 0.0, 0.0, pcts)
+    totals = _figures(n, launches, *(sum(r[k] for r in rows) for k in ("copy_bytes", "nccl_calls", "nccl_bytes")),
+                      0.0, 0.0, pcts)
     for k in ("gpu_seconds", "exact_gpu_seconds", "split_gpu_seconds", "outside_gpu_seconds", "cost"):
         totals[k] = sum(r[k] for r in rows)
     return rows, totals, sorted(sanitize.text(str(c)) for c in currencies)
@@ -183,23 +190,24 @@ def _sig(v: float) -> str:
 
 
 # GPU s is the row's whole time, SPLIT s the part of it split from ambiguous/shared windows
-# (exact = GPU s - SPLIT s). When the names need the room, COPY then L/REQ go (JSON
-# keeps every field).
-_NUMERIC = (("REQS", 5), ("P50 ms", 6), ("P95 ms", 6), ("L/REQ", 5), ("COPY", 5), ("GPU s", 7),
+# (exact = GPU s - SPLIT s). NCCL (bytes) is there only when some request made NCCL calls.
+# When the names need the room, NCCL, then COPY, then L/REQ go (JSON keeps every field).
+_NUMERIC = (("REQS", 5), ("P50 ms", 6), ("P95 ms", 6), ("L/REQ", 5), ("COPY", 5), ("NCCL", 5), ("GPU s", 7),
             ("SPLIT s", 7), ("COST", 8), ("SHARE", 6))
-_OPTIONAL = ("COPY", "L/REQ")
+_OPTIONAL = ("NCCL", "COPY", "L/REQ")
 
 
 def _cells(r: dict) -> dict:
     return {"REQS": str(r["requests"]), "P50 ms": _ms(r["p50_ms"]), "P95 ms": _ms(r["p95_ms"]),
             "L/REQ": f"{r['launches_per_request']:.1f}", "COPY": _bytes(r["copy_bytes"]),
+            "NCCL": _bytes(r["nccl_bytes"]),
             "GPU s": _sig(r["gpu_seconds"]), "SPLIT s": _sig(r["split_gpu_seconds"]), "COST": _sig(r["cost"]),
             "SHARE": f"{r['share'] * 100:.1f}%"}
 
 
-def _columns(width: int, services: list[str], features: list[str]) -> tuple[list, int]:
+def _columns(width: int, services: list[str], features: list[str], nccl: bool) -> tuple[list, int]:
     """The numeric columns that fit beside the names, and the width left for the names."""
-    columns = list(_NUMERIC)
+    columns = [c for c in _NUMERIC if nccl or c[0] != "NCCL"]
     need = max(map(len, features)) + (max(map(len, services)) + 1 if len(services) > 1 else 0)
     for name in _OPTIONAL:
         if need <= width - sum(w + 1 for _, w in columns):
@@ -214,7 +222,7 @@ def to_text(report: dict, width: int = 80) -> str:
     rows = report["rows"]
     services = sorted({r["service"] for r in rows})
     features = [r["feature"] or OUTSIDE_LABEL for r in rows] or [""]
-    columns, name_w = _columns(width, services or [""], features)
+    columns, name_w = _columns(width, services or [""], features, report["totals"]["nccl_calls"] > 0)
     if len(services) > 1:
         svc_w, feat_w = split_width(name_w, services, features)
     else:

@@ -9,10 +9,12 @@ import sqlite3
 from pathlib import Path
 from typing import Optional
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 # v1 -> v2: the window_costs table (the DDL creates it), requests.ambiguous became a
 # fractional share. v1 stores keep its INTEGER declaration: SQLite stores a value that
 # is not a whole number as REAL whatever the column says, so no rewrite is needed.
+# v2 -> v3: requests' NCCL and graph-kernel counts (ADDED_COLUMNS: ALTER TABLE, rows
+# already kept read 0, which they had none of: both came with v3's collector).
 
 # group_ts: start of the root span of the write() batch a span arrived in. A request
 # row and its spans share it, so retention deletes both with one comparison each.
@@ -55,7 +57,10 @@ CREATE TABLE IF NOT EXISTS requests (
     gpu_seconds REAL NOT NULL,
     cost REAL NOT NULL,
     currency TEXT,
-    ambiguous REAL NOT NULL          -- otel_gpu.calls.ambiguous: share of ambiguous calls
+    ambiguous REAL NOT NULL,         -- otel_gpu.calls.ambiguous: share of ambiguous calls
+    nccl_calls INTEGER NOT NULL DEFAULT 0,     -- gpu.nccl.calls
+    nccl_bytes INTEGER NOT NULL DEFAULT 0,     -- gpu.nccl.total_bytes
+    graph_kernels INTEGER NOT NULL DEFAULT 0   -- gpu.graph.kernel_launches
 );
 CREATE INDEX IF NOT EXISTS requests_ts ON requests (ts);
 -- Covering index for report's percentiles: each group's durations in order, ts to filter.
@@ -81,6 +86,15 @@ CREATE INDEX IF NOT EXISTS window_costs_ts ON window_costs (ts);
 """
 
 
+# Columns added to existing tables since v1, by the version that added them: an older
+# store gets them by ALTER TABLE (CREATE TABLE IF NOT EXISTS leaves its table as it is).
+ADDED_COLUMNS = {
+    3: (("requests", "nccl_calls", "INTEGER NOT NULL DEFAULT 0"),
+        ("requests", "nccl_bytes", "INTEGER NOT NULL DEFAULT 0"),
+        ("requests", "graph_kernels", "INTEGER NOT NULL DEFAULT 0")),
+}
+
+
 class StoreError(Exception):
     """A store that cannot be used; the message is one line for the user."""
 
@@ -89,6 +103,20 @@ def has_table(conn: sqlite3.Connection, name: str) -> bool:
     """A reader of an older store (no collector has migrated it) lacks newer tables."""
     row = conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (name,)).fetchone()
     return row is not None
+
+
+def columns(conn: sqlite3.Connection, table: str) -> set[str]:
+    """A reader of an older store lacks newer columns too."""
+    return {row[1] for row in conn.execute(f"PRAGMA table_info({table})")}
+
+
+def _add_columns(conn: sqlite3.Connection) -> None:
+    """Each added column a table lacks (by name, not by version: a half-migrated store
+    cannot be, the migration is one transaction, but this stays right if it were)."""
+    for added in ADDED_COLUMNS.values():
+        for table, name, decl in added:
+            if name not in columns(conn, table):
+                conn.execute(f"ALTER TABLE {table} ADD COLUMN {name} {decl}")
 
 
 def _check_version(conn: sqlite3.Connection, path: str) -> int:
@@ -146,9 +174,10 @@ def _open_schema(path: str) -> sqlite3.Connection:
         conn.execute("BEGIN IMMEDIATE")
         _check_version(conn, path)
         # Idempotent: also adds an index a same-version store may lack, and migrates
-        # an older one (every change so far is a new table or index).
+        # an older one (new tables and indexes here, new columns in _add_columns).
         for stmt in filter(str.strip, _DDL.split(";")):
             conn.execute(stmt)
+        _add_columns(conn)
         conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
         conn.execute("COMMIT")
     except BaseException:

@@ -24,7 +24,8 @@ def test_request_row_and_spans(store, reader):
                  "k8s_namespace": "ml", "k8s_pod": "api-0", "method": "POST", "route": "/infer/{id}",
                  "feature": "summarize", "status_code": 200, "duration_ns": 12 * MS, "launches": 3,
                  "h2d_bytes": 4096, "d2h_bytes": 1024, "d2d_bytes": 64, "other_bytes": 0, "sync_ns": 7,
-                 "gpu_seconds": 0.25, "cost": 0.002, "currency": "USD", "ambiguous": 0}
+                 "gpu_seconds": 0.25, "cost": 0.002, "currency": "USD", "ambiguous": 0,
+                 "nccl_calls": 0, "nccl_bytes": 0, "graph_kernels": 0}
     rows = [dict(x) for x in conn.execute("SELECT * FROM spans ORDER BY start_ns")]
     assert len(rows) == len(spans) == 7
     server, first = rows[0], rows[1]
@@ -192,7 +193,7 @@ def test_v1_store_is_read_as_it_is_and_migrated_by_the_writer(db, clock, reader)
     s.export(window(2, T0, gpu_seconds=0.1, cost=0.0))
     s.shutdown()
     conn = reader()
-    assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 2
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
     assert conn.execute("SELECT count(*) FROM requests").fetchone()[0] == 2  # the old row kept
     rep = build_report(conn)
     assert rep["totals"]["gpu_seconds"] == pytest.approx(0.85)
