@@ -13,7 +13,15 @@ _SHOWN = (sc.HTTP_RESPONSE_STATUS_CODE, sc.GPU_ATTRIBUTION, sc.GPU_KERNEL_NAME, 
           sc.GPU_BLOCK, sc.GPU_MEMCPY_BYTES, sc.GPU_MEMCPY_DIRECTION, sc.GPU_ALLOC_BYTES,
           sc.GPU_ROLLUP_COUNT, sc.GPU_LAUNCHES, sc.GPU_MEMCPY_H2D_BYTES, sc.GPU_MEMCPY_D2H_BYTES,
           sc.GPU_SYNC_DURATION_NS, sc.GPU_DISTINCT_KERNELS, sc.GPU_CALLS_AMBIGUOUS,
-          sc.GPU_CUDA_RETURN_CODE)
+          sc.GPU_CUDA_RETURN_CODE, sc.GPU_NCCL_OP, sc.GPU_NCCL_BYTES, sc.GPU_NCCL_DATATYPE, sc.GPU_NCCL_REDUCTION,
+          sc.GPU_NCCL_ROOT, sc.GPU_NCCL_PEER, sc.GPU_NCCL_COMM_NRANKS, sc.GPU_NCCL_COMM_RANK, sc.GPU_NCCL_CALLS,
+          sc.GPU_NCCL_TOTAL_BYTES, sc.GPU_GRAPH_KERNEL_NODES, sc.GPU_GRAPH_KERNEL_LAUNCHES)
+
+
+def graph_kernels_text(attrs) -> str:
+    """A graph launch's kernels with their counts ("gemm x3, relu x1"), "" when unknown."""
+    kernels, counts = attrs.get(sc.GPU_GRAPH_KERNELS) or (), attrs.get(sc.GPU_GRAPH_KERNEL_COUNTS) or ()
+    return ", ".join(f"{sanitize.text(str(k)).split('(', 1)[0]} x{n}" for k, n in zip(kernels, counts))
 
 
 def _fmt_attr(v) -> str:
@@ -39,7 +47,9 @@ def render_tree(spans: Sequence[ReadableSpan]) -> str:
     def walk(span: ReadableSpan, prefix: str, last: bool, depth: int) -> None:
         dur_ms = (span.end_time - span.start_time) / 1e6
         attrs = span.attributes or {}
-        shown = " ".join(f"{k.split('.', 1)[-1]}={_fmt_attr(attrs[k])}" for k in _SHOWN if k in attrs)
+        graph = graph_kernels_text(attrs)
+        shown = " ".join([f"{k.split('.', 1)[-1]}={_fmt_attr(attrs[k])}" for k in _SHOWN if k in attrs]
+                         + ([f"graph.kernels=[{graph}]"] if graph else []))
         branch = "" if depth == 0 else ("└─ " if last else "├─ ")
         head = f"{sanitize.text(span.name)}  {dur_ms:.3f} ms"
         if depth == 0:

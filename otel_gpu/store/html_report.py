@@ -1,6 +1,6 @@
 """`otel-gpu report --html FILE`: one self-contained page (plotly.js inlined, no network
 at view time) from the local store: GPU seconds and cost per route over time, launches
-and copied bytes per route, the slowest requests, and one trace as a waterfall of its
+and copied bytes (and NCCL bytes, where any) per route, the slowest requests, and one trace as a waterfall of its
 server span and CUDA calls, each coloured by its attribution.
 
 The figures come from the store's queries (report.build_report, series.cost_series,
@@ -17,6 +17,7 @@ from typing import Optional
 from opentelemetry.trace import SpanKind
 
 from .. import semconv as sc
+from ..span_tree import graph_kernels_text
 from .related import traces_with_windows
 from .report import OUTSIDE_LABEL, _bytes, build_report
 from .series import cost_series
@@ -74,20 +75,27 @@ def _per_route(report: dict, many: bool):
     from plotly.subplots import make_subplots
     rows = [r for r in report["rows"] if r["requests"]]
     names = [_label(r["service"], r["feature"], many) for r in rows]
-    fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.25,
-                        subplot_titles=("kernel launches", "bytes copied (cudaMemcpy*)"))
+    nccl = report["totals"]["nccl_calls"] > 0  # a third chart only where NCCL was seen
+    titles = ("kernel launches", "bytes copied (cudaMemcpy*)") + (("NCCL bytes (calls)",) if nccl else ())
+    fig = make_subplots(rows=1, cols=len(titles), horizontal_spacing=0.25 if not nccl else 0.15,
+                        subplot_titles=titles)
     launches = [round(r["launches_per_request"] * r["requests"]) for r in rows]
     fig.add_trace(go.Bar(y=names, x=launches, orientation="h", marker_color="#1565c0", showlegend=False,
                          text=[f"{n:,}" for n in launches], textposition="auto"), 1, 1)
     fig.add_trace(go.Bar(y=names, x=[r["copy_bytes"] for r in rows], orientation="h", marker_color="#2e7d32",
                          showlegend=False, text=[_bytes(r["copy_bytes"]) for r in rows], textposition="auto"), 1, 2)
+    if nccl:
+        fig.add_trace(go.Bar(y=names, x=[r["nccl_bytes"] for r in rows], orientation="h", marker_color="#ef6c00",
+                             showlegend=False, text=[f"{_bytes(r['nccl_bytes'])} ({r['nccl_calls']:,})" for r in rows],
+                             textposition="auto"), 1, 3)
     fig.update_yaxes(autorange="reversed", automargin=True)
     fig.update_layout(height=max(220, 90 + 34 * len(rows)), margin=dict(l=20, r=20, t=40, b=30))
     return fig
 
 
 def _call_text(span) -> str:
-    """What a CUDA call did, in a few words: the kernel and its launch shape, or the copy."""
+    """What a call did, in a few words: the kernel and its launch shape, the copy, the
+    NCCL op and its bytes, or the kernels a graph launch ran."""
     a = span.attributes or {}
     kernel = a.get(sc.GPU_KERNEL_NAME)
     if kernel or sc.GPU_GRID in a:
@@ -97,6 +105,12 @@ def _call_text(span) -> str:
         text = f"{a.get(sc.GPU_MEMCPY_DIRECTION, '')} {_bytes(a[sc.GPU_MEMCPY_BYTES])}"
     elif sc.GPU_ALLOC_BYTES in a:
         text = _bytes(a[sc.GPU_ALLOC_BYTES])
+    elif sc.GPU_NCCL_OP in a:
+        rank = (f" rank {a[sc.GPU_NCCL_COMM_RANK]}/{a[sc.GPU_NCCL_COMM_NRANKS]}"
+                if sc.GPU_NCCL_COMM_NRANKS in a else "")
+        text = f"{a[sc.GPU_NCCL_OP]} {_bytes(a.get(sc.GPU_NCCL_BYTES, 0))}{rank}"
+    elif sc.GPU_GRAPH_KERNELS in a:
+        text = graph_kernels_text(a)
     else:
         text = ""
     return f"{span.name}  {text}".strip()
@@ -208,7 +222,8 @@ def build_page(conn, since_ns: Optional[int] = None, service: Optional[str] = No
     else:
         parts.append("<h2>GPU cost and GPU seconds per route over time</h2>")
         parts.append(_html(_over_time(series, report, many), True, "over-time"))
-        parts.append("<h2>Kernel launches and bytes copied per route</h2>")
+        parts.append("<h2>Kernel launches and bytes copied per route"
+                     + (", NCCL bytes and calls" if t["nccl_calls"] else "") + "</h2>")
         parts.append(_html(_per_route(report, many), False, "per-route"))
         parts.append(f"<h2>The {len(slow)} slowest requests</h2>" + _slowest_table(slow, chosen, many)
                      + "<p class=note>Draw another as the waterfall: <code>otel-gpu report --html FILE "

@@ -23,6 +23,7 @@ from typing import Optional
 from opentelemetry.trace import SpanKind
 
 from .. import semconv as sc
+from ..span_tree import graph_kernels_text
 
 PID_MAX = 1 << 22  # Linux's largest pid_max: synthetic tids start above it
 _ARGS = (sc.GPU_ATTRIBUTION, sc.THREAD_ID, sc.GPU_CUDA_CALL, sc.GPU_KERNEL_NAME, sc.GPU_GRID, sc.GPU_BLOCK,
@@ -30,16 +31,25 @@ _ARGS = (sc.GPU_ATTRIBUTION, sc.THREAD_ID, sc.GPU_CUDA_CALL, sc.GPU_KERNEL_NAME,
          sc.GPU_ROLLUP_COUNT, sc.GPU_ROLLUP_BYTES, sc.GPU_CUDA_RETURN_CODE, sc.HTTP_REQUEST_METHOD, sc.HTTP_ROUTE,
          sc.HTTP_RESPONSE_STATUS_CODE, sc.GPU_LAUNCHES, sc.GPU_MEMCPY_H2D_BYTES, sc.GPU_MEMCPY_D2H_BYTES,
          sc.GPU_SYNC_DURATION_NS, sc.GPU_COST_SECONDS, sc.GPU_COST_AMOUNT, sc.GPU_COST_CURRENCY, sc.GPU_FEATURE,
-         sc.GPU_CANDIDATE_REQUESTS)
+         sc.GPU_CANDIDATE_REQUESTS, sc.GPU_NCCL_OP, sc.GPU_NCCL_COUNT, sc.GPU_NCCL_BYTES, sc.GPU_NCCL_DATATYPE,
+         sc.GPU_NCCL_REDUCTION, sc.GPU_NCCL_ROOT, sc.GPU_NCCL_PEER, sc.GPU_NCCL_COMM, sc.GPU_NCCL_COMM_NRANKS,
+         sc.GPU_NCCL_COMM_RANK, sc.GPU_NCCL_GROUP, sc.GPU_NCCL_CALLS, sc.GPU_NCCL_TOTAL_BYTES, sc.GPU_GRAPH_KERNELS,
+         sc.GPU_GRAPH_KERNEL_COUNTS, sc.GPU_GRAPH_KERNEL_NODES, sc.GPU_GRAPH_KERNEL_LAUNCHES)
 WINDOW_TRACKS = {"ambiguous": "GPU work, ambiguous request", "shared": "GPU work, shared by requests",
                  "outside": "GPU work outside requests"}
 
 
 def call_label(attrs: dict, name: str) -> str:
-    """A call's slice name: the call and what it did (kernel, bytes), short enough to read."""
+    """A call's slice name: the call and what it did (kernel, bytes, a graph's kernels),
+    short enough to read."""
     kernel = attrs.get(sc.GPU_KERNEL_NAME)
     if kernel:
         return f"{name} {kernel.split('(', 1)[0]}"
+    if sc.GPU_NCCL_BYTES in attrs:
+        return f"{name} {attrs[sc.GPU_NCCL_BYTES]} B"
+    graph = graph_kernels_text(attrs)
+    if graph:
+        return f"{name} [{graph}]"
     if sc.GPU_MEMCPY_BYTES in attrs:
         return f"{name} {attrs.get(sc.GPU_MEMCPY_DIRECTION, '')} {attrs[sc.GPU_MEMCPY_BYTES]} B".replace("  ", " ")
     return name
