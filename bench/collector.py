@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[1]
 TICK = os.sysconf("SC_CLK_TCK")
 LOADED_RE = re.compile(r"BPF program compiled and loaded \(([\d.]+) s\)")
 STOPPED_RE = re.compile(r"stopped: (\d+) requests, (\d+) spans; CUDA calls by attribution: "
-                        r"((?:\w+=\d+ ?)+); dropped: (.*)$")
+                        r"((?:\w+=\d+ ?)+); dropped: (.*); counted: (.*)$")
 
 
 def cpu_seconds(pid: int) -> float:
@@ -81,8 +81,8 @@ class Collector:
             if m:
                 out.update(requests=int(m.group(1)), spans=int(m.group(2)))
                 out.update((k, int(v)) for k, v in (kv.split("=") for kv in m.group(3).split()))
-                out["dropped"] = dict(kv.split("=") for kv in m.group(4).split(", ") if "=" in kv)
-                out["dropped"] = {k: int(v) for k, v in out["dropped"].items()}
+                for key, pairs in (("dropped", m.group(4)), ("counted", m.group(5))):
+                    out[key] = {k: int(v) for k, v in (kv.split("=") for kv in pairs.split(", ") if "=" in kv)}
         out["cuda_calls_seen"] = sum(out.get(k, 0) for k in ("task", "thread", "process", "ambiguous", "shared",
                                                             "outside"))
         return out

@@ -37,7 +37,7 @@ from .pipeline.sockets import PortCache, existing_server_connections, open_socke
 from .pipeline.stitcher import Stitcher
 from .pipeline.symbols import KernelNames
 from .probes.discovery import Discovery
-from .ratelimit import Stats
+from .ratelimit import Stats, split_drops
 from .status.writer import StatusWriter
 
 log = logging.getLogger("otel_gpu")
@@ -368,5 +368,10 @@ class Collector:
     def summary(self) -> str:
         s = self.stats.snapshot()
         a = self.wiring.stitcher.attributed
+        drops, counted = split_drops(s)
+
+        def pairs(d: dict) -> str:
+            return ", ".join(f"{k}={v}" for k, v in d.items()) or "none"
         return (f"{s.get('requests_finished', 0)} requests, {self.wiring.destinations.spans_out} spans; CUDA calls by "
-                f"attribution: {' '.join(f'{k}={v}' for k, v in a.items())}; dropped: {', '.join(f'{k}={v}' for k, v in sorted(s.items()) if k not in ('requests_finished',)) or 'none'}")
+                f"attribution: {' '.join(f'{k}={v}' for k, v in a.items())}; dropped: {pairs(drops)}; "
+                f"counted: {pairs(counted)}")

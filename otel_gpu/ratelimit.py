@@ -12,6 +12,18 @@ import time
 from typing import Callable, Dict
 
 
+# Counters of work done or facts seen, not of something lost, refused or folded: the
+# `stopped:` line, `otel-gpu status` and the otel_gpu.drops metric list them apart.
+NOT_DROPS = frozenset({"requests_finished", "spans_exported", "resolved", "relists", "watch_events",
+                       "tls_connections", "probe_attach_retried"})
+
+
+def split_drops(counts: Dict[str, int]) -> tuple[Dict[str, int], Dict[str, int]]:
+    """(drops, the rest), each by name."""
+    drops = {k: v for k, v in sorted(counts.items()) if k not in NOT_DROPS}
+    return drops, {k: v for k, v in sorted(counts.items()) if k in NOT_DROPS}
+
+
 class Stats:
     """Thread-safe named counters; `snapshot()` is what callers expose as `stats`."""
 

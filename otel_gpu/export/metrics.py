@@ -25,7 +25,7 @@ from ..pipeline.route_cap import MAX_SERVICES
 from ..probes.attacher import ProbeCounts
 from ..probes import nccl
 from ..probes.table import BY_ID, CUDA_PROBES, MEMCPY_DIRECTIONS, NCCL_STATE_PROBES, PYTHON_PROBES, Category
-from ..ratelimit import Stats
+from ..ratelimit import Stats, split_drops
 from .bounded import call_by, remaining_ms
 from .metric_values import INT64_MAX, CappedCounter, GuardedExporter, clamp_call_bytes
 
@@ -231,9 +231,8 @@ class GpuMetrics:
         return OTHER
 
     def _observe_drops(self, _options):
-        for reason, n in self.stats.snapshot().items():
-            if reason != "requests_finished":
-                yield Observation(n, {"otel_gpu.reason": reason})
+        for reason, n in split_drops(self.stats.snapshot())[0].items():
+            yield Observation(n, {"otel_gpu.reason": reason})
 
     def _observe_probes(self, counts: dict):
         for symbol in sorted(self._probe_symbols):

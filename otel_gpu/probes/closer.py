@@ -48,7 +48,7 @@ class ProbeCloser:
             if fd is None or not self._disable(fd, "uprobe", ev):
                 continue
             _forget(self.bpf, ev)
-            self._queue(ev, fd, batch)
+            self._enqueue(ev, fd, batch)
             done += 1
         return done
 
@@ -59,7 +59,7 @@ class ProbeCloser:
         for tp, fd in list(self.bpf.tracepoint_fds.items()):
             if self._disable(fd, "tracepoint", tp):
                 del self.bpf.tracepoint_fds[tp]  # bcc's bpf_detach_tracepoint does nothing more
-                self._queue(tp, fd, None)
+                self._enqueue(tp, fd, None)
                 n += 1
         return n
 
@@ -80,7 +80,7 @@ class ProbeCloser:
             log.warning("cannot disable %s %s: %s", kind, name.decode(errors="replace"), e)
             return False
 
-    def _queue(self, name: bytes, fd: int, batch: "Optional[_Batch]") -> None:
+    def _enqueue(self, name: bytes, fd: int, batch: "Optional[_Batch]") -> None:
         with self._lock:
             self._pending += 1
             self._idle.clear()

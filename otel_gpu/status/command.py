@@ -14,10 +14,9 @@ import time
 from typing import Optional
 
 from .. import proc, sanitize
+from ..ratelimit import split_drops
 from .file import STALE_INTERVALS, default_status_path, read_state
 
-# Counters that count work done, not something lost or refused: shown apart from drops.
-NOT_DROPS = frozenset({"requests_finished", "spans_exported", "resolved", "relists", "watch_events"})
 
 
 def add_parser(subparsers) -> None:
@@ -83,7 +82,7 @@ def to_text(state: dict, now: float, stale: Optional[str]) -> str:
     req = state.get("requests", {})
     lines.append(f"requests: {req.get('finished', 0)} finished, {req.get('per_second', 0):g}/s over the last interval")
     lines.append(f"CUDA calls by attribution: {_pairs(state.get('attribution', {}))}")
-    drops = {k: v for k, v in state.get("counters", {}).items() if k not in NOT_DROPS and v}
+    drops = {k: v for k, v in split_drops(state.get("counters", {}))[0].items() if v}
     lines.append(f"drops and errors (counters): {_pairs(drops)}")
     lines.append("export:")
     lines += [_export_line(e, now) for e in state.get("exports", [])] or ["  nowhere"]

@@ -66,3 +66,13 @@ def test_a_ring_that_does_not_empty_in_time_is_left_counted(tmp_path):
     c.shutdown()
     assert time.monotonic() - started < 1.5
     assert c.stats.snapshot()["ring_undrained_shutdown"] == 1 and c.program.batches
+
+
+def test_the_stopped_line_lists_drops_apart_from_work_done(tmp_path):
+    c = Collector(Config(proc_root=str(tmp_path), shutdown_timeout_s=5, store_path=None, console=False))
+    for name, n in (("lost_events", 2), ("spans_exported", 5), ("tls_connections", 1), ("requests_finished", 7)):
+        c.stats.add(name, n)
+    assert c.summary().endswith("; dropped: lost_events=2; counted: requests_finished=7, spans_exported=5, "
+                                "tls_connections=1")
+    c.stats = type(c.stats)()
+    assert c.summary().endswith("; dropped: none; counted: none")

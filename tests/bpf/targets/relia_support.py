@@ -13,20 +13,22 @@ TARGETS = Path(__file__).resolve().parent
 
 
 def stopped_counters(collector, timeout: float = 15) -> dict:
-    """Counters of the "stopped:" line (collector already stopped): the "dropped:"
-    key=value pairs, plus requests, spans and CUDA calls by attribution."""
+    """Counters of the "stopped:" line (collector already stopped): the "dropped:" and
+    "counted:" key=value pairs, plus requests, spans and CUDA calls by attribution."""
     assert collector.log.wait_for("stopped:", timeout), "no stopped: line:\n" + "".join(collector.log.lines)
     line = next(l for l in collector.log.lines if "stopped:" in l)
-    m = re.search(r"stopped: (\d+) requests, (\d+) spans; CUDA calls by attribution: (.*?); dropped: (.*)$", line)
+    m = re.search(r"stopped: (\d+) requests, (\d+) spans; CUDA calls by attribution: (.*?); dropped: (.*); counted: (.*)$",
+                  line)
     assert m, line
     out = {"requests": int(m.group(1)), "spans": int(m.group(2))}
     for part in m.group(3).split():
         k, v = part.split("=")
         out[f"attributed.{k}"] = int(v)
-    if m.group(4).strip() != "none":
-        for part in m.group(4).split(","):
-            k, v = part.strip().split("=")
-            out[k] = int(v)
+    for pairs in (m.group(4), m.group(5)):
+        if pairs.strip() != "none":
+            for part in pairs.split(","):
+                k, v = part.strip().split("=")
+                out[k] = int(v)
     return out
 
 
