@@ -161,10 +161,19 @@ def test_every_panel_has_a_query_on_an_exported_metric(exported):
     ("cost per route", "otel_gpu_cost_amount_total"), ("GPU seconds", "otel_gpu_cost_gpu_seconds_total"),
     ("launches by kernel", "gpu_kernel_launches_total"), ("memcpy bytes", "gpu_memcpy_bytes_total"),
     ("sync time", "gpu_sync_duration_seconds_sum"), ("attribution outcomes", "otel_gpu_cuda_calls_total"),
-    ("events lost", "otel_gpu_events_lost_total"), ("drops by reason", "otel_gpu_drops_total")])
+    ("events lost", "otel_gpu_events_lost_total"), ("drops by reason", "otel_gpu_drops_total"),
+    ("NCCL bytes", "gpu_nccl_bytes_total"), ("NCCL calls", "gpu_nccl_calls_total")])
 def test_the_dashboard_shows_each_topic_the_issue_names(topic, metric, exported):
     assert metric in exported[0], f"{topic}: {metric} is not what the exporter calls it"
     assert any(metric in promql_names(expr)[0] for _, expr in _queries()), topic
+
+
+@pytest.mark.parametrize("metric", ["gpu_nccl_bytes_total", "gpu_nccl_calls_total"])
+def test_nccl_panels_break_down_by_route_and_op_the_labels_the_metric_has(metric, exported):
+    """The NCCL counters carry http_route and gpu_nccl_op (metrics.py): a panel groups by both."""
+    assert {"http_route", "gpu_nccl_op", "service_name"} <= exported[0][metric]
+    assert any(metric in names and {"http_route", "gpu_nccl_op"} <= labels
+               for names, labels in (promql_names(expr) for _, expr in _queries())), metric
 
 
 def test_a_wrong_name_is_caught(exported):
