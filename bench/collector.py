@@ -14,7 +14,7 @@ from otel_gpu.demo.runner import LineWatcher, stop_process
 
 ROOT = Path(__file__).resolve().parents[1]
 TICK = os.sysconf("SC_CLK_TCK")
-LOADED_RE = re.compile(r"BPF program compiled and loaded \(([\d.]+) s\)")
+LOADED_RE = re.compile(r"BPF program loaded \(([\d.]+) s")
 STOPPED_RE = re.compile(r"stopped: (\d+) requests, (\d+) spans; CUDA calls by attribution: "
                         r"((?:\w+=\d+ ?)+); dropped: (.*); counted: (.*)$")
 

@@ -41,8 +41,9 @@ class BpfProgram:
         self.bpf = load(options, stats)  # from the BPF cache when it holds this program
         self.load_s = time.monotonic() - t0  # the clang compile and the verifier: most of `ready`
         dropped_kb = compiler_memory.release()
-        log.info("BPF program compiled and loaded (%.1f s); %d MB of compiler pages released",
-                 self.load_s, dropped_kb // 1024)
+        how = "from the cache" if type(self.bpf).__name__ == "CachedBPF" else "compiled"
+        log.info("BPF program loaded (%.1f s, %s); %d MB of compiler pages released", self.load_s, how,
+                 dropped_kb // 1024)
         self.ring = RingReader(self.bpf, "events", stats)
         self.rollups = RollupReader(self.bpf["rollup"])
         counters, aggregated = self.bpf["counters"], ct.c_int(COUNTER_NAMES.index("aggregated"))
