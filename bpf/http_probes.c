@@ -82,7 +82,7 @@ static __always_inline void accept_enter(s32 listen_fd, void *addr)
 static __always_inline void accept_exit(long ret)
 {
     u64 id = bpf_get_current_pid_tgid();
-    if (!(pid_flags(id >> 32) & PID_TRACED))
+    if (!maybe_traced(id >> 32))
         return;
     struct pending_accept *p = accepting.lookup(&id);
     if (!p)
@@ -282,7 +282,7 @@ static __always_inline void io_enter(u8 kind, s32 fd, u64 buf, u32 is_iov)
 static __always_inline void io_exit(u8 kind, long ret)
 {
     u64 id = bpf_get_current_pid_tgid();
-    if (!(pid_flags(id >> 32) & PID_TRACED))
+    if (!maybe_traced(id >> 32))
         return; /* untraced: out before the pending-I/O hash */
     struct pending_io *pp = kind == EV_SOCK_READ ? reading.lookup(&id) : writing.lookup(&id);
     if (!pp)
@@ -347,7 +347,7 @@ TRACEPOINT_PROBE(syscalls, sys_exit_sendmsg) { io_exit(EV_SOCK_WRITE, args->ret)
 TRACEPOINT_PROBE(syscalls, sys_enter_close)
 {
     u64 id = bpf_get_current_pid_tgid();
-    if (!(pid_flags(id >> 32) & PID_TRACED))
+    if (!maybe_traced(id >> 32))
         return 0; /* untraced: its connections went with forget() */
     struct conn_key key = {.tgid = id >> 32, .fd = args->fd};
     struct conn_state *st = conns.lookup(&key);

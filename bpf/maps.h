@@ -154,28 +154,36 @@ static __always_inline u64 pid_flags(u32 tgid)
     return (both >> ((tgid & 31) * 2)) & 3;
 }
 
+/* The kernel's word of tgid, or NULL beyond the array. */
+static __always_inline u64 *kernel_word(u32 tgid)
+{
+    return tgid < PID_WORDS * 32 ? pid_word(tgid, PID_KERNEL) : NULL;
+}
+
 static __always_inline void pid_mark(u32 tgid, u64 flags)
 {
-    u64 bits = flags << ((tgid & 31) * 2), *w;
-    if (tgid >= PID_WORDS * 32 || !(w = pid_word(tgid, PID_KERNEL)))
-        return;
-    if ((*w & bits) != bits) /* read-only once set: no shared cache-line write per call */
+    u64 bits = flags << ((tgid & 31) * 2), *w = kernel_word(tgid);
+    if (w && (*w & bits) != bits) /* read-only once set: no shared cache-line write per call */
         __sync_fetch_and_or(w, bits);
 }
 
 static __always_inline void pid_unmark(u32 tgid)
 {
-    u64 bits = 3ull << ((tgid & 31) * 2), *w;
-    if (tgid >= PID_WORDS * 32 || !(w = pid_word(tgid, PID_KERNEL)))
-        return;
-    if (*w & bits)
+    u64 bits = 3ull << ((tgid & 31) * 2), *w = kernel_word(tgid);
+    if (w && (*w & bits))
         __sync_fetch_and_and(w, ~bits);
 }
 
-/* 0: certainly not traced (one inlined read); else confirmed by the `traced` lookup. */
+/* 0: certainly not traced (one inlined read); 1: maybe (a bit can outlive its entry). */
+static __always_inline int maybe_traced(u32 tgid)
+{
+    return pid_flags(tgid) & PID_TRACED;
+}
+
+/* maybe_traced, confirmed by the `traced` lookup. */
 static __always_inline int is_traced_now(u32 tgid)
 {
-    return (pid_flags(tgid) & PID_TRACED) && is_traced(tgid);
+    return maybe_traced(tgid) && is_traced(tgid);
 }
 
 static __always_inline void submit(void *data, u32 size)

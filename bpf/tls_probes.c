@@ -42,7 +42,7 @@ static __always_inline void tls_enter(struct pt_regs *ctx, u32 call, u64 done_pt
 static __always_inline void tls_return(struct pt_regs *ctx, u32 call)
 {
     u64 id = bpf_get_current_pid_tgid();
-    if (!(pid_flags(id >> 32) & PID_TRACED))
+    if (!maybe_traced(id >> 32))
         return;
     struct tls_call *cp = tls_calls.lookup(&id);
     if (!cp || cp->call != call)
@@ -92,7 +92,7 @@ int tls_handshake_return(struct pt_regs *ctx) { tls_return(ctx, TLS_CALL_HANDSHA
 int tls_free(struct pt_regs *ctx)
 {
     u64 id = bpf_get_current_pid_tgid();
-    if (!(pid_flags(id >> 32) & PID_TRACED))
+    if (!maybe_traced(id >> 32))
         return 0;
     struct ssl_key k = {.tgid = id >> 32, .ssl = PT_REGS_PARM1(ctx)};
     s32 *fd = ssl_fds.lookup(&k);
