@@ -44,7 +44,8 @@ class OwnCgroup:
     def wrap(self, argv: list) -> list:
         if self.path is None:
             return list(argv)
-        return ["sh", "-c", 'echo $$ > "$0" || echo "bench: target not in a cgroup of its own" >&2; exec "$@"', str(self.path / "cgroup.procs"), *map(str, argv)]
+        join = 'echo $$ > "$0" || echo "bench: target not in a cgroup of its own" >&2; exec "$@"'
+        return ["sh", "-c", join, str(self.path / "cgroup.procs"), *map(str, argv)]
 
     def remove(self, wait_s: float = 5.0) -> None:
         """Once the target has exited; its children (a worker) may take a moment more."""

@@ -34,13 +34,21 @@ def _compile_parser(sub) -> None:
     add_run_arguments(p)
 
 
-def cmd_compile(args) -> int:
-    try:
+def _config(args):
+    """The checked settings with logging set up, or None after one line on stderr."""
+    try:  # every setting is checked before anything starts
         config = load_config(args)
     except ConfigError as e:
         print(f"otel-gpu: {e}", file=sys.stderr)
-        return 2
+        return None
     setup_logging(config.log_level)
+    return config
+
+
+def cmd_compile(args) -> int:
+    config = _config(args)
+    if config is None:
+        return 2
     if not config.bpf_cache:
         print("otel-gpu: the BPF cache is off (--bpf-cache / OTEL_GPU_BPF_CACHE): nothing to compile into",
               file=sys.stderr)
@@ -89,12 +97,9 @@ def cmd_run(args) -> int:
         from .probes.source import source_text
         print(source_text())
         return 0
-    try:  # every setting is checked before anything starts
-        config = load_config(args)
-    except ConfigError as e:
-        print(f"otel-gpu: {e}", file=sys.stderr)
+    config = _config(args)
+    if config is None:
         return 2
-    setup_logging(config.log_level)
     preflight()
     if config.store_path:
         log.info("local store: %s (otel-gpu report / otel-gpu traces read it)", config.store_path)

@@ -313,10 +313,10 @@ class Collector:
     def shutdown(self) -> None:
         """Stop the probes, drain what they left and close open requests; then the
         exporters flush while the probes' events close. Stopping them first leaves no
-        record or count between the last read and the detach. The flush ends within config.shutdown_timeout_s whatever the
-        backend does; what OTLP has not delivered by then is counted
-        (spans_dropped_shutdown, metrics_dropped_shutdown). Detaching takes what the
-        kernel takes (logged)."""
+        record or count between the last read and the detach. The flush ends within
+        config.shutdown_timeout_s whatever the backend does; what OTLP has not delivered
+        by then is counted (spans_dropped_shutdown, metrics_dropped_shutdown). Detaching
+        takes what the kernel takes (logged)."""
         deadline = time.monotonic() + self.config.shutdown_timeout_s - EXIT_MARGIN_S
         try:
             if self.program is not None:

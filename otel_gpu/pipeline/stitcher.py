@@ -353,16 +353,16 @@ class Stitcher:
             (req,) = c.streams.values()
             self._settle(p, p.contexts.bind(req, ev), out)
         events = c.session.on_write(ev.data, ev.ret, ev.tail, ev.ts_ns, ev.tid)
-        if ev.ctx and c.session.written and self._handler_pair(p, ev) \
-                and all(r.tid != ev.tid for r in c.streams.values()):  # before the events end streams
+        if c.session.written and self._handler_pair(p, ev, c.streams.values()):  # before the events end streams
             p.pairs.wrote((ev.tid, ev.ctx), c.session.written, c.streams, ev.ts_ns)
         self._apply(p, c, events, ev.tid, ev.ts_ns, out)
 
     @staticmethod
-    def _handler_pair(p: Proc, ev) -> bool:
-        """Made in a context the probes never saw created, on a thread that never ran a
-        tracked one (pipeline/handlers.py)."""
-        return ev.ctx not in p.contexts.nodes and ev.tid not in p.contexts.threads
+    def _handler_pair(p: Proc, ev, requests) -> bool:
+        """Made in a Python context the probes never saw created, on a thread that never
+        ran a tracked one and read none of `requests` (pipeline/handlers.py)."""
+        return bool(ev.ctx) and ev.ctx not in p.contexts.nodes and ev.tid not in p.contexts.threads \
+            and all(r.tid != ev.tid for r in requests)
 
     def _on_close(self, tgid: int, fd: int, ts: int, out: list) -> None:
         p = self.procs.get(tgid)
@@ -506,9 +506,8 @@ class Stitcher:
         if verdict is HELD:
             return
         attribution, target = verdict
-        if attribution is AMBIGUOUS and ev.ctx and ev.tid not in p.broken and not p.untracked \
-                and HandlerPairs.applies(target) and self._handler_pair(p, ev) \
-                and all(r.tid != ev.tid for r in target) \
+        if attribution is AMBIGUOUS and ev.tid not in p.broken and not p.untracked \
+                and HandlerPairs.applies(target) and self._handler_pair(p, ev, target) \
                 and p.pairs.hold((ev.tid, ev.ctx), target, ev, device):
             return  # counted when it settles
         self.attributed[attribution] += 1

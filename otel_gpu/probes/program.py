@@ -41,7 +41,8 @@ class BpfProgram:
         self.bpf = load(options, stats)  # from the BPF cache when it holds this program
         self.load_s = time.monotonic() - t0  # the clang compile and the verifier: most of `ready`
         dropped_kb = compiler_memory.release()
-        how = "from the cache" if type(self.bpf).__name__ == "CachedBPF" else "compiled"
+        from .cached_bpf import CachedBPF  # imports bcc, which load() already needed
+        how = "from the cache" if isinstance(self.bpf, CachedBPF) else "compiled"
         log.info("BPF program loaded (%.1f s, %s); %d MB of compiler pages released", self.load_s, how,
                  dropped_kb // 1024)
         self.ring = RingReader(self.bpf, "events", stats)

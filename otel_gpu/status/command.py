@@ -18,7 +18,6 @@ from ..ratelimit import split_drops
 from .file import STALE_INTERVALS, default_status_path, read_state
 
 
-
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser("status", help="what the running collector is doing (no root needed)")
     p.add_argument("--file", metavar="PATH", default=None,
