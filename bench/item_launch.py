@@ -1,9 +1,12 @@
 """Item 1: host time added per probed cudaLaunchKernel. The same C loop (real
-libcudart), side by side: untraced, traced by otel-gpu outside any request (the
-BPF-map rollup path), traced inside an open HTTP request (ring-buffer path), and
-traced by bpftrace counting the same function."""
+libcudart), interleaved in one window: rounds of three fresh processes (untraced,
+traced by otel-gpu outside any request, traced by bpftrace counting the same
+function) in a rotating order, each on a private copy of libcudart, so a tracer's
+uprobes fire only in its own processes. Then, with the same tracers, one loop inside
+an open HTTP request (ring-buffer path) and the BPF programs' own run time."""
 from __future__ import annotations
 
+import contextlib
 import signal
 import statistics
 import subprocess
@@ -14,11 +17,23 @@ from otel_gpu.demo.cuda_work import find_cudart
 from . import bpfstats
 from .collector import Collector
 from .machine import foreign_tracers
-from .native import LaunchLoop
+from .native import BUILD, WARMUP_LAUNCHES, LaunchLoop, build, private_copy
+
+VARIANTS = ("untraced", "otel", "bpftrace")
+OTEL_EXE = "ab_otel_loop"  # the collector's --exe: only these processes are traced (comm: 15 chars)
 
 
-def _loop(iters: int, reps: int, http: bool = False, before_go=None) -> dict:
-    loop = LaunchLoop("--iters", str(iters), "--reps", str(reps), http=http)
+def _files() -> dict:
+    """variant -> (launch_loop binary, libcudart): three copies of the library (one inode
+    each: uprobes attach per file), and for otel a binary of its own name."""
+    ab, loop, cudart = BUILD / "ab", build(), find_cudart()
+    out = {v: (str(loop), private_copy(cudart, ab / v / "libcudart.so.12")) for v in VARIANTS}
+    out["otel"] = (private_copy(loop, ab / OTEL_EXE), out["otel"][1])
+    return out
+
+
+def _loop(iters: int, reps: int, http: bool = False, before_go=None, files: tuple = (None, None)) -> dict:
+    loop = LaunchLoop("--iters", str(iters), "--reps", str(reps), http=http, binary=files[0], cudart=files[1])
     if before_go:
         before_go(loop.pid)
     loop.go()
@@ -29,81 +44,124 @@ def _loop(iters: int, reps: int, http: bool = False, before_go=None) -> dict:
     return res
 
 
-def _bpf_time(tracer_pid: int, iters: int, http: bool = False, before_go=None) -> dict:
+def _bpf_time(tracer_pid: int, iters: int, http: bool = False, before_go=None, files: tuple = (None, None)) -> dict:
     """One more (untimed) loop with kernel BPF stats on: the tracer's programs'
     own run time per launch, apart from the uprobe trap around them."""
     with bpfstats.enabled():
         before = bpfstats.snapshot(tracer_pid)
-        _loop(iters, 1, http, before_go)
+        _loop(iters, 1, http, before_go, files)
         ran = bpfstats.delta(before, bpfstats.snapshot(tracer_pid))
     launch = min(ran, key=lambda r: abs(r[1] - iters), default=("?", 0, 0))
     return {"programs": ran[:6], "launch_prog": launch[0], "launch_prog_runs": launch[1],
             "launch_prog_ns": launch[2] / max(launch[1], 1)}
 
 
-def _bpftrace(iters: int, reps: int) -> dict:
-    prog = "uprobe:%s:cudaLaunchKernel { @n = count(); }" % find_cudart()
+@contextlib.contextmanager
+def _bpftrace(cudart: str):
+    """bpftrace counting cudaLaunchKernel in `cudart` (by path: its processes only) while
+    the block runs; yields {'pid'}, then holds its final count in ['counted']."""
+    prog = "uprobe:%s:cudaLaunchKernel { @n = count(); }" % cudart
     bt = subprocess.Popen(["bpftrace", "-e", prog], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    state = {"pid": bt.pid, "counted": None}
     try:
         if "Attaching" not in bt.stdout.readline():
             raise RuntimeError("bpftrace did not attach")
         time.sleep(1.0)  # "Attaching" is printed just before the attach itself
-        res = _loop(iters, reps)
-        res["bpf"] = _bpf_time(bt.pid, iters)
+        yield state
     finally:
         bt.send_signal(signal.SIGINT)
         out, _ = bt.communicate(timeout=30)
-    counted = [int(l.split()[-1]) for l in out.splitlines() if l.startswith("@n:")]
-    res["counted"] = counted[0] if counted else None
-    return res
+        counted = [int(l.split()[-1]) for l in out.splitlines() if l.startswith("@n:")]
+        state["counted"] = counted[0] if counted else None
+
+
+def _rounds(n: int, iters: int, files: dict, col: Collector, deadline: float) -> list:
+    """Up to n rounds (none started past the deadline): one fresh process per variant,
+    one rep each, in the order U,O,T / O,T,U / T,U,O ..."""
+    out = []
+    for i in range(n):
+        if time.monotonic() > deadline:
+            break
+        order = VARIANTS[i % 3:] + VARIANTS[:i % 3]
+        rnd = {"order": order}
+        for v in order:
+            res = _loop(iters, 1, before_go=col.wait_traced if v == "otel" else None, files=files[v])
+            rnd[v] = {"cpu": res["cpu_reps"][0], "wall": res["reps"][0], "launched": res["launched"],
+                      "foreign_tracers": res["foreign_tracers"]}
+        out.append(rnd)
+    return out
+
+
+def _variant(rounds: list, v: str) -> dict:
+    cpu, wall = [r[v]["cpu"] for r in rounds], [r[v]["wall"] for r in rounds]
+    return {"cpu_reps": cpu, "reps": wall, "median_ns": statistics.median(cpu),
+            "median_wall_ns": statistics.median(wall), "launched": sum(r[v]["launched"] for r in rounds)}
 
 
 def run(quick: bool, starts: list) -> dict:
-    iters, reps = (200_000, 5) if quick else (1_000_000, 7)
+    n_rounds, iters, budget_s = (9, 200_000, 240) if quick else (15, 1_000_000, 600)
     in_iters, in_reps = (100_000, 3) if quick else (200_000, 5)  # every launch is a ring-buffer event
-    out = {"iters": iters, "reps": reps}
-    out["untraced"] = _loop(iters, reps)
-    col = Collector()
+    files = _files()
+    out = {"iters": iters, "design": "interleaved rounds", "files": files}
+    col = Collector(args=("--exe", OTEL_EXE))
     starts.append(col.ready_s)
     try:
-        out["otel_outside"] = _loop(iters, reps, before_go=col.wait_traced)
-        cpu0 = col.cpu_seconds()
-        out["otel_inside"] = _loop(in_iters, in_reps, http=True, before_go=col.wait_traced)
-        out["otel_inside"]["collector_cpu_s"] = col.cpu_seconds() - cpu0
-        out["otel_outside"]["bpf"] = _bpf_time(col.pid, iters, before_go=col.wait_traced)
-        out["otel_inside"]["bpf"] = _bpf_time(col.pid, in_iters, True, col.wait_traced)
+        with _bpftrace(files["bpftrace"][1]) as bt:
+            rounds = _rounds(n_rounds, iters, files, col, time.monotonic() + budget_s)
+            out["rounds"] = rounds
+            cpu0 = col.cpu_seconds()
+            out["otel_inside"] = _loop(in_iters, in_reps, http=True, before_go=col.wait_traced, files=files["otel"])
+            out["otel_inside"]["collector_cpu_s"] = col.cpu_seconds() - cpu0
+            bpf = {"otel_outside": _bpf_time(col.pid, iters, before_go=col.wait_traced, files=files["otel"]),
+                   "otel_inside": _bpf_time(col.pid, in_iters, True, col.wait_traced, files["otel"]),
+                   "bpftrace": _bpf_time(bt["pid"], iters, files=files["bpftrace"])}
     finally:
         out["collector"] = col.stop()
-    out["bpftrace"] = _bpftrace(iters, reps)
-    out["untraced_after"] = _loop(iters, reps)
-    base = statistics.median(out["untraced"]["cpu_reps"] + out["untraced_after"]["cpu_reps"])
-    base_wall = statistics.median(out["untraced"]["reps"] + out["untraced_after"]["reps"])
+    out["untraced"] = _variant(rounds, "untraced")
+    out["otel_outside"] = _variant(rounds, "otel")
+    out["bpftrace"] = _variant(rounds, "bpftrace")
+    base, base_wall = out["untraced"]["median_ns"], out["untraced"]["median_wall_ns"]
     out["base_ns"], out["base_wall_ns"] = base, base_wall
     for k in ("otel_outside", "otel_inside", "bpftrace"):
         out[k]["added_ns"] = out[k]["median_ns"] - base
         out[k]["added_wall_ns"] = out[k]["median_wall_ns"] - base_wall
+        out[k]["bpf"] = bpf[k]
+    # Paired: the same round's otel and bpftrace processes, seconds apart.
+    out["paired_ns"] = statistics.median(r["otel"]["cpu"] - r["bpftrace"]["cpu"] for r in rounds)
+    out["paired_wall_ns"] = statistics.median(r["otel"]["wall"] - r["bpftrace"]["wall"] for r in rounds)
     c = out["collector"]
     inside_launched = in_iters * (in_reps + 1)  # + the stats loop
-    out["otel_inside"]["launched"] = inside_launched
-    out["otel_inside"]["counted"] = c.get("thread", 0) + c.get("process", 0)
-    out["otel_inside"]["lost"] = inside_launched - out["otel_inside"]["counted"]
-    out["otel_outside"]["counted_outside"] = c.get("outside")
+    i = out["otel_inside"]
+    i["launched"], i["counted"] = inside_launched, c.get("thread", 0) + c.get("process", 0)
+    i["lost"] = inside_launched - i["counted"]
+    o = out["otel_outside"]
+    o["expected_outside"] = o["launched"] + iters  # + the stats loop; warm-ups run before the attach
+    o["counted_outside"] = c.get("outside")
+    b = out["bpftrace"]
+    b["expected"] = b["launched"] + iters + (len(rounds) + 1) * WARMUP_LAUNCHES  # attached by path before start
+    b["counted"] = bt["counted"]
     return out
 
 
 def rows(r: dict) -> list:
     o, i, b = r["otel_outside"], r["otel_inside"], r["bpftrace"]
-    lim = min(0.6 * 1000, b["added_ns"])
+    n = len(r["rounds"])
     cell = lambda x: f"+{x['added_ns']:.0f} (+{x['added_wall_ns']:.0f})"
     return [
         ("1", "untraced ns/launch: thread CPU (wall), median of reps", f"{r['base_ns']:.1f} ({r['base_wall_ns']:.1f})",
          "", None),
-        ("1", "otel-gpu outside a request: added ns/launch CPU (wall)", cell(o), "<= 600 and <= bpftrace",
-         o["added_ns"] <= lim),
-        ("1", "otel-gpu inside a request: added ns/launch CPU (wall)", cell(i), "<= 600 and <= bpftrace",
-         i["added_ns"] <= lim),
-        ("1", "  inside: events lost / launched", f"{i['lost']} / {i['launched']}", "0", i["lost"] == 0),
+        ("1", "otel-gpu outside a request: added ns/launch CPU (wall)", cell(o), "<= 600 and paired <= 0",
+         o["added_ns"] <= 600 and r["paired_ns"] <= 0),
         ("1", "bpftrace count(): added ns/launch CPU (wall)", cell(b), "", None),
+        ("1", f"otel-gpu - bpftrace count(), median of per-round differences (ns/launch), {n} rounds",
+         f"{r['paired_ns']:+.0f} ({r['paired_wall_ns']:+.0f})", "<= 0", r["paired_ns"] <= 0),
+        ("1", "  isolation: otel-gpu 'outside' calls counted / its processes' launches",
+         f"{o['counted_outside']} / {o['expected_outside']}", "equal", o["counted_outside"] == o["expected_outside"]),
+        ("1", "  isolation: bpftrace @n / its processes' launches",
+         f"{b['counted']} / {b['expected']}", "equal", b["counted"] == b["expected"]),
+        ("1", "otel-gpu inside a request: added ns/launch CPU (wall)", cell(i), "<= 600 and <= bpftrace",
+         i["added_ns"] <= min(600, b["added_ns"])),
+        ("1", "  inside: events lost / launched", f"{i['lost']} / {i['launched']}", "0", i["lost"] == 0),
         ("1", "BPF program run time per launch: outside / inside / bpftrace (ns)",
          f"{o['bpf']['launch_prog_ns']:.0f} / {i['bpf']['launch_prog_ns']:.0f} / {b['bpf']['launch_prog_ns']:.0f}",
          "", None),

@@ -41,12 +41,30 @@ def use_private_cudart() -> str:
     return str(dst)
 
 
+WARMUP_LAUNCHES = 10_000  # launch_loop.c's untimed launch_n(10000) before `ready`
+
+
+def private_copy(src: str | Path, dst: Path) -> str:
+    """src copied to dst (same bytes and mode, an inode of its own) unless dst is already
+    that copy; replaced by rename, so a process running the old copy keeps its file."""
+    src, dst = Path(src), Path(dst)
+    st = src.stat()
+    if not dst.exists() or (dst.stat().st_size, dst.stat().st_mtime) != (st.st_size, st.st_mtime):
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        tmp = dst.with_name(dst.name + ".tmp")
+        shutil.copy2(src, tmp)
+        os.replace(tmp, dst)
+    return str(dst)
+
+
 class LaunchLoop:
     """One launch_loop process: started, held at `ready` until go(). With http, go() sends
-    one `GET <path>` that stays open for the whole loop."""
+    one `GET <path>` that stays open for the whole loop. `cudart` and `binary` default to
+    the run's libcudart copy and bench/build/launch_loop."""
 
-    def __init__(self, *options: str, http: bool = False, path: str = "/loop") -> None:
-        argv = [str(build()), find_cudart(), *options] + (["--http"] if http else [])
+    def __init__(self, *options: str, http: bool = False, path: str = "/loop", cudart: str | None = None,
+                 binary: str | Path | None = None) -> None:
+        argv = [str(binary or build()), cudart or find_cudart(), *options] + (["--http"] if http else [])
         self.path = path
         self.cgroup = OwnCgroup()  # the bench process is not a related server of it (isolate.py)
         self.proc = subprocess.Popen(self.cgroup.wrap(argv), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
