@@ -263,10 +263,11 @@ int cuda_launch_kernel(struct pt_regs *ctx)
     u64 id = bpf_get_current_pid_tgid();
     u32 tgid = id >> 32;
     /* The common case, a traced process that has never had HTTP activity and follows no
-     * server, with nothing capturing: counted after three inlined array reads, with no
-     * hash lookup but the rollup's (maps.h pid_bits). */
+     * server, with nothing capturing: told from three inlined array reads (maps.h
+     * pid_bits) and counted in its launch slot, with no hash lookup while it has one. */
     if (pid_flags(tgid) == PID_TRACED && !captures_any()) {
-        rollup_add(tgid, CALL_LAUNCH_KERNEL, PT_REGS_PARM1(ctx), 0, 0);
+        if (!launch_slot_add(tgid, PT_REGS_PARM1(ctx)))
+            rollup_add(tgid, CALL_LAUNCH_KERNEL, PT_REGS_PARM1(ctx), 0, 0);
         return 0;
     }
     u32 tv = cuda_admit(tgid);

@@ -250,6 +250,14 @@ struct rollup_value {
     u64 duration_ns;
 };
 
+/* launch_slots (bpf/launch_slots.c): one (process, kernel)'s launches on one CPU. */
+struct launch_slot {
+    u32 tgid; /* 0: free */
+    u32 pad;
+    u64 func;
+    u64 count;
+};
+
 /* req_agg: CUDA calls of a process with HTTP activity that were not streamed (past
  * the thread's per-request budget, or the ring buffer above its CUDA high-water mark),
  * counted by thread, HTTP epoch and Python context so that user space attributes them

@@ -166,6 +166,11 @@ class RollupValue(ct.Structure):
     _fields_ = [("count", u64), ("bytes", u64), ("duration_ns", u64)]
 
 
+class LaunchSlot(ct.Structure):
+    """launch_slots entry (bpf/launch_slots.c): tgid 0 is a free slot."""
+    _fields_ = [("tgid", u32), ("pad", u32), ("func", u64), ("count", u64)]
+
+
 class AggKey(ct.Structure):
     _fields_ = [("tgid", u32), ("tid", u32), ("epoch", u32), ("call", u32), ("detail", u64), ("ctx", u64)]
 
@@ -188,6 +193,6 @@ STRUCTS: dict[str, type] = {
     "memcpy_event": MemcpyEvent, "memory_event": MemoryEvent, "sync_event": SyncEvent,
     "graph_event": GraphEvent, "device_event": DeviceEvent, "graph_op_event": GraphOpEvent, "nccl_event": NcclEvent,
     "nccl_comm_key": NcclCommKey, "nccl_comm": NcclComm, "user_launch_config": UserLaunchConfig,
-    "py_proc": PyProc, "rollup_key": RollupKey, "rollup_value": RollupValue,
+    "py_proc": PyProc, "rollup_key": RollupKey, "rollup_value": RollupValue, "launch_slot": LaunchSlot,
     "agg_key": AggKey, "agg_value": AggValue, "http_seq": HttpSeq,
 }

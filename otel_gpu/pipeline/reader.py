@@ -9,12 +9,15 @@ import ctypes as ct
 import logging
 from typing import Optional
 
+from ..probes.table import call_id
 from ..ratelimit import RateLimitedLog, Stats
 from .abi import RollupKey
 from .decode import DecodeError, decode
+from .launch_slots import LaunchSlots
 from .records import CallAggregate, KernelRollup, ProcExit, SockClose, SockIo
 
 log = logging.getLogger(__name__)
+LAUNCH_KERNEL = call_id("cudaLaunchKernel")  # the call the launch slots count
 
 
 class RingReader:
@@ -58,23 +61,31 @@ class RingReader:
 class RollupReader:
     """KernelRollup records: what the rollup map counted since the last read."""
 
-    def __init__(self, table) -> None:
+    def __init__(self, table, slots: Optional[LaunchSlots] = None) -> None:
+        """`slots`: the launch fast path's per-CPU counts (bpf/launch_slots.c), which
+        hold the launches of a (tgid, kernel) that `table` did not count."""
         self.table = table
+        self.slots = slots
         self._last: dict[tuple, tuple] = {}
         self._read_ns: Optional[int] = None
 
     def read(self, now_ns: int) -> list[KernelRollup]:
+        launched = self.slots.read() if self.slots else {}  # (tgid, func) -> launches
         out = []
         for k, per_cpu in self.table.items():  # a per-CPU map: one value per CPU
             key = (k.tgid, k.call, k.detail)
             now = (sum(v.count for v in per_cpu), sum(v.bytes for v in per_cpu),
                    sum(v.duration_ns for v in per_cpu))
             prev = self._last.get(key, (0, 0, 0))
-            if now[0] != prev[0]:
-                count, nbytes, duration = (a - b for a, b in zip(now, prev))
+            count, nbytes, duration = (a - b for a, b in zip(now, prev))
+            if k.call == LAUNCH_KERNEL:
+                count += launched.pop((k.tgid, k.detail), 0)
+            if count:
                 out.append(KernelRollup(k.tgid, k.call, k.detail, count, nbytes, duration,
                                         now_ns, self._read_ns))
                 self._last[key] = now
+        out += [KernelRollup(tgid, LAUNCH_KERNEL, func, n, 0, 0, now_ns, self._read_ns)
+                for (tgid, func), n in launched.items()]
         self._read_ns = now_ns
         return out
 

@@ -37,6 +37,7 @@ class PidBits:
     def __init__(self, table, words: int) -> None:
         self.table, self.words = table, words
         self._lock = threading.Lock()  # read-modify-write of a word shared by 32 pids
+        self.traced: set[int] = set()  # pids whose TRACED bit is set in user space's word
 
     def set(self, pid: int, flags: int) -> None:
         """pid's two bits (TRACED | SLOW, or 0) in user space's word."""
@@ -46,3 +47,7 @@ class PidBits:
         with self._lock:
             word = self.table[key].value
             self.table[key] = ct.c_uint64(word & ~(3 << shift) | flags << shift)
+            if flags & TRACED:
+                self.traced.add(pid)
+            else:
+                self.traced.discard(pid)

@@ -11,9 +11,10 @@ import time
 from typing import Optional
 
 from ..pipeline.abi import COUNTER_NAMES, PyProc
+from ..pipeline.launch_slots import LaunchSlots
 from ..pipeline.reader import AggregateReader, RingReader, RollupReader
 from ..ratelimit import Stats
-from . import compiler_memory, pid_bits, runtime_text
+from . import compiler_memory, launch_slots, pid_bits, runtime_text
 from .attacher import Attacher
 from .discovery import ProbeTarget
 from .map_batch import BatchMap
@@ -46,12 +47,14 @@ class BpfProgram:
         log.info("BPF program loaded (%.1f s, %s); %d MB of compiler pages released", self.load_s, how,
                  dropped_kb // 1024)
         self.ring = RingReader(self.bpf, "events", stats)
-        self.rollups = RollupReader(self.bpf["rollup"])
+        self.pid_bits = pid_bits.PidBits(self.bpf["pid_bits"], options.pid_words)
+        slots = LaunchSlots(launch_slots.map_memory(self.bpf["launch_slots"], options.cpus),
+                            options.cpus * launch_slots.SLOTS_PER_CPU, self.pid_bits.traced.__contains__)
+        self.rollups = RollupReader(self.bpf["rollup"], slots)
         counters, aggregated = self.bpf["counters"], ct.c_int(COUNTER_NAMES.index("aggregated"))
         self.aggregates = AggregateReader(BatchMap(self.bpf["req_agg"]), stats,
                                           counted=lambda: sum(counters[aggregated]))
         self.attacher = Attacher(self.bpf, stats)
-        self.pid_bits = pid_bits.PidBits(self.bpf["pid_bits"], options.pid_words)
         self._lost_seen = 0
         self._untracked_seen = 0
         self._agg_full_seen = 0

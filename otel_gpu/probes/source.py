@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
+from .launch_slots import possible_cpus
 from .pid_bits import pid_words
 from .table import c_defines
 
@@ -40,6 +41,7 @@ class ProgramOptions:
     stream_rate: int = 5000     # CUDA calls streamed per second, host-wide (bpf/cuda_probes.c STREAM_RATE_PER_CPU)
     bpf_cache: Optional[str] = None  # directory of compiled programs (probes/program_cache.py); None: compile
     pid_words: int = field(default_factory=pid_words)  # bpf/maps.h pid_bits: this host's pid_max / 32
+    cpus: int = field(default_factory=possible_cpus)  # bpf/launch_slots.c: a block of slots per CPU
 
     @classmethod
     def from_config(cls, config) -> "ProgramOptions":
@@ -60,6 +62,7 @@ class ProgramOptions:
             f"-DSTREAM_BUDGET={self.stream_budget}",
             f"-DSTREAM_RATE_PER_CPU={-(-self.stream_rate // (os.cpu_count() or 1))}",
             f"-DPID_WORDS={self.pid_words}",
+            f"-DLAUNCH_CPUS={self.cpus}",
         ]
 
 
@@ -77,7 +80,7 @@ def kernel_headers_hint() -> None:
 # files joined. Their own `#include "maps.h"` lines are then no-ops (include guard).
 # python_probes.c defines py_context(), which the HTTP and CUDA probes call.
 PROGRAM_FILES = ("maps.h", "library_probes.c", "python_probes.c", "http_probes.c", "tls_probes.c", "graph_capture.c",
-                 "cuda_probes.c", "graph_probes.c", "nccl_probes.c")
+                 "launch_slots.c", "cuda_probes.c", "graph_probes.c", "nccl_probes.c")
 
 
 def source_text() -> str:

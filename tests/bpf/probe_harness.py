@@ -66,9 +66,17 @@ class Probes:
     def __init__(self) -> None:
         from otel_gpu.probes.pid_bits import PidBits
         from otel_gpu.probes.source import ProgramOptions, load
+        from otel_gpu.pipeline.launch_slots import LaunchSlots
+        from otel_gpu.pipeline.reader import RollupReader
+        from otel_gpu.probes import launch_slots
         options = ProgramOptions()
         self.bpf = load(options)
         self.pid_bits = PidBits(self.bpf["pid_bits"], options.pid_words)
+        self.cpus = options.cpus
+        slots = LaunchSlots(launch_slots.map_memory(self.bpf["launch_slots"], options.cpus),
+                            options.cpus * launch_slots.SLOTS_PER_CPU, self.pid_bits.traced.__contains__)
+        self._rollups = RollupReader(self.bpf["rollup"], slots)
+        self._rolled_up: dict = {}  # (tgid, call, detail) -> [count, bytes, duration_ns] so far
         self._set_by_pid: dict = {}
         self.records: list = []
         self.bpf["events"].open_ring_buffer(self._on_record)
@@ -116,6 +124,15 @@ class Probes:
         following = mine.get("traced", TRACED) not in (0, TRACED)
         self.pid_bits.set(pid, (TRACED if mine.get("traced") else 0)
                           | (SLOW if following or mine.get("http_active", 0) > 0 else 0))
+
+    def rollup(self, pid: int) -> dict:
+        """(call, detail) -> [count, bytes, duration_ns]: what the kernel counted for pid
+        (the rollup hash and the launch slots), read as the collector reads it."""
+        for r in self._rollups.read(0):
+            total = self._rolled_up.setdefault((r.tgid, r.call, r.detail), [0, 0, 0])
+            for i, v in enumerate((r.count, r.bytes, r.duration_ns)):
+                total[i] += v
+        return {(call, detail): list(v) for (tgid, call, detail), v in self._rolled_up.items() if tgid == pid}
 
     def close(self) -> None:
         """Detaches every probe as the collector does (otel_gpu/probes/closer.py: closed

@@ -87,15 +87,6 @@ class CudaProbes(Probes):
         else:
             self.unset("http_active", pid)
 
-    def rollup(self, pid: int) -> dict:
-        """(call, detail) -> [count, bytes, duration_ns], summed over CPUs."""
-        out = {}
-        for k, per_cpu in self.bpf["rollup"].items():
-            if k.tgid == pid:
-                out[(k.call, k.detail)] = [sum(v.count for v in per_cpu), sum(v.bytes for v in per_cpu),
-                                           sum(v.duration_ns for v in per_cpu)]
-        return out
-
     def counter(self, idx: int) -> int:
         return sum(self.bpf["counters"][ct.c_int(idx)])
 

@@ -127,9 +127,8 @@ def test_counted_launches_are_exact_too(probes, child):
     child.run("fooled")
     child.run("through")
     counts = {}
-    for k, per_cpu in probes.bpf["rollup"].items():
-        if k.tgid == child.pid:
-            counts[k.call] = counts.get(k.call, 0) + sum(v.count for v in per_cpu)
+    for (call, _detail), (n, _bytes, _ns) in probes.rollup(child.pid).items():
+        counts[call] = counts.get(call, 0) + n
     assert counts == {call_id(RT): 6, call_id(CU): 6, call_id("cudaLaunchKernelExC"): 1}
     assert probes.of(child.pid) == []
 

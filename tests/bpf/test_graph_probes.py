@@ -134,10 +134,7 @@ def test_counted_graph_launches_are_exact_too(probes, child):
     """Outside requests (the in-kernel rollup): the same rule, the same counts."""
     child.run("fooled")
     child.run("through")
-    counts = {}
-    for k, per_cpu in probes.bpf["rollup"].items():
-        if k.tgid == child.pid:
-            counts[(k.call, k.detail)] = counts.get((k.call, k.detail), 0) + sum(v.count for v in per_cpu)
+    counts = {key: n for key, (n, _bytes, _ns) in probes.rollup(child.pid).items()}
     assert counts == {(RT, EXEC): 6, (CU, EXEC): 6}
     assert [r for r in probes.of(child.pid) if isinstance(r, GraphCall)] == []
 

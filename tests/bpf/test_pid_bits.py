@@ -51,8 +51,7 @@ def kernel_flags(probes: Probes, pid: int) -> int:
 
 def launches_counted(probes: Probes, pid: int) -> int:
     call = BY_NAME["cudaLaunchKernel"].id
-    return sum(sum(v.count for v in per_cpu) for k, per_cpu in probes.bpf["rollup"].items()
-               if k.tgid == pid and k.call == call)
+    return sum(n for (c, _detail), (n, _bytes, _ns) in probes.rollup(pid).items() if c == call)
 
 
 def launches_streamed(probes: Probes, pid: int) -> int:

@@ -1,0 +1,105 @@
+"""bpf/launch_slots.c: the launch fast path counts a traced process's kernels in per-CPU
+slots, and in the rollup hash where a slot is taken; read together as the collector
+reads them, every kernel's count is exact. A slot held by a process that exited and
+was released is taken over, and neither process's counts move."""
+from __future__ import annotations
+
+import ctypes as ct
+import sys
+
+from otel_gpu.pipeline.abi import LaunchSlot
+from otel_gpu.probes import launch_slots
+from otel_gpu.probes.pid_bits import TRACED
+from otel_gpu.probes.table import BY_NAME, RUNTIME
+from tests.bpf.probe_harness import Child
+
+LAUNCH = BY_NAME["cudaLaunchKernel"].id
+KERNELS = 3 * launch_slots.SLOTS_PER_CPU  # more kernels than a CPU has slots: some must collide
+
+# `launch K`: kernel i (a distinct host-stub address) launched i % 5 + 1 times, i < K.
+CHILD = r'''
+import ctypes as ct, json, sys
+from otel_gpu.demo.cuda_work import find_cudart
+path = find_cudart()
+rt = ct.CDLL(path)
+vp, u = ct.c_void_p, ct.c_uint
+class Dim3(ct.Structure):
+    _fields_ = [("x", u), ("y", u), ("z", u)]
+rt.cudaLaunchKernel.argtypes = [vp, Dim3, Dim3, vp, ct.c_size_t, vp]
+print(json.dumps({"cudart": path}), flush=True)
+for line in sys.stdin:
+    k = int(line.split()[1])
+    for i in range(k):
+        for _ in range(i % 5 + 1):
+            rt.cudaLaunchKernel(0x400000 + 48 * i, Dim3(1, 1, 1), Dim3(32, 1, 1), None, 0, None)
+    print("{}", flush=True)
+'''
+
+
+def expected(k: int) -> dict:
+    return {(LAUNCH, 0x400000 + 48 * i): i % 5 + 1 for i in range(k)}
+
+
+def counted(probes, pid: int) -> dict:
+    return {key: n for key, (n, _bytes, _ns) in probes.rollup(pid).items() if key[0] == LAUNCH}
+
+
+def slot_owners(probes) -> dict:
+    """tgid -> slots it holds, read from the mapped array."""
+    memory = launch_slots.map_memory(probes.bpf["launch_slots"], probes.cpus)
+    entries = probes.cpus * launch_slots.SLOTS_PER_CPU
+    slots = (LaunchSlot * entries).from_buffer_copy(memory[:entries * ct.sizeof(LaunchSlot)])
+    owners: dict = {}
+    for s in slots:
+        if s.tgid:
+            owners[s.tgid] = owners.get(s.tgid, 0) + 1
+    return owners
+
+
+def in_hash(probes, pid: int) -> int:
+    return sum(1 for k in probes.bpf["rollup"].keys() if k.tgid == pid and k.call == LAUNCH)
+
+
+def traced_child(probes) -> Child:
+    c = Child([sys.executable, "-c", CHILD])
+    assert probes.attach(RUNTIME, c.hello["cudart"], c.pid) > 0
+    probes.set("traced", c.pid, ct.c_uint32(TRACED))  # as the collector's trace(): user space's TRACED bit
+    return c
+
+
+def test_every_kernel_counts_exactly_across_slots_and_the_hash(probes):
+    c = traced_child(probes)
+    try:
+        c.run(f"launch {KERNELS}")
+        assert counted(probes, c.pid) == expected(KERNELS)
+        # Both paths took part: slots held, and kernels whose slot was taken in the hash.
+        assert slot_owners(probes).get(c.pid, 0) > 0
+        assert in_hash(probes, c.pid) > 0
+        c.run(f"launch {KERNELS}")  # the second read gives the new launches only
+        assert counted(probes, c.pid) == {k: 2 * n for k, n in expected(KERNELS).items()}
+    finally:
+        c.stop()
+        probes.unset("traced", c.pid)
+
+
+def test_slots_of_a_released_process_are_taken_over(probes):
+    a = traced_child(probes)
+    a.run("launch 200")
+    a.stop()
+    final_a = counted(probes, a.pid)  # read after its exit, as the collector's ProcExit read
+    assert final_a == expected(200)
+    held_by_a = slot_owners(probes).get(a.pid, 0)
+    assert held_by_a > 0
+    probes.unset("traced", a.pid)  # forget(): user space releases it after that read
+
+    b = traced_child(probes)
+    try:
+        b.run("launch 200")
+        assert counted(probes, b.pid) == expected(200)
+        owners = slot_owners(probes)
+        assert owners.get(b.pid, 0) > 0
+        assert owners.get(a.pid, 0) < held_by_a  # b took slots a held
+        assert counted(probes, a.pid) == final_a  # a released: nothing more read for it
+    finally:
+        b.stop()
+        probes.unset("traced", b.pid)
