@@ -32,6 +32,19 @@ def build_stub(out_dir, source: str, name: str, *link: str) -> str:
     return str(out)
 
 
+# The start of a child script that calls the real libcudart's cudaLaunchKernel (as `rt`).
+LAUNCH_CHILD_HEAD = r'''
+import ctypes as ct, json, socket, sys
+from otel_gpu.demo.cuda_work import find_cudart
+path = find_cudart()
+rt = ct.CDLL(path)
+vp, u = ct.c_void_p, ct.c_uint
+class Dim3(ct.Structure):
+    _fields_ = [("x", u), ("y", u), ("z", u)]
+rt.cudaLaunchKernel.argtypes = [vp, Dim3, Dim3, vp, ct.c_size_t, vp]
+'''
+
+
 class Child:
     """argv runs a script that prints one JSON line at start (`hello`) and one per
     command read from stdin."""

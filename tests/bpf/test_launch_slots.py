@@ -11,21 +11,13 @@ from otel_gpu.pipeline.abi import LaunchSlot
 from otel_gpu.probes import launch_slots
 from otel_gpu.probes.pid_bits import TRACED
 from otel_gpu.probes.table import BY_NAME, RUNTIME
-from tests.bpf.probe_harness import Child
+from tests.bpf.probe_harness import LAUNCH_CHILD_HEAD, Child
 
 LAUNCH = BY_NAME["cudaLaunchKernel"].id
 KERNELS = 3 * launch_slots.SLOTS_PER_CPU  # more kernels than a CPU has slots: some must collide
 
 # `launch K`: kernel i (a distinct host-stub address) launched i % 5 + 1 times, i < K.
-CHILD = r'''
-import ctypes as ct, json, sys
-from otel_gpu.demo.cuda_work import find_cudart
-path = find_cudart()
-rt = ct.CDLL(path)
-vp, u = ct.c_void_p, ct.c_uint
-class Dim3(ct.Structure):
-    _fields_ = [("x", u), ("y", u), ("z", u)]
-rt.cudaLaunchKernel.argtypes = [vp, Dim3, Dim3, vp, ct.c_size_t, vp]
+CHILD = LAUNCH_CHILD_HEAD + r'''
 print(json.dumps({"cudart": path}), flush=True)
 for line in sys.stdin:
     k = int(line.split()[1])

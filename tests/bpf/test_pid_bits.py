@@ -12,18 +12,10 @@ import time
 from otel_gpu.pipeline.records import LaunchCall
 from otel_gpu.probes.pid_bits import SLOW, TRACED
 from otel_gpu.probes.table import BY_NAME, RUNTIME
-from tests.bpf.probe_harness import Child, Probes
+from tests.bpf.probe_harness import LAUNCH_CHILD_HEAD, Child, Probes
 
 # Launches on demand; one HTTP request served on one connection, kept open until `close`.
-CHILD = r'''
-import ctypes as ct, json, socket, sys
-from otel_gpu.demo.cuda_work import find_cudart
-path = find_cudart()
-rt = ct.CDLL(path)
-vp, u = ct.c_void_p, ct.c_uint
-class Dim3(ct.Structure):
-    _fields_ = [("x", u), ("y", u), ("z", u)]
-rt.cudaLaunchKernel.argtypes = [vp, Dim3, Dim3, vp, ct.c_size_t, vp]
+CHILD = LAUNCH_CHILD_HEAD + r'''
 listener = socket.socket()
 listener.bind(("127.0.0.1", 0))
 listener.listen(1)
