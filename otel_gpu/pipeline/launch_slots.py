@@ -30,8 +30,8 @@ class LaunchSlots:
         """(tgid, func) -> launches counted since the last read."""
         w, out = self.words, {}
         heads = w[::WORDS].tolist()  # every tgid before any func or count
-        for i, head in enumerate(heads):
-            tgid = head & 0xFFFFFFFF
+        for i in [i for i, head in enumerate(heads) if head]:  # most slots are free
+            tgid = heads[i] & 0xFFFFFFFF
             if not tgid or not self.traced(tgid):
                 continue
             func, count = w[i * WORDS + 1], w[i * WORDS + 2]
