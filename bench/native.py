@@ -25,22 +25,6 @@ def build(name: str = "launch_loop") -> Path:
     return out
 
 
-def use_private_cudart() -> str:
-    """A private copy of libcudart (its own inode) for every process of the run:
-    uprobes attach per file, so a copy keeps probes that other tools put on the
-    wheel's file out of our timings (a trace-everything collector running at the
-    same time would still find the copy: main() waits for those to finish)."""
-    if "OTEL_GPU_CUDART" in os.environ:
-        return os.environ["OTEL_GPU_CUDART"]
-    src = find_cudart()
-    dst = BUILD / Path(src).name
-    if not dst.exists() or dst.stat().st_size != Path(src).stat().st_size:
-        BUILD.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(src, dst)
-    os.environ["OTEL_GPU_CUDART"] = str(dst)
-    return str(dst)
-
-
 WARMUP_LAUNCHES = 10_000  # launch_loop.c's untimed launch_n(10000) before `ready`
 
 
@@ -55,6 +39,18 @@ def private_copy(src: str | Path, dst: Path) -> str:
         shutil.copy2(src, tmp)
         os.replace(tmp, dst)
     return str(dst)
+
+
+def use_private_cudart() -> str:
+    """A private copy of libcudart (its own inode) for every process of the run:
+    uprobes attach per file, so a copy keeps probes that other tools put on the
+    wheel's file out of our timings (a trace-everything collector running at the
+    same time would still find the copy: main() waits for those to finish)."""
+    if "OTEL_GPU_CUDART" in os.environ:
+        return os.environ["OTEL_GPU_CUDART"]
+    src = find_cudart()
+    os.environ["OTEL_GPU_CUDART"] = private_copy(src, BUILD / Path(src).name)
+    return os.environ["OTEL_GPU_CUDART"]
 
 
 class LaunchLoop:
