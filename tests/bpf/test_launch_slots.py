@@ -5,6 +5,7 @@ was released is taken over, and neither process's counts move."""
 from __future__ import annotations
 
 import ctypes as ct
+import os
 import sys
 
 from otel_gpu.pipeline.abi import LaunchSlot
@@ -52,8 +53,11 @@ def in_hash(probes, pid: int) -> int:
     return sum(1 for k in probes.bpf["rollup"].keys() if k.tgid == pid and k.call == LAUNCH)
 
 
-def traced_child(probes) -> Child:
+def traced_child(probes, cpu: int | None = None) -> Child:
+    """A child traced as the collector's trace() does; on one CPU when `cpu` is given."""
     c = Child([sys.executable, "-c", CHILD])
+    if cpu is not None:
+        os.sched_setaffinity(c.pid, {cpu})
     assert probes.attach(RUNTIME, c.hello["cudart"], c.pid) > 0
     probes.set("traced", c.pid, ct.c_uint32(TRACED))  # as the collector's trace(): user space's TRACED bit
     return c
@@ -75,7 +79,8 @@ def test_every_kernel_counts_exactly_across_slots_and_the_hash(probes):
 
 
 def test_slots_of_a_released_process_are_taken_over(probes):
-    a = traced_child(probes)
+    cpu = min(os.sched_getaffinity(0))  # slots are per CPU: both children on the same one
+    a = traced_child(probes, cpu)
     a.run("launch 200")
     a.stop()
     final_a = counted(probes, a.pid)  # read after its exit, as the collector's ProcExit read
@@ -84,7 +89,7 @@ def test_slots_of_a_released_process_are_taken_over(probes):
     assert held_by_a > 0
     probes.unset("traced", a.pid)  # forget(): user space releases it after that read
 
-    b = traced_child(probes)
+    b = traced_child(probes, cpu)
     try:
         b.run("launch 200")
         assert counted(probes, b.pid) == expected(200)
