@@ -21,7 +21,9 @@
 #ifndef LAUNCH_CPUS
 #define LAUNCH_CPUS 1
 #endif
+#ifndef LAUNCH_SLOTS_LOG2 /* from otel_gpu/probes/launch_slots.py */
 #define LAUNCH_SLOTS_LOG2 9
+#endif
 #define LAUNCH_SLOTS (1 << LAUNCH_SLOTS_LOG2) /* per CPU */
 
 BPF_F_TABLE("array", u32, struct launch_slot, launch_slots, LAUNCH_CPUS * LAUNCH_SLOTS, BPF_F_MMAPABLE);
@@ -30,12 +32,6 @@ static __always_inline u32 launch_slot_index(u32 tgid, u64 func)
 {
     /* Fibonacci hashing: consecutive pids and 16-byte-aligned stubs spread over the slots. */
     return (((u32)(func >> 4) ^ (u32)(func >> 20) ^ tgid) * 0x9E3779B1u) >> (32 - LAUNCH_SLOTS_LOG2);
-}
-
-static __always_inline int user_traced(u32 tgid)
-{
-    u64 *u = pid_word(tgid, PID_USER);
-    return u && (*u >> ((tgid & 31) * 2)) & PID_TRACED;
 }
 
 /* Counts one launch of func by tgid in this CPU's slot: 1, or 0 when the slot is held

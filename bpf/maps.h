@@ -154,6 +154,13 @@ static __always_inline u64 pid_flags(u32 tgid)
     return (both >> ((tgid & 31) * 2)) & 3;
 }
 
+/* User space's TRACED bit alone: it knows the process (it will read its last counts). */
+static __always_inline int user_traced(u32 tgid)
+{
+    u64 *u = tgid < PID_WORDS * 32 ? pid_word(tgid, PID_USER) : NULL;
+    return u && (*u >> ((tgid & 31) * 2)) & PID_TRACED;
+}
+
 /* The kernel's word of tgid, or NULL beyond the array. */
 static __always_inline u64 *kernel_word(u32 tgid)
 {

@@ -22,7 +22,6 @@ class LaunchSlots:
         """`memory`: the array's mapping (entries slots); `traced(tgid)`: user space
         traces tgid (its TRACED bit is set in pid_bits)."""
         self.words = memoryview(memory).cast("B").cast("Q")[:entries * WORDS]
-        self.entries = entries
         self.traced = traced
         self._seen: dict[int, tuple[int, int, int]] = {}  # slot -> (tgid, func, count) last read
 

@@ -8,10 +8,12 @@ import mmap
 import os
 
 from ..pipeline.abi import LaunchSlot
+from ..pipeline.launch_slots import LaunchSlots
 
 log = logging.getLogger(__name__)
 
-SLOTS_PER_CPU = 512  # bpf/launch_slots.c LAUNCH_SLOTS
+SLOTS_LOG2 = 9  # bpf/launch_slots.c LAUNCH_SLOTS_LOG2 (passed as a -D flag)
+SLOTS_PER_CPU = 1 << SLOTS_LOG2
 
 
 def possible_cpus(path: str = "/sys/devices/system/cpu/possible") -> int:
@@ -30,3 +32,9 @@ def map_memory(table, cpus: int) -> mmap.mmap:
     size = cpus * SLOTS_PER_CPU * ct.sizeof(LaunchSlot)
     size = -(-size // mmap.PAGESIZE) * mmap.PAGESIZE
     return mmap.mmap(table.map_fd, size, mmap.MAP_SHARED, mmap.PROT_READ)
+
+
+def reader(bpf, cpus: int, traced) -> LaunchSlots:
+    """The pipeline's reader of the loaded program's slots; `traced(tgid)`: user space
+    traces tgid (pid_bits.PidBits.traced)."""
+    return LaunchSlots(map_memory(bpf["launch_slots"], cpus), cpus * SLOTS_PER_CPU, traced)

@@ -11,7 +11,6 @@ import time
 from typing import Optional
 
 from ..pipeline.abi import COUNTER_NAMES, PyProc
-from ..pipeline.launch_slots import LaunchSlots
 from ..pipeline.reader import AggregateReader, RingReader, RollupReader
 from ..ratelimit import Stats
 from . import compiler_memory, launch_slots, pid_bits, runtime_text
@@ -48,9 +47,8 @@ class BpfProgram:
                  dropped_kb // 1024)
         self.ring = RingReader(self.bpf, "events", stats)
         self.pid_bits = pid_bits.PidBits(self.bpf["pid_bits"], options.pid_words)
-        slots = LaunchSlots(launch_slots.map_memory(self.bpf["launch_slots"], options.cpus),
-                            options.cpus * launch_slots.SLOTS_PER_CPU, self.pid_bits.traced.__contains__)
-        self.rollups = RollupReader(self.bpf["rollup"], slots)
+        self.rollups = RollupReader(self.bpf["rollup"],
+                                    launch_slots.reader(self.bpf, options.cpus, self.pid_bits.traced.__contains__))
         counters, aggregated = self.bpf["counters"], ct.c_int(COUNTER_NAMES.index("aggregated"))
         self.aggregates = AggregateReader(BatchMap(self.bpf["req_agg"]), stats,
                                           counted=lambda: sum(counters[aggregated]))

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from .launch_slots import possible_cpus
+from . import launch_slots
 from .pid_bits import pid_words
 from .table import c_defines
 
@@ -41,7 +41,7 @@ class ProgramOptions:
     stream_rate: int = 5000     # CUDA calls streamed per second, host-wide (bpf/cuda_probes.c STREAM_RATE_PER_CPU)
     bpf_cache: Optional[str] = None  # directory of compiled programs (probes/program_cache.py); None: compile
     pid_words: int = field(default_factory=pid_words)  # bpf/maps.h pid_bits: this host's pid_max / 32
-    cpus: int = field(default_factory=possible_cpus)  # bpf/launch_slots.c: a block of slots per CPU
+    cpus: int = field(default_factory=launch_slots.possible_cpus)  # bpf/launch_slots.c: a block of slots per CPU
 
     @classmethod
     def from_config(cls, config) -> "ProgramOptions":
@@ -63,6 +63,7 @@ class ProgramOptions:
             f"-DSTREAM_RATE_PER_CPU={-(-self.stream_rate // (os.cpu_count() or 1))}",
             f"-DPID_WORDS={self.pid_words}",
             f"-DLAUNCH_CPUS={self.cpus}",
+            f"-DLAUNCH_SLOTS_LOG2={launch_slots.SLOTS_LOG2}",
         ]
 
 

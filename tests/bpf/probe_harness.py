@@ -79,16 +79,14 @@ class Probes:
     def __init__(self) -> None:
         from otel_gpu.probes.pid_bits import PidBits
         from otel_gpu.probes.source import ProgramOptions, load
-        from otel_gpu.pipeline.launch_slots import LaunchSlots
         from otel_gpu.pipeline.reader import RollupReader
         from otel_gpu.probes import launch_slots
         options = ProgramOptions()
         self.bpf = load(options)
         self.pid_bits = PidBits(self.bpf["pid_bits"], options.pid_words)
         self.cpus = options.cpus
-        slots = LaunchSlots(launch_slots.map_memory(self.bpf["launch_slots"], options.cpus),
-                            options.cpus * launch_slots.SLOTS_PER_CPU, self.pid_bits.traced.__contains__)
-        self._rollups = RollupReader(self.bpf["rollup"], slots)
+        self._rollups = RollupReader(self.bpf["rollup"],
+                                     launch_slots.reader(self.bpf, options.cpus, self.pid_bits.traced.__contains__))
         self._rolled_up: dict = {}  # (tgid, call, detail) -> [count, bytes, duration_ns] so far
         self._set_by_pid: dict = {}
         self.records: list = []
