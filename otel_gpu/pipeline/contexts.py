@@ -10,7 +10,9 @@ context running on the thread of each CUDA call and socket read/write. From thos
   was created after the request started (its own task: the loop's base context and a
   connection's callbacks are older, so their writes never bind), together with that
   context's ancestors that are newer than the request too (the task that spawned the
-  streaming task, the task that registered a write callback). A context bound to an
+  streaming task, the task that registered a write callback). On an HTTP/2 connection
+  (many streams, one socket) only a write of one stream's response headers binds, and
+  only its own context (stitcher._responding_stream). A context bound to an
   open request is never bound to another; bindings end when the request finishes.
 - calls: a call made in context C belongs to the request bound to C or to its nearest
   bound ancestor (task). A tracked C with no binding yet is *held*: when a request
@@ -182,9 +184,10 @@ class ProcessContexts:
             self._cands = tuple(self.unbound.values())
         return self._cands
 
-    def bind(self, req: Request, ev) -> list[Outcome]:
+    def bind(self, req: Request, ev, ancestors: bool = True) -> list[Outcome]:
         """A response write of `req` (SockIo `ev`): binds it to the write's context when
-        that is tracked and newer than the request. The held calls it owns land."""
+        that is tracked and newer than the request (with its ancestors newer than the
+        request too, unless `ancestors` is False). The held calls it owns land."""
         node = self.seen(ev.tid, ev.ctx, ev.ts_ns)
         if node is None or id(req) not in self.unbound or node.created <= req.start_ns \
                 or node.bound is not None:
@@ -194,7 +197,7 @@ class ProcessContexts:
         while n is not None and n.created > req.start_ns and n.bound is None and len(chain) < MAX_DEPTH:
             n.bound = req
             chain.append(n)
-            n = self._parent(n)
+            n = self._parent(n) if ancestors else None
         req.context = node.addr
         self.bindings[id(req)] = chain
         del self.unbound[id(req)]

@@ -45,7 +45,7 @@ from . import protocols
 from .protocols.base import (DETECT_MAX, Notice, ProtocolError, RequestFinished, RequestStarted, ResponseStatus,
                              Session, SessionConfig, StreamReset, SwitchProtocol)
 from .contexts import HELD, Outcome, ProcessContexts
-from .handlers import HandlerPairs
+from .handlers import MULTIPLEXED, HandlerPairs
 from .model import (AMBIGUOUS, ATTRIBUTIONS, OUTSIDE, PROCESS, SHARED, TASK, THREAD, CallSink, ProcessWindow,
                     Request, RollupAgg)
 from .records import (Accept, CallAggregate, RequestOpened, ContextCopy, CudaCall, DeviceCall, EV_SOCK_READ,
@@ -351,11 +351,35 @@ class Stitcher:
             return
         if ev.ctx and len(c.streams) == 1:  # the writing context serves that request
             (req,) = c.streams.values()
-            self._settle(p, p.contexts.bind(req, ev), out)
+            if req.head.protocol not in MULTIPLEXED:  # one writer for every stream: _responding_stream
+                self._settle(p, p.contexts.bind(req, ev), out)
         events = c.session.on_write(ev.data, ev.ret, ev.tail, ev.ts_ns, ev.tid)
+        if ev.ctx and (req := self._responding_stream(c, events)) is not None:
+            self._settle(p, p.contexts.bind(req, ev, ancestors=False), out)
         if c.session.written and self._handler_pair(p, ev, c.streams.values()):  # before the events end streams
             p.pairs.wrote((ev.tid, ev.ctx), c.session.written, c.streams, ev.ts_ns)
         self._apply(p, c, events, ev.tid, ev.ts_ns, out)
+
+    @staticmethod
+    def _responding_stream(c: Conn, events: list) -> Optional[Request]:
+        """The HTTP/2 request whose response headers this write carries, with no other
+        stream's frames. Its writing context is that stream's own task when
+        pipeline/contexts.py finds it tracked and newer than the request: hypercorn
+        writes each stream's HEADERS from the stream's app task (measured), while its
+        per-connection send task writes DATA for all streams. Any write binding, as on an
+        HTTP/1 connection with one request, would bind that send task: made by the read
+        that opened the first streams, it is newer than they are. For the same reason only
+        the writing context binds, not its ancestors (a per-connection task can be every
+        stream task's parent); a task the stream's task spawns is the stream's too.
+        gRPC is left to pipeline/handlers.py: C-core writes whatever frames are queued,
+        from whichever thread holds its combiner, so the writer's context proves nothing."""
+        if len(c.session.written) != 1:  # HTTP/1 sessions carry no stream ids: empty
+            return None
+        (stream,) = c.session.written
+        req = c.streams.get(stream)
+        if req is None or req.head.protocol != "h2":
+            return None
+        return req if any(type(e) is ResponseStatus and e.stream == stream for e in events) else None
 
     @staticmethod
     def _handler_pair(p: Proc, ev, requests) -> bool:

@@ -2,8 +2,8 @@
 answers an HTTP/1.1 upgrade request with 101 and the request as HTTP/2 stream 1; the
 client (the `h2` package over a plain socket) then opens three more streams at once on
 the same connection. One server span per request, the upgraded one included, with its
-path and status; CUDA calls under their own request or counted on an ambiguous window,
-never under another's (the target and fixture of tests/bpf/test_http2.py)."""
+path and status; every request's CUDA calls under its own span (the upgraded one's
+too: its app task writes its response HEADERS as HTTP/2), never under another's (the target and fixture of tests/bpf/test_http2.py)."""
 from __future__ import annotations
 
 import socket
@@ -77,4 +77,4 @@ def test_upgraded_request_and_three_concurrent_streams_each_get_their_span(h2_ta
         assert s.attributes["network.protocol.version"] == "2" and s.name in ("GET /infer", "GET /missing")
         assert s.status_code != 2, s.name  # 2: ERROR (a request ended by a drop, not its response)
     exact = own_or_ambiguous(spans, servers, t.pid, ids)
-    print(f"h2c upgrade: {exact} of {len(ids)} requests with exactly their calls, the rest counted ambiguous")
+    assert exact == len(ids), f"{exact} of {len(ids)} requests with exactly their calls"

@@ -1,15 +1,16 @@
 """HTTP/2 cleartext (prior knowledge) through the real probes: hypercorn (PyPI) serving
-an ASGI app whose requests make real libcudart calls encoding their id, and a client
-built on the `h2` package sending several concurrent streams on one connection. One
-server span per stream, with its path and status; CUDA calls under their own stream or,
-where nothing decides (hypercorn writes every stream's frames from one send task, so no
-write binds a request to its task's context), on an ambiguous window: counted, never
-under another stream."""
+an ASGI app whose requests make real libcudart calls encoding their id, and clients
+built on the `h2` package sending several concurrent streams on one connection, and on
+several connections at once. One server span per stream, with its path and status;
+every stream's CUDA calls under its own span (task: hypercorn writes each stream's
+response HEADERS from the stream's app task, which binds it; stitcher._responding_stream),
+never under another stream's."""
 from __future__ import annotations
 
 import socket
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import h2.config
 import h2.connection
@@ -93,7 +94,26 @@ def test_concurrent_streams_on_one_connection_each_get_their_span_and_calls(h2_t
         assert a["network.protocol.version"] == "2" and "rpc.system" not in a
         assert s.name in ("GET /infer", "GET /missing")
     exact = own_or_ambiguous(spans, servers, t.pid, ids)
-    print(f"h2c: {exact} of {len(ids)} streams with exactly their calls, the rest counted ambiguous")
+    assert exact == len(ids), f"{exact} of {len(ids)} streams with exactly their calls"
+
+
+def test_concurrent_connections_each_with_concurrent_streams(h2_target, receiver):
+    """4 clients at once, each with 4 streams on its own connection: 16 requests open
+    together in one process, over 4 connections."""
+    _, t = h2_target
+    ids = [[60 + 4 * c + i for i in range(4)] for c in range(4)]
+    with ThreadPoolExecutor(len(ids)) as pool:
+        got = list(pool.map(lambda mine: h2_get_all(t.port, [f"/infer?id={i}&launches=3" for i in mine]), ids))
+    assert [sorted(status for _, status in g.values()) for g in got] == [[200] * 4] * 4
+    flat = sum(ids, [])
+    receiver.wait_for(lambda spans: len(server_spans(spans, t.pid)) >= len(flat), 40)
+    receiver.wait_for(lambda spans: sum(1 for k in spans if k.resource.get("process.pid") == t.pid
+                                        and k.name in ("cudaLaunchKernel", "cudaMemcpy")) >= 4 * len(flat), 30)
+    spans = list(receiver.spans)
+    servers = server_spans(spans, t.pid)
+    assert len(servers) == len(flat) and len({s.attributes["client.port"] for s in servers}) == len(ids)
+    exact = own_or_ambiguous(spans, servers, t.pid, flat)
+    assert exact == len(flat), f"{exact} of {len(flat)} streams with exactly their calls"
 
 
 def own_or_ambiguous(spans, servers, pid: int, ids: list, calls: int = 4) -> int:

@@ -3,8 +3,10 @@ calls attributed by the existing rules (one reading thread, several streams open
 `thread` on a guess), resets and dropped connections counted."""
 import random
 
+import pytest
+
 from otel_gpu.pipeline.model import Request
-from otel_gpu.pipeline.records import EV_SOCK_READ, EV_SOCK_WRITE, Accept, SockClose, SockIo
+from otel_gpu.pipeline.records import EV_SOCK_READ, EV_SOCK_WRITE, Accept, ContextCopy, SockClose, SockIo
 from otel_gpu.pipeline.stitcher import Stitcher
 from tests.unit.pipeline import calls
 from tests.unit.pipeline.protocols.http2.h2_wire import (PREFACE, Peer, data, get, grpc_message, grpc_request, rst,
@@ -19,16 +21,16 @@ def T():
     return _t[0]
 
 
-def read(raw: bytes, tid=POLLER):
-    return SockIo(EV_SOCK_READ, PID, tid, T(), FD, len(raw), raw[:1024], b"")
+def read(raw: bytes, tid=POLLER, ctx=0):
+    return SockIo(EV_SOCK_READ, PID, tid, T(), FD, len(raw), raw[:1024], b"", ctx)
 
 
-def write(raw: bytes, tid=POLLER):
-    return SockIo(EV_SOCK_WRITE, PID, tid, T(), FD, len(raw), raw[:1024], raw[-8:])
+def write(raw: bytes, tid=POLLER, ctx=0):
+    return SockIo(EV_SOCK_WRITE, PID, tid, T(), FD, len(raw), raw[:1024], raw[-8:], ctx)
 
 
-def launch(tid, grid_x):
-    return calls.cuda("cudaLaunchKernel", tid, 0x1000 + grid_x, 0, 0, PID, 0, ts=T())
+def launch(tid, grid_x, ctx=0):
+    return calls.cuda("cudaLaunchKernel", tid, 0x1000 + grid_x, 0, 0, PID, 0, ts=T(), ctx=ctx)
 
 
 def new():
@@ -105,3 +107,77 @@ def test_hpack_loss_drops_the_connection_counted_and_its_open_streams_end_in_err
     assert s.stats.snapshot()["h2_hpack_lost"] == 1
     assert requests(s.process([read(client.headers(5, get("/c"), end_stream=True)),
                                SockClose(PID, POLLER, T(), FD)])) == []
+
+
+# An asyncio HTTP/2 server as hypercorn is (measured, tests/bpf/test_http2.py): the
+# connection's reader task reads every stream's HEADERS, a task per stream (a copy of
+# the reader's context) runs the app and writes that stream's response HEADERS itself;
+# a per-connection send task, made by the same read, writes the DATA of every stream.
+READER, SENDER, TASK1, TASK3 = 0x7000, 0x7100, 0x7201, 0x7203
+
+
+def _asyncio_h2(request=get, task_parent=READER):
+    """Two streams read by the reader task; the send task and the stream tasks (copies
+    of `task_parent`'s context) made after that read, so all newer than both streams;
+    one launch in each stream task (func = 0x1000 + its stream id), one in the send task."""
+    s, client = new(), Peer()
+    s.process([ContextCopy(PID, POLLER, T(), READER, 0)])
+    s.process([read(PREFACE + settings() + client.headers(1, request(), end_stream=True)
+                    + client.headers(3, request(), end_stream=True), ctx=READER)])
+    s.process([ContextCopy(PID, POLLER, T(), SENDER, READER), ContextCopy(PID, POLLER, T(), TASK1, task_parent),
+               ContextCopy(PID, POLLER, T(), TASK3, task_parent)])
+    s.process([launch(POLLER, 1, TASK1), launch(POLLER, 3, TASK3), launch(POLLER, 9, SENDER)])
+    return s
+
+
+def _launches(r):
+    """(stream task's launch: its stream id, attribution) of a request's calls."""
+    return sorted((ev.func - 0x1000, a) for ev, a in r.sink.calls)
+
+
+@pytest.mark.parametrize("task_parent", [READER, SENDER])
+def test_a_stream_task_writing_its_response_headers_alone_gets_its_calls(task_parent):
+    """With SENDER as the stream tasks' parent (a per-connection task made by the read
+    that opened the streams, so newer than both): binding a stream to its task must not
+    bind that parent too, or the other stream's task would inherit the binding."""
+    s, server = _asyncio_h2(task_parent=task_parent), Peer()
+    out = s.process([write(server.headers(3, [(":status", "200")]), ctx=TASK3),
+                     write(data(3, b"three", end_stream=True), ctx=SENDER),
+                     write(server.headers(1, [(":status", "200")]), ctx=TASK1),
+                     write(data(1, b"one", end_stream=True), ctx=SENDER)])
+    assert [_launches(r) for r in requests(out)] == [[(3, "task")], [(1, "task")]]
+    # The send task wrote DATA of both streams and was made by the read that opened them
+    # (newer than both): never bound. Both streams bound their own tasks, neither of
+    # which it descends from: its launch is no request's (pipeline/contexts.py).
+    assert s.attributed["task"] == 2 and s.attributed["outside"] == 1 and s.attributed["ambiguous"] == 0
+
+
+def test_a_write_with_two_streams_response_headers_binds_neither():
+    s, server = _asyncio_h2(), Peer()
+    out = s.process([write(server.headers(1, [(":status", "200")]) + server.headers(3, [(":status", "200")]),
+                           ctx=TASK1),
+                     write(data(1, end_stream=True) + data(3, end_stream=True), ctx=SENDER)])
+    assert [r.sink.calls for r in requests(out)] == [[], []]
+    assert s.attributed["task"] == 0 and s.attributed["ambiguous"] == 3
+
+
+def test_a_task_writing_data_alone_does_not_bind_only_response_headers_do():
+    s, server = _asyncio_h2(), Peer()
+    out = s.process([write(server.headers(1, [(":status", "200")]) + server.headers(3, [(":status", "200")]),
+                           ctx=READER),
+                     write(data(1, b"one", end_stream=True), ctx=TASK1),
+                     write(data(3, b"three", end_stream=True), ctx=READER)])
+    assert [r.sink.calls for r in requests(out)] == [[], []]
+    assert s.attributed["task"] == 0 and s.attributed["ambiguous"] == 3
+
+
+def test_grpc_streams_are_not_bound_by_the_writing_context():
+    """C-core writes whatever frames are queued from whichever thread holds its combiner:
+    a write's context does not prove whose stream it carries (pipeline/handlers.py)."""
+    s, server = _asyncio_h2(grpc_request), Peer()
+    out = s.process([write(server.headers(3, [(":status", "200"), ("grpc-status", "0")], end_stream=True),
+                           ctx=TASK3),
+                     write(server.headers(1, [(":status", "200"), ("grpc-status", "0")], end_stream=True),
+                           ctx=READER)])
+    assert [r.sink.calls for r in requests(out)] == [[], []]
+    assert s.attributed["task"] == 0 and s.attributed["ambiguous"] == 3
