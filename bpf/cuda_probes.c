@@ -195,6 +195,39 @@ static __always_inline void agg_add(struct cuda_header *c, struct http_seq *s, u
     count(CNT_AGGREGATED);
 }
 
+/* A call of a streaming process, its header filled: 1 when it goes out one by one (the
+ * caller fills the rest of its record, then stream_out), 0 when it was counted in req_agg
+ * here, so that a call past its budget reads nothing more of the target's memory. */
+static __always_inline int stream_admit(struct cuda_header *c, u32 tv, struct http_seq **sp, u64 detail,
+                                        u64 bytes, u64 duration_ns)
+{
+    u32 tgid = c->h.tgid;
+    u64 id = (u64)tgid << 32 | c->h.tid;
+    struct http_seq *s = http_seq.lookup(&tgid);
+    *sp = s;
+    c->ctx = py_context(tgid, c->h.tid);
+    if (stream_this(id, c->ctx, tgid, tv, s))
+        return 1;
+    agg_add(c, s, detail, bytes, duration_ns);
+    return 0;
+}
+
+/* The record of a call stream_admit let through; a full ring buffer counts it in req_agg
+ * (or, with no epoch of its own to count it by, as lost). */
+static __always_inline void stream_out(struct cuda_header *c, u32 size, struct http_seq *s, u64 detail,
+                                       u64 bytes, u64 duration_ns)
+{
+    if (events.ringbuf_output(c, size, 0) == 0) {
+        count(CNT_CUDA_STREAMED);
+        return;
+    }
+    if (!s) {
+        count(CNT_RINGBUF_FULL);
+        return;
+    }
+    agg_add(c, s, detail, bytes, duration_ns);
+}
+
 /* The one way out for a CUDA call: while its process streams, the whole record within
  * the budget (or, past it or with the ring buffer full, a count in req_agg); else its
  * rollup (detail as probes/table.py ROLLUP_DETAIL says for the category). */
@@ -206,21 +239,9 @@ static __always_inline void cuda_emit(struct cuda_header *c, u32 size, u32 tv, u
         return;
     }
     if (streaming(c->h.tgid, tv)) {
-        u32 tgid = c->h.tgid;
-        u64 id = (u64)tgid << 32 | c->h.tid;
-        struct http_seq *s = http_seq.lookup(&tgid);
-        c->ctx = py_context(c->h.tgid, c->h.tid);
-        if (stream_this(id, c->ctx, tgid, tv, s)) {
-            if (events.ringbuf_output(c, size, 0) == 0) {
-                count(CNT_CUDA_STREAMED);
-                return;
-            }
-            if (!s) { /* no epoch of its own to count it by */
-                count(CNT_RINGBUF_FULL);
-                return;
-            }
-        }
-        agg_add(c, s, detail, bytes, duration_ns);
+        struct http_seq *s;
+        if (stream_admit(c, tv, &s, detail, bytes, duration_ns))
+            stream_out(c, size, s, detail, bytes, duration_ns);
         return;
     }
     rollup_add(c->h.tgid, c->call, detail, bytes, duration_ns);
@@ -273,8 +294,8 @@ int cuda_launch_kernel(struct pt_regs *ctx)
     u32 tv = cuda_admit(tgid);
     if (!tv)
         return 0;
-    int stream_it = streaming(tgid, tv), capture = capturing(tgid);
-    if (!stream_it && !capture) {
+    int capture = capturing(tgid);
+    if (!capture && !streaming(tgid, tv)) {
         rollup_add(tgid, CALL_LAUNCH_KERNEL, PT_REGS_PARM1(ctx), 0, 0);
         return 0;
     }
@@ -282,8 +303,13 @@ int cuda_launch_kernel(struct pt_regs *ctx)
     fill_header(&e.c.h, EV_CUDA_LAUNCH, id);
     e.c.call = CALL_LAUNCH_KERNEL;
     e.c.ret = -1;
-    u64 gxy = PT_REGS_PARM2(ctx), bxy = PT_REGS_PARM4(ctx);
     e.func = PT_REGS_PARM1(ctx);
+    /* Inside a request past its budget (an LLM decode loop's steady state) the launch is
+     * only counted: decided before the dims and the two stack reads. */
+    struct http_seq *s = 0;
+    if (!capture && !stream_admit(&e.c, tv, &s, e.func, 0, 0))
+        return 0;
+    u64 gxy = PT_REGS_PARM2(ctx), bxy = PT_REGS_PARM4(ctx);
     e.dims.grid[0] = (u32)gxy;
     e.dims.grid[1] = gxy >> 32;
     e.dims.grid[2] = (u32)PT_REGS_PARM3(ctx);
@@ -292,7 +318,10 @@ int cuda_launch_kernel(struct pt_regs *ctx)
     e.dims.block[2] = (u32)PT_REGS_PARM5(ctx);
     e.shmem = stack_arg(ctx, 7, &e.c.h.flags);
     e.stream = stack_arg(ctx, 8, &e.c.h.flags);
-    EMIT(e, tv, e.func, 0, 0);
+    if (capture)
+        capture_emit(&e.c, sizeof(e));  /* recorded into a graph, or run: user space decides */
+    else
+        stream_out(&e.c, sizeof(e), s, e.func, 0, 0);
     return 0;
 }
 
