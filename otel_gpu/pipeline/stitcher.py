@@ -2,37 +2,20 @@
 
 A request opens when its head is read (or, pipelined, when the response before it
 completes) and closes when its response has been written completely or the
-connection goes away. A CUDA call is attributed (see model.ATTRIBUTIONS):
-  - made in a Python context (ctx != 0) the probes saw created: to the request bound
-    to that context or an ancestor, or held until one binds (pipeline/contexts.py) -> task
-  - in an untracked context on an event-loop/worker thread: never by thread; below
-  - by a handler thread of a multiplexed server (a gRPC pool thread in its own untracked
-    context) where the rules below find several candidates: held, and given to the
-    HTTP/2 stream whose frames that thread and context wrote alone, where that is
-    provable (pipeline/handlers.py)                          -> task
-  - to the one open request read by the calling thread       -> thread
-  - else to the only open request of the process             -> process
-  - else, with several candidates, to nobody: counted         -> ambiguous
-  - with nothing open in the process while related processes
-    (pipeline/groups.py: same cgroup, or parent/child) have
-    requests open: to nobody, linked to all of those           -> shared
-  - with nothing open, or made in a context no request owns   -> outside
+connection goes away. Where each CUDA call goes (a request, or a window of its process:
+ambiguous, shared, outside) is pipeline/attribution.py, the Stitcher's other half.
 Which protocol a connection speaks is told by its first bytes (protocols.detect); its
 session (protocols/<name>/) turns reads and writes into request events, so nothing here
 knows a protocol's bytes; a session may hand its connection to another protocol's
-(SwitchProtocol: HTTP/1.1 Upgrade: h2c), its open requests going on under it. A thread serving a connection no session can follow (not a
-known protocol, or bytes its protocol refused) gives no thread/process attribution,
-nor does a process with connections the kernel could not track (its table was full:
-their requests are not seen); such a process's spans carry how many it had.
-A call is never guessed onto a request.
+(SwitchProtocol: HTTP/1.1 Upgrade: h2c), its open requests going on under it. A thread
+serving a connection no session can follow (not a known protocol, or bytes its protocol
+refused) gives no thread/process attribution, nor does a process with connections the
+kernel could not track (its table was full: their requests are not seen); such a
+process's spans carry how many it had. Response writes bind requests to the Python
+contexts that serve them (pipeline/contexts.py, pipeline/handlers.py).
 
 Time arrives as Tick records: at each, the ambiguous/shared/outside windows collected so
-far go out; at the final one (collector stopping), every open request is closed too. A
-shared window also goes out at each synchronising call of its process (one batch step).
-Calls the kernel counted by itself arrive as KernelRollup records (outside requests, or
-shared while related processes have requests open), and, past a thread's per-request
-streaming budget, as CallAggregate records placed where the calls were made (between the
-same HTTP records): attributed by the rules above exactly as the calls one by one."""
+far go out; at the final one (collector stopping), every open request is closed too."""
 from __future__ import annotations
 
 import logging
@@ -44,12 +27,12 @@ from ..ratelimit import RateLimitedLog, Stats
 from . import protocols
 from .protocols.base import (DETECT_MAX, Notice, ProtocolError, RequestFinished, RequestStarted, ResponseStatus,
                              Session, SessionConfig, StreamReset, SwitchProtocol)
-from .contexts import HELD, Outcome, ProcessContexts
+from .attribution import CallAttribution
+from .contexts import ProcessContexts
 from .handlers import MULTIPLEXED, HandlerPairs
-from .model import (AMBIGUOUS, ATTRIBUTIONS, OUTSIDE, PROCESS, SHARED, TASK, THREAD, CallSink, ProcessWindow,
-                    Request, RollupAgg)
-from .records import (Accept, CallAggregate, RequestOpened, ContextCopy, CudaCall, DeviceCall, EV_SOCK_READ,
-                      KernelRollup, ProcessGone, ProcessSeen, ProcExit, SockClose, SockIo, SyncCall, Tick)
+from .model import ATTRIBUTIONS, CallSink, ProcessWindow, Request
+from .records import (Accept, CallAggregate, RequestOpened, ContextCopy, CudaCall, EV_SOCK_READ, KernelRollup,
+                      ProcessGone, ProcessSeen, ProcExit, SockClose, SockIo, Tick)
 from .traceparent import parse_traceparent
 
 log = logging.getLogger(__name__)
@@ -92,7 +75,7 @@ class Proc:
     untracked: int = 0  # open connections the kernel does not track (Conn.tracked False)
 
 
-class Stitcher:
+class Stitcher(CallAttribution):
     def __init__(self, span_budget: int = 256, extra_headers: frozenset = frozenset(),
                  stats: Optional[Stats] = None, rng: Optional[random.Random] = None,
                  port_of=None, peer_of=None, group_of=None, sockets_of=None) -> None:
@@ -157,35 +140,12 @@ class Stitcher:
         sizes["pending_calls"] += sum(p.pairs.held for p in procs)  # held for a handler thread's stream
         return sizes
 
-    def _on_kernel_rollup(self, k: KernelRollup, out: list) -> None:
-        """Calls the BPF side counted while no request could be open (rollup map),
-        made some time between `since_ns` (the previous read) and `now_ns`: shared
-        (one window per Tick: no cut points) while related processes have requests open."""
-        p = self._proc(k.tgid, out)
-        group = [] if p.open else self._group_requests(p)
-        attribution = SHARED if group else OUTSIDE
-        self.attributed[attribution] += k.count
-        w = self._window(p, attribution, k.now_ns if k.since_ns is None else k.since_ns)
-        w.sink.add_aggregate(k.call, k.detail, k.count, k.bytes, k.duration_ns, k.now_ns, attribution, k.kernels)
-        w.end_ns = max(w.end_ns, k.now_ns)
-        self._link(w, group)
-
-    def _flush_windows(self, out: list) -> None:
-        """Hands on the ambiguous/shared/outside windows collected so far (once per Tick)."""
-        for p in self.procs.values():
-            for attr in ("ambiguous", "shared", "outside"):
-                w = getattr(p, attr)
-                if w is not None:
-                    out.append(w)
-                    setattr(p, attr, None)
-
     def _close_all(self, now_ns: int, reason: str, out: list) -> None:
         """Collector stopping: every open request is finished with an error."""
         for p in list(self.procs.values()):
             for conn in list(p.conns.values()):
                 self._drop_conn(p, conn, now_ns, reason, out)
-            self._settle(p, p.contexts.drain(), out)
-            self._settle(p, p.pairs.drain(), out)
+            self._settle(p, p.contexts.drain() + p.pairs.drain())
 
     # --- processes and connections ----------------------------------------------
     def _proc(self, tgid: int, out: list) -> Proc:
@@ -352,10 +312,10 @@ class Stitcher:
         if ev.ctx and len(c.streams) == 1:  # the writing context serves that request
             (req,) = c.streams.values()
             if req.head.protocol not in MULTIPLEXED:  # one writer for every stream: _responding_stream
-                self._settle(p, p.contexts.bind(req, ev), out)
+                self._settle(p, p.contexts.bind(req, ev))
         events = c.session.on_write(ev.data, ev.ret, ev.tail, ev.ts_ns, ev.tid)
         if ev.ctx and (req := self._responding_stream(c, events)) is not None:
-            self._settle(p, p.contexts.bind(req, ev, ancestors=False), out)
+            self._settle(p, p.contexts.bind(req, ev, ancestors=False))
         if c.session.written and self._handler_pair(p, ev, c.streams.values()):  # before the events end streams
             p.pairs.wrote((ev.tid, ev.ctx), c.session.written, c.streams, ev.ts_ns)
         self._apply(p, c, events, ev.tid, ev.ts_ns, out)
@@ -380,13 +340,6 @@ class Stitcher:
         if req is None or req.head.protocol != "h2":
             return None
         return req if any(type(e) is ResponseStatus and e.stream == stream for e in events) else None
-
-    @staticmethod
-    def _handler_pair(p: Proc, ev, requests) -> bool:
-        """Made in a Python context the probes never saw created, on a thread that never
-        ran a tracked one and read none of `requests` (pipeline/handlers.py)."""
-        return bool(ev.ctx) and ev.ctx not in p.contexts.nodes and ev.tid not in p.contexts.threads \
-            and all(r.tid != ev.tid for r in requests)
 
     def _on_close(self, tgid: int, fd: int, ts: int, out: list) -> None:
         p = self.procs.get(tgid)
@@ -428,8 +381,7 @@ class Stitcher:
             p.open.remove(req)
             if not p.open:
                 self._serving.pop(p.tgid, None)
-        self._settle(p, p.contexts.finished(req), out)
-        self._settle(p, p.pairs.finished(req), out)
+        self._settle(p, p.contexts.finished(req) + p.pairs.finished(req))
         if p.untracked:
             req.untracked_connections = p.untracked
         self.stats.add("requests_finished")
@@ -442,8 +394,7 @@ class Stitcher:
         if p is not None:
             for c in list(p.conns.values()):
                 self._drop_conn(p, c, ev.ts_ns, "process exited", out)
-            self._settle(p, p.contexts.drain(), out)
-            self._settle(p, p.pairs.drain(), out)
+            self._settle(p, p.contexts.drain() + p.pairs.drain())
             self._serving.pop(ev.tgid, None)
             for attr in ("ambiguous", "shared", "outside"):
                 if getattr(p, attr) is not None:
@@ -473,149 +424,3 @@ class Stitcher:
                 if c.tracked:
                     self.stats.add("connection_closes_unseen")
                 self._drop_conn(p, c, now_ns, "connection closed (close not seen)", out)
-
-    # --- CUDA ------------------------------------------------------------------
-    def _on_cuda(self, ev: CudaCall, out: list) -> None:
-        # The hot path (every streamed call): lookups kept to the minimum.
-        p = self.procs.get(ev.tgid) or self._proc(ev.tgid, out)
-        if type(ev) is DeviceCall:
-            p.device_by_tid[ev.tid] = ev.device
-            return
-        self._on_call(p, ev, out)
-        if p.shared is not None and type(ev) is SyncCall:  # the batch step ends
-            out.append(p.shared)
-            p.shared = None
-
-    def _verdict(self, p: Proc, ev, device: int):
-        """HELD, or (attribution, request or candidates) for a call or a CallAggregate."""
-        verdict = p.contexts.call(ev, device) if ev.ctx else None
-        if verdict is HELD:  # counted when it settles
-            return HELD
-        attribution, target = verdict or attribute(p.open, ev.tid, p.partial_heads, p.broken)
-        if p.untracked and (attribution is THREAD or attribution is PROCESS):
-            attribution, target = AMBIGUOUS, list(p.open)  # a request we cannot see may own it
-        if attribution == OUTSIDE and not p.open:
-            target = self._group_requests(p)
-            if target:
-                attribution = SHARED
-        return attribution, target
-
-    def _on_aggregate(self, a: CallAggregate, out: list) -> None:
-        """Calls the kernel counted instead of streaming them, at the point they were made."""
-        p = self.procs.get(a.tgid) or self._proc(a.tgid, out)
-        device = p.device_by_tid.get(a.tid, 0)
-        verdict = self._verdict(p, a, device)
-        if verdict is HELD:
-            return
-        attribution, target = verdict
-        self.attributed[attribution] += a.count
-        agg = RollupAgg(a.call, a.detail, a.count, a.bytes, a.duration_ns, a.ts_ns, a.last_ts, a.last_end_ts,
-                        a.kernels)
-        if attribution is THREAD or attribution is TASK or attribution is PROCESS:
-            target.sink.add_rollup(agg, attribution)
-            target.busy.extend(device, a.ts_ns, a.last_end_ts)
-            return
-        window = self._window(p, attribution, a.ts_ns, device)
-        window.sink.add_rollup(agg, attribution)
-        window.end_ns = max(window.end_ns, a.last_end_ts)
-        if attribution == AMBIGUOUS:
-            for r in target:
-                r.sink.summary.ambiguous += a.count / len(target)
-        if attribution == AMBIGUOUS or attribution == SHARED:
-            self._link(window, target)
-
-    def _on_call(self, p: Proc, ev: CudaCall, out: list) -> None:
-        device = p.device_by_tid.get(ev.tid, 0)
-        verdict = self._verdict(p, ev, device)
-        if verdict is HELD:
-            return
-        attribution, target = verdict
-        if attribution is AMBIGUOUS and ev.tid not in p.broken and not p.untracked \
-                and HandlerPairs.applies(target) and self._handler_pair(p, ev, target) \
-                and p.pairs.hold((ev.tid, ev.ctx), target, ev, device):
-            return  # counted when it settles
-        self.attributed[attribution] += 1
-        if attribution is THREAD or attribution is TASK or attribution is PROCESS:
-            target.sink.add(ev, attribution)
-            target.busy.add(ev, device)
-            return
-        window = self._window(p, attribution, ev.ts_ns, device)
-        window.sink.add(ev, attribution)
-        window.end_ns = max(window.end_ns, ev.ts_ns + ev.amounts()[2])
-        if attribution == AMBIGUOUS:
-            for r in target:  # a share each: summed over spans, never more than the calls
-                r.sink.summary.ambiguous += 1 / len(target)
-            self._link(window, target)
-        elif attribution == SHARED:
-            self._link(window, target)
-
-    def _group_requests(self, p: Proc) -> list:
-        """The open requests of the other processes in `p`'s group (pipeline/groups.py)."""
-        if self._group_of is None or not self._serving or list(self._serving) == [p.tgid]:
-            return []
-        key = self._group_of(p.tgid)
-        if key is None:
-            return []
-        return [r for q in self._serving.values() if q is not p and self._group_of(q.tgid) == key
-                for r in q.open]
-
-    def _charge(self, r: Request, ev: CudaCall, attribution: str, device: int, out: list) -> None:
-        r.sink.add(ev, attribution)
-        r.busy.add(ev, device)
-
-    def _settle(self, p: Proc, outcomes: list[Outcome], out: list) -> None:
-        """Held calls whose owner is now known (earlier than now: they were held). The
-        candidates of ambiguous ones counted them when they finished."""
-        for o in outcomes:
-            self.attributed[o.attribution] += o.count
-            if (r := o.request) is not None:
-                for ev, device in o.calls:
-                    self._charge(r, ev, o.attribution, device, out)
-                for agg, device, end in o.folds:
-                    r.sink.add_rollup(agg, o.attribution)
-                    r.busy.extend(device, agg.first_ts, end)
-                continue
-            w = self._window(p, o.attribution, o.start_ns)
-            for ev, _ in o.calls:
-                w.sink.add(ev, o.attribution)
-                w.end_ns = max(w.end_ns, ev.ts_ns + ev.amounts()[2])
-            for agg, _, _ in o.folds:
-                w.sink.add_rollup(agg, o.attribution)
-                w.end_ns = max(w.end_ns, agg.last_end_ts)
-            self._link(w, o.links)
-
-    @staticmethod
-    def _link(window: ProcessWindow, requests: list) -> None:
-        for r in requests:
-            ids = (r.trace_id, r.span_id)
-            if ids not in window.candidates:
-                window.candidates.append(ids)
-
-    def _window(self, p: Proc, attribution: str, ts: int, device: Optional[int] = None) -> ProcessWindow:
-        w = getattr(p, attribution)
-        if w is None:
-            w = ProcessWindow(p.tgid, attribution, ts, ts, CallSink(self.span_budget), device=device)
-            setattr(p, attribution, w)
-        elif w.device is None:
-            w.device = device
-        w.start_ns = min(w.start_ns, ts)
-        if p.untracked > w.untracked_connections:
-            w.untracked_connections = p.untracked  # its calls may be requests we could not see
-        return w
-
-
-def attribute(open_requests: list, tid: int, partial_heads: dict = {}, broken: dict = {}):  # noqa: B006
-    """(attribution, request or candidate list or None) for a call on thread `tid`
-    (partial_heads, broken: read only)."""
-    if not open_requests:
-        return OUTSIDE, None
-    on_thread = [r for r in open_requests if r.tid == tid]
-    if tid in broken:  # it also serves a connection we cannot follow
-        return AMBIGUOUS, on_thread or list(open_requests)
-    if len(on_thread) == 1:
-        return THREAD, on_thread[0]
-    if on_thread:
-        return AMBIGUOUS, on_thread
-    if len(open_requests) == 1 and tid not in partial_heads:
-        return PROCESS, open_requests[0]
-    return AMBIGUOUS, list(open_requests)

@@ -11,7 +11,7 @@ from opentelemetry.trace import SpanKind
 from .. import semconv as sc
 from .schema import has_table
 
-# Windows are cut at most every few seconds (pipeline/stitcher.py); one that started this
+# Windows are cut at most every few seconds (pipeline/attribution.py); one that started this
 # long before a request began is not looked for, which keeps the scans on the ts indexes.
 LOOKBACK_NS = 60 * 10**9
 
