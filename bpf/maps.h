@@ -17,7 +17,7 @@
 #define MAX_CONNS 65536
 #endif
 /* CUDA calls streamed one by one per thread and request (reset at each HTTP read of
- * the process); past it a call is counted in req_agg (cuda_probes.c). */
+ * the process); past it a call is counted in req_agg (call_out.c). */
 #ifndef STREAM_BUDGET
 #define STREAM_BUDGET 64
 #endif

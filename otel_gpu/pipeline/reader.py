@@ -108,7 +108,7 @@ def epoch_after(a: int, b: int) -> bool:
 
 
 class AggregateReader:
-    """CallAggregate records from req_agg (bpf/cuda_probes.c). An entry is taken once its
+    """CallAggregate records from req_agg (bpf/call_out.c). An entry is taken once its
     epoch has ended, i.e. the stream holds an HTTP record of its process with a later
     epoch (or the process exited, or the collector stops): then no call of it is still
     counting (but one whose probe read the epoch just before the HTTP probe bumped it,

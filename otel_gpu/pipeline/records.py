@@ -220,7 +220,7 @@ class GraphOp:
 class CallAggregate:
     """Calls of one thread in one Python context (`ctx`) and HTTP epoch that the kernel
     counted instead of streaming (past the thread's budget, or the ring buffer near
-    full: bpf/cuda_probes.c req_agg), by (call, detail): the reader places it where
+    full: bpf/call_out.c req_agg), by (call, detail): the reader places it where
     the epoch ended, so it is attributed as the calls one by one would have been."""
     tgid: int
     tid: int

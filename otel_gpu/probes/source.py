@@ -3,9 +3,9 @@
 The program is the generated CALL_* ids (probes/table.py c_defines()) followed by
 bpf/maps.h, bpf/library_probes.c, bpf/python_probes.c, bpf/http_probes.c,
 bpf/tls_probes.c (OpenSSL plaintext through http_probes.c's emit path),
-bpf/graph_capture.c, bpf/cuda_probes.c, bpf/graph_probes.c and bpf/nccl_probes.c
-(cuda_probes.c's helpers). Tunables
-go in as -D cflags, never by editing the C text."""
+bpf/graph_capture.c, bpf/launch_slots.c, bpf/call_out.c (the way out for every CUDA
+call), bpf/cuda_probes.c, bpf/graph_probes.c and bpf/nccl_probes.c. Tunables go in as
+-D cflags, never by editing the C text."""
 from __future__ import annotations
 
 import logging
@@ -38,7 +38,7 @@ class ProgramOptions:
     max_procs: int = 4096
     max_conns: int = 65536
     stream_budget: int = 64     # CUDA calls streamed per thread and request (bpf/maps.h STREAM_BUDGET)
-    stream_rate: int = 5000     # CUDA calls streamed per second, host-wide (bpf/cuda_probes.c STREAM_RATE_PER_CPU)
+    stream_rate: int = 5000     # CUDA calls streamed per second, host-wide (bpf/call_out.c STREAM_RATE_PER_CPU)
     bpf_cache: Optional[str] = None  # directory of compiled programs (probes/program_cache.py); None: compile
     pid_words: int = field(default_factory=pid_words)  # bpf/maps.h pid_bits: this host's pid_max / 32
     cpus: int = field(default_factory=launch_slots.possible_cpus)  # bpf/launch_slots.c: a block of slots per CPU
@@ -81,7 +81,7 @@ def kernel_headers_hint() -> None:
 # files joined. Their own `#include "maps.h"` lines are then no-ops (include guard).
 # python_probes.c defines py_context(), which the HTTP and CUDA probes call.
 PROGRAM_FILES = ("maps.h", "library_probes.c", "python_probes.c", "http_probes.c", "tls_probes.c", "graph_capture.c",
-                 "launch_slots.c", "cuda_probes.c", "graph_probes.c", "nccl_probes.c")
+                 "launch_slots.c", "call_out.c", "cuda_probes.c", "graph_probes.c", "nccl_probes.c")
 
 
 def source_text() -> str:

@@ -1,0 +1,234 @@
+/* The way out for a traced CUDA call (every probe file's handlers end here): while its
+ * process, or the related server it follows (maps.h `traced`), has HTTP activity, the
+ * call is streamed to user space as a record (one typed record per category,
+ * bpf/events.h) within its thread's per-request budget and the host-wide stream rate,
+ * and past them counted per request in `req_agg`; otherwise it is only counted in
+ * `rollup` (or, for a launch on the fast path, in its launch slot: bpf/launch_slots.c).
+ * Every handler carries the process's `traced` value from its one lookup (tv) to the
+ * streaming decision. */
+#include "maps.h"
+
+#ifndef CALL_MAX
+#error "CALL_* ids missing: compose the program with otel_gpu.probes.source.source_text()"
+#endif
+
+/* Per-CPU: plain adds, no atomics on the hot path; user space sums the CPUs. */
+BPF_PERCPU_HASH(rollup, struct rollup_key, struct rollup_value, 65536);
+
+/* The process's traced value (maps.h), 0 when it is not traced. */
+static __always_inline u32 cuda_admit(u32 tgid)
+{
+#if TRACE_ALL
+    u32 one = TRACED;
+    u32 *tv = traced.lookup_or_try_init(&tgid, &one);
+    pid_mark(tgid, PID_TRACED);
+    return tv ? *tv : TRACED;
+#else
+    u32 *tv = traced.lookup(&tgid);
+    return tv ? *tv : 0;
+#endif
+}
+
+/* A process that follows no server (tv == TRACED) pays one lookup, as before
+ * following existed; a follower first looks at its server's activity. */
+static __always_inline int streaming(u32 tgid, u32 tv)
+{
+    s64 *active;
+    if (tv != TRACED) {
+        if (tv == FOLLOW_ALL)
+            return 1;
+        active = http_active.lookup(&tv);
+        if (active && *active > 0)
+            return 1;
+    }
+    active = http_active.lookup(&tgid);
+    return active && *active > 0;
+}
+
+static __always_inline void rollup_add(u32 tgid, u32 call, u64 detail, u64 bytes, u64 duration_ns)
+{
+    struct rollup_key k = {.tgid = tgid, .call = call, .detail = detail};
+    struct rollup_value *v = rollup.lookup(&k);
+    if (v) {
+        v->count++;
+        v->bytes += bytes;
+        v->duration_ns += duration_ns;
+    } else {
+        struct rollup_value nv = {.count = 1, .bytes = bytes, .duration_ns = duration_ns};
+        rollup.update(&k, &nv);
+    }
+}
+
+/* Per thread and Python context (an asyncio task: one request; 0 outside Python): calls
+ * streamed since the process's last HTTP read (`reads` as http_seq had it then). LRU: a
+ * thread or context that is gone must not hold an entry. */
+struct budget_key {
+    u64 pid_tgid;
+    u64 ctx;
+};
+struct thread_budget {
+    u32 reads;
+    u32 streamed;
+};
+BPF_TABLE("lru_hash", struct budget_key, struct thread_budget, stream_budget, 16384);
+/* Not streamed calls of processes with HTTP activity (events.h struct agg_key). */
+BPF_HASH(req_agg, struct agg_key, struct agg_value, AGG_ENTRIES);
+
+/* Host-wide bound on calls streamed one by one: STREAM_RATE_PER_CPU a second on each CPU
+ * (user space splits --stream-rate), in bursts of up to one second's share (a short burst of
+ * requests, e.g. one busy event-loop CPU, keeps its one-by-one calls; the ring buffer holds
+ * a burst easily: 2 CPUs x 2500 records). Past it calls are counted in req_agg,
+ * so the consumer's load follows this rate and not requests/s x budget: unbounded, its
+ * backlog filled the ring and pushed HTTP records out (requests never ended). */
+#ifndef STREAM_RATE_PER_CPU
+#define STREAM_RATE_PER_CPU 2500
+#endif
+#define NS_PER_S 1000000000ull
+struct stream_tokens {
+    u64 last_ns;
+    u64 tokens;  /* in 1e-9 calls */
+};
+BPF_PERCPU_ARRAY(stream_rate, struct stream_tokens, 1);
+
+static __always_inline int stream_token(void)
+{
+    u32 zero = 0;
+    struct stream_tokens *t = stream_rate.lookup(&zero);
+    if (!t)
+        return 0;
+    u64 now = bpf_ktime_get_ns();
+    u64 dt = now - t->last_ns;
+    if (dt > NS_PER_S)
+        dt = NS_PER_S;
+    u64 cap = (STREAM_RATE_PER_CPU + 1) * NS_PER_S;
+    u64 tokens = t->tokens + dt * STREAM_RATE_PER_CPU;
+    t->last_ns = now;
+    if (tokens > cap)
+        tokens = cap;
+    if (tokens < NS_PER_S) {
+        t->tokens = tokens;
+        return 0;
+    }
+    t->tokens = tokens - NS_PER_S;
+    return 1;
+}
+
+/* 1: this call of a streaming process goes out one by one; 0: it is counted in req_agg.
+ * A follower (tv != TRACED) streams while it has no HTTP activity of its own: its calls
+ * then belong to another process's requests, whose epochs are not its own. */
+static __always_inline int stream_this(u64 id, u64 ctx, u32 tgid, u32 tv, struct http_seq *s)
+{
+    if (tv != TRACED) {
+        s64 *own = http_active.lookup(&tgid);
+        if (!s || !own || *own <= 0)
+            return 1;
+    }
+    if (ring_unread() >= CUDA_HIGH_WATER)
+        return 0; /* the rest of the ring is kept for HTTP records */
+    u32 reads = s ? s->reads : 0;
+    struct budget_key key = {.pid_tgid = id, .ctx = ctx};
+    struct thread_budget *b = stream_budget.lookup(&key);
+    if (b && b->reads == reads) {
+        if (b->streamed >= STREAM_BUDGET || !stream_token())
+            return 0;
+        b->streamed++;
+        return 1;
+    }
+    if (!stream_token())
+        return 0;
+    struct thread_budget nb = {.reads = reads, .streamed = 1};
+    stream_budget.update(&key, &nb);
+    return 1;
+}
+
+/* One more call in req_agg. Only the calling thread writes its keys: no atomics. */
+static __always_inline void agg_add(struct cuda_header *c, struct http_seq *s, u64 detail, u64 bytes,
+                                    u64 duration_ns)
+{
+    struct agg_key k = {.tgid = c->h.tgid, .tid = c->h.tid, .epoch = s ? s->epoch : 0,
+                        .call = c->call, .detail = detail, .ctx = c->ctx};
+    u64 end = c->h.ts_ns + duration_ns;
+    struct agg_value *v = req_agg.lookup(&k);
+    if (v) {
+        v->count++;
+        v->bytes += bytes;
+        v->duration_ns += duration_ns;
+        v->last_ts = c->h.ts_ns;
+        if (end > v->last_end_ts)
+            v->last_end_ts = end;
+    } else {
+        struct agg_value nv = {.count = 1, .bytes = bytes, .duration_ns = duration_ns,
+                               .first_ts = c->h.ts_ns, .last_ts = c->h.ts_ns, .last_end_ts = end};
+        if (req_agg.update(&k, &nv) != 0) {
+            count(CNT_AGG_FULL);
+            return;
+        }
+    }
+    count(CNT_AGGREGATED);
+}
+
+/* A call of a streaming process, its header filled: 1 when it goes out one by one (the
+ * caller fills the rest of its record, then stream_out), 0 when it was counted in req_agg
+ * here, so that a call past its budget reads nothing more of the target's memory. */
+static __always_inline int stream_admit(struct cuda_header *c, u32 tv, struct http_seq **sp, u64 detail,
+                                        u64 bytes, u64 duration_ns)
+{
+    u32 tgid = c->h.tgid;
+    u64 id = (u64)tgid << 32 | c->h.tid;
+    struct http_seq *s = http_seq.lookup(&tgid);
+    *sp = s;
+    c->ctx = py_context(tgid, c->h.tid);
+    if (stream_this(id, c->ctx, tgid, tv, s))
+        return 1;
+    agg_add(c, s, detail, bytes, duration_ns);
+    return 0;
+}
+
+/* The record of a call stream_admit let through; a full ring buffer counts it in req_agg
+ * (or, with no epoch of its own to count it by, as lost). */
+static __always_inline void stream_out(struct cuda_header *c, u32 size, struct http_seq *s, u64 detail,
+                                       u64 bytes, u64 duration_ns)
+{
+    if (events.ringbuf_output(c, size, 0) == 0) {
+        count(CNT_CUDA_STREAMED);
+        return;
+    }
+    if (!s) {
+        count(CNT_RINGBUF_FULL);
+        return;
+    }
+    agg_add(c, s, detail, bytes, duration_ns);
+}
+
+/* The one way out for a CUDA call: while its process streams, the whole record within
+ * the budget (or, past it or with the ring buffer full, a count in req_agg); else its
+ * rollup (detail as probes/table.py ROLLUP_DETAIL says for the category). */
+static __always_inline void cuda_emit(struct cuda_header *c, u32 size, u32 tv, u64 detail, u64 bytes,
+                                      u64 duration_ns)
+{
+    if (c->h.kind == EV_CUDA_LAUNCH && capturing(c->h.tgid)) {
+        capture_emit(c, size);  /* recorded into a graph, or run: user space decides */
+        return;
+    }
+    if (streaming(c->h.tgid, tv)) {
+        struct http_seq *s;
+        if (stream_admit(c, tv, &s, detail, bytes, duration_ns))
+            stream_out(c, size, s, detail, bytes, duration_ns);
+        return;
+    }
+    rollup_add(c->h.tgid, c->call, detail, bytes, duration_ns);
+}
+#define EMIT(e, tv, detail, bytes, duration_ns) cuda_emit(&(e).c, sizeof(e), tv, detail, bytes, duration_ns)
+
+/* The process's traced value (non-zero), or 0: not traced, nothing to do. */
+static __always_inline u32 cuda_begin(struct cuda_header *c, u8 kind, u32 call)
+{
+    u64 id = bpf_get_current_pid_tgid();
+    u32 tv = cuda_admit(id >> 32);
+    if (!tv)
+        return 0;
+    fill_header(&c->h, kind, id);
+    c->call = call;
+    c->ret = -1;
+    return tv;
+}
