@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import select
 from dataclasses import dataclass
 from typing import Iterable, Optional
 
@@ -58,6 +59,26 @@ def start_time(proc_root: str, pid: int) -> Optional[int]:
     """Field 22 of stat: start time in clock ticks since boot; with the pid it names a
     process for good."""
     return _stat_field(proc_root, pid, 19)
+
+
+def pidfd(proc_root: str, pid: int) -> Optional[int]:
+    """A pidfd for the process now at `pid` (it names that process for good, as pid +
+    start time do, and tells its exit without a /proc read); None when proc_root is not
+    this namespace's /proc (a fake tree, another namespace's), or it cannot be opened
+    (process gone, no fds left): the caller reads /proc instead."""
+    if proc_root != "/proc":
+        return None
+    try:
+        return os.pidfd_open(pid)
+    except OSError:
+        return None
+
+
+def exited(fd: int) -> bool:
+    """A pidfd polls readable once its process has exited."""
+    poll = select.poll()
+    poll.register(fd, select.POLLIN)
+    return bool(poll.poll(0))
 
 
 def ppid(proc_root: str, pid: int) -> Optional[int]:

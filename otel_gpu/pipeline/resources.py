@@ -22,6 +22,10 @@ log = logging.getLogger(__name__)
 _INTERPRETERS = ("python", "node", "ruby", "perl", "java", "php")
 _OPTIONS_WITH_VALUE = frozenset({"-X", "-W", "-Q", "--check-hash-based-pycs", "-r", "--require"})
 _INLINE_CODE = frozenset({"-c", "-e", "--eval"})  # code on the command line: no script name
+# Processes watched by pidfd; past it, by a /proc read per request. A bound, so that a
+# host with thousands of traced processes cannot take the fds the collector's BPF maps,
+# sockets and files need (the default soft limit is 1024).
+MAX_PIDFDS = 256
 
 
 def service_name_from(argv: list[str], exe: str) -> str:
@@ -56,6 +60,7 @@ class ProcessResources:
         self._resources: dict[int, Resource] = {}
         self._pods_version: dict[int, int] = {}  # k8s pod-cache version each resource saw
         self._started: dict[int, Optional[int]] = {}  # pid -> start time the resource was read at
+        self._pidfds: dict[int, int] = {}  # pid -> pidfd of the process the resource was read from
 
     def __len__(self) -> int:
         return len(self._resources)
@@ -70,6 +75,12 @@ class ProcessResources:
         self._resources.pop(tgid, None)
         self._pods_version.pop(tgid, None)
         self._started.pop(tgid, None)
+        self._close_pidfd(tgid)
+
+    def _close_pidfd(self, pid: int) -> None:
+        fd = self._pidfds.pop(pid, None)
+        if fd is not None:
+            os.close(fd)
 
     def resource(self, tgid: int, exit_comm: Optional[str] = None) -> Resource:
         """`exit_comm`: the process has exited (its name from the exit event): one never
@@ -84,7 +95,11 @@ class ProcessResources:
 
     def _pid_reused(self, pid: int) -> bool:
         """Processes are (pid, start time), in case the exit event of the pid's previous
-        owner was lost. One small /proc read per exported request."""
+        owner was lost. Asked per exported request: while the process the resource was
+        read from lives (its pidfd polls not readable) no /proc read is needed."""
+        fd = self._pidfds.get(pid)
+        if fd is not None and not proc.exited(fd):
+            return False
         started = self._started.get(pid)
         current = proc.start_time(self.proc_root, pid)
         return current is not None and started is not None and current != started
@@ -96,6 +111,11 @@ class ProcessResources:
                 and self._pods_version.get(tgid) != self.k8s.pods_version)
 
     def _build(self, pid: int) -> Resource:
+        self._close_pidfd(pid)
+        if len(self._pidfds) < MAX_PIDFDS:  # before the start time: both name one process
+            fd = proc.pidfd(self.proc_root, pid)
+            if fd is not None:
+                self._pidfds[pid] = fd
         self._started[pid] = proc.start_time(self.proc_root, pid)
         attrs = dict(self.base)
         attrs[sc.PROCESS_PID] = pid

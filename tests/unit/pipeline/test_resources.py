@@ -1,10 +1,13 @@
-"""Resources per process from a fake /proc tree."""
+"""Resources per process from a fake /proc tree (and, for pidfds, the real one)."""
 import os
 import socket
+import subprocess
+import sys
 
 import pytest
 
 from otel_gpu import semconv as sc
+from otel_gpu.pipeline import resources
 from otel_gpu.pipeline.resources import ProcessResources, service_name_from
 
 
@@ -200,3 +203,43 @@ def test_pod_attributes_are_sanitised(tmp_path):
     fake_proc(tmp_path, 40)
     a = ProcessResources(proc_root=str(tmp_path), k8s=K8s()).resource(40).attributes
     assert (a[sc.K8S_POD_NAME], a[sc.SERVICE_NAME]) == ("infer-0\ufffd]0;x\ufffd", "dep\ufffd1m")
+
+
+def test_a_live_process_is_checked_by_its_pidfd_without_reading_proc(monkeypatch):
+    """The real /proc and a real child: while it lives, a request's check for a reused
+    pid costs a poll of the pidfd; once it has exited, /proc decides again."""
+    probe = resources.proc.pidfd("/proc", os.getpid())
+    if probe is None:
+        pytest.skip("pidfd_open is not available here (Linux >= 5.3): /proc is read per request")
+    os.close(probe)
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        cat = ProcessResources(proc_root="/proc")
+        cat.seen(child.pid)
+        reads = []
+        real = resources.proc.start_time
+        monkeypatch.setattr(resources.proc, "start_time", lambda root, pid: reads.append(pid) or real(root, pid))
+        first = cat.resource(child.pid)
+        assert cat.resource(child.pid) is first and reads == []
+        child.kill()
+        child.wait()
+        assert cat.resource(child.pid) is first  # gone, not reused: the same resource
+        assert reads == [child.pid]
+        cat.forget(child.pid)
+        assert cat._pidfds == {}
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_pidfds_only_for_the_real_proc_and_up_to_their_cap(tmp_path, monkeypatch):
+    fake_proc(tmp_path, 40)
+    cat = ProcessResources(proc_root=str(tmp_path))
+    cat.seen(40)
+    assert cat._pidfds == {}  # pid 40 of a fake tree is not the host's pid 40
+    monkeypatch.setattr(resources, "MAX_PIDFDS", 1)
+    live = ProcessResources(proc_root="/proc")
+    live.seen(os.getpid())
+    live.seen(os.getppid())
+    assert list(live._pidfds) == [os.getpid()]
+    live.forget(os.getpid())
