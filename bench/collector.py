@@ -87,5 +87,16 @@ class Collector:
                                                             "outside"))
         return out
 
+    @staticmethod
+    def lost_events(summary: dict):
+        """Records the kernel could not hand over (`lost_events`, counted only once
+        non-zero), or None when no `stopped:` line was read: never a made-up 0."""
+        return summary["dropped"].get("lost_events", 0) if "dropped" in summary else None
+
     def errors(self) -> list[str]:
         return [l.strip() for l in self.log.lines if " ERROR " in l or "Traceback" in l]
+
+
+def known(value, missing: str = "no `stopped:` line read") -> str:
+    """A figure for the table, or why it is not known."""
+    return f"not known ({missing})" if value is None else str(value)

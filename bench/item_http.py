@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from .collector import Collector
+from .collector import Collector, known
 from .profile import Profile
 from .receiver import CountingReceiver
 from .target import Service
@@ -66,7 +66,7 @@ def run(quick: bool, starts: list, results_dir: Path, stamp: str) -> dict:
 
 def rows(r: dict) -> list:
     c = r["collector"]
-    d = c.get("dropped", {})
+    d, lost = c.get("dropped", {}), Collector.lost_events(c)
     return [
         ("2", "req/s untraced (before, after)", f"{r['untraced']['rps']:.0f}, {r['untraced_after']['rps']:.0f}",
          "", None),
@@ -84,6 +84,5 @@ def rows(r: dict) -> list:
         ("3", "  collector: requests finished; spans built / exported / dropped (export queue full)",
          f"{c.get('requests', 0)}; {c.get('spans', 0)} / {d.get('spans_exported', '?')} / "
          f"{d.get('spans_dropped_queue_full', '?')}", "", None),
-        ("3", "  collector: events lost (ring buffer full)", str(d.get("lost_events", 0)), "0",
-         d.get("lost_events", 0) == 0),
+        ("3", "  collector: events lost (ring buffer full)", known(lost), "0", lost == 0),
     ]

@@ -16,7 +16,7 @@ from pathlib import Path
 from otel_gpu import semconv
 from otel_gpu.status.file import read_state
 
-from .collector import Collector
+from .collector import Collector, known
 from .native import LaunchLoop
 from .receiver import CountingReceiver
 
@@ -118,7 +118,7 @@ def rows(r: dict) -> list:
         ("12", "  calls counted ambiguous (all processes)", f"{sum(t['ambiguous']):g}", "0",
          sum(t["ambiguous"]) == 0),
         ("12", "  events lost (ring buffer full)",
-         "not known (no status or `stopped:` line read)" if t["lost_events"] is None else str(t["lost_events"]), "0",
+         known(t["lost_events"], "no status or `stopped:` line read"), "0",
          t["lost_events"] == 0),
         ("12", "  collector CPU (cores, mean over the load)", f"{t['collector_cores']:.2f}", f"<= {CPU_TARGET}",
          t["collector_cores"] <= CPU_TARGET),

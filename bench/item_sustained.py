@@ -8,7 +8,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from .collector import Collector
+from .collector import Collector, known
 from .native import LaunchLoop
 from .profile import Profile
 
@@ -47,7 +47,7 @@ def run(quick: bool, starts: list, results_dir: Path, stamp: str) -> dict:
     s, c = out["streamed"], out["collector_streamed"]
     s["counted"] = c.get("thread", 0) + c.get("process", 0) + c.get("ambiguous", 0)
     s["lost"] = s["launched"] - s["counted"]
-    s["lost_events_bpf"] = c.get("dropped", {}).get("lost_events", 0)
+    s["lost_events_bpf"] = Collector.lost_events(c)
     col = Collector()
     starts.append(col.ready_s)
     try:
@@ -65,7 +65,7 @@ def rows(r: dict) -> list:
          f"{s['rate']:.0f}", f"~{r['rate_target']}", None),
         ("3", "  events lost (launched - counted) / launched",
          f"{s['lost']} / {s['launched']} ({100 * s['lost'] / max(s['launched'], 1):.1f}%)", "0", s["lost"] <= 0),
-        ("3", "  BPF ringbuf_full count (lost_events)", str(s["lost_events_bpf"]), "0", s["lost_events_bpf"] == 0),
+        ("3", "  BPF ringbuf_full count (lost_events)", known(s["lost_events_bpf"]), "0", s["lost_events_bpf"] == 0),
         ("3", "  collector CPU (cores)", f"{s['collector_cores']:.2f}", "", None),
         ("3", "rollup (no request): launches/s; collector CPU (cores)",
          f"{u['rate']:.0f}; {u['collector_cores']:.3f}", "", None),
