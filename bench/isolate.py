@@ -26,12 +26,30 @@ def _root() -> Path | None:
     return next((r for r in _ROOTS if (r / "cgroup.procs").exists()), None)
 
 
+def _sweep(root: Path) -> None:
+    """Empty cgroups of earlier bench runs whose process is gone (killed before remove())."""
+    for d in root.glob("otel-gpu-bench-*-*"):
+        pid = d.name.split("-")[3]
+        if pid.isdigit() and not Path("/proc", pid).exists():
+            try:
+                d.rmdir()
+            except OSError:
+                pass  # a process still in it: left for its owner
+
+
+_swept = False
+
+
 class OwnCgroup:
     """One cgroup for one target: wrap(argv) makes the target move itself into it before
     it execs (same pid); remove() once the target is gone."""
 
     def __init__(self) -> None:
+        global _swept
         root = _root()
+        if root is not None and not _swept:
+            _swept = True
+            _sweep(root)
         self.path = None if root is None else root / f"otel-gpu-bench-{os.getpid()}-{next(_names)}"
         if self.path is not None:
             try:
