@@ -29,7 +29,7 @@ from .protocols.base import (DETECT_MAX, Notice, ProtocolError, RequestFinished,
                              Session, SessionConfig, StreamReset, SwitchProtocol)
 from .attribution import CallAttribution
 from .contexts import ProcessContexts
-from .handlers import MULTIPLEXED, HandlerPairs
+from .handlers import HandlerPairs
 from .model import ATTRIBUTIONS, CallSink, ProcessWindow, Request
 from .records import (Accept, CallAggregate, RequestOpened, ContextCopy, CudaCall, EV_SOCK_READ, KernelRollup,
                       ProcessGone, ProcessSeen, ProcExit, SockClose, SockIo, Tick)
@@ -311,7 +311,7 @@ class Stitcher(CallAttribution):
             return
         if ev.ctx and len(c.streams) == 1:  # the writing context serves that request
             (req,) = c.streams.values()
-            if req.head.protocol not in MULTIPLEXED:  # one writer for every stream: _responding_stream
+            if req.head.protocol != "h2":  # HTTP/2 (not gRPC): _responding_stream
                 self._settle(p, p.contexts.bind(req, ev))
         events = c.session.on_write(ev.data, ev.ret, ev.tail, ev.ts_ns, ev.tid)
         if ev.ctx and (req := self._responding_stream(c, events)) is not None:
@@ -331,8 +331,10 @@ class Stitcher(CallAttribution):
         that opened the first streams, it is newer than they are. For the same reason only
         the writing context binds, not its ancestors (a per-connection task can be every
         stream task's parent); a task the stream's task spawns is the stream's too.
-        gRPC is left to pipeline/handlers.py: C-core writes whatever frames are queued,
-        from whichever thread holds its combiner, so the writer's context proves nothing."""
+        Not gRPC: C-core writes whatever frames are queued, from whichever thread holds its
+        combiner, so with several RPCs open a write's context proves nothing (their pool
+        threads: pipeline/handlers.py); with one open, any write binds as on HTTP/1 (C-core
+        has no per-connection task in Python)."""
         if len(c.session.written) != 1:  # HTTP/1 sessions carry no stream ids: empty
             return None
         (stream,) = c.session.written

@@ -181,3 +181,17 @@ def test_grpc_streams_are_not_bound_by_the_writing_context():
                            ctx=READER)])
     assert [r.sink.calls for r in requests(out)] == [[], []]
     assert s.attributed["task"] == 0 and s.attributed["ambiguous"] == 3
+
+
+def test_one_rpc_open_a_write_from_its_task_binds_it():
+    """gRPC keeps the one-request rule (as HTTP/1): an asyncio server's task for the only
+    open RPC (grpc.aio) writes through C-core in its own context."""
+    s, client, server = new(), Peer(), Peer()
+    s.process([ContextCopy(PID, POLLER, T(), READER, 0)])
+    s.process([read(PREFACE + settings() + client.headers(1, grpc_request()) + data(1, grpc_message(), True),
+                    ctx=READER)])
+    s.process([ContextCopy(PID, POLLER, T(), TASK1, READER), launch(POLLER, 1, TASK1)])
+    out = s.process([write(server.headers(1, [(":status", "200"), ("grpc-status", "0")], end_stream=True),
+                           ctx=TASK1)])
+    [r] = requests(out)
+    assert _launches(r) == [(1, "task")]
