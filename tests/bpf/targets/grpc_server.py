@@ -1,6 +1,5 @@
-"""A grpcio server (C-core reads the socket on its own threads, handlers run on a
-ThreadPoolExecutor) whose handlers make real libcudart calls that encode the RPC
-they are made for. Generic handlers over raw bytes (no generated code):
+"""A grpcio server whose handlers make real libcudart calls that encode the RPC they
+are made for. Generic handlers over raw bytes (no generated code):
 
   /demo.Inference/Predict   unary; request b"ID": 2 x cudaLaunchKernel
                             with grid (ID, 1, 1), then one cudaMemcpy of ID bytes; reply b"ok"
@@ -9,10 +8,14 @@ they are made for. Generic handlers over raw bytes (no generated code):
   /demo.Inference/Fail      unary; one launch with grid (ID, 1, 1), then aborts with
                             INTERNAL (gRPC status 13)
 
-  python grpc_server.py [PORT]    (0 or none: any free port)
-Binds, prints "listening on PORT" to stderr, waits for a line on stdin, then serves."""
+  python grpc_server.py [PORT] [--aio]    (PORT 0 or none: any free port)
+The default is grpcio's thread-pool server: C-core reads the socket on its own threads,
+handlers run on a ThreadPoolExecutor. --aio: grpc.aio, handlers are coroutines on one
+asyncio loop (each RPC a task). Binds, prints "listening on PORT" to stderr, waits for a
+line on stdin, then serves."""
 from __future__ import annotations
 
+import asyncio
 import sys
 import time
 from concurrent import futures
@@ -59,13 +62,48 @@ def fail(request: bytes, context) -> bytes:
     context.abort(grpc.StatusCode.INTERNAL, "failed on purpose")
 
 
+async def predict_aio(request: bytes, context) -> bytes:
+    rid = int(request)
+    for _ in range(UNARY_LAUNCHES):
+        await launch_aio(rid)
+    WORK.memcpy(rid, H2D)
+    return b"ok"
+
+
+async def stream_aio(request: bytes, context):
+    rid = int(request)
+    for i in range(STREAM_MESSAGES):
+        await launch_aio(rid)
+        yield b"part%d" % i
+    WORK.memcpy(rid, H2D)
+
+
+async def fail_aio(request: bytes, context) -> bytes:
+    await launch_aio(int(request))
+    await context.abort(grpc.StatusCode.INTERNAL, "failed on purpose")
+
+
+async def launch_aio(rid: int) -> None:
+    WORK.rt.cudaLaunchKernel(KERNEL, Dim3(rid, 1, 1), BLOCK, None, 0, None)
+    await asyncio.sleep(0.001)  # lets concurrent RPCs interleave
+
+
+def _handlers(predict_fn, stream_fn, fail_fn):
+    return (grpc.method_handlers_generic_handler(SERVICE, {
+        "Predict": grpc.unary_unary_rpc_method_handler(predict_fn),
+        "Stream": grpc.unary_stream_rpc_method_handler(stream_fn),
+        "Fail": grpc.unary_unary_rpc_method_handler(fail_fn)}),)
+
+
+def _address() -> str:
+    ports = [a for a in sys.argv[1:] if a.isdigit()]
+    return f"127.0.0.1:{int(ports[0]) if ports else 0}"
+
+
 def main() -> None:
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=16))
-    handlers = {"Predict": grpc.unary_unary_rpc_method_handler(predict),
-                "Stream": grpc.unary_stream_rpc_method_handler(stream),
-                "Fail": grpc.unary_unary_rpc_method_handler(fail)}
-    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
-    port = server.add_insecure_port(f"127.0.0.1:{int(sys.argv[1]) if len(sys.argv) > 1 else 0}")
+    server.add_generic_rpc_handlers(_handlers(predict, stream, fail))
+    port = server.add_insecure_port(_address())
     print(f"listening on {port}", file=sys.stderr, flush=True)
     sys.stdin.readline()
     server.start()
@@ -73,5 +111,19 @@ def main() -> None:
     server.wait_for_termination()
 
 
+async def main_aio() -> None:
+    server = grpc.aio.server()
+    server.add_generic_rpc_handlers(_handlers(predict_aio, stream_aio, fail_aio))
+    port = server.add_insecure_port(_address())
+    print(f"listening on {port}", file=sys.stderr, flush=True)
+    await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
+    await server.start()
+    print("serving", file=sys.stderr, flush=True)
+    await server.wait_for_termination()
+
+
 if __name__ == "__main__":
-    main()
+    if "--aio" in sys.argv[1:]:
+        asyncio.run(main_aio())
+    else:
+        main()
