@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from otel_gpu.demo.runner import LineWatcher, free_port
+from otel_gpu.demo.runner import free_port
 from tests.bpf.targets.relia_support import TARGETS, stopped_counters, wait_until
 from tests.harness import ROOT, Target, server_spans
 

@@ -3,8 +3,6 @@ FAKE /proc (directories passed as their roots): each ordinal rule, and the unrea
 environment."""
 import os
 
-import pytest
-
 from otel_gpu.gpu_devices import DeviceIdentities, Identity, gpu_model, read_gpus
 from otel_gpu.ratelimit import Stats
 

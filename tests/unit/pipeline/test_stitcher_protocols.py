@@ -1,6 +1,5 @@
 """Stitcher and the protocol registry: a connection's first bytes pick its protocol, also
 when they come a byte at a time; bytes that cannot be told are counted, never parsed."""
-from otel_gpu.pipeline.model import Request
 from otel_gpu.pipeline.protocols.base import SessionConfig
 from otel_gpu.pipeline.protocols.http1 import PROTOCOL as HTTP1
 from otel_gpu.pipeline.records import EV_SOCK_READ, SockClose, SockIo
