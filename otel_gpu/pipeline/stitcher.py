@@ -334,7 +334,12 @@ class Stitcher(CallAttribution):
         Not gRPC: C-core writes whatever frames are queued, from whichever thread holds its
         combiner, so with several RPCs open a write's context proves nothing (their pool
         threads: pipeline/handlers.py); with one open, any write binds as on HTTP/1 (C-core
-        has no per-connection task in Python)."""
+        has no per-connection task in Python).
+        What the rule assumes and the records cannot show: a task that writes one
+        stream's response headers serves that stream. A server whose single writer task,
+        made by the read that opened the first streams, wrote every stream's headers in
+        turn would have that task bound to the first stream (its own CUDA calls, if it
+        made any, would go there; its streams' tasks' calls would not)."""
         if len(c.session.written) != 1:  # HTTP/1 sessions carry no stream ids: empty
             return None
         (stream,) = c.session.written
