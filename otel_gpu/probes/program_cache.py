@@ -78,10 +78,24 @@ class Entry:
     funcs: tuple                      # FuncSpec, in bcc's function order (autoload order)
 
 
-def cache_key(text: bytes, cflags: Iterable[str], header_dir: Path, kernel: str, bcc_version: str) -> str:
+# Files of a kernel header tree that change whenever the tree is rebuilt or replaced by
+# another package's (the version, the configuration): their size and mtime stand for the
+# tree, which is too large to hash at each start.
+KERNEL_TREE_MARKS = ("Makefile", "include/generated/uapi/linux/version.h", "include/generated/autoconf.h",
+                     "include/config/auto.conf")
+
+
+def kernel_tree(kernel: str) -> Path:
+    """The kernel header tree bcc compiles against (BCC_KERNEL_SOURCE, else the release's)."""
+    return Path(os.environ.get("BCC_KERNEL_SOURCE") or f"/lib/modules/{kernel}/build")
+
+
+def cache_key(text: bytes, cflags: Iterable[str], header_dir: Path, kernel: str, bcc_version: str,
+              kernel_headers: Optional[Path] = None) -> str:
     """sha256 of what decides the instructions. The headers under `header_dir` are
     #included by the text (events.h through maps.h), so their bytes count too; the
-    kernel's own headers are named by the release and BCC_KERNEL_SOURCE."""
+    kernel's own headers (`kernel_headers`, default kernel_tree()) by their path, the
+    release, and the size and mtime of the files that change with the tree."""
     h = hashlib.sha256()
 
     def part(b: bytes) -> None:
@@ -95,7 +109,14 @@ def cache_key(text: bytes, cflags: Iterable[str], header_dir: Path, kernel: str,
         part(path.name.encode())
         part(path.read_bytes())
     part(kernel.encode())
-    part(os.environ.get("BCC_KERNEL_SOURCE", "").encode())
+    tree = kernel_headers or kernel_tree(kernel)
+    part(str(tree).encode())
+    for mark in KERNEL_TREE_MARKS:
+        try:
+            st = os.stat(tree / mark)
+            part(f"{mark} {st.st_size} {st.st_mtime_ns}".encode())
+        except OSError:
+            part(f"{mark} -".encode())
     part(bcc_version.encode())
     return h.hexdigest()
 

@@ -113,6 +113,25 @@ def test_key_covers_what_decides_the_instructions(tmp_path):
     assert cache_key(**base) != k
 
 
+def test_key_covers_the_kernel_header_tree(tmp_path):
+    """Another package's headers at the same path (BCC_KERNEL_SOURCE's tree rebuilt by
+    scripts/setup.sh, say) give another key: the marks' sizes and mtimes differ."""
+    tree = tmp_path / "headers"
+    (tree / "include/generated/uapi/linux").mkdir(parents=True)
+    version = tree / "include/generated/uapi/linux/version.h"
+    version.write_text("#define LINUX_VERSION_CODE 393472\n")
+    base = dict(text=b"int x;", cflags=[], header_dir=tmp_path, kernel="6.18", bcc_version="0.26.0",
+                kernel_headers=tree)
+    k = cache_key(**base)
+    assert cache_key(**base) == k
+    assert cache_key(**{**base, "kernel_headers": tmp_path / "elsewhere"}) != k
+    version.write_text("#define LINUX_VERSION_CODE 393473\n")
+    assert cache_key(**base) != k
+    t = cache_key(**base)
+    (tree / "Makefile").write_text("VERSION = 6\n")
+    assert cache_key(**base) != t
+
+
 def test_written_root_only_atomically_and_read_back(tmp_path):
     d = CacheDir(str(tmp_path / "cache"))
     assert d.read(KEY) is None
