@@ -81,13 +81,12 @@ def preflight() -> None:
         import bcc  # noqa: F401
     except ImportError:
         raise SystemExit("otel-gpu: cannot import bcc: apt-get install python3-bpfcc and run scripts/setup.sh")
-    from .probes.source import MERGED_HEADERS
+    from .probes.source import MERGED_HEADERS, release_headers
     source = os.environ.get("BCC_KERNEL_SOURCE")
     if source and not os.path.isfile(os.path.join(source, "include", "linux", "kconfig.h")):
         raise SystemExit(f"otel-gpu: BCC_KERNEL_SOURCE={source} holds no kernel headers (include/linux/kconfig.h): "
                          "point it at a header tree or unset it (scripts/setup.sh builds /var/lib/otel-gpu/kernel-headers)")
-    if not (source or os.path.exists(f"/lib/modules/{os.uname().release}/build")
-            or MERGED_HEADERS.is_dir()):
+    if not (source or release_headers().exists() or MERGED_HEADERS.is_dir()):
         raise SystemExit("otel-gpu: no kernel headers for this kernel: install linux-headers "
                          "(scripts/setup.sh merges Debian's into /var/lib/otel-gpu/kernel-headers)")
 

@@ -85,17 +85,12 @@ KERNEL_TREE_MARKS = ("Makefile", "include/generated/uapi/linux/version.h", "incl
                      "include/config/auto.conf")
 
 
-def kernel_tree(kernel: str) -> Path:
-    """The kernel header tree bcc compiles against (BCC_KERNEL_SOURCE, else the release's)."""
-    return Path(os.environ.get("BCC_KERNEL_SOURCE") or f"/lib/modules/{kernel}/build")
-
-
 def cache_key(text: bytes, cflags: Iterable[str], header_dir: Path, kernel: str, bcc_version: str,
-              kernel_headers: Optional[Path] = None) -> str:
+              kernel_headers: Path) -> str:
     """sha256 of what decides the instructions. The headers under `header_dir` are
     #included by the text (events.h through maps.h), so their bytes count too; the
-    kernel's own headers (`kernel_headers`, default kernel_tree()) by their path, the
-    release, and the size and mtime of the files that change with the tree."""
+    kernel's own headers (`kernel_headers`, the tree bcc compiles against) by their
+    path, the release, and the size and mtime of the files that change with the tree."""
     h = hashlib.sha256()
 
     def part(b: bytes) -> None:
@@ -109,11 +104,10 @@ def cache_key(text: bytes, cflags: Iterable[str], header_dir: Path, kernel: str,
         part(path.name.encode())
         part(path.read_bytes())
     part(kernel.encode())
-    tree = kernel_headers or kernel_tree(kernel)
-    part(str(tree).encode())
+    part(str(kernel_headers).encode())
     for mark in KERNEL_TREE_MARKS:
         try:
-            st = os.stat(tree / mark)
+            st = os.stat(kernel_headers / mark)
             part(f"{mark} {st.st_size} {st.st_mtime_ns}".encode())
         except OSError:
             part(f"{mark} -".encode())

@@ -67,13 +67,23 @@ class ProgramOptions:
         ]
 
 
+def release_headers() -> Path:
+    """The running kernel's own header tree, where its headers package puts it."""
+    return Path(f"/lib/modules/{os.uname().release}/build")
+
+
 def kernel_headers_hint() -> None:
     """Point bcc at the merged header tree scripts/setup.sh builds when the running
     kernel ships none (bcc needs one directory; Debian splits it in two)."""
     if os.environ.get("BCC_KERNEL_SOURCE"):
         return
-    if not Path(f"/lib/modules/{os.uname().release}/build").exists() and MERGED_HEADERS.is_dir():
+    if not release_headers().exists() and MERGED_HEADERS.is_dir():
         os.environ["BCC_KERNEL_SOURCE"] = str(MERGED_HEADERS)
+
+
+def kernel_tree() -> Path:
+    """The kernel header tree bcc compiles against (after kernel_headers_hint)."""
+    return Path(os.environ.get("BCC_KERNEL_SOURCE") or release_headers())
 
 
 # bcc rewrites map calls (`m.lookup()`) and generates tracepoint argument structs
@@ -133,9 +143,10 @@ def program_cache(options: ProgramOptions, text: Optional[bytes] = None):
     from bcc import __version__ as bcc_version
 
     from .program_cache import CacheDir, cache_key
-    kernel_headers_hint()  # BCC_KERNEL_SOURCE is part of the key
+    kernel_headers_hint()  # which header tree bcc compiles against is part of the key
     text = source_text().encode() if text is None else text
-    return CacheDir(options.bpf_cache), cache_key(text, options.cflags(), bpf_dir(), os.uname().release, bcc_version)
+    return CacheDir(options.bpf_cache), cache_key(text, options.cflags(), bpf_dir(), os.uname().release, bcc_version,
+                                                  kernel_tree())
 
 
 def _compile(BPF, text: bytes, cflags: list, compile_only: bool):

@@ -103,7 +103,8 @@ def test_damaged_entries_are_refused(damage, why):
 
 def test_key_covers_what_decides_the_instructions(tmp_path):
     (tmp_path / "events.h").write_text("struct e { int a; };")
-    base = dict(text=b"int x;", cflags=["-DA=1"], header_dir=tmp_path, kernel="6.18", bcc_version="0.26.0")
+    base = dict(text=b"int x;", cflags=["-DA=1"], header_dir=tmp_path, kernel="6.18", bcc_version="0.26.0",
+                kernel_headers=tmp_path / "no-headers")
     k = cache_key(**base)
     assert k == cache_key(**base) and len(k) == 64
     for change in [dict(text=b"int y;"), dict(cflags=["-DA=2"]), dict(cflags=["-DA=1", ""]),
