@@ -13,6 +13,7 @@ DEFAULT_BPF_CACHE = "/var/cache/otel-gpu"
 
 OTLP_PROTOCOLS = ("grpc", "http/protobuf")
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+UPROBE_LINKS = ("auto", "multi", "perf")  # probes/uprobe_links.py CHOICES
 MIN_CONNECTIONS, MAX_CONNECTIONS = 16, 1 << 20  # --max-connections: the BPF map's bounds
 
 
@@ -66,6 +67,7 @@ class Config:
     resource_attributes: dict = field(default_factory=dict)  # our OTEL_RESOURCE_ATTRIBUTES
     self_service_name: str = "otel-gpu"  # service.name of the collector's own metrics
     python_context: bool = True   # probe Python interpreters for asyncio task / context attribution
+    uprobe_links: str = "auto"    # auto, multi or perf: how uprobes are planted (probes/uprobe_links.py)
     log_level: str = "info"
 
     def validate(self) -> "Config":
@@ -106,6 +108,8 @@ class Config:
             raise ConfigError("otlp_protocol", f"{self.otlp_protocol!r} is not one of {', '.join(OTLP_PROTOCOLS)}")
         if self.bpf_cache is not None and not os.path.isabs(self.bpf_cache):
             raise ConfigError("bpf_cache", f"{self.bpf_cache!r} is not an absolute path (or off)")
+        if self.uprobe_links not in UPROBE_LINKS:
+            raise ConfigError("uprobe_links", f"{self.uprobe_links!r} is not one of {', '.join(UPROBE_LINKS)}")
         if self.log_level not in LOG_LEVELS:
             raise ConfigError("log_level", f"{self.log_level!r} is not one of {', '.join(LOG_LEVELS)}")
         return self
@@ -198,6 +202,8 @@ def add_run_arguments(p) -> None:
                    help="attribute CUDA calls of Python services by asyncio task / contextvars context "
                         "(OTEL_GPU_PYTHON_CONTEXT; default on)")
     p.add_argument("--no-python-context", dest="python_context", action="store_false")
+    p.add_argument("--uprobe-links", help="how uprobes are planted: auto (uprobe_multi links where the kernel "
+                   "has them, 6.6+; else perf-event uprobes), multi or perf (OTEL_GPU_UPROBE_LINKS; default auto)")
 
 
 class _Sources:
@@ -339,6 +345,7 @@ def load_config(args=None, env: Mapping[str, str] = os.environ) -> Config:
         resource_attributes=resource_attributes(env.get("OTEL_RESOURCE_ATTRIBUTES", "")),
         self_service_name=src.text(None, "OTEL_SERVICE_NAME", "otel-gpu"),
         log_level=src.text("log_level", "OTEL_GPU_LOG_LEVEL", "info").lower(),
+        uprobe_links=src.text("uprobe_links", "OTEL_GPU_UPROBE_LINKS", "auto").lower(),
         python_context=src.boolean("python_context", "OTEL_GPU_PYTHON_CONTEXT", True),
     )
     try:

@@ -1,7 +1,8 @@
 """Attaches the CUDA (and Python-context) probe table to each discovered file: once
 per file for every process that maps it, or, with --pid/--exe, once per file and
-selected process (bcc's pid: a per-process perf uprobe, so the kernel plants no
-breakpoint in other processes mapping the file and they never trap). A probe that
+selected process (the link's or perf uprobe's pid: the kernel plants no breakpoint in
+other processes mapping the file and they never trap). How each probe is planted
+(uprobe_multi link or perf-event uprobe) is probes/uprobe_links.py's. A probe that
 fails to attach (a transient error, another tool's incompatible registration on the
 same function) is tried again at later scans, with backoff, until it attaches or
 RETRY_TRIES are spent. Detaches a process's own probes when it goes, and everything
@@ -20,6 +21,7 @@ from .closer import ProbeCloser
 from .discovery import ProbeTarget
 from .elf_init import init_address
 from .table import CALLS, TLS, Category, UprobeRow, rows_for
+from .uprobe_links import LinkFd, PerfUprobes
 
 log = logging.getLogger(__name__)
 
@@ -28,6 +30,7 @@ LOAD_PROBE = "load"  # in place of a pid in `attached`: a file's DT_INIT probe, 
 # A failed probe is tried again RETRY_FIRST_S after, the wait doubling up to RETRY_MAX_S,
 # RETRY_TRIES times (~6 minutes in all); then it stays failed, counted and logged.
 RETRY_FIRST_S, RETRY_MAX_S, RETRY_TRIES = 1.0, 60.0, 10
+LINKS_CLOSE_S = 2.0  # stopping: the wait for every link's close (~0.1 s for hundreds, measured)
 # Without these a process's kernels go uncounted: `ready` says so (collector.start).
 LAUNCH_SYMBOLS = frozenset(s for c in CALLS if c.category is Category.LAUNCH for s in c.symbols)
 
@@ -43,7 +46,7 @@ class Failure:
 @dataclass
 class Attached:
     target: ProbeTarget
-    events: list   # bcc's event names (keys of bpf.uprobe_fds), one per probe
+    events: list   # the probes' handles (uprobe_links: link fds or bcc's event names)
     symbols: list  # rows attached, for by_symbol
     failures: dict = field(default_factory=dict)  # symbol -> Failure, while it is not attached
 
@@ -57,9 +60,11 @@ class ProbeCounts:
 
 
 class Attacher:
-    def __init__(self, bpf, stats, closer=None, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, bpf, stats, closer=None, clock: Callable[[], float] = time.monotonic,
+                 uprobes=None) -> None:
         self.bpf = bpf
         self.stats = stats
+        self.uprobes = uprobes or PerfUprobes(bpf)  # uprobe_links.choose() decides for the collector
         self.clock = clock
         self.closer = closer or ProbeCloser(bpf, stats)  # detaches off the loop (~0.1 s a probe), many at once
         # (file key, pid or None for every process) -> what is attached there
@@ -107,18 +112,14 @@ class Attacher:
         return len(events)
 
     def _attach_row(self, target: ProbeTarget, row: UprobeRow, pid: Optional[int]) -> tuple[list, Optional[str]]:
-        """One row's probes, all or none: (bcc events added, None) or ([], the error)."""
-        before = set(self.bpf.uprobe_fds)
-        error = None
+        """One row's probes, all or none: (handles, None) or ([], the error)."""
+        events, error = [], None
         try:
-            self.bpf.attach_uprobe(name=target.path.encode(), sym=row.symbol.encode(),
-                                   fn_name=row.entry.encode(), pid=-1 if pid is None else pid)
+            events += self.uprobes.attach(target.path, row.entry, symbol=row.symbol, pid=pid)
             if row.ret:
-                self.bpf.attach_uretprobe(name=target.path.encode(), sym=row.symbol.encode(),
-                                          fn_name=row.ret.encode(), pid=-1 if pid is None else pid)
+                events += self.uprobes.attach(target.path, row.ret, symbol=row.symbol, ret=True, pid=pid)
         except Exception as e:
             error = str(e) or type(e).__name__
-        events = [ev for ev in self.bpf.uprobe_fds if ev not in before]
         if error is not None and events:  # the entry attached, its return probe did not
             self._detach_events(events)
             events = []
@@ -181,14 +182,12 @@ class Attacher:
             log.debug("no DT_INIT in %s: found by the /proc scan only", target.path)
             self.attached[key] = Attached(target, [], [])
             return False
-        before = set(self.bpf.uprobe_fds)
         try:
-            self.bpf.attach_uprobe(name=target.path.encode(), addr=addr, fn_name=b"cuda_library_loaded")
+            events = self.uprobes.attach(target.path, "cuda_library_loaded", addr=addr)
         except Exception as e:
             self.stats.add("probe_attach_failed")
             log.warning("cannot attach the load probe to %s: %s", target.path, e)
             return False
-        events = [ev for ev in self.bpf.uprobe_fds if ev not in before]
         self.attached[key] = Attached(target, events, [])
         self.probe_count += len(events)
         return True
@@ -218,9 +217,14 @@ class Attacher:
     def disable_all(self) -> None:
         """Every probe disabled at once (nothing more is recorded), their closes queued
         on the closer's threads (bcc's cleanup would close them one after another: ~0.1 s
-        each). The ring buffer and maps stay readable until detach_all()."""
-        self.closer.detach_all()
+        each). Links stop only as they close: waited for, LINKS_CLOSE_S at most. The ring
+        buffer and maps stay readable until detach_all()."""
+        links = [ev for a in self.attached.values() for ev in a.events if isinstance(ev, LinkFd)]
+        self.closer.detach_all(links)
         self.attached.clear()
+        if not self.closer.wait_links(LINKS_CLOSE_S):
+            log.warning("uprobe links still closing after %.0f s: their last calls may be counted late",
+                        LINKS_CLOSE_S)
 
     def detach_all(self, timeout: float = 60) -> None:
         """disable_all() if not done, the closes waited for, then bcc's cleanup frees the

@@ -19,6 +19,7 @@ import bcc.table
 from bcc import BPF
 from bcc.libbcc import lib
 
+from . import uprobe_multi
 from .program_cache import CacheError, Entry, FuncSpec, MapSpec, Uncacheable, relocate_in, relocate_out
 
 _AUTOLOAD = {b"tracepoint__": BPF.TRACEPOINT, b"raw_tracepoint__": BPF.RAW_TRACEPOINT}
@@ -165,12 +166,18 @@ class CachedBPF(BPF):
         func_name = bcc._assert_is_bytes(func_name)
         if func_name in self.funcs:
             return self.funcs[func_name]
-        if device is not None or attach_type != -1:
-            raise Exception("the cached program loads no device or attach-type programs")
         code = self.relocated(func_name)
         entry = self.module.entry
-        fd = _lib.bcc_prog_load(prog_type, func_name, code, len(code), entry.license.encode(),
-                                entry.kern_version, 0, None, 0)
+        if (prog_type, attach_type) == (BPF.KPROBE, uprobe_multi.BPF_TRACE_UPROBE_MULTI) and device is None:
+            try:  # libbcc's bcc_prog_load takes no expected attach type
+                fd = uprobe_multi.load_program(func_name, code, entry.license.encode())
+            except OSError as e:
+                raise Exception("Failed to load BPF program %s: %s" % (func_name, e.strerror)) from None
+        elif device is not None or attach_type != -1:
+            raise Exception("the cached program loads no device or other attach-type programs")
+        else:
+            fd = _lib.bcc_prog_load(prog_type, func_name, code, len(code), entry.license.encode(),
+                                    entry.kern_version, 0, None, 0)
         if fd < 0:
             raise Exception("Failed to load BPF program %s: %s" % (func_name, os.strerror(ct.get_errno())))
         fn = BPF.Function(self, func_name, fd)

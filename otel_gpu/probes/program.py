@@ -13,7 +13,7 @@ from typing import Optional
 from ..pipeline.abi import COUNTER_NAMES, PyProc
 from ..pipeline.reader import AggregateReader, RingReader, RollupReader
 from ..ratelimit import Stats
-from . import compiler_memory, launch_slots, pid_bits, runtime_text
+from . import compiler_memory, launch_slots, pid_bits, runtime_text, uprobe_links
 from .attacher import Attacher
 from .discovery import ProbeTarget
 from .map_batch import BatchMap
@@ -52,7 +52,7 @@ class BpfProgram:
         counters, aggregated = self.bpf["counters"], ct.c_int(COUNTER_NAMES.index("aggregated"))
         self.aggregates = AggregateReader(BatchMap(self.bpf["req_agg"]), stats,
                                           counted=lambda: sum(counters[aggregated]))
-        self.attacher = Attacher(self.bpf, stats)
+        self.attacher = Attacher(self.bpf, stats, uprobes=uprobe_links.choose(self.bpf, options.uprobe_links))
         self._lost_seen = 0
         self._untracked_seen = 0
         self._agg_full_seen = 0
@@ -255,9 +255,10 @@ class BpfProgram:
                 + f", {self.traced_count()} processes traced")
 
     def state(self) -> dict:
-        # bpf.uprobes: what bcc holds open; with --pid/--exe it returns to its baseline as processes go.
+        # bpf.uprobes: what is held open (links or perf events); with --pid/--exe it returns
+        # to its baseline as processes go.
         return {**{f"bpf.{name}": len(self.bpf[name]) for name in _STATE_TABLES},
-                "bpf.uprobes": self.bpf.num_open_uprobes() + self.attacher.closer.pending()}
+                "bpf.uprobes": self.attacher.probe_count + self.attacher.closer.pending()}
 
     def stop_probes(self) -> None:
         """No probe records anything from now on; what they recorded stays readable

@@ -42,12 +42,14 @@ class ProgramOptions:
     bpf_cache: Optional[str] = None  # directory of compiled programs (probes/program_cache.py); None: compile
     pid_words: int = field(default_factory=pid_words)  # bpf/maps.h pid_bits: this host's pid_max / 32
     cpus: int = field(default_factory=launch_slots.possible_cpus)  # bpf/launch_slots.c: a block of slots per CPU
+    uprobe_links: str = "auto"  # how uprobes are planted (probes/uprobe_links.py); not part of the program
 
     @classmethod
     def from_config(cls, config) -> "ProgramOptions":
         """What `otel-gpu run` and `otel-gpu compile` load: one program per config."""
         return cls(trace_all=config.trace_all, ringbuf_pages=config.ringbuf_pages, max_conns=config.max_connections,
-                   stream_budget=config.stream_budget, stream_rate=config.stream_rate, bpf_cache=config.bpf_cache)
+                   stream_budget=config.stream_budget, stream_rate=config.stream_rate, bpf_cache=config.bpf_cache,
+                   uprobe_links=config.uprobe_links)
 
     def cflags(self) -> list[str]:
         if self.ringbuf_pages & (self.ringbuf_pages - 1):

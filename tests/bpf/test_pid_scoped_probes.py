@@ -21,7 +21,7 @@ from bench.machine import foreign_tracers
 from otel_gpu.probes.table import RUNTIME, rows_for
 from tests.bpf.probe_harness import Child
 from tests.bpf.targets.relia_support import cudart_path, lines_with, state, wait_until
-from tests.bpf.test_probe_lifecycle import _our_uprobes, _perf_event_fds
+from tests.bpf.test_probe_lifecycle import _our_uprobes, _probe_fds
 
 # argv: libcudart path, the name to take (prctl PR_SET_NAME: what --exe matches).
 # Hello: pid and where cudaLaunchKernel and PyEval_RestoreThread are in its memory.
@@ -125,13 +125,13 @@ def test_pid_probes_the_selected_process_only(tmp_path, receiver, start_collecto
 def test_exe_probes_a_later_process_and_detaches_them_when_it_exits(tmp_path, receiver, start_collector):
     lib = _private_cudart(tmp_path)
     collector = start_collector("--exe", "pidscope_late")
-    baseline, fds = state(collector, 20)["bpf.uprobes"], _perf_event_fds(collector.proc.pid)
+    baseline, fds = state(collector, 20)["bpf.uprobes"], _probe_fds(collector.proc.pid)
     late = _child(lib, "pidscope_late")
     try:
         collector.wait_traced(late.pid)
         probes = state(collector, 20)["bpf.uprobes"] - baseline
         assert probes >= 4, f"{probes} probes for the new process"  # launch, memcpy, ..., interpreter
-        assert _perf_event_fds(collector.proc.pid) == fds + probes
+        assert _probe_fds(collector.proc.pid) == fds + probes
         assert _breakpoint(late, "launch_at")
         assert late.run("9") == {"launched": 18}
         assert receiver.wait_for(lambda s: _launches(s, late.pid) >= 18), collector.log.lines[-20:]
@@ -139,7 +139,7 @@ def test_exe_probes_a_later_process_and_detaches_them_when_it_exits(tmp_path, re
     finally:
         late.stop()
     assert wait_until(lambda: state(collector, 20)["bpf.uprobes"] == baseline, 20), collector.log.lines[-20:]
-    assert _perf_event_fds(collector.proc.pid) == fds
+    assert _probe_fds(collector.proc.pid) == fds
     assert lines_with(collector, f"detached {probes} CUDA probes of pid {late.pid}")
     assert collector.stop() == 0
     assert _our_uprobes(collector.proc.pid) == []

@@ -3,7 +3,9 @@ from __future__ import annotations
 
 import os
 
-from otel_gpu.probes.table import CUDA_PROBES
+import pytest
+
+from otel_gpu.probes.table import CUDA_PROBES, HTTP_TRACEPOINTS
 
 
 def test_every_cuda_handler_loads():
@@ -26,24 +28,37 @@ def _our_uprobes(pid: int) -> list[str]:
         return [line for line in f if f"bcc_{pid}" in line]
 
 
-def _perf_event_fds(pid: int) -> int:
-    """Each attached uprobe/tracepoint is a perf event held open by the collector."""
+def _fds(pid: int, kind: str) -> int:
+    """Descriptors of one anon inode kind the collector holds: each tracepoint and perf
+    uprobe is a perf event ("[perf_event]"), each uprobe_multi link a "bpf_link"."""
     n = 0
     for fd in os.listdir(f"/proc/{pid}/fd"):
         try:
-            n += os.readlink(f"/proc/{pid}/fd/{fd}") == "anon_inode:[perf_event]"
+            n += os.readlink(f"/proc/{pid}/fd/{fd}") == f"anon_inode:{kind}"
         except OSError:
             pass
     return n
 
 
-def test_sigterm_detaches_every_probe(receiver, start_collector, start_target):
-    collector = start_collector()
+def _probe_fds(pid: int) -> int:
+    """Every probe the collector holds open, perf event or link."""
+    return _fds(pid, "[perf_event]") + _fds(pid, "bpf_link")
+
+
+@pytest.mark.parametrize("links", ["auto", "perf"])
+def test_sigterm_detaches_every_probe(receiver, start_collector, start_target, links):
+    """auto: uprobe_multi links on this kernel (6.6+); perf: the older kernels' fallback."""
+    collector = start_collector(OTEL_GPU_UPROBE_LINKS=links)
     target = start_target()
     collector.wait_traced(target.pid)
     pid = collector.proc.pid
-    held = _perf_event_fds(pid)
-    assert held >= 22 + 20, f"expected tracepoints and uprobes held open, found {held}"
+    expected = "uprobe_multi links" if links == "auto" else "perf-event uprobes (as configured)"
+    assert any(f"uprobes: {expected}" in line for line in collector.log.lines)
+    # HTTP_TRACEPOINTS are perf events; graph_probes.c's raw tracepoint is a link.
+    perf, link = _fds(pid, "[perf_event]") - len(HTTP_TRACEPOINTS), _fds(pid, "bpf_link") - 1
+    assert perf >= 0 and link >= 0, (perf, link)
+    uprobes, others = (link, perf) if links == "auto" else (perf, link)
+    assert uprobes >= 20 and others == 0, (perf, link)
     assert collector.stop() == 0
     assert _our_uprobes(pid) == []
     assert not os.path.exists(f"/proc/{pid}")
