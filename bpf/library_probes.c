@@ -6,8 +6,8 @@
  * --pid/--exe filters and per-process probes) instead of at its next /proc scan. */
 #include "maps.h"
 
-/* tgid -> 0: processes that loaded a CUDA library since user space last looked.
- * Full: the process waits for the periodic /proc scan, as before this probe. */
+/* tgid -> 0: processes that loaded (or opened: below) a CUDA library since user space
+ * last looked. Full: the process waits for the periodic /proc scan. */
 BPF_HASH(loaded, u32, u32, 1024);
 
 int cuda_library_loaded(struct pt_regs *ctx)
@@ -22,3 +22,61 @@ int cuda_library_loaded(struct pt_regs *ctx)
     loaded.update(&tgid, &zero);
     return 0;
 }
+
+/* A library opened at any path: the open syscalls' tracepoints read each opened file's
+ * name, and a process opening a CUDA runtime or driver, NCCL (or, once traced, an
+ * OpenSSL libssl) is put in `loaded` too. User space scans it at once and attaches
+ * that file wherever it lies (a venv, a conda env, a container's overlay through
+ * /proc/<pid>/root), within tens of milliseconds of the open, before the loader has
+ * run the library's initialisers in most cases: no wait for the periodic /proc scan.
+ * Cost on every open on the host: one read of the name and a scan back to its last
+ * '/' (LIB_NAME_MAX bytes at most). */
+#define LIB_PATH_MAX 512  /* a power of two: indexes are masked with it */
+#define LIB_NAME_MAX 64   /* a longer basename is none of ours */
+
+struct lib_path {
+    char s[LIB_PATH_MAX];
+};
+BPF_PERCPU_ARRAY(lib_path_buf, struct lib_path, 1);
+
+static __always_inline int name_is(const char *s, int at, const char *p, int len)
+{
+#pragma unroll
+    for (int i = 0; i < len; i++)
+        if (s[(at + i) & (LIB_PATH_MAX - 1)] != p[i])
+            return 0;
+    return 1;
+}
+
+static __always_inline void library_opened(const char *filename)
+{
+    u32 zero = 0;
+    struct lib_path *buf = lib_path_buf.lookup(&zero);
+    if (!buf)
+        return;
+    long n = bpf_probe_read_user_str(buf->s, sizeof(buf->s), filename);
+    if (n < 2)
+        return;
+    int base = -1;
+    for (int i = 2; i <= LIB_NAME_MAX + 1; i++) { /* s[n - 2] is the last character */
+        int at = n - i;
+        if (at < 0) {
+            base = 0;
+            break;
+        }
+        if (buf->s[at & (LIB_PATH_MAX - 1)] == '/') {
+            base = at + 1;
+            break;
+        }
+    }
+    if (base < 0 || !name_is(buf->s, base, "lib", 3))
+        return;
+    base += 3;
+    u32 tgid = bpf_get_current_pid_tgid() >> 32;
+    if (name_is(buf->s, base, "cudart", 6) || name_is(buf->s, base, "cuda.so", 7) ||
+        name_is(buf->s, base, "nccl.so", 7) || (name_is(buf->s, base, "ssl.so", 6) && is_traced(tgid)))
+        loaded.update(&tgid, &zero);
+}
+
+TRACEPOINT_PROBE(syscalls, sys_enter_openat) { library_opened(args->filename); return 0; }
+TRACEPOINT_PROBE(syscalls, sys_enter_open) { library_opened(args->filename); return 0; }

@@ -42,6 +42,10 @@ from .status.writer import StatusWriter
 
 log = logging.getLogger("otel_gpu")
 PRUNE_INTERVAL_S = 30.0  # kernel connection entries whose close was never seen are dropped this often
+# A process that loaded or opened a CUDA library (bpf/library_probes.c) is scanned at
+# once, and again every SETTLE_EVERY_S while it does not map one yet (an open comes before
+# the loader's mmap), SETTLE_S at most (a process that only read the file: a copy, ldconfig).
+SETTLE_S, SETTLE_EVERY_S = 1.0, 0.02
 EXIT_MARGIN_S = 0.5  # of --shutdown-timeout, kept for the last log line and the interpreter's exit
 
 
@@ -128,6 +132,8 @@ class Collector:
         self._servers: set[int] = set()
         self._follows: dict[int, Optional[int]] = {}
         self.state_requested = threading.Event()
+        self._settling: dict[int, float] = {}  # pid -> until when it is scanned again (SETTLE_S)
+        self._next_settle = 0.0
         self._seed_pending = False  # connections left untracked wait for room in the table
         self._untracked_seen = 0
         self._next_prune = time.monotonic() + PRUNE_INTERVAL_S
@@ -179,8 +185,9 @@ class Collector:
                 self.program.attach(target)
         log.info("%d CUDA library files probed ahead of any process (%.2f s)", len(files), time.monotonic() - t0)
 
-    def _scan(self, only: Optional[set] = None) -> None:
-        """All of /proc, or only the processes `only` (they just loaded a probed CUDA library)."""
+    def _scan(self, only: Optional[set] = None) -> set:
+        """All of /proc, or only the processes `only` (they just loaded or opened a CUDA
+        library); returns the CUDA processes found."""
         from .probes.table import PYTHON
         found = self.discovery.scan(only)
         python = found.python if self.config.python_context else {}
@@ -219,6 +226,19 @@ class Collector:
         self._push([ProcessSeen(pid) for pid in sorted(new)]  # read /proc while they surely live
                    + self._seed_connections(new))
         self._traced_pids = found.cuda_pids if only is None else self._traced_pids | found.cuda_pids
+        return found.cuda_pids
+
+    def _settle(self) -> None:
+        """Scans the processes that loaded or opened a CUDA library, until they map one
+        (then they are traced) or SETTLE_S has passed."""
+        now = time.monotonic()
+        for pid in self.program.loaded_pids():
+            self._settling.setdefault(pid, now + SETTLE_S)
+        if not self._settling or now < self._next_settle:
+            return
+        self._next_settle = now + SETTLE_EVERY_S
+        found = self._scan(set(self._settling))
+        self._settling = {pid: until for pid, until in self._settling.items() if pid not in found and until > now}
 
     def _follow(self, found) -> None:
         """A CUDA process related to traced HTTP servers (one or several) streams its
@@ -291,10 +311,8 @@ class Collector:
     def run(self, stop: threading.Event) -> None:
         next_scan = next_flush = time.monotonic()
         while not stop.is_set():
-            self._push(self.program.poll(100))
-            loaded = self.program.loaded_pids()
-            if loaded:
-                self._scan(loaded)
+            self._push(self.program.poll(100 if not self._settling else int(SETTLE_EVERY_S * 1000)))
+            self._settle()
             now = time.monotonic()
             if now >= next_scan:
                 self._scan()

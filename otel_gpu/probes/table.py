@@ -226,6 +226,9 @@ HTTP_TRACEPOINTS: tuple[str, ...] = tuple(
     for phase in ("enter", "exit")
 ) + ("syscalls:sys_enter_close", "sched:sched_process_exit")
 
+# The open syscalls' tracepoints of bpf/library_probes.c: a CUDA library opened at any path.
+LIBRARY_TRACEPOINTS: tuple[str, ...] = ("syscalls:sys_enter_openat", "syscalls:sys_enter_open")
+
 
 # The Python execution-context probes (bpf/python_probes.c), exported symbols only:
 # the thread's PyThreadState* (first argument) where a thread takes the GIL, and each

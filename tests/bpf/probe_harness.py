@@ -91,6 +91,9 @@ class Probes:
         self._set_by_pid: dict = {}
         self.records: list = []
         self.bpf["events"].open_ring_buffer(self._on_record)
+        from otel_gpu.probes.uprobe_links import choose
+        self.uprobes = choose(self.bpf)  # as the collector plants them: links on this kernel
+        self.handles: list = []
 
     def _on_record(self, _ctx, data, size) -> int:
         self.records.append(decode((ct.c_char * size).from_address(data)))
@@ -101,15 +104,13 @@ class Probes:
         n = 0
         for row in rows_for(library):
             try:
-                self.bpf.attach_uprobe(name=path.encode(), sym=row.symbol.encode(), fn_name=row.entry.encode(),
-                                       pid=pid)
+                self.handles += self.uprobes.attach(path, row.entry, symbol=row.symbol, pid=pid)
             except Exception as e:
                 assert "could not determine address" in str(e), e
                 continue
             n += 1
             if row.ret:
-                self.bpf.attach_uretprobe(name=path.encode(), sym=row.symbol.encode(), fn_name=row.ret.encode(),
-                                          pid=pid)
+                self.handles += self.uprobes.attach(path, row.ret, symbol=row.symbol, ret=True, pid=pid)
         return n
 
     def set(self, table: str, pid: int, value) -> None:
@@ -154,7 +155,7 @@ class Probes:
         from otel_gpu.ratelimit import Stats
         stats = Stats()
         closer = ProbeCloser(self.bpf, stats)
-        closer.detach_all()
+        closer.detach_all([h for h in self.handles if isinstance(h, int)])
         assert closer.wait(300), f"{closer.pending()} probes still closing"
         self.bpf.cleanup()
         assert not stats.snapshot(), stats.snapshot()  # probe_detach_failed: logged, counted

@@ -108,23 +108,30 @@ def test_interleaved_asyncio_first_requests_keep_their_own_calls(shared_collecto
         target.stop()
 
 
-def test_cudart_at_a_new_path_is_found_by_the_scan(tmp_path, shared_collector):
+FIRST_REQUEST_S = 0.3  # after the server process starts
+
+
+@pytest.mark.parametrize("mode", ["default", "exe"])
+def test_first_requests_at_an_unknown_path_are_traced(tmp_path, receiver, start_collector, mode):
+    """libcudart copied to a directory no probe knows (as a container's file looks from
+    the host): the open tracepoint has the process scanned and the file probed as it is
+    opened, so requests from FIRST_REQUEST_S after the server starts all have their exact
+    spans, in the default mode (file-wide probes) and with --exe (this process's own)."""
     from otel_gpu.demo.cuda_work import find_cudart
-    copy = tmp_path / "libcudart.so.12"
+    copy = tmp_path / "app" / "lib" / "libcudart.so.12"
+    copy.parent.mkdir(parents=True)
     shutil.copy(find_cudart(), copy)
-    collector, receiver = shared_collector, shared_collector.receiver
+    name = f"newpath{os.getpid() % 10000}"
+    collector = start_collector(*(["--exe", name] if mode == "exe" else []))
     t0 = time.monotonic()
-    target = _start("stdlib", env={"OTEL_GPU_CUDART": str(copy)})
+    target = _start("stdlib", name, env={"OTEL_GPU_CUDART": str(copy)})
     try:
-        collector.wait_traced(target.pid, 20)
-        found_s = time.monotonic() - t0
-        target.go()
-        target.get("/work?launches=3")
-        assert receiver.wait_for(lambda s: any(x.attributes.get("http.route") == "/work"
-                                               for x in server_spans(s, target.pid)), 20)
-        span = next(x for x in server_spans(receiver.spans, target.pid) if x.attributes.get("http.route") == "/work")
-        assert span.attributes["gpu.launches"] == 3
-        assert len(children_of(receiver.spans, span)) == 3
-        print(f"new-path libcudart traced {found_s:.2f} s after the process started")
+        time.sleep(max(0.0, t0 + FIRST_REQUEST_S - time.monotonic()))
+        first_s = time.monotonic() - t0
+        _first_requests(target)
+        _assert_all_traced(receiver, collector, target)
+        assert any(str(copy) in line and "attached" in line for line in collector.log.lines)
+        print(f"{mode}: first request {first_s:.2f} s after the start of a server whose libcudart is at a new path: "
+              f"all {REQUESTS} traced")
     finally:
         target.stop()

@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from otel_gpu.probes.table import CUDA_PROBES, HTTP_TRACEPOINTS
+from otel_gpu.probes.table import CUDA_PROBES, HTTP_TRACEPOINTS, LIBRARY_TRACEPOINTS
 
 
 def test_every_cuda_handler_loads():
@@ -54,8 +54,9 @@ def test_sigterm_detaches_every_probe(receiver, start_collector, start_target, l
     pid = collector.proc.pid
     expected = "uprobe_multi links" if links == "auto" else "perf-event uprobes (as configured)"
     assert any(f"uprobes: {expected}" in line for line in collector.log.lines)
-    # HTTP_TRACEPOINTS are perf events; graph_probes.c's raw tracepoint is a link.
-    perf, link = _fds(pid, "[perf_event]") - len(HTTP_TRACEPOINTS), _fds(pid, "bpf_link") - 1
+    # The tracepoints are perf events; graph_probes.c's raw tracepoint is a link.
+    tracepoints = len(HTTP_TRACEPOINTS) + len(LIBRARY_TRACEPOINTS)
+    perf, link = _fds(pid, "[perf_event]") - tracepoints, _fds(pid, "bpf_link") - 1
     assert perf >= 0 and link >= 0, (perf, link)
     uprobes, others = (link, perf) if links == "auto" else (perf, link)
     assert uprobes >= 20 and others == 0, (perf, link)
