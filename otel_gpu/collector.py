@@ -333,8 +333,8 @@ class Collector:
         exporters flush while the probes' events close. Stopping them first leaves no
         record or count between the last read and the detach. The flush ends within
         config.shutdown_timeout_s whatever the backend does; what OTLP has not delivered
-        by then is counted (spans_dropped_shutdown, metrics_dropped_shutdown). Detaching
-        takes what the kernel takes (logged)."""
+        by then is counted (spans_dropped_shutdown, metrics_dropped_shutdown). The probes'
+        closes, started with stop_probes(), are waited for until the same deadline."""
         deadline = time.monotonic() + self.config.shutdown_timeout_s - EXIT_MARGIN_S
         try:
             if self.program is not None:
@@ -347,7 +347,7 @@ class Collector:
             try:
                 if self.program is not None:
                     t0 = time.monotonic()
-                    self.program.close()
+                    self.program.close(max(0.0, deadline - t0))
                     log.info("probes detached (%.1f s)", time.monotonic() - t0)
             finally:
                 wait_by(deadline, closing)

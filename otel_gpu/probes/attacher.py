@@ -223,7 +223,7 @@ class Attacher:
         self.closer.detach_all(links)
         self.attached.clear()
         if not self.closer.wait_links(LINKS_CLOSE_S):
-            log.warning("uprobe links still closing after %.0f s: their last calls may be counted late",
+            log.warning("uprobe links still closing after %.0f s: calls made until they close are not counted",
                         LINKS_CLOSE_S)
 
     def detach_all(self, timeout: float = 60) -> None:

@@ -265,5 +265,7 @@ class BpfProgram:
         (ring buffer, rollups) until close()."""
         self.attacher.disable_all()
 
-    def close(self) -> None:
-        self.attacher.detach_all()
+    def close(self, timeout: float = 60) -> None:
+        """Every probe detached (`timeout` at most for their closes), then the programs
+        and maps freed."""
+        self.attacher.detach_all(timeout)
