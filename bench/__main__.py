@@ -11,8 +11,8 @@ import sys
 from pathlib import Path
 
 from . import (item_ablation, item_big_request, item_dedup, item_first_requests, item_http, item_launch, item_nccl,
-               item_neighbour, item_python_context, item_rates, item_start, item_sustained, item_tls, item_untraced,
-               machine)
+               item_neighbour, item_probes, item_python_context, item_rates, item_start, item_sustained, item_tls,
+               item_untraced, machine)
 from .collector import Collector
 from .native import use_private_cudart
 from .report import profile_text, table, write_json
@@ -44,6 +44,7 @@ def main() -> int:
     steps = [("1", "launch", lambda: item_launch.run(args.quick, starts), item_launch.rows),
              ("1b", "ablation", lambda: item_ablation.run(args.quick), item_ablation.rows),
              ("1c", "neighbour", lambda: item_neighbour.run(args.quick, starts), item_neighbour.rows),
+             ("13", "probes", lambda: item_probes.run(args.quick, starts), item_probes.rows),
              ("3", "sustained", lambda: item_sustained.run(args.quick, starts, RESULTS, stamp), item_sustained.rows),
              ("2", "http", lambda: item_http.run(args.quick, starts, RESULTS, stamp), item_http.rows),
              ("12", "rates", lambda: item_rates.run(args.quick, starts), item_rates.rows),

@@ -42,7 +42,8 @@ class Collector:
         if otlp_endpoint:
             env.update(OTEL_EXPORTER_OTLP_ENDPOINT=otlp_endpoint, OTEL_BSP_SCHEDULE_DELAY="200")
         t0 = time.monotonic()
-        self.proc = subprocess.Popen([sys.executable, "-m", "otel_gpu.cli", "run", "--no-console", *args],
+        # --no-store first (an item's own --store wins): the bench's targets stay out of the user's store.
+        self.proc = subprocess.Popen([sys.executable, "-m", "otel_gpu.cli", "run", "--no-console", "--no-store", *args],
                                      stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
         self.pid = self.proc.pid
         self.log = LineWatcher(self.proc.stderr, echo=None)

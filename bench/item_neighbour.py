@@ -20,14 +20,14 @@ def run(quick: bool, starts: list) -> dict:
     iters, reps = (200_000, 5) if quick else (1_000_000, 7)
     out: dict = {"iters": iters, "reps": reps}
     out["none"] = _loop(iters, reps)
-    col = Collector(args=("--no-store",))
+    col = Collector()
     starts.append(col.ready_s)
     try:
         out["default"] = _loop(iters, reps, before_go=col.wait_traced)
     finally:
         out["default"]["collector"] = col.stop()
     selected = LaunchLoop("--iters", str(SELECTED_ITERS), "--reps", "1")  # warmed up before the collector
-    col = Collector(args=("--no-store", "--pid", str(selected.pid)))
+    col = Collector(args=("--pid", str(selected.pid)))
     starts.append(col.ready_s)
     try:
         col.wait_traced(selected.pid)

@@ -15,7 +15,7 @@ IDLE_S = 2.0  # after `ready`: the RSS a quiet collector keeps
 
 
 def _start(cache: str) -> dict:
-    col = Collector(args=("--no-store", "--bpf-cache", cache))
+    col = Collector(args=("--bpf-cache", cache))
     try:
         time.sleep(IDLE_S)
         return {"ready_s": col.ready_s, "load_s": col.load_s, "rss_mb": col.rss_mb(),

@@ -47,6 +47,9 @@ PRUNE_INTERVAL_S = 30.0  # kernel connection entries whose close was never seen 
 # the loader's mmap), SETTLE_S at most (a process that only read the file: a copy, ldconfig).
 SETTLE_S, SETTLE_EVERY_S = 1.0, 0.02
 EXIT_MARGIN_S = 0.5  # of --shutdown-timeout, kept for the last log line and the interpreter's exit
+# The stages' closes give up at the deadline, then count what they could not deliver:
+# waited for this much longer (within EXIT_MARGIN_S), so the `stopped:` line has the counts.
+SETTLE_COUNTS_S = 0.25
 
 
 class Pipeline:
@@ -350,7 +353,7 @@ class Collector:
                     self.program.close(max(0.0, deadline - t0))
                     log.info("probes detached (%.1f s)", time.monotonic() - t0)
             finally:
-                wait_by(deadline, closing)
+                wait_by(deadline + SETTLE_COUNTS_S, closing)
             if self.config.health_file:
                 Path(self.config.health_file).unlink(missing_ok=True)
             if self.status is not None:

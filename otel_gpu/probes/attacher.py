@@ -70,6 +70,7 @@ class Attacher:
         # (file key, pid or None for every process) -> what is attached there
         self.attached: dict[tuple, Attached] = {}
         self.probe_count = 0
+        self.attach_s = 0.0  # time spent attaching, in all (status, `ready`, the bench)
         _raise_probe_limits()
         # By function, for `otel-gpu status` and the probe metrics: files (or file and
         # process pairs) each is attached to; those it failed on and is not attached to now.
@@ -83,6 +84,13 @@ class Attacher:
         known = self.attached.get((target.key, pid))
         if known is not None:
             return self._retry(known, pid) if known.failures else 0
+        t0 = time.monotonic()
+        try:
+            return self._attach_new(target, pid)
+        finally:
+            self.attach_s += time.monotonic() - t0
+
+    def _attach_new(self, target: ProbeTarget, pid: Optional[int]) -> int:
         events, symbols, failures = [], [], []
         for row in rows_for(target.kind):
             new, error = self._attach_row(target, row, pid)

@@ -250,7 +250,8 @@ class BpfProgram:
     def describe(self) -> str:
         per_process = self.attacher.pids()
         return (f"{self.bpf.num_open_tracepoints()} tracepoints, {self.attacher.probe_count} CUDA probes "
-                f"on {self.attacher.files()} files"
+                f"on {self.attacher.files()} files (attached in {self.attacher.attach_s:.3f} s, "
+                f"{self.attacher.uprobes.name})"
                 + (f" for {len(per_process)} processes only" if per_process else "")
                 + f", {self.traced_count()} processes traced")
 

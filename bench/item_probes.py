@@ -1,0 +1,65 @@
+"""Item 13: how probes are planted, uprobe_multi links against the perf-event uprobes
+of kernels before 6.6 (--uprobe-links multi | perf), side by side in one run: the time
+the collector spent attaching its probes up to `ready` (the well-known library files,
+file-wide, and a --pid launch loop's own probes), the added thread CPU per launch of
+that loop traced with --pid (outside any request), and SIGINT to exit. The loop's
+launches must all be counted in both modes."""
+from __future__ import annotations
+
+import re
+import statistics
+
+from .collector import Collector
+from .item_launch import _loop
+from .native import LaunchLoop
+
+ATTACHED_RE = re.compile(r"(\d+) CUDA probes on \d+ files \(attached in ([\d.]+) s")
+MODES = ("multi", "perf")
+ATTACH_TARGET_S = 0.3  # every probe of a start, attached
+STOP_TARGET_S = 6.0    # --shutdown-timeout (5 s, the default) + 1 s
+
+
+def run(quick: bool, starts: list) -> dict:
+    iters, reps = (200_000, 5) if quick else (1_000_000, 7)
+    out: dict = {"iters": iters, "reps": reps, "none": _loop(iters, reps)}
+    for mode in MODES:
+        loop = LaunchLoop("--iters", str(iters), "--reps", str(reps))
+        col = Collector(args=("--pid", str(loop.pid), "--uprobe-links", mode))
+        starts.append(col.ready_s)
+        try:
+            col.wait_traced(loop.pid)
+            attached = [m for m in (ATTACHED_RE.search(l) for l in col.log.lines) if m]
+            loop.go()
+            res = loop.result()
+        finally:
+            summary = col.stop()
+        res["median_ns"] = statistics.median(res["cpu_reps"])
+        out[mode] = {"loop": res, "probes": int(attached[0].group(1)) if attached else None,
+                     "attach_s": float(attached[0].group(2)) if attached else None,
+                     "stop_s": col.stop_s, "counted": summary.get("cuda_calls_seen", 0),
+                     "launched": res["launched"]}
+    out["none_after"] = _loop(iters, reps)
+    base = statistics.median(out["none"]["cpu_reps"] + out["none_after"]["cpu_reps"])
+    out["base_ns"] = base
+    for mode in MODES:
+        out[mode]["added_ns"] = out[mode]["loop"]["median_ns"] - base
+    return out
+
+
+def rows(r: dict) -> list:
+    m, p = r["multi"], r["perf"]
+
+    def pair(key: str, fmt: str) -> str:
+        cell = lambda v: "?" if v is None else format(v, fmt)  # noqa: E731
+        return f"{cell(m[key])} / {cell(p[key])}"
+    return [
+        ("13", "uprobes as links / as perf events: probes attached at start (--pid loop)", pair("probes", "d"), "", None),
+        ("13", "  time attaching them, start to ready (s)", pair("attach_s", ".3f"), f"links < {ATTACH_TARGET_S}",
+         m["attach_s"] is not None and m["attach_s"] < ATTACH_TARGET_S),
+        ("13", "  added ns/launch CPU, --pid, outside requests", pair("added_ns", "+.0f"), "links <= perf",
+         m["added_ns"] <= p["added_ns"]),
+        ("13", "  SIGINT to exit (s)", pair("stop_s", ".2f"), f"links <= {STOP_TARGET_S}",
+         m["stop_s"] is not None and m["stop_s"] <= STOP_TARGET_S),
+        ("13", "  launches counted / made", f"{m['counted']}/{m['launched']} ; {p['counted']}/{p['launched']}",
+         "all", m["counted"] == m["launched"] and p["counted"] == p["launched"]),
+    ]
