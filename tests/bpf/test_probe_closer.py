@@ -1,9 +1,12 @@
 """Attacher.detach_all closes every probe before it returns (the closer's threads, not
-the process's exit, do it): the collector's `probes detached` means detached."""
+the process's exit, do it): the collector's `probes detached` means detached. Both ways
+of planting uprobes: uprobe_multi links (descriptors "bpf_link") and perf events."""
 from __future__ import annotations
 
 import os
 import site
+
+import pytest
 
 from otel_gpu.probes.attacher import Attacher
 from otel_gpu.probes.discovery import known_library_files
@@ -17,22 +20,30 @@ def _tracefs_uprobes() -> list[str]:
         return [line for line in f if f"bcc_{os.getpid()}" in line]
 
 
-def test_detach_all_closes_every_probe_before_returning():
+def _probe_fds() -> tuple[int, int]:
+    return open_fds("[perf_event]"), open_fds("bpf_link")
+
+
+@pytest.mark.parametrize("links", ["multi", "perf"])
+def test_detach_all_closes_every_probe_before_returning(links):
     from otel_gpu.probes.source import ProgramOptions, load
-    before = open_fds("[perf_event]")
+    from otel_gpu.probes.uprobe_links import choose
+    perf_before, links_before = _probe_fds()
     bpf = load(ProgramOptions())
     stats = Stats()
-    attacher = Attacher(bpf, stats)
+    attacher = Attacher(bpf, stats, uprobes=choose(bpf, links))
     targets = known_library_files(site_dirs=site.getsitepackages())
     assert targets, "no CUDA runtime or libssl file found to probe"
     probes = sum(attacher.attach(t) for t in targets)
     tracepoints = len(bpf.tracepoint_fds)
     assert probes >= 20 and tracepoints >= 10
-    assert open_fds("[perf_event]") - before == probes + tracepoints
+    perf, link = _probe_fds()
+    assert (perf - perf_before, link - links_before) == \
+        ((tracepoints, probes + 1) if links == "multi" else (probes + tracepoints, 1))  # +1: a raw tracepoint
 
     attacher.detach_all(timeout=300)
 
-    assert open_fds("[perf_event]") == before, "perf events still open after detach_all"
+    assert _probe_fds() == (perf_before, links_before), "probes still open after detach_all"
     assert attacher.closer.pending() == 0
     assert bpf.uprobe_fds == {} and bpf.tracepoint_fds == {} and bpf.num_open_uprobes() == 0
     assert _tracefs_uprobes() == []

@@ -28,9 +28,9 @@ class BatchesProgram:
     def stop_probes(self):
         self.calls.append("stop_probes")
 
-    def close(self):
+    def close(self, timeout):
         self.calls.append("close")
-        self.closed = True
+        self.closed, self.close_timeout = True, timeout
 
 
 def pushed(c):
@@ -48,6 +48,7 @@ def test_every_batch_left_in_the_ring_goes_through_before_the_final_close(tmp_pa
     c.shutdown()
     assert [e.tgid for e in seen if isinstance(e, ProcExit)] == [100, 101, 102, 103, 104]
     assert c.program.closed and c.stats.snapshot().get("ring_undrained_shutdown", 0) == 0
+    assert 0 < c.program.close_timeout < 5  # the probes' closes are waited for within --shutdown-timeout
 
 
 def test_probes_stop_before_the_last_read_and_close_after_it(tmp_path):

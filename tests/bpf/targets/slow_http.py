@@ -56,6 +56,7 @@ class Handler(BaseHTTPRequestHandler):
 
 
 def main() -> None:
+    ThreadingHTTPServer.request_queue_size = 1024  # the stdlib's 5 turns a burst of connects into SYN retries
     server = ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1]) if len(sys.argv) > 1 else 0), Handler)
     server.daemon_threads = True
     print(f"listening on {server.server_address[1]}", file=sys.stderr, flush=True)
