@@ -177,7 +177,7 @@ static __always_inline int stream_admit(struct cuda_header *c, u32 tv, struct ht
     u64 id = (u64)tgid << 32 | c->h.tid;
     struct http_seq *s = http_seq.lookup(&tgid);
     *sp = s;
-    c->ctx = py_context(tgid, c->h.tid);
+    c->ctx = exec_unit(tgid, c->h.tid);
     if (stream_this(id, c->ctx, tgid, tv, s))
         return 1;
     agg_add(c, s, detail, bytes, duration_ns);

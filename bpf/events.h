@@ -292,6 +292,20 @@ struct py_proc {
     u32 pad;
 };
 
+/* go_procs value: where a traced Go process keeps its running goroutine
+ * (otel_gpu/probes/go_runtime.py): TLS g at FS base + tls_g, then g.m.curg.goid. */
+struct go_proc {
+    s64 tls_g;        /* the TLS slot of g, from the FS base (negative) */
+    u32 g_m;          /* offsetof(runtime.g, m) */
+    u32 m_curg;       /* offsetof(runtime.m, curg) */
+    u32 g_goid;       /* offsetof(runtime.g, goid) */
+    u32 g_parent_goid; /* offsetof(runtime.g, parentGoid); 0: not in this Go */
+};
+
+/* A record's `ctx` names its execution unit: a Python context's address, or a
+ * goroutine's id with this bit set (ids are small; addresses never have it). */
+#define GO_UNIT (1ULL << 63)
+
 /* Collector-side counters (array map indices). */
 enum counter {
     CNT_RINGBUF_FULL = 0,   /* events lost because the ring buffer was full */

@@ -34,7 +34,7 @@ static __always_inline int capturing(u32 tgid)
 static __always_inline void capture_emit(struct cuda_header *c, u32 size)
 {
     c->h.flags |= EV_FLAG_CAPTURE;
-    c->ctx = py_context(c->h.tgid, c->h.tid);
+    c->ctx = exec_unit(c->h.tgid, c->h.tid);
     if (events.ringbuf_output(c, size, 0) != 0)
         count(CNT_CAPTURE_LOST);
 }

@@ -77,7 +77,7 @@ static __always_inline int graph_return(struct pt_regs *ctx, u32 call)
         if (e.c.ret == 0)
             read_user(&e.graph_exec, sizeof(e.graph_exec), (void *)arg0, &e.c.h.flags);
     }
-    e.c.ctx = py_context(e.c.h.tgid, e.c.h.tid);
+    e.c.ctx = exec_unit(e.c.h.tgid, e.c.h.tid);
     submit(&e, sizeof(e));
     return 0;
 }

