@@ -8,6 +8,7 @@ import datetime
 import os
 import statistics
 import sys
+import time
 from pathlib import Path
 
 from . import (item_ablation, item_big_request, item_dedup, item_first_requests, item_http, item_launch, item_nccl,
@@ -37,7 +38,7 @@ def main() -> int:
     host["libcudart"] = use_private_cudart()
     stamp = datetime.datetime.now().strftime("%Y-%m-%d-%H%M")
     data = {"machine": host, "quick": args.quick, "started": stamp, "foreign_tracers": {},
-            "loadavg": {}}
+            "loadavg": {}, "item_s": {}}
     out = RESULTS / f"{stamp[:10]}-{host['host']}{'-quick' if args.quick else ''}.json"
     starts: list[float] = []
     rows: list = []
@@ -62,7 +63,10 @@ def main() -> int:
         print(f"bench: item {key} ({name}) ...", file=sys.stderr, flush=True)
         data["foreign_tracers"][name] = machine.wait_quiet(args.wait_quiet)
         data["loadavg"][name] = machine.loadavg()
+        t0 = time.monotonic()
         data[name] = run()
+        data["item_s"][name] = round(time.monotonic() - t0, 1)
+        print(f"bench: item {key} ({name}) took {data['item_s'][name]:.0f} s", file=sys.stderr, flush=True)
         data["foreign_tracers"][name] += [f"(at end) {t}" for t in machine.foreign_tracers()]
         rows += to_rows(data[name])
         write_json(out, data)  # partial results survive a later failure

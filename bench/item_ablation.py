@@ -76,7 +76,7 @@ def run(quick: bool) -> dict:
     kernel_headers_hint()
     text = c_defines() + (bpf_dir() / "maps.h").read_text() + (Path(__file__).with_name("launch_variants.c")).read_text()
     bpf = BPF(text=text.encode(), cflags=ProgramOptions(trace_all=False).cflags())
-    iters, reps = (100_000, 3) if quick else (300_000, 5)
+    iters, reps = (50_000, 3) if quick else (200_000, 5)
     stop = threading.Event()
     consumer = threading.Thread(target=_consume, args=(bpf, stop), daemon=True)
     consumer.start()

@@ -100,7 +100,7 @@ def _variant(rounds: list, v: str) -> dict:
 
 
 def run(quick: bool, starts: list) -> dict:
-    n_rounds, iters, budget_s = (9, 200_000, 240) if quick else (15, 1_000_000, 600)
+    n_rounds, iters, budget_s = (5, 200_000, 120) if quick else (11, 1_000_000, 300)
     in_iters, in_reps = (100_000, 3) if quick else (200_000, 5)  # every launch is a ring-buffer event
     files = _files()
     out = {"iters": iters, "design": "interleaved rounds", "files": files}

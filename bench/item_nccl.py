@@ -40,7 +40,7 @@ def _loop(iters: int, reps: int, before_go=None) -> dict:
 
 
 def run(quick: bool, starts: list) -> dict:
-    iters, reps = (200_000, 5) if quick else (1_000_000, 7)
+    iters, reps = (100_000, 3) if quick else (500_000, 5)
     out = {"iters": iters, "reps": reps, "untraced": _loop(iters, reps)}
     col = Collector()
     starts.append(col.ready_s)

@@ -17,7 +17,7 @@ SELECTED_ITERS = 1000
 
 
 def run(quick: bool, starts: list) -> dict:
-    iters, reps = (200_000, 5) if quick else (1_000_000, 7)
+    iters, reps = (100_000, 3) if quick else (500_000, 5)
     out: dict = {"iters": iters, "reps": reps}
     out["none"] = _loop(iters, reps)
     col = Collector()

@@ -20,7 +20,7 @@ STOP_TARGET_S = 6.0    # --shutdown-timeout (5 s, the default) + 1 s
 
 
 def run(quick: bool, starts: list) -> dict:
-    iters, reps = (200_000, 5) if quick else (1_000_000, 7)
+    iters, reps = (100_000, 3) if quick else (500_000, 5)
     out: dict = {"iters": iters, "reps": reps, "none": _loop(iters, reps)}
     for mode in MODES:
         col = Collector(args=("--uprobe-links", mode))

@@ -26,7 +26,7 @@ def _start(cache: str) -> dict:
 
 def run(quick: bool, starts: list) -> dict:
     out: dict = {"cold": [], "warm": []}
-    for _ in range(2 if quick else 5):
+    for _ in range(1 if quick else 3):
         cache = tempfile.mkdtemp(prefix="otel-gpu-bench-cache-")
         try:
             out["cold"].append(_start(cache))

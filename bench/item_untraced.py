@@ -46,8 +46,8 @@ def _program_ns(pid: int, n: int) -> dict:
 
 
 def run(quick: bool, starts: list) -> dict:
-    n = {"pipe": 100_000 if quick else 400_000, "tcp": 30_000 if quick else 120_000}
-    reps = 5 if quick else 9
+    n = {"pipe": 50_000 if quick else 200_000, "tcp": 15_000 if quick else 60_000}
+    reps = 3 if quick else 7
     out: dict = {m: {"iterations": n[m], "reps": reps} for m in MODES}
     for m in MODES:
         out[m]["before_ns"] = _loop(m, n[m], reps)
