@@ -50,7 +50,7 @@ def _loop(mode: str, iters: int, reps: int, before_go=None) -> dict:
 
 
 def run(quick: bool, starts: list) -> dict:
-    iters, reps = (50_000, 3) if quick else (300_000, 5)
+    iters, reps = (50_000, 3) if quick else (200_000, 3)
     out = {"iters": iters, "reps": reps}
     base = {m: _loop(m, iters, reps) for m in MODES}
     col = Collector()
