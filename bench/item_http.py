@@ -22,7 +22,7 @@ def _settle(rx: CountingReceiver, timeout: float = 30) -> None:
 
 
 def run(quick: bool, starts: list, results_dir: Path, stamp: str) -> dict:
-    seconds = 5 if quick else 10
+    seconds = 3 if quick else 10
     out = {"seconds": seconds}
     svc, rx = Service(), CountingReceiver().start()
     try:

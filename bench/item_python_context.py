@@ -82,7 +82,7 @@ def _phase(svc: AsyncService, rx: CountingReceiver, mode: str, seconds: float, s
 
 
 def run(quick: bool, starts: list) -> dict:
-    seconds, rounds = (3, 1) if quick else (6, 2)
+    seconds, rounds = (2, 1) if quick else (6, 2)
     out = {"seconds": seconds, "rounds": rounds, "conns": CONNS, "path": PATH,
            "python": sys.version.split()[0], "phases": []}
     svc, rx = AsyncService(), CountingReceiver().start()

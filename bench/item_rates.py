@@ -1,6 +1,6 @@
 """Item 12: many GPU processes at once (issue 13 item 2's second rate). PROCS launch_loop
 processes, each inside one long HTTP request of its own (open for its whole loop, so the
-requests are concurrent), each paced to RATE launches/s for 20 s (5 s quick): the same
+requests are concurrent), each paced to RATE launches/s for 20 s (3 s quick): the same
 load untraced, traced (OTLP to the counting receiver), untraced again. Per process:
 launches made vs the request's server span `gpu.launches` (streamed calls + the kernel's
 per-request counts past the stream budget/rate: exact equality is the target); ring-buffer
@@ -99,7 +99,7 @@ def _counters_after(status: Path, since: float, timeout: float = 15) -> dict | N
 
 
 def run(quick: bool, starts: list) -> dict:
-    seconds = 5 if quick else 20
+    seconds = 3 if quick else 20
     return {"seconds": seconds, "procs": PROCS, "rate_target": RATE,
             "untraced": _untraced(seconds), "traced": _traced(seconds, starts),
             "untraced_after": _untraced(seconds)}

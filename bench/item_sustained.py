@@ -33,7 +33,7 @@ def _one(col: Collector, seconds: int, http: bool, profile_to: Path | None) -> d
 
 
 def run(quick: bool, starts: list, results_dir: Path, stamp: str) -> dict:
-    seconds = 5 if quick else 30
+    seconds = 3 if quick else 30
     out = {"seconds": seconds, "rate_target": RATE, "threads": THREADS}
     col = Collector()
     starts.append(col.ready_s)

@@ -44,7 +44,7 @@ def _phases(svc: Service, seconds: float, starts: list) -> dict:
 
 
 def run(quick: bool, starts: list) -> dict:
-    seconds = 3 if quick else 6
+    seconds = 2 if quick else 6
     out: dict = {"seconds": seconds, "path": PATH}
     with tempfile.TemporaryDirectory() as d:
         for name, args in (("https", ("--tls", _certificate(Path(d)))), ("http", ())):
