@@ -7,13 +7,13 @@ import os
 from dataclasses import dataclass, field
 from typing import Mapping, Optional
 
+from .probes.uprobe_links import CHOICES as UPROBE_LINKS
 from .status.file import DEFAULT_PATH as DEFAULT_STATUS_FILE
 
 DEFAULT_BPF_CACHE = "/var/cache/otel-gpu"
 
 OTLP_PROTOCOLS = ("grpc", "http/protobuf")
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
-UPROBE_LINKS = ("auto", "multi", "perf")  # probes/uprobe_links.py CHOICES
 MIN_CONNECTIONS, MAX_CONNECTIONS = 16, 1 << 20  # --max-connections: the BPF map's bounds
 
 

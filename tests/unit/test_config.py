@@ -120,6 +120,7 @@ SETTINGS = [
     (["--prometheus-addr", "0.0.0.0"], {"OTEL_GPU_PROMETHEUS_ADDR": "::1"}, "prometheus_addr", "0.0.0.0", "::1"),
     (["--store-group", "4242"], {"OTEL_GPU_STORE_GROUP": "root"}, "store_group", 4242, 0),
     (["--shutdown-timeout", "2"], {"OTEL_GPU_SHUTDOWN_TIMEOUT": "9"}, "shutdown_timeout_s", 2, 9),
+    (["--uprobe-links", "PERF"], {"OTEL_GPU_UPROBE_LINKS": "multi"}, "uprobe_links", "perf", "multi"),
     (["--no-console"], {}, "console", False, True),
 ]
 
@@ -165,7 +166,7 @@ def test_environment_only_settings(env, name, value):
     ("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", "x"), ("OTEL_BSP_SCHEDULE_DELAY", "0"),
     ("OTEL_RESOURCE_ATTRIBUTES", "novalue"), ("OTEL_GPU_PROMETHEUS_ADDR", "localhost:9464"),
     ("OTEL_GPU_STORE_GROUP", "no-such-group-otel-gpu"), ("OTEL_GPU_SHUTDOWN_TIMEOUT", "0"),
-    ("OTEL_GPU_SHUTDOWN_TIMEOUT", "1.5"),
+    ("OTEL_GPU_SHUTDOWN_TIMEOUT", "1.5"), ("OTEL_GPU_UPROBE_LINKS", "kprobes"),
 ])
 def test_each_invalid_variable_is_named(var, value):
     with pytest.raises(ConfigError) as e:
