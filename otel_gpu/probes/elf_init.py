@@ -7,7 +7,8 @@ from __future__ import annotations
 import struct
 from typing import Optional
 
-PT_LOAD, PT_DYNAMIC = 1, 2
+from .elf_file import PT_DYNAMIC, ElfFile
+
 DT_NULL, DT_INIT = 0, 12
 MAX_DYNAMIC = 4096  # entries; a real dynamic section has a few dozen
 
@@ -17,32 +18,17 @@ def init_address(path: str) -> Optional[int]:
     file, unreadable, or no DT_INIT: some libraries only have DT_INIT_ARRAY)."""
     try:
         with open(path, "rb") as f:
-            head = f.read(64)
-            if len(head) < 64 or head[:4] != b"\x7fELF" or head[4] != 2 or head[5] != 1:
-                return None
-            phoff, = struct.unpack_from("<Q", head, 32)
-            phentsize, phnum = struct.unpack_from("<HH", head, 54)
-            if phentsize < 56 or phnum > 256:
-                return None
-            f.seek(phoff)
-            table = f.read(phentsize * phnum)
-            loads, dynamic = [], None
-            for i in range(phnum):
-                p_type, _, p_offset, p_vaddr, _, p_filesz, _ = struct.unpack_from("<IIQQQQQ", table, i * phentsize)
-                if p_type == PT_LOAD:
-                    loads.append((p_vaddr, p_offset, p_filesz))
-                elif p_type == PT_DYNAMIC:
-                    dynamic = (p_offset, p_filesz)
+            elf = ElfFile(f)
+            dynamic = next((s for s in elf.segments if s.type == PT_DYNAMIC), None)
             if dynamic is None:
                 return None
-            f.seek(dynamic[0])
-            data = f.read(min(dynamic[1], MAX_DYNAMIC * 16))
-    except (OSError, struct.error):
+            data = elf.read(dynamic.offset, min(dynamic.filesz, MAX_DYNAMIC * 16))
+    except (OSError, struct.error, ValueError):
         return None
     for tag, value in struct.iter_unpack("<qQ", data[:len(data) // 16 * 16]):
         if tag == DT_NULL:
             break
         if tag == DT_INIT:
             # Only an address inside a loaded segment of the file is a real function.
-            return value if value and any(v <= value < v + n for v, _, n in loads) else None
+            return value if value and elf.file_offset(value) is not None else None
     return None

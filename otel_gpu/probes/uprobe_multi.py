@@ -13,6 +13,8 @@ import os
 import struct
 from typing import Optional, Sequence
 
+from .elf_file import ElfFile
+
 SYS_BPF = 321  # x86-64 (the probes are x86-64 only: bpf/cuda_probes.c's ABI notes)
 BPF_PROG_LOAD, BPF_LINK_CREATE = 5, 28
 BPF_PROG_TYPE_KPROBE = 2
@@ -109,17 +111,7 @@ def _entry_offset(path: str) -> Optional[int]:
     """The file offset of an ELF64 executable's entry point, or None."""
     try:
         with open(path, "rb") as f:
-            head = f.read(64)
-            if len(head) < 64 or head[:4] != b"\x7fELF" or head[4] != 2:
-                return None
-            entry, phoff = struct.unpack_from("<QQ", head, 24)
-            phentsize, phnum = struct.unpack_from("<HH", head, 54)
-            f.seek(phoff)
-            table = f.read(phentsize * min(phnum, 256))
-    except (OSError, struct.error):
+            elf = ElfFile(f)
+            return elf.file_offset(elf.entry)
+    except (OSError, struct.error, ValueError):
         return None
-    for i in range(len(table) // max(phentsize, 56)):
-        p_type, _, p_offset, p_vaddr, _, p_filesz = struct.unpack_from("<IIQQQQ", table, i * phentsize)
-        if p_type == 1 and p_vaddr <= entry < p_vaddr + p_filesz:
-            return entry - p_vaddr + p_offset
-    return None

@@ -1,0 +1,97 @@
+"""Just enough of an ELF64 little-endian file (x86-64 executables and libraries) for the
+probes' questions: its entry point, program headers, section headers and static
+symbols, each read from the open file as asked. Used for DT_INIT (elf_init.py), the
+entry point the uprobe_multi check links to (uprobe_multi.py) and Go's build info and
+TLS slot (go_runtime.py). Anything else raises ValueError at construction."""
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from typing import BinaryIO, Optional
+
+PT_LOAD, PT_DYNAMIC, PT_TLS = 1, 2, 7
+PF_W = 2
+MAX_PHNUM = 256  # a real file has a dozen
+
+
+@dataclass(frozen=True)
+class Segment:
+    type: int
+    flags: int
+    offset: int
+    vaddr: int
+    filesz: int
+    memsz: int
+    align: int
+
+
+@dataclass(frozen=True)
+class Section:
+    type: int
+    offset: int
+    size: int
+    entsize: int
+
+
+class ElfFile:
+    def __init__(self, f: BinaryIO) -> None:
+        self.f = f
+        head = f.read(64)
+        if len(head) < 64 or head[:4] != b"\x7fELF" or head[4] != 2 or head[5] != 1:
+            raise ValueError("not a little-endian ELF64 file")
+        self.entry, phoff, self._shoff = struct.unpack_from("<QQQ", head, 24)
+        phentsize, phnum, self._shentsize, self._shnum, self._shstrndx = struct.unpack_from("<HHHHH", head, 54)
+        if phentsize < 56 or phnum > MAX_PHNUM:
+            raise ValueError("implausible program header table")
+        table = self.read(phoff, phentsize * phnum)
+        self.segments = [Segment(t, fl, off, va, fsz, msz, al) for t, fl, off, va, _, fsz, msz, al in
+                         (struct.unpack_from("<IIQQQQQQ", table, i * phentsize)
+                          for i in range(len(table) // phentsize))]
+        self._sections: Optional[dict] = None
+
+    def read(self, offset: int, size: int) -> bytes:
+        self.f.seek(offset)
+        return self.f.read(size)
+
+    def file_offset(self, vaddr: int) -> Optional[int]:
+        """Where in the file the loaded address `vaddr` comes from; None outside every PT_LOAD."""
+        for s in self.segments:
+            if s.type == PT_LOAD and s.vaddr <= vaddr < s.vaddr + s.filesz:
+                return vaddr - s.vaddr + s.offset
+        return None
+
+    @property
+    def sections(self) -> dict:
+        """name -> Section; {} when the file has no section table (stripped of it)."""
+        if self._sections is None:
+            self._sections = self._read_sections()
+        return self._sections
+
+    def _read_sections(self) -> dict:
+        n, size = self._shnum, self._shentsize
+        if not self._shoff or not n or size < 64:
+            return {}
+        raw = self.read(self._shoff, size * n)
+        heads = [struct.unpack_from("<IIQQQQIIQQ", raw, i * size) for i in range(len(raw) // size)]
+        if self._shstrndx >= len(heads):
+            return {}
+        names = self.read(heads[self._shstrndx][4], heads[self._shstrndx][5])
+        out = {}
+        for name_off, typ, _, _, off, sz, _, _, _, entsize in heads:
+            end = names.find(b"\0", name_off)
+            out[names[name_off:end].decode(errors="replace")] = Section(typ, off, sz, entsize)
+        return out
+
+    def symbol(self, name: str) -> Optional[int]:
+        """The value of a static symbol (.symtab), or None (stripped, or not there)."""
+        symtab, strtab = self.sections.get(".symtab"), self.sections.get(".strtab")
+        if symtab is None or strtab is None or symtab.entsize < 24:
+            return None
+        strings = self.read(strtab.offset, strtab.size)
+        raw = self.read(symtab.offset, symtab.size)
+        want = name.encode() + b"\0"
+        for i in range(0, len(raw) - 23, symtab.entsize):
+            name_off, = struct.unpack_from("<I", raw, i)
+            if strings[name_off:name_off + len(want)] == want:
+                return struct.unpack_from("<Q", raw, i + 8)[0]
+        return None
