@@ -19,32 +19,34 @@ ATTACH_TARGET_S = 0.3  # every probe of a start, attached
 STOP_TARGET_S = 6.0    # --shutdown-timeout (5 s, the default) + 1 s
 
 
+def _attached(col: Collector) -> dict:
+    """Probes attached at `ready` and the time spent on them (the `ready` line), or None each."""
+    m = next((m for m in (ATTACHED_RE.search(l) for l in col.log.lines) if m), None)
+    return {"probes": int(m.group(1)) if m else None, "attach_s": float(m.group(2)) if m else None}
+
+
 def run(quick: bool, starts: list) -> dict:
     iters, reps = (100_000, 3) if quick else (500_000, 5)
     out: dict = {"iters": iters, "reps": reps, "none": _loop(iters, reps)}
     for mode in MODES:
         col = Collector(args=("--uprobe-links", mode))
         starts.append(col.ready_s)
-        attached = [m for m in (ATTACHED_RE.search(l) for l in col.log.lines) if m]
+        attached = _attached(col)
         col.stop()
-        out[f"default_{mode}"] = {"probes": int(attached[0].group(1)) if attached else None,
-                                  "attach_s": float(attached[0].group(2)) if attached else None,
-                                  "stop_s": col.stop_s}
+        out[f"default_{mode}"] = {**attached, "stop_s": col.stop_s}
     for mode in MODES:
         loop = LaunchLoop("--iters", str(iters), "--reps", str(reps))
         col = Collector(args=("--pid", str(loop.pid), "--uprobe-links", mode))
         starts.append(col.ready_s)
         try:
             col.wait_traced(loop.pid)
-            attached = [m for m in (ATTACHED_RE.search(l) for l in col.log.lines) if m]
+            attached = _attached(col)
             loop.go()
             res = loop.result()
         finally:
             summary = col.stop()
         res["median_ns"] = statistics.median(res["cpu_reps"])
-        out[mode] = {"loop": res, "probes": int(attached[0].group(1)) if attached else None,
-                     "attach_s": float(attached[0].group(2)) if attached else None,
-                     "stop_s": col.stop_s, "counted": summary.get("cuda_calls_seen", 0),
+        out[mode] = {"loop": res, **attached, "stop_s": col.stop_s, "counted": summary.get("cuda_calls_seen", 0),
                      "launched": res["launched"]}
     out["none_after"] = _loop(iters, reps)
     base = statistics.median(out["none"]["cpu_reps"] + out["none_after"]["cpu_reps"])

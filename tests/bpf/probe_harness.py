@@ -13,13 +13,14 @@ from otel_gpu.probes.table import rows_for
 from tests.harness import ROOT, TARGETS
 
 
-def open_fds(kind: str) -> int:
-    """This process's open descriptors of one anonymous-inode kind: "[perf_event]" (an
-    attached uprobe or tracepoint), "bpf-map", "bpf-prog"."""
+def open_fds(kind: str, pid: int | str = "self") -> int:
+    """A process's open descriptors of one anonymous-inode kind: "[perf_event]" (an
+    attached tracepoint or perf uprobe), "bpf_link" (an uprobe_multi link, a raw
+    tracepoint), "bpf-map", "bpf-prog"."""
     n = 0
-    for fd in os.listdir("/proc/self/fd"):
+    for fd in os.listdir(f"/proc/{pid}/fd"):
         try:
-            n += os.readlink(f"/proc/self/fd/{fd}") == f"anon_inode:{kind}"
+            n += os.readlink(f"/proc/{pid}/fd/{fd}") == f"anon_inode:{kind}"
         except OSError:
             pass
     return n

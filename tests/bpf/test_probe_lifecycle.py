@@ -6,6 +6,7 @@ import os
 import pytest
 
 from otel_gpu.probes.table import CUDA_PROBES, HTTP_TRACEPOINTS, LIBRARY_TRACEPOINTS
+from tests.bpf.probe_harness import open_fds
 
 
 def test_every_cuda_handler_loads():
@@ -28,21 +29,9 @@ def _our_uprobes(pid: int) -> list[str]:
         return [line for line in f if f"bcc_{pid}" in line]
 
 
-def _fds(pid: int, kind: str) -> int:
-    """Descriptors of one anon inode kind the collector holds: each tracepoint and perf
-    uprobe is a perf event ("[perf_event]"), each uprobe_multi link a "bpf_link"."""
-    n = 0
-    for fd in os.listdir(f"/proc/{pid}/fd"):
-        try:
-            n += os.readlink(f"/proc/{pid}/fd/{fd}") == f"anon_inode:{kind}"
-        except OSError:
-            pass
-    return n
-
-
 def _probe_fds(pid: int) -> int:
     """Every probe the collector holds open, perf event or link."""
-    return _fds(pid, "[perf_event]") + _fds(pid, "bpf_link")
+    return open_fds("[perf_event]", pid) + open_fds("bpf_link", pid)
 
 
 @pytest.mark.parametrize("links", ["auto", "perf"])
@@ -56,7 +45,7 @@ def test_sigterm_detaches_every_probe(receiver, start_collector, start_target, l
     assert any(f"uprobes: {expected}" in line for line in collector.log.lines)
     # The tracepoints are perf events; graph_probes.c's raw tracepoint is a link.
     tracepoints = len(HTTP_TRACEPOINTS) + len(LIBRARY_TRACEPOINTS)
-    perf, link = _fds(pid, "[perf_event]") - tracepoints, _fds(pid, "bpf_link") - 1
+    perf, link = open_fds("[perf_event]", pid) - tracepoints, open_fds("bpf_link", pid) - 1
     assert perf >= 0 and link >= 0, (perf, link)
     uprobes, others = (link, perf) if links == "auto" else (perf, link)
     assert uprobes >= 20 and others == 0, (perf, link)
