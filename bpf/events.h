@@ -38,6 +38,8 @@ enum event_kind {
     EV_KERNEL_HANDLE = 13, /* a kernel handle was handed out: what it names */
     EV_NCCL = 16,       /* an NCCL collective or point-to-point call (nccl_probes.c) */
     EV_GRAPH_OP = 14,   /* CUDA graph capture begin/end, instantiate, destroy (graph_op_event) */
+    EV_GO_SPAWN = 17,   /* a traced Go process started a goroutine (py_context_event: ctx new, parent its creator) */
+    EV_GO_WAKE = 18,    /* a goroutine made another runnable (py_context_event: ctx the woken, parent the waker) */
 };
 
 /* event_header.flags bits. */
@@ -223,7 +225,8 @@ struct user_launch_config {
 
 /* EV_PY_CONTEXT, from PyContext_CopyCurrent's return (asyncio Task and Handle,
  * contextvars.copy_context()). A context is named by its address, which is its
- * CPython id(): the PyThreadState.context pointer of the thread running it. */
+ * CPython id(): the PyThreadState.context pointer of the thread running it.
+ * EV_GO_SPAWN and EV_GO_WAKE too (bpf/go_probes.c), with GO_UNIT | goid for both. */
 struct py_context_event {
     struct event_header h;
     u64 ctx;          /* the new copy */

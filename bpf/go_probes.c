@@ -47,3 +47,79 @@ static __always_inline u64 exec_unit(u32 tgid, u32 tid)
     struct go_proc *p = go_procs.lookup(&tgid);
     return p ? go_goroutine(p) : 0;
 }
+
+/* Goroutine lineage and hand-offs, from two runtime functions (addresses from
+ * .gopclntab: probes/go_functions.py). Go code is called with the register ABI:
+ * newproc1(fn, callergp, ...) and runqput(pp, gp, next) have gp in RBX. `go f()` runs
+ * newproc1 then runqput(new g) on the creator's thread (the creator is m.curg);
+ * every other runqput is a wake-up (ready(): a channel send, a mutex unlock), made by
+ * m.curg, or by no goroutine at all (the scheduler, netpoll, timers: curg is 0).
+ * Streamed while the process has HTTP activity, as Python's context copies are. */
+
+/* pid_tgid -> 1 between newproc1 and the runqput of the goroutine it made. LRU: a
+ * newproc1 that puts nothing on a run queue (a coroutine) leaves no leak. */
+BPF_TABLE("lru_hash", u64, u8, go_spawning, 16384);
+/* (tgid, waker goid, woken goid) already reported: one record per pair of goroutines. */
+struct go_wake_key {
+    u32 tgid;
+    u32 pad;
+    u64 waker;
+    u64 woken;
+};
+BPF_TABLE("lru_hash", struct go_wake_key, u8, go_wakes, 65536);
+
+static __always_inline struct go_proc *go_streaming(u32 tgid)
+{
+    struct go_proc *p = go_procs.lookup(&tgid);
+    if (!p || !p->g_parent_goid)
+        return 0;
+    s64 *active = http_active.lookup(&tgid);
+    return active && *active > 0 ? p : 0;
+}
+
+int go_newproc1(struct pt_regs *ctx)
+{
+    u64 id = bpf_get_current_pid_tgid();
+    if (!go_streaming(id >> 32))
+        return 0;
+    u8 one = 1;
+    go_spawning.update(&id, &one);
+    return 0;
+}
+
+int go_runqput(struct pt_regs *ctx)
+{
+    u64 id = bpf_get_current_pid_tgid();
+    u32 tgid = id >> 32;
+    struct go_proc *p = go_streaming(tgid);
+    if (!p)
+        return 0;
+    u8 *spawning = go_spawning.lookup(&id);
+    u8 spawn = spawning && *spawning;
+    if (spawning)
+        go_spawning.delete(&id);
+    u64 me = go_goroutine(p);
+    u64 gp = ctx->bx, goid = 0, parent = 0;
+    if (!me || !gp || bpf_probe_read_user(&goid, sizeof(goid), (void *)(gp + p->g_goid)) || !goid)
+        return 0;
+    bpf_probe_read_user(&parent, sizeof(parent), (void *)(gp + p->g_parent_goid));
+    goid |= GO_UNIT;
+    if (goid == me)
+        return 0;
+    u32 type = EV_GO_WAKE;
+    if (spawn && (parent | GO_UNIT) == me) {
+        type = EV_GO_SPAWN;
+    } else {
+        struct go_wake_key key = {.tgid = tgid, .waker = me, .woken = goid};
+        if (go_wakes.lookup(&key))
+            return 0;
+        u8 one = 1;
+        go_wakes.update(&key, &one);
+    }
+    struct py_context_event e = {};
+    fill_header(&e.h, type, id);
+    e.ctx = goid;
+    e.parent = me;
+    submit(&e, sizeof(e));
+    return 0;
+}

@@ -191,21 +191,23 @@ class Collector:
     def _scan(self, only: Optional[set] = None) -> set:
         """All of /proc, or only the processes `only` (they just loaded or opened a CUDA
         library); returns the CUDA processes found."""
-        from .probes.table import PYTHON
+        from .probes.table import GO, PYTHON
         found = self.discovery.scan(only)
         python = found.python if self.config.python_context else {}
+        go = found.go if self.config.go_goroutines else {}
+        optional = {PYTHON: self.config.python_context, GO: self.config.go_goroutines}
         # Default: one probe set per file, for every process mapping it. With --pid/--exe:
         # per selected process, so the other processes mapping the same file never trap.
         wanted = [(None, t) for t in found.targets] if self.config.trace_all else \
             [(pid, t) for pid, targets in found.by_pid.items() for t in targets]
         self.program.set_runtime_text(found.runtime_text)  # before any new pid is traced: exact from its first scan
         for pid, target in wanted:
-            if target.kind != PYTHON or self.config.python_context:
+            if optional.get(target.kind, True):
                 self.program.attach(target, pid)
         # Default mode: the next process loading a file seen here is traced at once. Not
         # with --pid/--exe: a file-wide probe would outlive the processes that brought it.
         for target in found.targets if self.config.trace_all else ():
-            if target.kind != PYTHON:
+            if target.kind not in optional:
                 self.program.attach_load_probe(target)
         for pid in self.program.probed_pids() - found.cuda_pids if only is None else ():
             self.program.detach(pid, "exited, or no longer selected or mapping CUDA")
@@ -215,8 +217,10 @@ class Collector:
             self._follows.pop(pid, None)  # trace() reset it
             if pid in python:
                 self.program.trace_python(pid, python[pid])
-            log.info("tracing pid %d%s%s", pid, " (Python contexts)" if pid in python else "",
-                     " as it loads CUDA" if only else "")
+            if pid in go:
+                self.program.trace_go(pid, go[pid])
+            units = " (Python contexts)" if pid in python else f" (goroutines, {go[pid].version})" if pid in go else ""
+            log.info("tracing pid %d%s%s", pid, units, " as it loads CUDA" if only else "")
         servers = found.servers - found.cuda_pids - self._servers
         for pid in sorted(servers):
             self.program.trace(pid)

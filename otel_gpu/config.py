@@ -67,6 +67,7 @@ class Config:
     resource_attributes: dict = field(default_factory=dict)  # our OTEL_RESOURCE_ATTRIBUTES
     self_service_name: str = "otel-gpu"  # service.name of the collector's own metrics
     python_context: bool = True   # probe Python interpreters for asyncio task / context attribution
+    go_goroutines: bool = True    # read Go processes' goroutines for attribution (bpf/go_probes.c)
     uprobe_links: str = "auto"    # auto, multi or perf: how uprobes are planted (probes/uprobe_links.py)
     log_level: str = "info"
 
@@ -202,6 +203,9 @@ def add_run_arguments(p) -> None:
                    help="attribute CUDA calls of Python services by asyncio task / contextvars context "
                         "(OTEL_GPU_PYTHON_CONTEXT; default on)")
     p.add_argument("--no-python-context", dest="python_context", action="store_false")
+    p.add_argument("--go-goroutines", dest="go_goroutines", action="store_true", default=None,
+                   help="attribute CUDA calls of Go services by goroutine (OTEL_GPU_GO_GOROUTINES; default on)")
+    p.add_argument("--no-go-goroutines", dest="go_goroutines", action="store_false")
     p.add_argument("--uprobe-links", help="how uprobes are planted: auto (uprobe_multi links where the kernel "
                    "has them, 6.6+; else perf-event uprobes), multi or perf (OTEL_GPU_UPROBE_LINKS; default auto)")
 
@@ -347,6 +351,7 @@ def load_config(args=None, env: Mapping[str, str] = os.environ) -> Config:
         log_level=src.text("log_level", "OTEL_GPU_LOG_LEVEL", "info").lower(),
         uprobe_links=src.text("uprobe_links", "OTEL_GPU_UPROBE_LINKS", "auto").lower(),
         python_context=src.boolean("python_context", "OTEL_GPU_PYTHON_CONTEXT", True),
+        go_goroutines=src.boolean("go_goroutines", "OTEL_GPU_GO_GOROUTINES", True),
     )
     try:
         return config.validate()

@@ -27,6 +27,9 @@ EV_PY_CONTEXT = 12
 EV_KERNEL_HANDLE = 13
 EV_GRAPH_OP = 14
 EV_NCCL = 16
+EV_GO_SPAWN = 17
+EV_GO_WAKE = 18
+GO_UNIT = 1 << 63  # a record's ctx names a goroutine (GO_UNIT | goid), not a Python context
 
 # enum event_flag: bits of event_header.flags
 EV_FLAG_UNREADABLE = 1  # a value read from the traced process's memory failed: its fields are 0

@@ -1,4 +1,5 @@
-"""Python execution contexts of one traced process, and which request each belongs to.
+"""Execution units of one traced process (Python contexts, Go goroutines), and which
+request each belongs to.
 
 The probes report every copy of a contextvars.Context (ContextCopy: a new asyncio Task,
 a call_soon handle, copy_context() before a worker thread runs code in it) and the
@@ -23,6 +24,19 @@ context running on the thread of each CUDA call and socket read/write. From thos
   probes) is held the same way, in a context no request can bind: never the one open
   request's. ctx == 0 (not Python, or not known): the stitcher's thread rules.
 
+Go goroutines (ctx = GO_UNIT | goid; bpf/go_probes.c) are units of the same forest: a
+goroutine start is a ContextCopy (made by its creator), every goroutine met is tracked.
+- binding: on a connection that serves one request at a time (HTTP/1), the goroutine
+  that reads a request's head is bound to it until it finishes (net/http's connection
+  goroutine runs the handler, and the next request only after this one is answered).
+  A goroutine started after the request began by a goroutine bound to it is the
+  request's too (a handler's fan-out); one started before belongs to no request the
+  connection serves later.
+- hand-offs (UnitWake): a goroutine that woke, or was woken by, a goroutine that read a
+  request serves requests without being bound to one (a batcher fed by handlers). Its
+  calls while requests are open are shared, linked to them; a goroutine with no such
+  hand-off (background work) is outside, even while a request is open.
+
 Nothing is guessed: a call reaches a request only through a binding. Tables are bounded:
 contexts by an LRU cap and an idle sweep at each Tick, held calls by a per-context cap
 (past the span budget they are folded by (call, detail)) and a per-process cap past
@@ -35,8 +49,9 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from ..ratelimit import RateLimitedLog, Stats
-from .model import AMBIGUOUS, OUTSIDE, TASK, Request, RollupAgg, busy_end
-from .records import CallAggregate, ContextCopy, CudaCall
+from .abi import GO_UNIT
+from .model import AMBIGUOUS, OUTSIDE, SHARED, TASK, Request, RollupAgg, busy_end
+from .records import CallAggregate, ContextCopy, CudaCall, UnitWake
 
 HELD = "held"             # call() verdict: kept until its request is known
 MAX_CONTEXTS = 50_000     # tracked contexts per process (LRU past it)
@@ -44,6 +59,7 @@ MAX_HELD = 100_000        # held calls and folds per process; past it, ambiguous
 MAX_DEPTH = 64            # ancestors walked from a context
 IDLE_NS = 120 * 10**9     # an unused context no open request may own is forgotten after this
 THREAD_IDLE_NS = 600 * 10**9  # a context thread not seen for this long is forgotten
+MAX_PARTNERS = 256        # hand-off partners remembered per goroutine
 
 
 class Node:
@@ -93,7 +109,10 @@ class ProcessContexts:
         self.max_contexts, self.max_held = max_contexts, max_held
         self.nodes: OrderedDict[int, Node] = OrderedDict()  # addr -> Node, least recently used first
         self.threads: dict[int, int] = {}    # context thread -> last seen
+        self.open: dict[int, Request] = {}     # id -> open request
         self.unbound: dict[int, Request] = {}  # id -> open request not bound yet
+        self.readers: set[int] = set()         # goroutines that read a request's head
+        self.partners: dict[int, set] = {}     # goroutine -> goroutines it woke or was woken by
         self._cands: Optional[tuple] = None  # the same tuple while `unbound` is unchanged
         self.bindings: dict[int, list] = {}  # id(request) -> Nodes bound to it
         self.index: dict[int, dict] = {}     # id(request) -> {Held it is a candidate of: None}
@@ -112,6 +131,19 @@ class ProcessContexts:
         self.nodes[ev.ctx] = Node(ev.ctx, ev.parent, parent.created if parent else None, ev.ts_ns)
         if len(self.nodes) > self.max_contexts:
             self._evict()
+
+    def wake(self, ev: UnitWake) -> None:
+        for unit, other in ((ev.woken, ev.waker), (ev.waker, ev.woken)):
+            known = self.partners.pop(unit, None) or set()
+            if len(known) < MAX_PARTNERS:
+                known.add(other)
+            self.partners[unit] = known  # most recently active last
+        while len(self.partners) > self.max_contexts:
+            del self.partners[next(iter(self.partners))]
+
+    def _hands_off(self, unit: int) -> bool:
+        """`unit` woke, or was woken by, a goroutine that read a request."""
+        return not self.readers.isdisjoint(self.partners.get(unit, ()))
 
     def _adopt(self, addr: int) -> Node:
         """A context whose creation we never saw, met on a context thread (a task started
@@ -141,10 +173,14 @@ class ProcessContexts:
         return p if p is not None and p.created == node.parent_created else None
 
     def _owner(self, node: Node, ts: int = 0) -> Optional[Request]:
-        n, depth = node, 0
+        """The request bound to `node` or its nearest bound ancestor, when every unit
+        between them was made after that request began (a unit made earlier was made
+        for an earlier request, or for none)."""
+        n, depth, made = node, 0, None
         while n is not None and depth < MAX_DEPTH:
             if n.bound is not None:
-                return n.bound
+                return n.bound if made is None or made > n.bound.start_ns else None
+            made = n.created if made is None else min(made, n.created)
             n, depth = self._parent(n), depth + 1
             if n is not None and ts:
                 self._touch(n, ts)
@@ -176,6 +212,7 @@ class ProcessContexts:
 
     # --- requests --------------------------------------------------------------------
     def opened(self, req: Request) -> None:
+        self.open[id(req)] = req
         self.unbound[id(req)] = req
         self._cands = None
 
@@ -198,6 +235,23 @@ class ProcessContexts:
             n.bound = req
             chain.append(n)
             n = self._parent(n) if ancestors else None
+        return self._bound(req, node, chain)
+
+    def read_head(self, req: Request, unit: int, tid: int, ts: int) -> list[Outcome]:
+        """Goroutine `unit` read `req`'s head on a connection serving one request at a
+        time: it serves `req` until `req` finishes. Python contexts are not bound so
+        (the loop's connection callbacks read; a task serves)."""
+        if not unit & GO_UNIT or id(req) not in self.unbound:
+            return []
+        node = self.seen(tid, unit, ts) or self._adopt(unit)
+        self.readers.add(unit)
+        if node.bound is not None:  # still serving another request: never two at once
+            return []
+        node.bound = req
+        return self._bound(req, node, [node])
+
+    def _bound(self, req: Request, node: Node, chain: list) -> list[Outcome]:
+        """`req` is bound to `node` (and `chain`): the held calls it owns land."""
         req.context = node.addr
         self.bindings[id(req)] = chain
         del self.unbound[id(req)]
@@ -213,6 +267,7 @@ class ProcessContexts:
     def finished(self, req: Request) -> list[Outcome]:
         """`req` is done: its bindings end; held calls it never owned count on it as
         ambiguous and settle once no other candidate may own them."""
+        self.open.pop(id(req), None)
         if self.unbound.pop(id(req), None) is not None:
             self._cands = None
         for n in self.bindings.pop(id(req), ()):
@@ -241,7 +296,7 @@ class ProcessContexts:
         """HELD, (attribution, request or candidates), or None: the thread rules decide."""
         node = self.nodes.get(ev.ctx)
         if node is None:
-            if ev.tid not in self.threads:
+            if ev.tid not in self.threads and not ev.ctx & GO_UNIT:
                 return None
             node = self._adopt(ev.ctx)
         self.threads[ev.tid] = ev.ts_ns
@@ -252,6 +307,8 @@ class ProcessContexts:
             return TASK, owner
         cands = self.candidates()
         if not cands:
+            if self.open and ev.ctx & GO_UNIT and self._hands_off(ev.ctx):
+                return SHARED, list(self.open.values())
             return OUTSIDE, None
         if self.entries >= self.max_held:
             self._log.event("held_calls_overflow", logging.WARNING,

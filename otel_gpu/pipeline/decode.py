@@ -15,9 +15,9 @@ from . import abi
 from .abi import (EV_ACCEPT, EV_CUDA_DEVICE, EV_CUDA_GRAPH, EV_CUDA_LAUNCH, EV_CUDA_MEMCPY,
                   EV_CUDA_MEMORY, EV_CUDA_SYNC, EV_PROC_EXIT, EV_FLAG_UNREADABLE, EV_PY_CONTEXT, EV_SOCK_CLOSE,
                   EV_SOCK_READ, EV_SOCK_WRITE, HTTP_DATA_CAP, HTTP_TAIL_CAP)
-from .abi import EV_FLAG_CAPTURE, EV_FLAG_TLS, EV_GRAPH_OP, EV_KERNEL_HANDLE, EV_NCCL
+from .abi import EV_FLAG_CAPTURE, EV_FLAG_TLS, EV_GO_SPAWN, EV_GO_WAKE, EV_GRAPH_OP, EV_KERNEL_HANDLE, EV_NCCL
 from .records import (Accept, ContextCopy, DeviceCall, GraphCall, KernelHandle, LaunchCall, MemcpyCall,
-                      GraphOp, MemoryCall, NcclCall, ProcExit, SockClose, SockIo, SyncCall)
+                      GraphOp, MemoryCall, NcclCall, ProcExit, SockClose, SockIo, SyncCall, UnitWake)
 
 
 class DecodeError(ValueError):
@@ -35,7 +35,7 @@ DEVICE = struct.Struct(_CUDA_HEADER + "I4x")      # device, pad
 GRAPH_OP = struct.Struct(_CUDA_HEADER + "QQQ")    # stream, graph, graph_exec
 # count, bytes, comm, stream, group, datatype, redop, peer, nranks, rank, pad
 NCCL = struct.Struct(_CUDA_HEADER + "QQQQQIIiIi4x")
-PY_CONTEXT = struct.Struct("<B3xII4xQQQ")         # header, ctx, parent
+PY_CONTEXT = struct.Struct("<B3xII4xQQQ")         # header, ctx, parent (and the Go unit records)
 # kernel_handle_event up to its name: header, call, ret, handle, source, name_len, pad
 KERNEL_HANDLE = struct.Struct("<BBxxII4xQIiQQI4x")
 
@@ -102,6 +102,16 @@ def _py_context(buf, size):
     return ContextCopy(tgid, tid, ts, ctx, parent)
 
 
+def _go_spawn(buf, size):
+    _, tgid, tid, ts, goroutine, creator = _exact(buf, size, PY_CONTEXT, "goroutine start")
+    return ContextCopy(tgid, tid, ts, goroutine, creator)
+
+
+def _go_wake(buf, size):
+    _, tgid, tid, ts, woken, waker = _exact(buf, size, PY_CONTEXT, "goroutine wake-up")
+    return UnitWake(tgid, tid, ts, woken, waker)
+
+
 def _kernel_handle(buf, size):
     fixed = KERNEL_HANDLE.size
     if size < fixed:
@@ -164,7 +174,7 @@ _BY_KIND = {EV_CUDA_MEMCPY: _memcpy, EV_CUDA_MEMORY: _memory, EV_CUDA_SYNC: _syn
             EV_CUDA_GRAPH: _graph, EV_CUDA_DEVICE: _device, EV_SOCK_READ: _sock_io,
             EV_SOCK_WRITE: _sock_io, EV_ACCEPT: _accept, EV_SOCK_CLOSE: _close,
             EV_PROC_EXIT: _proc_exit, EV_GRAPH_OP: _graph_op, EV_PY_CONTEXT: _py_context, EV_KERNEL_HANDLE: _kernel_handle,
-            EV_NCCL: _nccl}
+            EV_NCCL: _nccl, EV_GO_SPAWN: _go_spawn, EV_GO_WAKE: _go_wake}
 # Indexing bytes gives an int, a ctypes c_char array (the reader's zero-copy view)
 # a 1-byte bytes: both spellings are keys, so one lookup serves either buffer.
 _BY_KIND.update({bytes([k]): fn for k, fn in list(_BY_KIND.items())})

@@ -225,7 +225,7 @@ class Request:
     resource: Any = None                 # set by enrich: the process's OTel Resource
     kernel_names: dict = field(default_factory=dict)  # set by enrich: func -> name or None
     device_identity: Any = None  # set by enrich: gpu_devices.Identity of busy.device
-    context: int = 0  # the Python context (id()) it bound to (pipeline/contexts.py); 0: none
+    context: int = 0  # the execution unit it bound to (pipeline/contexts.py); 0: none
     untracked_connections: int = 0  # its process's connections the kernel could not track, at its end
 
 

@@ -173,14 +173,26 @@ class NcclCall(CudaCall):
 
 @dataclass(slots=True)
 class ContextCopy:
-    """A Python process copied its current contextvars.Context (PyContext_CopyCurrent:
-    a new asyncio Task, call_soon, copy_context() before a worker thread runs code in
-    it): `ctx` was derived from `parent`, the context running on the thread then."""
+    """A new execution unit `ctx`, made by `parent` (the unit running on the thread then):
+    a Python process copied its contextvars.Context (PyContext_CopyCurrent: a new
+    asyncio Task, call_soon, copy_context() before a worker thread runs code in it), or
+    a Go process started a goroutine (`go f()`: GO_UNIT | goid for both)."""
     tgid: int
     tid: int
     ts_ns: int
     ctx: int
     parent: int
+
+
+@dataclass(slots=True)
+class UnitWake:
+    """Goroutine `waker` made goroutine `woken` runnable (a channel send, a mutex
+    unlock): work handed from one to the other. The first time for each pair only."""
+    tgid: int
+    tid: int
+    ts_ns: int
+    woken: int
+    waker: int
 
 
 @dataclass(slots=True)
@@ -283,4 +295,5 @@ class ProcessGone:
     comm: str = ""  # from the exit event: names a process /proc was never read for
 
 
-Event = Union[Accept, SockIo, SockClose, CudaCall, CallAggregate, ContextCopy, ProcExit, KernelRollup, Tick]
+Event = Union[Accept, SockIo, SockClose, CudaCall, CallAggregate, ContextCopy, UnitWake, ProcExit, KernelRollup,
+              Tick]

@@ -32,7 +32,7 @@ from .contexts import ProcessContexts
 from .handlers import HandlerPairs
 from .model import ATTRIBUTIONS, CallSink, ProcessWindow, Request
 from .records import (Accept, CallAggregate, RequestOpened, ContextCopy, CudaCall, EV_SOCK_READ, KernelRollup,
-                      ProcessGone, ProcessSeen, ProcExit, SockClose, SockIo, Tick)
+                      ProcessGone, ProcessSeen, ProcExit, SockClose, SockIo, Tick, UnitWake)
 from .traceparent import parse_traceparent
 
 log = logging.getLogger(__name__)
@@ -107,6 +107,8 @@ class Stitcher(CallAttribution):
                     self._on_write(ev, out)
             elif isinstance(ev, ContextCopy):
                 self._proc(ev.tgid, out).contexts.copied(ev)
+            elif isinstance(ev, UnitWake):
+                self._proc(ev.tgid, out).contexts.wake(ev)
             elif isinstance(ev, Accept):
                 self._on_accept(ev, out)
             elif isinstance(ev, SockClose):
@@ -188,11 +190,11 @@ class Stitcher(CallAttribution):
             p.broken.setdefault(ev.tid, set()).add(ev.fd)
             return
         if c.session is not None:
-            reads = ((ev.data, ev.ret, ev.ts_ns, ev.tid),)
+            reads = ((ev.data, ev.ret, ev.ts_ns, ev.tid, ev.ctx),)
         elif (reads := self._detect(p, c, ev)) is None:
             return
-        for data, length, ts, tid in reads:
-            self._apply(p, c, c.session.on_read(data, length, ts, tid), tid, ts, out)
+        for data, length, ts, tid, unit in reads:
+            self._apply(p, c, c.session.on_read(data, length, ts, tid), tid, ts, out, unit)
             if c.broken:
                 return
         if c.session.partial:
@@ -207,7 +209,7 @@ class Stitcher(CallAttribution):
         if ev.ret <= 0 and not ev.data:
             return None  # nothing read: nothing to tell
         c.prefix = (c.prefix + ev.data)[:DETECT_MAX]
-        c.early.append((ev.data, ev.ret, ev.ts_ns, ev.tid))
+        c.early.append((ev.data, ev.ret, ev.ts_ns, ev.tid, ev.ctx))
         proto = protocols.detect(c.prefix)
         if proto is protocols.PENDING:
             if ev.ret <= len(ev.data):
@@ -231,8 +233,9 @@ class Stitcher(CallAttribution):
         for t in [t for t, fd in p.partial_heads.items() if fd == c.fd]:
             del p.partial_heads[t]
 
-    def _apply(self, p: Proc, c: Conn, events: list, tid: int, ts: int, out: list) -> None:
-        """A session's events for one read, write or close (tid, ts: that syscall's)."""
+    def _apply(self, p: Proc, c: Conn, events: list, tid: int, ts: int, out: list, unit: int = 0) -> None:
+        """A session's events for one read, write or close (tid, ts, unit: that syscall's
+        thread, time and execution unit)."""
         for e in events:
             kind = type(e)
             if kind is RequestStarted:
@@ -240,7 +243,10 @@ class Stitcher(CallAttribution):
                 if old is not None:  # a session that reuses an open stream: never two spans in one
                     self.stats.add("requests_incomplete")
                     self._finish(p, c, old, e.start_ns, "stream reused", out)
-                self._activate(p, c, e.stream, self._new_request(p, c, e.head, e.start_ns, e.tid), out)
+                req = self._new_request(p, c, e.head, e.start_ns, e.tid)
+                self._activate(p, c, e.stream, req, out)
+                if unit and c.session.serial:
+                    self._settle(p, p.contexts.read_head(req, unit, tid, ts))
             elif kind is ResponseStatus:
                 if (req := c.streams.get(e.stream)) is not None:
                     req.status = e.status
@@ -318,7 +324,7 @@ class Stitcher(CallAttribution):
             self._settle(p, p.contexts.bind(req, ev, ancestors=False))
         if c.session.written and self._handler_pair(p, ev, c.streams.values()):  # before the events end streams
             p.pairs.wrote((ev.tid, ev.ctx), c.session.written, c.streams, ev.ts_ns)
-        self._apply(p, c, events, ev.tid, ev.ts_ns, out)
+        self._apply(p, c, events, ev.tid, ev.ts_ns, out, ev.ctx)
 
     @staticmethod
     def _responding_stream(c: Conn, events: list) -> Optional[Request]:

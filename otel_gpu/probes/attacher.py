@@ -122,10 +122,12 @@ class Attacher:
     def _attach_row(self, target: ProbeTarget, row: UprobeRow, pid: Optional[int]) -> tuple[list, Optional[str]]:
         """One row's probes, all or none: (handles, None) or ([], the error)."""
         events, error = [], None
+        addr = dict(target.addresses).get(row.symbol)  # a function a stripped file names elsewhere
+        where = {"symbol": row.symbol} if addr is None else {"addr": addr}
         try:
-            events += self.uprobes.attach(target.path, row.entry, symbol=row.symbol, pid=pid)
+            events += self.uprobes.attach(target.path, row.entry, pid=pid, **where)
             if row.ret:
-                events += self.uprobes.attach(target.path, row.ret, symbol=row.symbol, ret=True, pid=pid)
+                events += self.uprobes.attach(target.path, row.ret, ret=True, pid=pid, **where)
         except Exception as e:
             error = str(e) or type(e).__name__
         if error is not None and events:  # the entry attached, its return probe did not

@@ -1,7 +1,9 @@
 """Finds CUDA processes and the files to probe, through /proc: libcudart under any
 name and path (wheels, toolkit, libcudart-<hash>.so.11.0), libcuda, and
 executables with cudart linked in statically (nvcc's default); and, for a CUDA
-process that runs CPython, its interpreter file (probes/python.py says which).
+process that runs CPython, its interpreter file (probes/python.py says which), and for
+one that is a Go executable, its goroutine layout and runtime functions
+(probes/go_runtime.py, probes/go_functions.py).
 Re-run every few seconds, so processes that start or dlopen CUDA later are picked up;
 a process that loads an already-probed library is scanned alone at once
 (bpf/library_probes.c), and the well-known library files are probed before any
@@ -21,9 +23,10 @@ from typing import Callable, Iterable, Optional
 
 from .. import proc
 from ..pipeline import sockets
-from . import python
+from . import go_functions, go_runtime, python
+from .elf_file import ElfFile
 from .runtime_text import runtime_ranges
-from .table import DRIVER, NCCL, PYTHON, RUNTIME, TLS
+from .table import DRIVER, GO, GO_PROBES, NCCL, PYTHON, RUNTIME, TLS
 
 log = logging.getLogger(__name__)
 
@@ -37,9 +40,10 @@ LIBSSL_RE = re.compile(r"/libssl\.so\.(?:3|1\.1)$")  # OpenSSL 3 and 1.1 (bpf/tl
 class ProbeTarget:
     """A file to attach uprobes to: for every process mapping it, or (with
     --pid/--exe) for one process, through that process's root."""
-    kind: str          # RUNTIME, DRIVER, NCCL, PYTHON or TLS
+    kind: str          # RUNTIME, DRIVER, NCCL, PYTHON, TLS or GO
     path: str          # openable from here (through /proc/<pid>/root for containers)
     key: tuple         # (st_dev, st_ino): the same file seen from several processes
+    addresses: tuple = ()  # (symbol, address) where the file has no symbol table to say (Go)
 
 
 @dataclass
@@ -50,6 +54,8 @@ class ScanResult:
     by_pid: dict = field(default_factory=dict)
     # CUDA processes running a recognised CPython: pid -> offsetof(PyThreadState, context)
     python: dict = field(default_factory=dict)
+    # CUDA processes that are Go executables whose goroutines can be read: pid -> GoBinary
+    go: dict = field(default_factory=dict)
     # Processes that use no CUDA, listen on TCP and are related to a CUDA process
     # (groups): their requests may be what a related process's GPU work is for.
     servers: set = field(default_factory=set)
@@ -98,6 +104,7 @@ class Discovery:
         self._has_static = has_static_cudart or _elf_defines_cuda_launch
         self._static_cache: dict[tuple, bool] = {}
         self._python_cache: dict[tuple, Optional[int]] = {}  # exe (dev, ino) -> context offset
+        self._go_cache: dict[tuple, Optional[tuple]] = {}  # exe (dev, ino) -> (GoBinary, addresses)
         self._known: dict[int, int] = {}  # pid -> start time, once found to use CUDA
         self.self_pid = os.getpid()
 
@@ -125,6 +132,10 @@ class Discovery:
             if py:
                 targets.append(py[0])
                 result.python[pid] = py[1]
+            go = self._go(exe)
+            if go:
+                targets.append(go[0])
+                result.go[pid] = go[1]
             targets += [t for t in (self._target(pid, TLS, lib) for lib in libssl_in_maps(maps)) if t]
             result.by_pid[pid] = targets
             for t in targets:
@@ -174,6 +185,20 @@ class Discovery:
             self._python_cache[key] = python.context_offset(python.exe_version(link, path))
         offset = self._python_cache[key]
         return None if offset is None else (ProbeTarget(PYTHON, path, key), offset)
+
+    def _go(self, exe: Optional[tuple]) -> Optional[tuple[ProbeTarget, go_runtime.GoBinary]]:
+        """The Go executable to probe and where its goroutines are, or None (not Go, or
+        a Go whose layout or TLS slot is not known: its goroutines are not read)."""
+        if exe is None:
+            return None
+        _, path, key = exe
+        if key not in self._go_cache:
+            self._go_cache[key] = _go_facts(path)
+        facts = self._go_cache[key]
+        if facts is None:
+            return None
+        binary, addresses = facts
+        return ProbeTarget(GO, path, key, addresses), binary
 
     def _target(self, pid: int, kind: str, path: str) -> Optional[ProbeTarget]:
         # Through the process's root, so a container's files are reached from the host.
@@ -240,6 +265,22 @@ def known_library_files(host_root: str = "", site_dirs: Iterable[str] = ()) -> l
             keys.add((st.st_dev, st.st_ino))
             out.append(ProbeTarget(kind, path, (st.st_dev, st.st_ino)))
     return out
+
+
+def _go_facts(path: str) -> Optional[tuple]:
+    """(GoBinary, (symbol, address) of the runtime functions probed), or None."""
+    binary = go_runtime.inspect(path)
+    if binary is None or binary.layout is None or binary.tls_g is None:
+        if binary is not None:
+            log.info("%s: %s, goroutines not read (%s)", path, binary.version,
+                     "a Go release not known" if binary.layout is None else "g's TLS slot not known")
+        return None
+    try:
+        with open(path, "rb") as f:
+            found = go_functions.addresses(ElfFile(f), [r.symbol for r in GO_PROBES])
+    except (OSError, ValueError):
+        found = {}
+    return binary, tuple(sorted(found.items()))
 
 
 def _elf_defines_cuda_launch(path: str) -> bool:

@@ -28,6 +28,7 @@ class Segment:
 @dataclass(frozen=True)
 class Section:
     type: int
+    addr: int
     offset: int
     size: int
     entsize: int
@@ -77,9 +78,9 @@ class ElfFile:
             return {}
         names = self.read(heads[self._shstrndx][4], heads[self._shstrndx][5])
         out = {}
-        for name_off, typ, _, _, off, sz, _, _, _, entsize in heads:
+        for name_off, typ, _, addr, off, sz, _, _, _, entsize in heads:
             end = names.find(b"\0", name_off)
-            out[names[name_off:end].decode(errors="replace")] = Section(typ, off, sz, entsize)
+            out[names[name_off:end].decode(errors="replace")] = Section(typ, addr, off, sz, entsize)
         return out
 
     def symbol(self, name: str) -> Optional[int]:

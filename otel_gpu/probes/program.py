@@ -10,7 +10,7 @@ import logging
 import time
 from typing import Optional
 
-from ..pipeline.abi import COUNTER_NAMES, PyProc
+from ..pipeline.abi import COUNTER_NAMES, GoProc, PyProc
 from ..pipeline.reader import AggregateReader, RingReader, RollupReader
 from ..ratelimit import Stats
 from . import compiler_memory, launch_slots, pid_bits, runtime_text, uprobe_links
@@ -23,7 +23,7 @@ log = logging.getLogger(__name__)
 
 # Maps keyed by tgid, and maps keyed by pid_tgid (tgid in the high 32 bits) or by a
 # struct with a tgid field: every entry of an exited process goes.
-_BY_TGID = ("traced", "http_active", "http_seq", "py_procs", "runtime_text", "capture_procs")
+_BY_TGID = ("traced", "http_active", "http_seq", "py_procs", "go_procs", "runtime_text", "capture_procs")
 _BY_PID_TGID = ("in_call", "reading", "writing", "accepting", "py_tstate", "tls_calls", "tls_last_read")
 _STATE_TABLES = ("traced", "http_active", "conns", "rollup", "req_agg", "in_call", "py_procs", "py_tstate")
 # Kernel counters (bpf/events.h) -> stats: connections whose TLS ciphertext was not sent
@@ -214,6 +214,13 @@ class BpfProgram:
         """The process runs a CPython whose PyThreadState keeps its context at this
         offset (probes/python.py): its CUDA and socket records carry `ctx` from now on."""
         self.bpf["py_procs"][ct.c_uint32(pid)] = PyProc(context_offset=context_offset)
+
+    def trace_go(self, pid: int, binary) -> None:
+        """The process is a Go executable (probes/go_runtime.GoBinary): its CUDA and socket
+        records carry the running goroutine from now on."""
+        lay = binary.layout
+        self.bpf["go_procs"][ct.c_uint32(pid)] = GoProc(binary.tls_g, lay.g_m, lay.m_curg, lay.g_goid,
+                                                        lay.g_parent_goid)
 
     def traced_count(self) -> int:
         return len(self.bpf["traced"])

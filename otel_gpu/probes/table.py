@@ -18,6 +18,7 @@ DRIVER = "cuda"     # libcuda.so*
 PYTHON = "python"   # a CPython interpreter (libpython3.X.so* or the executable): not CUDA calls
 NCCL = "nccl"       # libnccl.so*: collectives and point-to-point calls
 TLS = "ssl"         # OpenSSL's libssl.so.3 / .so.1.1: TLS plaintext (bpf/tls_probes.c), not CUDA calls
+GO = "go"           # a Go executable: goroutine starts and hand-offs (bpf/go_probes.c), not CUDA calls
 
 
 class Category(str, Enum):
@@ -208,7 +209,7 @@ def c_defines() -> str:
 
 @dataclass(frozen=True)
 class UprobeRow:
-    library: str            # RUNTIME, DRIVER or PYTHON
+    library: str            # RUNTIME, DRIVER, NCCL, PYTHON, TLS or GO
     symbol: str
     entry: str              # BPF function run at entry
     ret: Optional[str] = None
@@ -237,6 +238,14 @@ PYTHON_PROBES: tuple[UprobeRow, ...] = (
     UprobeRow(PYTHON, "PyEval_RestoreThread", "py_thread_state"),
     UprobeRow(PYTHON, "PyEval_AcquireThread", "py_thread_state"),
     UprobeRow(PYTHON, "PyContext_CopyCurrent", "py_copy_context_enter", "py_copy_context_return"),
+)
+
+
+# The Go runtime probes (bpf/go_probes.c), at addresses from .gopclntab (stripped
+# binaries too: probes/go_functions.py): which goroutine started which, and hand-offs.
+GO_PROBES: tuple[UprobeRow, ...] = (
+    UprobeRow(GO, "runtime.newproc1", "go_newproc1"),
+    UprobeRow(GO, "runtime.runqput", "go_runqput"),
 )
 
 
@@ -270,6 +279,8 @@ def rows_for(library: str) -> list[UprobeRow]:
         return list(PYTHON_PROBES)
     if library == TLS:
         return list(TLS_PROBES)
+    if library == GO:
+        return list(GO_PROBES)
     if library == NCCL:
         return [r for r in CUDA_PROBES if r.library == NCCL] + list(NCCL_STATE_PROBES)
     return [r for r in CUDA_PROBES if r.library == library]

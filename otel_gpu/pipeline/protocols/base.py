@@ -23,6 +23,9 @@ Final API (H5; HTTP/2, gRPC and TLS build on it):
                                      about to serve it (no "process" attribution for it)
     written: frozenset               after on_write: the stream ids (!= 0) that write's frames
                                      carry; multiplexed protocols only (pipeline/handlers.py)
+    serial: bool                     one request at a time per connection (HTTP/1): whoever
+                                     reads a request's head serves the connection until it
+                                     is answered (pipeline/contexts.py binds Go units by it)
 
   Events (returned in order; the stitcher applies them as they come):
     RequestStarted(stream, head, start_ns, tid)   a request opens; stream 0 for HTTP/1,
@@ -160,6 +163,7 @@ class Session:
     """One connection's protocol state (server side). See the module docstring."""
     partial: bool = False
     written: frozenset = frozenset()
+    serial: bool = False
 
     def on_read(self, data: bytes, length: int, ts_ns: int, tid: int) -> list:
         raise NotImplementedError

@@ -19,6 +19,8 @@ from .framing import HttpParseError, RequestStream, ResponseStream
 
 
 class Http1Session(Session):
+    serial = True  # pipelined requests are answered in order, each after the one before
+
     def __init__(self, config: SessionConfig) -> None:
         self._requests = RequestStream(config.extra_headers)
         self._responses = ResponseStream()
