@@ -11,8 +11,8 @@ import sys
 import time
 from pathlib import Path
 
-from . import (item_ablation, item_big_request, item_dedup, item_first_requests, item_http, item_launch, item_nccl,
-               item_neighbour, item_probes, item_python_context, item_rates, item_start, item_sustained, item_tls,
+from . import (item_ablation, item_big_request, item_dedup, item_first_requests, item_go, item_http, item_launch,
+               item_nccl, item_neighbour, item_probes, item_python_context, item_rates, item_start, item_sustained, item_tls,
                item_untraced, machine)
 from .collector import Collector
 from .native import use_private_cudart
@@ -25,7 +25,7 @@ READY_TARGET_S = 1.5  # issue 13
 def main() -> int:
     ap = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
     ap.add_argument("--quick", action="store_true", help="short phases (10 s sustained) for development")
-    ap.add_argument("--items", default="1,1b,1c,2,3,5,6,7,8,9,10,11,12,13",
+    ap.add_argument("--items", default="1,1b,1c,2,3,5,6,7,8,9,10,11,12,13,14",
                     help="comma-separated items to run (4 comes with any)")
     ap.add_argument("--wait-quiet", type=float, default=120,
                     help="seconds to wait for other collectors/bpftrace to finish before each item")
@@ -51,6 +51,7 @@ def main() -> int:
              ("12", "rates", lambda: item_rates.run(args.quick, starts), item_rates.rows),
              ("5", "big_request", lambda: item_big_request.run(args.quick, starts), item_big_request.rows),
              ("6", "python_context", lambda: item_python_context.run(args.quick, starts), item_python_context.rows),
+             ("14", "go", lambda: item_go.run(args.quick, starts), item_go.rows),
              ("7", "untraced", lambda: item_untraced.run(args.quick, starts), item_untraced.rows),
              ("10", "nccl", lambda: item_nccl.run(args.quick, starts), item_nccl.rows),
              ("11", "dedup", lambda: item_dedup.run(args.quick, starts), item_dedup.rows),
