@@ -38,7 +38,7 @@ class SockIo:
     ret: int
     data: bytes
     tail: bytes
-    ctx: int = 0  # the Python contextvars.Context running on the thread (id()), 0: none/unknown
+    ctx: int = 0  # the execution unit running on the thread (a Python context, a goroutine), 0: none/unknown
     epoch: int = 0  # the process's HTTP epoch after this record (bpf/maps.h http_submit)
     tls: bool = False  # TLS plaintext from the SSL probes (bpf/tls_probes.c), not the syscall's bytes
 
