@@ -363,6 +363,8 @@ class Collector:
             if self.status is not None:
                 self.status.remove()  # `otel-gpu status` then says no collector is running
         log.info("stopped: %s", self.summary())
+        log.info("CUDA calls by attribution rule (pipeline/rules.py): %s",
+                 " ".join(f"{k}={v}" for k, v in self.wiring.stitcher.by_rule.items() if v) or "none")
 
     def _drain(self, by: float) -> None:
         """Read the ring buffer until it is empty: a consumer behind its load holds many

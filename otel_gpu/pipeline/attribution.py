@@ -1,39 +1,35 @@
 """Where each CUDA call of a traced process goes: a request's span, or one of its
-process's windows (model.ATTRIBUTIONS). A call is attributed:
-  - made in a Python context (ctx != 0) the probes saw created: to the request bound
-    to that context or an ancestor, or held until one binds (pipeline/contexts.py) -> task
-  - in an untracked context on an event-loop/worker thread: never by thread; below
-  - by a handler thread of a multiplexed server (a gRPC pool thread in its own untracked
-    context) where the rules below find several candidates: held, and given to the
-    HTTP/2 stream whose frames that thread and context wrote alone, where that is
-    provable (pipeline/handlers.py)                          -> task
-  - to the one open request read by the calling thread       -> thread
-  - else to the only open request of the process             -> process
-  - else, with several candidates, to nobody: counted         -> ambiguous
-  - with nothing open in the process while related processes
-    (pipeline/groups.py: same cgroup, or parent/child) have
-    requests open: to nobody, linked to all of those           -> shared
-  - with nothing open, or made in a context no request owns   -> outside
-A call is never guessed onto a request.
+process's windows (model.ATTRIBUTIONS), by the first rule of pipeline/rules.py RULES
+that applies: the unit rules (pipeline/contexts.py) for a call made in a tracked
+execution unit, then the thread and process rules here (attribute()), with the handler
+rules (pipeline/handlers.py) for the ambiguous calls of gRPC handler threads. A call is
+never guessed onto a request.
 
 Windows go out at each Tick (Stitcher.process), and a shared window also at each
 synchronising call of its process (one batch step). Calls the kernel counted by itself
 arrive as KernelRollup records (outside requests, or shared while related processes have
 requests open), and, past a thread's per-request streaming budget, as CallAggregate
 records placed where the calls were made (between the same HTTP records): attributed by
-the rules above exactly as the calls one by one.
+the same rules as the calls one by one.
 
 CallAttribution is the CUDA half of pipeline/stitcher.Stitcher, which keeps the state it
-reads: procs (Proc: open requests, windows, contexts, handler pairs), _serving (processes
-with open requests), _group_of, span_budget, attributed, and _proc()."""
+reads: procs (Proc: open requests, windows, units, handler pairs), _serving (processes
+with open requests), _group_of, span_budget, attributed, by_rule and _proc()."""
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Optional
 
-from .contexts import HELD, Outcome
+from .contexts import Outcome
 from .handlers import HandlerPairs
-from .model import AMBIGUOUS, OUTSIDE, PROCESS, SHARED, TASK, THREAD, CallSink, ProcessWindow, RollupAgg
+from .model import AMBIGUOUS, PROCESS, SHARED, TASK, THREAD, CallSink, ProcessWindow, RollupAgg
 from .records import CallAggregate, CudaCall, DeviceCall, KernelRollup, SyncCall
+from .rules import HELD, Rule, rule, share
+
+THREAD_UNFOLLOWED, THREAD_ONE, THREAD_SEVERAL = (rule(n) for n in ("thread.unfollowed", "thread.one",
+                                                                   "thread.several"))
+PROCESS_IDLE, PROCESS_ONE, PROCESS_SEVERAL, PROCESS_UNTRACKED = (
+    rule(n) for n in ("process.idle", "process.one", "process.several", "process.untracked"))
+GROUP_BATCH, HANDLER_HELD_FULL = rule("group.batch"), rule("handler.held_full")
 
 if TYPE_CHECKING:
     from .stitcher import Proc
@@ -56,12 +52,14 @@ class CallAttribution:
         verdict = self._verdict(p, ev, device)
         if verdict is HELD:
             return
-        attribution, target = verdict
+        decided, target = verdict
+        attribution = decided.attribution
         if attribution is AMBIGUOUS and ev.tid not in p.broken and not p.untracked \
-                and HandlerPairs.applies(target) and self._handler_pair(p, ev, target) \
-                and p.pairs.hold((ev.tid, ev.ctx), target, ev, device):
-            return  # counted when it settles
-        self.attributed[attribution] += 1
+                and HandlerPairs.applies(target) and self._handler_pair(p, ev, target):
+            if p.pairs.hold((ev.tid, ev.ctx), target, ev, device):
+                return  # counted when it settles
+            decided = HANDLER_HELD_FULL
+        self._count(decided, 1)
         if attribution is THREAD or attribution is TASK or attribution is PROCESS:
             target.sink.add(ev, attribution)
             target.busy.add(ev, device)
@@ -70,10 +68,8 @@ class CallAttribution:
         window.sink.add(ev, attribution)
         window.end_ns = max(window.end_ns, ev.ts_ns + ev.amounts()[2])
         if attribution == AMBIGUOUS:
-            for r in target:  # a share each: summed over spans, never more than the calls
-                r.sink.summary.ambiguous += 1 / len(target)
-            self._link(window, target)
-        elif attribution == SHARED:
+            share(target, 1)
+        if attribution == AMBIGUOUS or attribution == SHARED:
             self._link(window, target)
 
     def _on_aggregate(self, a: CallAggregate, out: list) -> None:
@@ -83,8 +79,9 @@ class CallAttribution:
         verdict = self._verdict(p, a, device)
         if verdict is HELD:
             return
-        attribution, target = verdict
-        self.attributed[attribution] += a.count
+        decided, target = verdict
+        attribution = decided.attribution
+        self._count(decided, a.count)
         agg = RollupAgg(a.call, a.detail, a.count, a.bytes, a.duration_ns, a.ts_ns, a.last_ts, a.last_end_ts,
                         a.kernels)
         if attribution is THREAD or attribution is TASK or attribution is PROCESS:
@@ -95,8 +92,7 @@ class CallAttribution:
         window.sink.add_rollup(agg, attribution)
         window.end_ns = max(window.end_ns, a.last_end_ts)
         if attribution == AMBIGUOUS:
-            for r in target:
-                r.sink.summary.ambiguous += a.count / len(target)
+            share(target, a.count)
         if attribution == AMBIGUOUS or attribution == SHARED:
             self._link(window, target)
 
@@ -106,26 +102,31 @@ class CallAttribution:
         (one window per Tick: no cut points) while related processes have requests open."""
         p = self._proc(k.tgid, out)
         group = [] if p.open else self._group_requests(p)
-        attribution = SHARED if group else OUTSIDE
-        self.attributed[attribution] += k.count
+        decided = GROUP_BATCH if group else PROCESS_IDLE
+        attribution = decided.attribution
+        self._count(decided, k.count)
         w = self._window(p, attribution, k.now_ns if k.since_ns is None else k.since_ns)
         w.sink.add_aggregate(k.call, k.detail, k.count, k.bytes, k.duration_ns, k.now_ns, attribution, k.kernels)
         w.end_ns = max(w.end_ns, k.now_ns)
         self._link(w, group)
 
     def _verdict(self, p: Proc, ev, device: int):
-        """HELD, or (attribution, request or candidates) for a call or a CallAggregate."""
+        """HELD, or (rule, request or candidates) for a call or a CallAggregate."""
         verdict = p.contexts.call(ev, device) if ev.ctx else None
         if verdict is HELD:  # counted when it settles
             return HELD
-        attribution, target = verdict or attribute(p.open, ev.tid, p.partial_heads, p.broken)
-        if p.untracked and (attribution is THREAD or attribution is PROCESS):
-            attribution, target = AMBIGUOUS, list(p.open)  # a request we cannot see may own it
-        if attribution == OUTSIDE and not p.open:
-            target = self._group_requests(p)
-            if target:
-                attribution = SHARED
-        return attribution, target
+        decided, target = verdict or attribute(p.open, ev.tid, p.partial_heads, p.broken)
+        if p.untracked and (decided.attribution is THREAD or decided.attribution is PROCESS):
+            return PROCESS_UNTRACKED, list(p.open)
+        if decided is PROCESS_IDLE:
+            group = self._group_requests(p)
+            if group:
+                return GROUP_BATCH, group
+        return decided, target
+
+    def _count(self, decided: Rule, n: int) -> None:
+        self.attributed[decided.attribution] += n
+        self.by_rule[decided.name] += n
 
     @staticmethod
     def _handler_pair(p: Proc, ev, requests) -> bool:
@@ -148,7 +149,7 @@ class CallAttribution:
         """Held calls whose owner is now known (earlier than now: they were held). The
         candidates of ambiguous ones counted them when they finished."""
         for o in outcomes:
-            self.attributed[o.attribution] += o.count
+            self._count(o.rule, o.count)
             if (r := o.request) is not None:
                 for ev, device in o.calls:
                     r.sink.add(ev, o.attribution)
@@ -196,17 +197,17 @@ class CallAttribution:
 
 
 def attribute(open_requests: list, tid: int, partial_heads: dict = {}, broken: dict = {}):  # noqa: B006
-    """(attribution, request or candidate list or None) for a call on thread `tid`
-    (partial_heads, broken: read only)."""
+    """(rule, request or candidate list or None) for a call on thread `tid` made in no
+    tracked unit (partial_heads, broken: read only)."""
     if not open_requests:
-        return OUTSIDE, None
+        return PROCESS_IDLE, None
     on_thread = [r for r in open_requests if r.tid == tid]
     if tid in broken:  # it also serves a connection we cannot follow
-        return AMBIGUOUS, on_thread or list(open_requests)
+        return THREAD_UNFOLLOWED, on_thread or list(open_requests)
     if len(on_thread) == 1:
-        return THREAD, on_thread[0]
+        return THREAD_ONE, on_thread[0]
     if on_thread:
-        return AMBIGUOUS, on_thread
+        return THREAD_SEVERAL, on_thread
     if len(open_requests) == 1 and tid not in partial_heads:
-        return PROCESS, open_requests[0]
-    return AMBIGUOUS, list(open_requests)
+        return PROCESS_ONE, open_requests[0]
+    return PROCESS_SEVERAL, list(open_requests)

@@ -50,12 +50,15 @@ from typing import Optional
 
 from ..ratelimit import RateLimitedLog, Stats
 from .abi import GO_UNIT
-from .model import AMBIGUOUS, OUTSIDE, SHARED, TASK, Request, RollupAgg, busy_end
+from .model import Request, RollupAgg, busy_end
 from .records import CallAggregate, ContextCopy, CudaCall, UnitWake
+from .rules import HELD, MAX_HELD, Rule, rule, share
 
-HELD = "held"             # call() verdict: kept until its request is known
+UNIT_BOUND, UNIT_BOUND_LATER, UNIT_HELD_FULL, UNIT_UNBOUND, UNIT_HAND_OFF, UNIT_UNOWNED, PROCESS_IDLE = (
+    rule(n) for n in ("unit.bound", "unit.bound_later", "unit.held_full", "unit.unbound", "unit.hand_off",
+                      "unit.unowned", "process.idle"))
+
 MAX_CONTEXTS = 50_000     # tracked contexts per process (LRU past it)
-MAX_HELD = 100_000        # held calls and folds per process; past it, ambiguous at once
 MAX_DEPTH = 64            # ancestors walked from a context
 IDLE_NS = 120 * 10**9     # an unused context no open request may own is forgotten after this
 THREAD_IDLE_NS = 600 * 10**9  # a context thread not seen for this long is forgotten
@@ -91,15 +94,19 @@ class Held:
 
 @dataclass
 class Outcome:
-    """Held calls whose owner is now known: `request` (task) or nobody, linked to the
-    candidates that never bound (ambiguous) or to none (outside)."""
-    attribution: str
+    """Held calls whose owner is now known (`rule` says how): `request`, or nobody,
+    linked to `links` (ambiguous: the candidates that could still own them) or to none."""
+    rule: Rule
     request: Optional[Request]
     links: list
     calls: list                                # (call, device)
     folds: list = field(default_factory=list)  # [RollupAgg, device, busy end]
     count: int = 0
     start_ns: int = 0
+
+    @property
+    def attribution(self) -> str:
+        return self.rule.attribution
 
 
 class ProcessContexts:
@@ -275,7 +282,7 @@ class ProcessContexts:
                 n.bound = None
         out = []
         for h in self.index.pop(id(req), ()):
-            req.sink.summary.ambiguous += h.count / len(h.cands)  # its share, as in stitcher
+            share([req], h.count, len(h.cands))
             h.unbound.append(req)
             out += self._lose(h)
         return out
@@ -286,14 +293,14 @@ class ProcessContexts:
         for h in list(dict.fromkeys(h for hs in self.index.values() for h in hs)):
             for c in h.cands:
                 if id(c) in self.unbound:
-                    c.sink.summary.ambiguous += h.count / len(h.cands)
+                    share([c], h.count, len(h.cands))
                     h.unbound.append(c)
             out.append(self._settle(h, None))
         return out
 
     # --- calls -----------------------------------------------------------------------
     def call(self, ev: CudaCall, device: int):
-        """HELD, (attribution, request or candidates), or None: the thread rules decide."""
+        """HELD, (rule, request or candidates), or None: the thread rules decide."""
         node = self.nodes.get(ev.ctx)
         if node is None:
             if ev.tid not in self.threads and not ev.ctx & GO_UNIT:
@@ -304,17 +311,19 @@ class ProcessContexts:
         node.worked = True
         owner = self._owner(node, ev.ts_ns)
         if owner is not None:
-            return TASK, owner
+            return UNIT_BOUND, owner
         cands = self.candidates()
         if not cands:
-            if self.open and ev.ctx & GO_UNIT and self._hands_off(ev.ctx):
-                return SHARED, list(self.open.values())
-            return OUTSIDE, None
+            if not self.open:
+                return PROCESS_IDLE, None
+            if ev.ctx & GO_UNIT and self._hands_off(ev.ctx):
+                return UNIT_HAND_OFF, list(self.open.values())
+            return UNIT_UNOWNED, None
         if self.entries >= self.max_held:
             self._log.event("held_calls_overflow", logging.WARNING,
                             "pid %d: %d CUDA calls wait for their request's context; more are "
                             "attributed ambiguous at once", self.tgid, self.held)
-            return AMBIGUOUS, list(cands)
+            return UNIT_HELD_FULL, list(cands)
         self._hold(node, cands, ev, device)
         return HELD
 
@@ -366,8 +375,8 @@ class ProcessContexts:
                     del self.index[id(c)]
         self.entries -= len(h.calls) + len(h.folds)
         self.held -= h.count
-        attribution = TASK if req is not None else AMBIGUOUS if h.unbound else OUTSIDE
-        return Outcome(attribution, req, h.unbound, h.calls, list(h.folds.values()), h.count,
+        decided = UNIT_BOUND_LATER if req is not None else UNIT_UNBOUND if h.unbound else UNIT_UNOWNED
+        return Outcome(decided, req, h.unbound, h.calls, list(h.folds.values()), h.count,
                        h.first_ts)
 
     def state(self) -> dict:

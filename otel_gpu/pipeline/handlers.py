@@ -44,9 +44,10 @@ from typing import Optional
 
 from ..ratelimit import RateLimitedLog, Stats
 from .contexts import Outcome
-from .model import AMBIGUOUS, TASK, Request
+from .model import Request
+from .rules import MAX_HELD, rule, share
 
-MAX_HELD = 100_000  # held calls per process
+STREAM, UNPROVEN = rule("handler.stream"), rule("handler.unproven")
 MULTIPLEXED = frozenset({"h2", "grpc"})  # RequestHead.protocol values of streams on shared connections
 
 
@@ -145,7 +146,7 @@ class HandlerPairs:
             if trusted and h.pair == pair and self._others_elsewhere(h, req, pair, bound_at):
                 out.append(self._settle(h, req))
                 continue
-            req.sink.summary.ambiguous += len(h.calls) / len(h.cands)  # its share, as in contexts.py
+            share([req], len(h.calls), len(h.cands))
             if h.pair == pair or h.live <= 0:  # its pair's calls it cannot prove its, or nobody left
                 out.append(self._settle(h, None))
         self._forget()
@@ -177,9 +178,9 @@ class HandlerPairs:
             for c in h.cands:
                 hs = self.index.get(id(c))
                 if hs is not None and hs.pop(h, 0) is None:  # still open: its share now
-                    c.sink.summary.ambiguous += len(h.calls) / len(h.cands)
+                    share([c], len(h.calls), len(h.cands))
                 links.append(c)
-        return Outcome(TASK if req is not None else AMBIGUOUS, req, links, h.calls, [], len(h.calls),
+        return Outcome(STREAM if req is not None else UNPROVEN, req, links, h.calls, [], len(h.calls),
                        min((ev.ts_ns for ev, _ in h.calls), default=0))
 
     def _forget(self) -> None:

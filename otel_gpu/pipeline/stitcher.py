@@ -31,6 +31,7 @@ from .attribution import CallAttribution
 from .contexts import ProcessContexts
 from .handlers import HandlerPairs
 from .model import ATTRIBUTIONS, CallSink, ProcessWindow, Request
+from .rules import RULES
 from .records import (Accept, CallAggregate, RequestOpened, ContextCopy, CudaCall, EV_SOCK_READ, KernelRollup,
                       ProcessGone, ProcessSeen, ProcExit, SockClose, SockIo, Tick, UnitWake)
 from .traceparent import parse_traceparent
@@ -93,6 +94,7 @@ class Stitcher(CallAttribution):
         self.procs: dict[int, Proc] = {}
         self._serving: dict[int, Proc] = {}  # processes with open requests
         self.attributed = dict.fromkeys(ATTRIBUTIONS, 0)
+        self.by_rule = dict.fromkeys((r.name for r in RULES), 0)  # calls by the rule that decided them
 
     # --- stage interface -------------------------------------------------------
     def process(self, events: list) -> list:

@@ -81,6 +81,8 @@ def to_text(state: dict, now: float, stale: Optional[str]) -> str:
     req = state.get("requests", {})
     lines.append(f"requests: {req.get('finished', 0)} finished, {req.get('per_second', 0):g}/s over the last interval")
     lines.append(f"CUDA calls by attribution: {_pairs(state.get('attribution', {}))}")
+    lines += textwrap.wrap(f"by rule (pipeline/rules.py): {_pairs(state.get('attribution_rules', {}))}", 100,
+                           initial_indent="  ", subsequent_indent="    ")
     drops = {k: v for k, v in split_drops(state.get("counters", {}))[0].items() if v}
     lines.append(f"drops and errors (counters): {_pairs(drops)}")
     lines.append("export:")

@@ -118,6 +118,7 @@ class StatusWriter:
             "requests": {"finished": stats.get("requests_finished", 0),
                          "per_second": self._rate.update(stats.get("requests_finished", 0), now)},
             "attribution": dict(collector.wiring.stitcher.attributed),
+            "attribution_rules": {k: v for k, v in collector.wiring.stitcher.by_rule.items() if v},
             "counters": stats,
             "exports": [self._exports.update(name, destination_counts(name, exporter, stats,
                                                                       destinations.spans_out), now)
