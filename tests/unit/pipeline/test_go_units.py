@@ -129,6 +129,8 @@ def test_handlers_and_their_goroutines_get_exactly_their_own_calls(seed):
     outside = [c.func for w in windows(out, "outside") for c, _ in w.sink.calls]
     assert outside == [BG_WORK] * 10  # the background goroutine: outside, open requests or not
     assert not windows(out, "ambiguous") and not windows(out, "shared")
+    rules = {k: v for k, v in s.by_rule.items() if v}
+    assert rules.get("unit.bound") == 18 * 3 and set(rules) <= {"unit.bound", "unit.unowned", "process.idle"}
 
 
 @pytest.mark.parametrize("seed", range(8))
@@ -139,6 +141,7 @@ def test_a_batcher_fed_by_handlers_is_shared_with_the_open_requests(seed):
     shared = windows(out, "shared")
     got = sorted(c.func for w in shared for c, a in w.sink.calls)
     assert got == sorted(reqs)
+    assert {k: v for k, v in s.by_rule.items() if v} == {"unit.hand_off": len(reqs)}
     ids = {(r.trace_id, r.span_id): key for key, r in reqs.items()}
     for w in shared:
         linked = {ids[c] for c in w.candidates}
