@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Optional
 
-from .contexts import Outcome
+from .held import Outcome
 from .handlers import HandlerPairs
 from .model import AMBIGUOUS, PROCESS, SHARED, TASK, THREAD, CallSink, ProcessWindow, RollupAgg
 from .records import CallAggregate, CudaCall, DeviceCall, KernelRollup, SyncCall

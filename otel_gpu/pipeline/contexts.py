@@ -45,14 +45,14 @@ from __future__ import annotations
 
 import logging
 from collections import OrderedDict
-from dataclasses import dataclass, field
 from typing import Optional
 
 from ..ratelimit import RateLimitedLog, Stats
 from .abi import GO_UNIT
-from .model import Request, RollupAgg, busy_end
+from .held import HeldCalls, Outcome
+from .model import Request
 from .records import CallAggregate, ContextCopy, CudaCall, UnitWake
-from .rules import HELD, MAX_HELD, Rule, rule, share
+from .rules import HELD, MAX_HELD, rule, share
 
 UNIT_BOUND, UNIT_BOUND_LATER, UNIT_HELD_FULL, UNIT_UNBOUND, UNIT_HAND_OFF, UNIT_UNOWNED, PROCESS_IDLE = (
     rule(n) for n in ("unit.bound", "unit.bound_later", "unit.held_full", "unit.unbound", "unit.hand_off",
@@ -79,34 +79,14 @@ class Node:
         self.worked = False    # made a CUDA call since it was last passed over for eviction
 
 
-class Held:
+class Held(HeldCalls):
     """Calls made in one context while one set of requests could still own them."""
-    __slots__ = ("node", "cands", "live", "unbound", "calls", "folds", "count", "first_ts")
+    __slots__ = ("node", "live", "unbound")
 
     def __init__(self, node: Node, cands: tuple) -> None:
-        self.node, self.cands, self.live = node, cands, len(cands)
+        super().__init__(cands)
+        self.node, self.live = node, len(cands)
         self.unbound: list[Request] = []  # candidates that finished without binding
-        self.calls: list = []             # (call, device)
-        self.folds: dict = {}             # (call, detail) -> [RollupAgg, device, busy end]
-        self.count = 0
-        self.first_ts = 0
-
-
-@dataclass
-class Outcome:
-    """Held calls whose owner is now known (`rule` says how): `request`, or nobody,
-    linked to `links` (ambiguous: the candidates that could still own them) or to none."""
-    rule: Rule
-    request: Optional[Request]
-    links: list
-    calls: list                                # (call, device)
-    folds: list = field(default_factory=list)  # [RollupAgg, device, busy end]
-    count: int = 0
-    start_ns: int = 0
-
-    @property
-    def attribution(self) -> str:
-        return self.rule.attribution
 
 
 class ProcessContexts:
@@ -331,31 +311,14 @@ class ProcessContexts:
         h = node.held[-1] if node.held and node.held[-1].cands is cands else None
         if h is None:
             h = Held(node, cands)
-            h.first_ts = ev.ts_ns
             node.held.append(h)
             for c in cands:
                 self.index.setdefault(id(c), {})[h] = None
-        n = 1
-        if ev.__class__ is CallAggregate:  # calls the kernel counted: a fold of their own
-            n = ev.count
-            agg = RollupAgg(ev.call, ev.detail, n, ev.bytes, ev.duration_ns, ev.ts_ns, ev.last_ts, ev.last_end_ts)
-            h.folds[(ev.call, ev.detail, id(agg))] = [agg, device, ev.last_end_ts]
-            self.entries += 1
-        elif node.kept < self.keep:
-            h.calls.append((ev, device))
-            node.kept += 1
-            self.entries += 1
-        else:  # past what any span could show one by one: folded by (call, detail)
-            detail, nbytes, duration = ev.amounts()
-            fold = h.folds.get((ev.call, detail))
-            if fold is None:
-                fold = h.folds[(ev.call, detail)] = [RollupAgg(ev.call, detail), device, 0]
-                self.entries += 1
-            fold[0].add(ev, nbytes, duration)
-            fold[2] = max(fold[2], busy_end(ev))
-        h.count += n
-        h.first_ts = min(h.first_ts, ev.ts_ns)
-        self.held += n
+        one = node.kept < self.keep and ev.__class__ is not CallAggregate
+        node.kept += one
+        before = h.count
+        self.entries += h.add(ev, device, one)
+        self.held += h.count - before
 
     def _lose(self, h: Held) -> list[Outcome]:
         """One candidate of `h` can no longer own it."""
@@ -373,11 +336,10 @@ class ProcessContexts:
                 hs.pop(h, None)
                 if not hs:
                     del self.index[id(c)]
-        self.entries -= len(h.calls) + len(h.folds)
+        self.entries -= h.entries
         self.held -= h.count
-        decided = UNIT_BOUND_LATER if req is not None else UNIT_UNBOUND if h.unbound else UNIT_UNOWNED
-        return Outcome(decided, req, h.unbound, h.calls, list(h.folds.values()), h.count,
-                       h.first_ts)
+        return h.outcome(UNIT_BOUND_LATER if req is not None else UNIT_UNBOUND if h.unbound else UNIT_UNOWNED,
+                         req, h.unbound)
 
     def state(self) -> dict:
         return {"contexts_tracked": len(self.nodes), "pending_calls": self.held,

@@ -43,7 +43,7 @@ import logging
 from typing import Optional
 
 from ..ratelimit import RateLimitedLog, Stats
-from .contexts import Outcome
+from .held import HeldCalls, Outcome
 from .model import Request
 from .rules import MAX_HELD, rule, share
 
@@ -51,13 +51,14 @@ STREAM, UNPROVEN = rule("handler.stream"), rule("handler.unproven")
 MULTIPLEXED = frozenset({"h2", "grpc"})  # RequestHead.protocol values of streams on shared connections
 
 
-class _Held:
-    """Calls of one pair made while one set of requests was open."""
-    __slots__ = ("pair", "cands", "calls", "live", "settled")
+class _Held(HeldCalls):
+    """Calls of one pair made while one set of requests was open (one by one: the
+    kernel's own counts are not held)."""
+    __slots__ = ("pair", "live", "settled")
 
     def __init__(self, pair: tuple, cands: tuple) -> None:
-        self.pair, self.cands, self.live = pair, cands, len(cands)
-        self.calls: list = []  # (call, device)
+        super().__init__(cands)
+        self.pair, self.live = pair, len(cands)
         self.settled = False
 
 
@@ -121,7 +122,7 @@ class HandlerPairs:
             h = self.last[pair] = _Held(pair, tuple(cands))
             for c in h.cands:
                 self.index.setdefault(id(c), {})[h] = None
-        h.calls.append((ev, device))
+        h.add(ev, device, True)
         self.held += 1
         return True
 
@@ -180,8 +181,7 @@ class HandlerPairs:
                 if hs is not None and hs.pop(h, 0) is None:  # still open: its share now
                     share([c], len(h.calls), len(h.cands))
                 links.append(c)
-        return Outcome(STREAM if req is not None else UNPROVEN, req, links, h.calls, [], len(h.calls),
-                       min((ev.ts_ns for ev, _ in h.calls), default=0))
+        return h.outcome(STREAM if req is not None else UNPROVEN, req, links)
 
     def _forget(self) -> None:
         """Verdicts of finished requests no held call needs any more."""

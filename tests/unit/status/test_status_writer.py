@@ -24,7 +24,9 @@ class FakeCollector:
         self.program = None  # probes: covered by the bpf-tier test
         self._processes = processes
         self.wiring = SimpleNamespace(destinations=destinations,
-                                      stitcher=SimpleNamespace(attributed={"thread": 3, "ambiguous": 1}))
+                                      stitcher=SimpleNamespace(attributed={"thread": 3, "ambiguous": 1},
+                                                                by_rule={"thread.one": 3, "process.several": 1,
+                                                                         "unit.bound": 0}))
 
     def traced_processes(self) -> dict:
         return self._processes
@@ -115,6 +117,7 @@ def test_writer_state_and_cadence(tmp_path):
     assert s["processes"]["count"] == 2
     assert {p["pid"]: (p["role"], p["name"]) for p in s["processes"]["listed"]}[999999999] == ("http-server", "?")
     assert s["attribution"] == {"thread": 3, "ambiguous": 1}
+    assert s["attribution_rules"] == {"thread.one": 3, "process.several": 1}  # the rules that decided some
     assert s["exports"][0]["name"] == "console"
     stats.add("requests_finished", 8)
     wall.t, mono.t = 1001.0, 51.0
