@@ -29,7 +29,8 @@ THREAD_UNFOLLOWED, THREAD_ONE, THREAD_SEVERAL = (rule(n) for n in ("thread.unfol
                                                                    "thread.several"))
 PROCESS_IDLE, PROCESS_ONE, PROCESS_SEVERAL, PROCESS_UNTRACKED = (
     rule(n) for n in ("process.idle", "process.one", "process.several", "process.untracked"))
-GROUP_BATCH, HANDLER_HELD_FULL = rule("group.batch"), rule("handler.held_full")
+GROUP_BATCH, HANDLER_HELD_FULL, THREAD_HELD_FULL = (rule(n) for n in ("group.batch", "handler.held_full",
+                                                                      "thread.held_full"))
 
 if TYPE_CHECKING:
     from .stitcher import Proc
@@ -53,6 +54,10 @@ class CallAttribution:
         if verdict is HELD:
             return
         decided, target = verdict
+        if decided is THREAD_ONE:
+            if p.threads.hold(target, ev, device, p.open):
+                return  # counted when its thread is proven, or not
+            decided, target = THREAD_HELD_FULL, list(p.open)
         attribution = decided.attribution
         if attribution is AMBIGUOUS and ev.tid not in p.broken and not p.untracked \
                 and HandlerPairs.applies(target) and self._handler_pair(p, ev, target):
@@ -80,6 +85,10 @@ class CallAttribution:
         if verdict is HELD:
             return
         decided, target = verdict
+        if decided is THREAD_ONE:
+            if p.threads.hold(target, a, device, p.open):
+                return
+            decided, target = THREAD_HELD_FULL, list(p.open)
         attribution = decided.attribution
         self._count(decided, a.count)
         agg = RollupAgg(a.call, a.detail, a.count, a.bytes, a.duration_ns, a.ts_ns, a.last_ts, a.last_end_ts,

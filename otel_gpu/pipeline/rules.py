@@ -6,7 +6,8 @@ the rule that decided it (`otel-gpu status`: attribution_rules; the `stopped:` l
 Which rules apply is decided in three places, each named here by its rules' prefix:
   unit.*     pipeline/contexts.py: execution units, their bindings and lineage
   handler.*  pipeline/handlers.py: handler threads of multiplexed servers (gRPC)
-  thread.*, process.*, group.*   pipeline/attribution.py: the rest
+  thread.*, process.*, group.*   pipeline/attribution.py: the rest; a thread's proof
+             that it served one request alone, pipeline/threads.py
 A held call (HELD) waits until its rule can settle it; it counts under the rule that
 settles it. docs/attribution.md lists this table (a unit test keeps them equal).
 
@@ -54,7 +55,12 @@ RULES: tuple[Rule, ...] = (
     Rule("group.batch", SHARED, "no request open in the process, some open in related processes (same cgroup, "
          "parent or child): a batch step for them, cut at the process's synchronising calls, linked to all"),
     Rule("thread.unfollowed", AMBIGUOUS, "the thread also serves a connection no protocol session can follow"),
-    Rule("thread.one", THREAD, "the thread read the head of exactly one open request"),
+    Rule("thread.one", THREAD, "the thread read the head of exactly one open request, and no other connection's "
+         "bytes while that request was open (held until it finishes: pipeline/threads.py)"),
+    Rule("thread.unproven", AMBIGUOUS, "as thread.one, but the thread read or wrote another connection while the "
+         "request was open (a pool or M:N runtime may have run another request's work there): linked to the "
+         "requests open at the call"),
+    Rule("thread.held_full", AMBIGUOUS, "would be held for its thread's proof, past MAX_HELD"),
     Rule("thread.several", AMBIGUOUS, "the thread read the heads of several open requests"),
     Rule("process.one", PROCESS, "another thread, while the process has exactly one request open and the thread "
          "holds no half-read head"),

@@ -30,6 +30,7 @@ from .protocols.base import (DETECT_MAX, Notice, ProtocolError, RequestFinished,
 from .attribution import CallAttribution
 from .contexts import ProcessContexts
 from .handlers import HandlerPairs
+from .threads import ThreadProof
 from .model import ATTRIBUTIONS, CallSink, ProcessWindow, Request
 from .rules import RULES
 from .records import (Accept, CallAggregate, RequestOpened, ContextCopy, CudaCall, EV_SOCK_READ, KernelRollup,
@@ -73,6 +74,7 @@ class Proc:
     broken: dict = field(default_factory=dict)
     contexts: Optional[ProcessContexts] = None
     pairs: Optional[HandlerPairs] = None  # handler threads of multiplexed connections
+    threads: Optional[ThreadProof] = None  # threads' proof that they served one request alone
     untracked: int = 0  # open connections the kernel does not track (Conn.tracked False)
 
 
@@ -158,6 +160,7 @@ class Stitcher(CallAttribution):
             p = self.procs[tgid] = Proc(tgid)
             p.contexts = ProcessContexts(tgid, self.span_budget, self.stats, self._log)
             p.pairs = HandlerPairs(tgid, self.stats, self._log)
+            p.threads = ThreadProof(tgid, self.span_budget, self.stats, self._log)
             out.append(ProcessSeen(tgid))
         return p
 
@@ -184,6 +187,7 @@ class Stitcher(CallAttribution):
 
     def _on_read(self, ev: SockIo, out: list) -> None:
         p = self._proc(ev.tgid, out)
+        p.threads.io(ev.tid, ev.fd)
         c = self._conn(p, ev.fd)
         c.tls = c.tls or ev.tls
         if ev.ctx:
@@ -307,10 +311,12 @@ class Stitcher(CallAttribution):
         p.open.append(req)
         self._serving[p.tgid] = p
         p.contexts.opened(req)
+        p.threads.opened(req)
         out.append(RequestOpened(req))  # the cost stage learns which requests may still overlap
 
     def _on_write(self, ev: SockIo, out: list) -> None:
         p = self._proc(ev.tgid, out)
+        p.threads.io(ev.tid, ev.fd)
         c = p.conns.get(ev.fd)
         if c is None or c.broken:
             return
@@ -396,7 +402,7 @@ class Stitcher(CallAttribution):
             p.open.remove(req)
             if not p.open:
                 self._serving.pop(p.tgid, None)
-        self._settle(p, p.contexts.finished(req) + p.pairs.finished(req))
+        self._settle(p, p.contexts.finished(req) + p.pairs.finished(req) + p.threads.finished(req))
         if p.untracked:
             req.untracked_connections = p.untracked
         self.stats.add("requests_finished")
