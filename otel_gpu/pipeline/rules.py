@@ -55,11 +55,12 @@ RULES: tuple[Rule, ...] = (
     Rule("group.batch", SHARED, "no request open in the process, some open in related processes (same cgroup, "
          "parent or child): a batch step for them, cut at the process's synchronising calls, linked to all"),
     Rule("thread.unfollowed", AMBIGUOUS, "the thread also serves a connection no protocol session can follow"),
-    Rule("thread.one", THREAD, "the thread read the head of exactly one open request, and no other connection's "
-         "bytes while that request was open (held until it finishes: pipeline/threads.py)"),
+    Rule("thread.one", THREAD, "the thread read the head of exactly one open request, served that request's "
+         "connection alone and no other connection while the request was open (held until it finishes: "
+         "pipeline/threads.py)"),
     Rule("thread.unproven", AMBIGUOUS, "as thread.one, but the thread read or wrote another connection while the "
-         "request was open (a pool or M:N runtime may have run another request's work there): linked to the "
-         "requests open at the call"),
+         "request was open, or another thread its connection (a pool or an M:N runtime moved work between "
+         "threads): linked to the requests open at the call"),
     Rule("thread.held_full", AMBIGUOUS, "would be held for its thread's proof, past MAX_HELD"),
     Rule("thread.several", AMBIGUOUS, "the thread read the heads of several open requests"),
     Rule("process.one", PROCESS, "another thread, while the process has exactly one request open and the thread "

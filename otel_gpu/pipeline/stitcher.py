@@ -187,8 +187,8 @@ class Stitcher(CallAttribution):
 
     def _on_read(self, ev: SockIo, out: list) -> None:
         p = self._proc(ev.tgid, out)
-        p.threads.io(ev.tid, ev.fd)
         c = self._conn(p, ev.fd)
+        p.threads.io(ev.tid, ev.fd, c.streams.values())
         c.tls = c.tls or ev.tls
         if ev.ctx:
             p.contexts.seen(ev.tid, ev.ctx, ev.ts_ns)
@@ -316,8 +316,8 @@ class Stitcher(CallAttribution):
 
     def _on_write(self, ev: SockIo, out: list) -> None:
         p = self._proc(ev.tgid, out)
-        p.threads.io(ev.tid, ev.fd)
         c = p.conns.get(ev.fd)
+        p.threads.io(ev.tid, ev.fd, c.streams.values() if c is not None else ())
         if c is None or c.broken:
             return
         if c.session is None:

@@ -6,9 +6,11 @@ A thread that read one open request's head may still run another request's work 
 between: a runtime that moves tasks between threads (tokio, virtual threads, .NET's
 pool, Go without goroutine reading) or a pool thread that serves many connections. The
 records show it when that thread reads or writes another connection while the request
-is open. So a call the thread rule gives to request R is held until R finishes: it is
-R's (thread.one) if R's thread touched no other connection while R was open; else
-ambiguous (thread.unproven), linked to the requests open when it was made. Held calls
+is open, or when the request's own connection is read or written from another thread
+(its work moved). So a call the thread rule gives to request R is held until R
+finishes: it is R's (thread.one) if R's connection was served by R's thread alone and
+that thread touched no other connection while R was open; else ambiguous
+(thread.unproven), linked to the requests open when it was made. Held calls
 are kept one by one up to the span budget per request, folded after; past MAX_HELD per
 process they are ambiguous at once, counted (thread.held_full)."""
 from __future__ import annotations
@@ -43,10 +45,14 @@ class ThreadProof:
         self.live.add(id(req))
         self._cands = None
 
-    def io(self, tid: int, fd: int) -> None:
-        """Thread `tid` read or wrote connection `fd` (any connection of the process)."""
+    def io(self, tid: int, fd: int, serving) -> None:
+        """Thread `tid` read or wrote connection `fd` (any connection of the process),
+        whose open requests are `serving`."""
         for r in self.reading.get(tid, ()):
             if r.fd != fd:
+                self.mixed.add(id(r))
+        for r in serving:
+            if r.tid != tid:
                 self.mixed.add(id(r))
 
     def hold(self, req: Request, ev, device: int, open_requests: list) -> bool:
