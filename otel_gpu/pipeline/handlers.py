@@ -48,7 +48,6 @@ from .model import Request
 from .rules import MAX_HELD, rule, share
 
 STREAM, UNPROVEN = rule("handler.stream"), rule("handler.unproven")
-MULTIPLEXED = frozenset({"h2", "grpc"})  # RequestHead.protocol values of streams on shared connections
 
 
 class _Held(HeldCalls):
@@ -108,7 +107,7 @@ class HandlerPairs:
     # --- calls -----------------------------------------------------------------------
     @staticmethod
     def applies(candidates: list) -> bool:
-        return any(r.head.protocol in MULTIPLEXED for r in candidates)
+        return any(r.head.multiplexed for r in candidates)
 
     def hold(self, pair: tuple, cands: list, ev, device: int) -> bool:
         """Holds an ambiguous call of `pair`; False when past the cap (counted)."""

@@ -325,7 +325,7 @@ class Stitcher(CallAttribution):
             return
         if ev.ctx and len(c.streams) == 1:  # the writing context serves that request
             (req,) = c.streams.values()
-            if req.head.protocol != "h2":  # HTTP/2 (not gRPC): _responding_stream
+            if not req.head.binds_at_own_headers:  # those: _responding_stream
                 self._settle(p, p.contexts.bind(req, ev))
         events = c.session.on_write(ev.data, ev.ret, ev.tail, ev.ts_ns, ev.tid)
         if ev.ctx and (req := self._responding_stream(c, events)) is not None:
@@ -358,7 +358,7 @@ class Stitcher(CallAttribution):
             return None
         (stream,) = c.session.written
         req = c.streams.get(stream)
-        if req is None or req.head.protocol != "h2":
+        if req is None or not req.head.binds_at_own_headers:
             return None
         return req if any(type(e) is ResponseStatus and e.stream == stream for e in events) else None
 

@@ -80,6 +80,9 @@ class RequestHead:
     protocol: str = "http/1.1"
     rpc: Optional[dict] = None  # {"system", "service", "method"} for RPC protocols
     attributes: Optional[dict] = None  # extra span attributes the protocol knows
+    # How a request's execution unit binds (pipeline/contexts.py), as its protocol says:
+    multiplexed: bool = False  # its connection carries other requests at once (HTTP/2 streams)
+    binds_at_own_headers: bool = False  # only a write of its response headers and no other stream's frames binds
 
     @property
     def path(self) -> str:

@@ -73,6 +73,7 @@ class H2Session(Session):
         self._settings(handover.settings, self._out)
         for stream, head in handover.streams.values():
             head.version, head.protocol = "2", "h2"  # its response is HTTP/2
+            head.multiplexed = head.binds_at_own_headers = True
             self._streams[stream] = _Stream(head=head)
             self._last_client_stream = max(self._last_client_stream, stream)
 
@@ -180,11 +181,13 @@ class H2Session(Session):
             kept["host"] = sanitize.from_bytes(pseudo[b":authority"], sanitize.MAX_NETWORK_CHARS)
         target = safe_target(pseudo.get(b":path", b"/"))
         if grpc.is_grpc(kept.get("content-type")):
-            head = RequestHead(method, target, "2", kept, protocol="grpc")
+            # gRPC C-core writes whatever frames are queued, from whichever thread holds
+            # its combiner: no write says whose unit made it (pipeline/handlers.py)
+            head = RequestHead(method, target, "2", kept, protocol="grpc", multiplexed=True)
             head.rpc = grpc.rpc_of(head.path)
             head.rpc["status_code"] = None  # set from the trailers
             return head
-        return RequestHead(method, target, "2", kept, protocol="h2")
+        return RequestHead(method, target, "2", kept, protocol="h2", multiplexed=True, binds_at_own_headers=True)
 
     # --- server to client ------------------------------------------------------
     def _server_frame(self, f, headers, ts_ns: int, tid: int, events: list) -> None:
