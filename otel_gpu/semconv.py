@@ -88,6 +88,11 @@ GPU_VALUE_CLAMPED = "otel_gpu.value_clamped"
 # How a CUDA call was tied to a request: task, thread, process, ambiguous, shared, outside.
 GPU_ATTRIBUTION = "otel_gpu.attribution"
 GPU_CANDIDATE_REQUESTS = "otel_gpu.candidate_requests"
+# On a batch step's link to a request: how it was found in the batch (pipeline/steps.py):
+# batch_member (it wrote a response chunk after the step) or overlap (open, nothing written yet).
+GPU_LINK_RULE = "otel_gpu.link.rule"
+# On a server span: the writes that carried its response body (a streamed token each, for SSE).
+GPU_RESPONSE_CHUNKS = "otel_gpu.response.chunks"
 # Connections of the process the kernel could not track (its table was full) while this
 # span's calls were made: requests on them were not seen, so these calls may be theirs.
 GPU_CONNECTIONS_UNTRACKED = "otel_gpu.connections.untracked"

@@ -93,7 +93,7 @@ server_venv() {  # server_venv DIR PYTHON
   if [ ! -f "$dir/.installed" ] || [ scripts/setup.sh -nt "$dir/.installed" ]; then
     log "installing the async test servers into $dir"
     "$dir/bin/pip" install -q --disable-pip-version-check "nvidia-cuda-runtime-cu12>=12.4" \
-      "uvicorn>=0.30" "fastapi>=0.110" "starlette>=0.37" "anyio>=4" "aiohttp>=3.9" "uvloop>=0.19"
+      "uvicorn>=0.30" "fastapi>=0.110" "starlette>=0.37" "anyio>=4" "aiohttp>=3.9" "uvloop>=0.19" "pyzmq>=25"
     touch "$dir/.installed"
   fi
 }

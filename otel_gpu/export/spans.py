@@ -72,6 +72,8 @@ class SpanBuilder:
             attrs[sc.HTTP_RESPONSE_STATUS_CODE] = r.status
         attrs.update(summary_attributes(summary))
         attrs[sc.GPU_SPANS_DROPPED] = r.sink.rolled_up
+        if r.chunks:
+            attrs[sc.GPU_RESPONSE_CHUNKS] = r.chunks
         if r.untracked_connections:
             attrs[sc.GPU_CONNECTIONS_UNTRACKED] = r.untracked_connections
         if r.gpu_seconds is not None:  # host-side estimate, see pipeline/cost.py
@@ -113,7 +115,8 @@ class SpanBuilder:
         span_id = self._rng.getrandbits(64) or 1
         attrs = {sc.PROCESS_PID: w.tgid, sc.GPU_ATTRIBUTION: w.attribution,
                  **summary_attributes(w.sink.summary)}
-        links = [Link(_ctx(t, s)) for t, s in w.candidates]
+        links = [Link(_ctx(t, s), {sc.GPU_LINK_RULE: w.link_rules[(t, s)]} if (t, s) in w.link_rules else None)
+                 for t, s in w.candidates]
         if w.candidates:
             attrs[sc.GPU_CANDIDATE_REQUESTS] = len(w.candidates)
         if w.untracked_connections:

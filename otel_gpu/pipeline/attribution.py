@@ -45,7 +45,7 @@ class CallAttribution:
             return
         self._on_call(p, ev, out)
         if p.shared is not None and type(ev) is SyncCall:  # the batch step ends
-            out.append(p.shared)
+            self.steps.ended(p.shared, out)
             p.shared = None
 
     def _on_call(self, p: Proc, ev: CudaCall, out: list) -> None:
@@ -190,10 +190,13 @@ class CallAttribution:
 
     @staticmethod
     def _link(window: ProcessWindow, requests: list) -> None:
+        shared = window.attribution == SHARED  # a batch step: its members are read later (steps.py)
         for r in requests:
             ids = (r.trace_id, r.span_id)
             if ids not in window.candidates:
                 window.candidates.append(ids)
+                if shared:
+                    window.linked[ids] = r
 
     def _flush_windows(self, out: list) -> None:
         """Hands on the ambiguous/shared/outside windows collected so far (once per Tick)."""
@@ -201,6 +204,8 @@ class CallAttribution:
             for attr in ("ambiguous", "shared", "outside"):
                 w = getattr(p, attr)
                 if w is not None:
+                    if w.linked:  # shared, cut by the flush: no step to read membership by
+                        self.steps.unstepped(w)
                     out.append(w)
                     setattr(p, attr, None)
 

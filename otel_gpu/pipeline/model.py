@@ -21,6 +21,9 @@ OUTSIDE = "outside"      # no request open in the process, or made in a context 
 ATTRIBUTIONS = (TASK, THREAD, PROCESS, AMBIGUOUS, SHARED, OUTSIDE)
 
 
+MAX_CHUNK_TIMES = 4096  # response-write times kept per request (a few seconds of steps)
+
+
 @dataclass
 class RollupAgg:
     """Calls folded together, by (call, detail): counts always add up. The detail is
@@ -227,6 +230,16 @@ class Request:
     device_identity: Any = None  # set by enrich: gpu_devices.Identity of busy.device
     context: int = 0  # the execution unit it bound to (pipeline/contexts.py); 0: none
     untracked_connections: int = 0  # its process's connections the kernel could not track, at its end
+    # Its response as written (pipeline/steps.py reads batch membership from it):
+    headers_ts: int = 0   # when its response headers were written; 0: not yet
+    chunks: int = 0       # writes that carried its response body (a streamed token each, for SSE)
+    chunk_ts: list = field(default_factory=list)  # when the latest of them were written (bounded)
+
+    def wrote_chunk(self, ts: int) -> None:
+        self.chunks += 1
+        if len(self.chunk_ts) >= MAX_CHUNK_TIMES:
+            del self.chunk_ts[:MAX_CHUNK_TIMES // 2]
+        self.chunk_ts.append(ts)
 
 
 @dataclass
@@ -251,3 +264,6 @@ class ProcessWindow:
     cost: Optional[float] = None
     split: dict = field(default_factory=dict)
     split_features: dict = field(default_factory=dict)
+    # A shared window (one batch step) until its members are known (pipeline/steps.py):
+    linked: dict = field(default_factory=dict)      # (trace_id, span_id) -> candidate Request
+    link_rules: dict = field(default_factory=dict)  # (trace_id, span_id) -> rules.BATCH_MEMBER or OVERLAP

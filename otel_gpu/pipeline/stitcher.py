@@ -30,6 +30,7 @@ from .protocols.base import (DETECT_MAX, Notice, ProtocolError, RequestFinished,
 from .attribution import CallAttribution
 from .contexts import ProcessContexts
 from .handlers import HandlerPairs
+from .steps import BatchSteps
 from .threads import ThreadProof
 from .model import ATTRIBUTIONS, CallSink, ProcessWindow, Request
 from .rules import RULES
@@ -97,6 +98,7 @@ class Stitcher(CallAttribution):
         self._serving: dict[int, Proc] = {}  # processes with open requests
         self.attributed = dict.fromkeys(ATTRIBUTIONS, 0)
         self.by_rule = dict.fromkeys((r.name for r in RULES), 0)  # calls by the rule that decided them
+        self.steps = BatchSteps()  # shared windows waiting for their members (pipeline/steps.py)
 
     # --- stage interface -------------------------------------------------------
     def process(self, events: list) -> list:
@@ -130,6 +132,7 @@ class Stitcher(CallAttribution):
                     p.contexts.sweep(ev.now_ns, min((r.start_ns for r in p.open), default=None))
                 self._audit_connections(ev.now_ns, out)
                 self._flush_windows(out)
+                self.steps.tick(ev.now_ns, out, ev.final)
                 out.append(ev)
             else:  # not for this stage (e.g. ProcessSeen from discovery): pass it on
                 out.append(ev)
@@ -143,6 +146,7 @@ class Stitcher(CallAttribution):
                  "contexts_tracked": 0, "contexts_bound": 0, "pending_calls": 0}
         for k, v in (kv for p in procs for kv in p.contexts.state().items()):
             sizes[k] += v
+        sizes.update(self.steps.state())
         sizes["pending_calls"] += sum(p.pairs.held for p in procs)  # held for a handler thread's stream
         return sizes
 
@@ -328,11 +332,32 @@ class Stitcher(CallAttribution):
             if not req.head.binds_at_own_headers:  # those: _responding_stream
                 self._settle(p, p.contexts.bind(req, ev))
         events = c.session.on_write(ev.data, ev.ret, ev.tail, ev.ts_ns, ev.tid)
+        self._note_response(c, events, ev.ts_ns)
         if ev.ctx and (req := self._responding_stream(c, events)) is not None:
             self._settle(p, p.contexts.bind(req, ev, ancestors=False))
         if c.session.written and self._handler_pair(p, ev, c.streams.values()):  # before the events end streams
             p.pairs.wrote((ev.tid, ev.ctx), c.session.written, c.streams, ev.ts_ns)
         self._apply(p, c, events, ev.tid, ev.ts_ns, out, ev.ctx)
+
+    @staticmethod
+    def _note_response(c: Conn, events: list, ts: int) -> None:
+        """What a write did for the requests it answers (pipeline/steps.py's evidence):
+        their response headers went out (the status was not known before it), or a body
+        chunk did (headers with the end of the response count as its last chunk). Called
+        before the events are applied."""
+        for stream in c.session.written or c.streams:  # HTTP/1: its one open request, stream 0
+            r = c.streams.get(stream)
+            if r is None:
+                continue
+            head = done = False
+            for e in events:
+                if getattr(e, "stream", None) == stream:
+                    head = head or (type(e) is ResponseStatus and r.status is None)
+                    done = done or type(e) is RequestFinished
+            if head and not r.headers_ts:
+                r.headers_ts = ts
+            if done or not head:
+                r.wrote_chunk(ts)
 
     @staticmethod
     def _responding_stream(c: Conn, events: list) -> Optional[Request]:
@@ -418,8 +443,11 @@ class Stitcher(CallAttribution):
             self._settle(p, p.contexts.drain() + p.pairs.drain())
             self._serving.pop(ev.tgid, None)
             for attr in ("ambiguous", "shared", "outside"):
-                if getattr(p, attr) is not None:
-                    out.append(getattr(p, attr))
+                if (w := getattr(p, attr)) is not None:
+                    if w.linked:
+                        self.steps.unstepped(w)
+                    out.append(w)
+        self.steps.gone(ev.tgid, ev.ts_ns, out)
         out.append(ProcessGone(ev.tgid, ev.comm))
 
     def _audit_connections(self, now_ns: int, out: list) -> None:

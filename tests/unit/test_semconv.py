@@ -95,6 +95,8 @@ PINNED = {
     "GPU_COST_SPLIT_SECONDS": "otel_gpu.cost.split.gpu_seconds",
     "GPU_COST_SPLIT_FEATURES": "otel_gpu.cost.split.features",
     "GPU_COST_SHARE": "otel_gpu.cost.share",
+    "GPU_LINK_RULE": "otel_gpu.link.rule",
+    "GPU_RESPONSE_CHUNKS": "otel_gpu.response.chunks",
 }
 
 

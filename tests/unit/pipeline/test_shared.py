@@ -7,7 +7,7 @@ from otel_gpu.pipeline.model import ProcessWindow, Request
 from otel_gpu.pipeline.records import KernelRollup, ProcExit, SyncCall, Tick
 from otel_gpu.pipeline.stitcher import Stitcher
 from otel_gpu.probes.table import call_id
-from tests.unit.pipeline.test_stitcher import OK, accept, cuda, get, read, write
+from tests.unit.pipeline.test_stitcher import OK, T, accept, cuda, get, read, write
 
 FRONT, WORKER, STRANGER = 100, 200, 300
 GROUPS = {FRONT: "cgroup:/pod/a", WORKER: "cgroup:/pod/a", STRANGER: "cgroup:/pod/b"}
@@ -40,25 +40,30 @@ def test_batch_steps_are_shared_windows_cut_at_syncs_linked_to_the_requests_in_f
     s = new()
     reqs = open_requests(s, [10, 11, 12])
     out = s.process(step(3))
-    (w1,) = windows(out)  # cut at the sync: out before any Tick
-    assert w1.tgid == WORKER and w1.candidates == [ids(reqs[fd]) for fd in (10, 11, 12)]
-    assert w1.sink.summary.launches == 3 and w1.sink.attributed == {"shared": 4}
-    assert type(w1.sink.calls[-1][0]) is SyncCall and w1.end_ns >= w1.sink.calls[-1][0].ts_ns
+    assert windows(out) == []  # a step waits for its requests' writes (pipeline/steps.py)
 
-    # 10 is answered; 13 arrives in the middle of the next step: the union is linked.
+    # 10 is answered after step 1; 13 arrives in the middle of step 2.
     out = s.process([write(OK, fd=10, tid=10, pid=FRONT)] + step(2)[:1])
     done = [r for r in out if isinstance(r, Request)]
     assert done == [reqs[10]] and done[0].sink.calls == [] and done[0].sink.summary.calls == 0
     reqs.update(open_requests(s, [13]))
-    (w2,) = windows(s.process(step(2)[1:]))
-    assert w2.candidates == [ids(reqs[fd]) for fd in (11, 12, 13)]
-    assert w2.sink.summary.launches == 2
+    s.process(step(2)[1:])
 
-    # Everything answered: the worker's next calls are its own business, outside.
+    # Everything answered after step 2: the worker's next calls are its own business, outside.
     out = s.process([write(OK, fd=fd, tid=fd, pid=FRONT) for fd in (11, 12, 13)])
     assert all(r.sink.summary.calls == 0 and r.sink.summary.ambiguous == 0 for r in out if isinstance(r, Request))
     assert windows(s.process(step(1))) == []
-    (outside,) = windows(s.process([Tick(0)]), "outside")
+    out = s.process([Tick(T() + 10**9)])
+    w1, w2 = windows(out)
+    # Step 1: 10 answered after it (a member); 11 and 12 had written nothing yet (linked by overlap).
+    assert w1.tgid == WORKER and w1.candidates == [ids(reqs[fd]) for fd in (10, 11, 12)]
+    assert w1.link_rules == {ids(reqs[10]): "batch_member", ids(reqs[11]): "overlap", ids(reqs[12]): "overlap"}
+    assert w1.sink.summary.launches == 3 and w1.sink.attributed == {"shared": 4}
+    assert type(w1.sink.calls[-1][0]) is SyncCall and w1.end_ns >= w1.sink.calls[-1][0].ts_ns
+    # Step 2: 10 had finished; the other three answered after it.
+    assert w2.candidates == [ids(reqs[fd]) for fd in (11, 12, 13)]
+    assert set(w2.link_rules.values()) == {"batch_member"} and w2.sink.summary.launches == 2
+    (outside,) = windows(out, "outside")
     assert outside.tgid == WORKER and outside.candidates == [] and outside.sink.summary.calls == 2
     assert s.attributed["shared"] == 4 + 3 and s.attributed["outside"] == 2
     assert s.attributed["thread"] == s.attributed["process"] == s.attributed["ambiguous"] == 0

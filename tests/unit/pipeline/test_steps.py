@@ -1,0 +1,68 @@
+"""pipeline/steps.py through the stitcher: a batch step's window is linked to the
+requests that wrote a response chunk after it (members), to requests that have written
+nothing yet (overlap), and never to a streaming request that wrote nothing for that step
+(queued in the engine, or done there and still closing). Records shaped like an SSE
+front-end relaying an engine's tokens, the engine in a related process."""
+import random
+
+from otel_gpu.pipeline.model import ProcessWindow, Request
+from otel_gpu.pipeline.records import Tick
+from otel_gpu.pipeline.stitcher import Stitcher
+from tests.unit.pipeline.test_shared import FRONT, GROUPS, WORKER, ids, open_requests, step
+from tests.unit.pipeline.test_stitcher import T, write
+
+SSE_HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+
+
+def token(n):
+    data = f"data: {n}\n\n".encode()
+    return f"{len(data):x}\r\n".encode() + data + b"\r\n"
+
+
+def sse(fd, raw):
+    return write(raw, fd=fd, tid=fd, pid=FRONT)
+
+
+def steps_out(out):
+    return [w for w in out if isinstance(w, ProcessWindow) and w.attribution == "shared"]
+
+
+def test_queued_and_finished_streams_are_not_linked_to_steps_they_were_not_in():
+    s = Stitcher(span_budget=256, rng=random.Random(3), group_of=GROUPS.get)
+    reqs = open_requests(s, [10, 11, 12])
+    s.process([sse(fd, SSE_HEAD) for fd in (10, 11, 12)])  # every stream's headers at once
+    # Step 1: 10 and 11 (12 queued); 10's last token, then its end at once. Step 2: 11 and
+    # 12, while 10's client still reads (its connection open).
+    s.process(step(2, grid=1) + [sse(10, token(1)), sse(10, b"0\r\n\r\n"), sse(11, token(1))])
+    s.process(step(2, grid=2) + [sse(11, token(2)), sse(12, token(2))])
+    out = s.process([sse(fd, b"0\r\n\r\n") for fd in (11, 12)] + [Tick(T() + 10**9)])
+    w1, w2 = steps_out(out)
+    assert w1.candidates == [ids(reqs[10]), ids(reqs[11])] and set(w1.link_rules.values()) == {"batch_member"}
+    assert w2.candidates == [ids(reqs[11]), ids(reqs[12])]
+    assert s.steps.state() == {"batch_steps_pending": 0}
+    done = {r.fd: r for r in out if isinstance(r, Request)}
+    assert done[11].chunks == 3 and done[11].headers_ts  # two tokens and the terminator
+
+
+def test_a_request_answered_in_one_write_is_linked_by_overlap_until_it_writes():
+    s = Stitcher(span_budget=256, rng=random.Random(3), group_of=GROUPS.get)
+    reqs = open_requests(s, [10])
+    s.process(step(1, grid=1))
+    s.process(step(1, grid=2))
+    s.process([sse(10, b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")])
+    w1, w2 = steps_out(s.process([Tick(T() + 10**9)]))
+    assert w1.link_rules == {ids(reqs[10]): "overlap"}  # nothing written before step 2 ended
+    assert w2.link_rules == {ids(reqs[10]): "batch_member"}  # its answer came after step 2
+
+
+def test_steps_wait_for_their_evidence_then_go_without_a_tick():
+    s = Stitcher(span_budget=256, rng=random.Random(3), group_of=GROUPS.get)
+    open_requests(s, [10])
+    s.process([sse(10, SSE_HEAD)])
+    assert steps_out(s.process(step(1, grid=1))) == []
+    T.t += 30_000_000  # the next step ends later than the lag
+    assert steps_out(s.process(step(1, grid=2))) == []
+    T.t += 30_000_000
+    (w1,) = steps_out(s.process(step(1, grid=3)))  # step 1's interval has passed: decided
+    assert w1.sink.calls[0][0].func == 0x1001 and w1.candidates == []  # 10 wrote nothing for it
+    assert w1.tgid == WORKER
