@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 from concurrent import futures
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import grpc
 from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2, metrics_service_pb2_grpc
@@ -35,6 +35,7 @@ class ReceivedSpan:
     resource: dict
     status_code: int
     links: list
+    link_attributes: list = field(default_factory=list)  # aligned with links
 
 
 class OtlpReceiver(trace_service_pb2_grpc.TraceServiceServicer):
@@ -61,7 +62,8 @@ class OtlpReceiver(trace_service_pb2_grpc.TraceServiceServicer):
                     got.append(ReceivedSpan(
                         s.name, s.kind, s.trace_id.hex(), s.span_id.hex(), s.parent_span_id.hex(),
                         s.start_time_unix_nano, s.end_time_unix_nano, _attrs(s.attributes), res,
-                        s.status.code, [(l.trace_id.hex(), l.span_id.hex()) for l in s.links]))
+                        s.status.code, [(l.trace_id.hex(), l.span_id.hex()) for l in s.links],
+                        [_attrs(l.attributes) for l in s.links]))
         with self._cond:
             self.spans.extend(got)
             self._cond.notify_all()

@@ -30,7 +30,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[3]
 LAUNCHES = 2
 MAX_BATCH = 4
-STEP_S = 0.004
+STEP_S = 0.012  # a decode step of a small model on a real GPU takes ~10-50 ms
 
 
 def engine(address: str) -> None:
@@ -46,11 +46,13 @@ def engine(address: str) -> None:
     sock.send_string("ready")
     waiting: deque = deque()
     running: dict[int, int] = {}  # id -> tokens left
-    step = 0
+    step, parent = 0, os.getppid()
     while True:
-        while sock.poll(0 if (running or waiting) else None):
+        while sock.poll(0 if (running or waiting) else 1000):
             rid, n = sock.recv_string().split()
             waiting.append((int(rid), int(n)))
+        if os.getppid() != parent:  # the front-end is gone
+            return
         while waiting and len(running) < MAX_BATCH:
             rid, n = waiting.popleft()
             running[rid] = n
@@ -123,6 +125,7 @@ def front_end(port_arg: str) -> None:
         s = socket.socket()
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         s.bind(("127.0.0.1", int(port_arg)))
+        s.listen(128)  # listening before it says so: the collector finds it as the engine's server
         print(f"listening on {s.getsockname()[1]} engine {proc.pid}", file=sys.stderr, flush=True)
         await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
         relaying = asyncio.create_task(relay())  # noqa: F841 (kept: the loop holds tasks weakly)
