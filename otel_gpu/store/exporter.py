@@ -46,6 +46,7 @@ REQUEST_ATTRIBUTES = {
     "nccl_calls": (sc.GPU_NCCL_CALLS, 0),  # set only when the request made any
     "nccl_bytes": (sc.GPU_NCCL_TOTAL_BYTES, 0),
     "graph_kernels": (sc.GPU_GRAPH_KERNEL_LAUNCHES, 0),
+    "chunks": (sc.GPU_RESPONSE_CHUNKS, 0),
 }
 # Columns not read from one span attribute: identity, resource, derived.
 _OWN_COLUMNS = ("ts", "trace_id", "span_id", "service", "k8s_namespace", "k8s_pod", "feature", "duration_ns")

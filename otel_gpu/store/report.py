@@ -39,6 +39,15 @@ GPU seconds, then requests, all descending.
         share                 fraction (0..1) of the total `share_of`; rows sum to 1
     totals        the same fields as a row without service and feature, over all rows
                   (share is 1, or 0 when there are no requests)
+    per_chunk     list, one object per feature whose responses stream (more response
+                  chunks than requests; chunks: otel_gpu.response.chunks, a token each for
+                  SSE), most costly chunk first; empty in a store older than v4:
+        feature               as in rows
+        chunks                response chunks its requests wrote
+        gpu_seconds           its exact + split GPU seconds, over every service (a batching
+                              engine's shares count under the engine's service)
+        gpu_seconds_per_chunk gpu_seconds / chunks
+        cost_per_chunk        cost / chunks, in `currency`
 
 Latency is the HTTP request time seen at the socket. GPU seconds and cost are the
 collector's host-side estimates; CUDA call durations are enqueue times, not GPU time.
@@ -59,7 +68,7 @@ ROW_FIELDS = ("service", "feature", "requests", "p50_ms", "p95_ms", "launches_pe
               "cost", "share")
 OUTSIDE_LABEL = "(outside)"  # the text table's name for the feature-null row
 TOTAL_FIELDS = ROW_FIELDS[2:]
-REPORT_FIELDS = ("since", "service", "generated_at", "currency", "share_of", "rows", "totals")
+REPORT_FIELDS = ("since", "service", "generated_at", "currency", "share_of", "rows", "totals", "per_chunk")
 
 _FILTER = "WHERE ts >= :since AND (:service IS NULL OR service = :service)"
 # Indexes are named: without ANALYZE statistics SQLite walks the latency index for the
@@ -81,6 +90,8 @@ _WINDOWS_SQL = f"""
 SELECT service, CASE kind WHEN 'outside' THEN NULL ELSE feature END, kind, SUM(gpu_seconds), SUM(cost)
 FROM window_costs {_FILTER} GROUP BY 1, 2, 3"""
 _WINDOW_CURRENCY_SQL = _CURRENCY_SQL.replace("FROM requests", "FROM window_costs")
+# Streaming features: more response chunks than requests (an answer in one write is one chunk).
+_CHUNKS_SQL = f"SELECT feature, TOTAL(chunks) FROM requests {_FILTER} GROUP BY feature HAVING TOTAL(chunks) > COUNT(*)"
 PERCENTILES = (50, 95)
 
 
@@ -149,6 +160,7 @@ def build_report(conn, since_ns: Optional[int] = None, service: Optional[str] = 
     conn.execute("BEGIN")
     try:
         rows, totals, currencies = _read(conn, params)
+        chunks = dict(conn.execute(_CHUNKS_SQL, params).fetchall()) if "chunks" in columns(conn, "requests") else {}
     finally:
         conn.execute("COMMIT")
     share_of = "cost" if totals["cost"] > 0 else "gpu_seconds" if totals["gpu_seconds"] > 0 else "requests"
@@ -162,7 +174,19 @@ def build_report(conn, since_ns: Optional[int] = None, service: Optional[str] = 
             "generated_at": (now or datetime.now(timezone.utc)).isoformat(timespec="seconds").replace("+00:00", "Z"),
             "currency": currencies[0] if len(currencies) == 1 else ("mixed" if currencies else None),
             "share_of": share_of, "rows": [{k: r[k] for k in ROW_FIELDS} for r in rows],
-            "totals": {k: totals[k] for k in TOTAL_FIELDS}}
+            "totals": {k: totals[k] for k in TOTAL_FIELDS}, "per_chunk": _per_chunk(rows, chunks)}
+
+
+def _per_chunk(rows: list[dict], chunks: dict) -> list[dict]:
+    """Cost per streamed response chunk, by feature (the report's docstring)."""
+    out = []
+    for feature, n in chunks.items():
+        mine = [r for r in rows if r["feature"] == sanitize.optional(feature)]
+        seconds = sum(r["exact_gpu_seconds"] + r["split_gpu_seconds"] for r in mine)
+        cost = sum(r["cost"] for r in mine)
+        out.append({"feature": sanitize.optional(feature), "chunks": int(n), "gpu_seconds": seconds,
+                    "gpu_seconds_per_chunk": seconds / n, "cost_per_chunk": cost / n})
+    return sorted(out, key=lambda c: (-c["cost_per_chunk"], -c["gpu_seconds_per_chunk"], c["feature"] or ""))
 
 
 def to_json(report: dict) -> str:
@@ -246,7 +270,14 @@ def to_text(report: dict, width: int = 80) -> str:
     lines.append(line(names("SERVICE", "FEATURE"), heads))
     lines += [line(names(r["service"], r["feature"] or OUTSIDE_LABEL), _cells(r)) for r in rows]
     lines.append(line(names("TOTAL", "") if svc_w else names("", "TOTAL"), _cells(report["totals"])))
-    lines.append("GPU s = exact + SPLIT s (ambiguous/shared windows' time, split by overlap among")
-    lines.append("their candidates); (outside): the service's GPU time with no request open.")
+    if report["per_chunk"]:
+        lines.append("per streamed response chunk (an SSE token each):")
+        lines += [f"  {fit(c['feature'] or '', feat_w)} {c['chunks']:>10} chunks"
+                  f" {c['gpu_seconds_per_chunk'] * 1e3:10.3f} GPU ms"
+                  f" {_sig(c['cost_per_chunk'] * 1e6):>10} {report['currency'] or ''} per 1M"
+                  for c in report["per_chunk"]]
+    lines.append("GPU s = exact + SPLIT s (ambiguous/shared windows' time, split among their")
+    lines.append("candidates: a batch step's among its members); (outside): the service's GPU time")
+    lines.append("with no request open.")
     lines.append("GPU seconds and cost are host-side estimates; CUDA timings are enqueue times.")
     return "\n".join(lines)

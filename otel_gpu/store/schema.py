@@ -9,12 +9,13 @@ import sqlite3
 from pathlib import Path
 from typing import Optional
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 # v1 -> v2: the window_costs table (the DDL creates it), requests.ambiguous became a
 # fractional share. v1 stores keep its INTEGER declaration: SQLite stores a value that
 # is not a whole number as REAL whatever the column says, so no rewrite is needed.
 # v2 -> v3: requests' NCCL and graph-kernel counts (ADDED_COLUMNS: ALTER TABLE, rows
 # already kept read 0, which they had none of: both came with v3's collector).
+# v3 -> v4: requests' response chunks (otel_gpu.response.chunks), for cost per streamed token.
 
 # group_ts: start of the root span of the write() batch a span arrived in. A request
 # row and its spans share it, so retention deletes both with one comparison each.
@@ -60,7 +61,8 @@ CREATE TABLE IF NOT EXISTS requests (
     ambiguous REAL NOT NULL,         -- otel_gpu.calls.ambiguous: share of ambiguous calls
     nccl_calls INTEGER NOT NULL DEFAULT 0,     -- gpu.nccl.calls
     nccl_bytes INTEGER NOT NULL DEFAULT 0,     -- gpu.nccl.total_bytes
-    graph_kernels INTEGER NOT NULL DEFAULT 0   -- gpu.graph.kernel_launches
+    graph_kernels INTEGER NOT NULL DEFAULT 0,  -- gpu.graph.kernel_launches
+    chunks INTEGER NOT NULL DEFAULT 0          -- otel_gpu.response.chunks
 );
 CREATE INDEX IF NOT EXISTS requests_ts ON requests (ts);
 -- Covering index for report's percentiles: each group's durations in order, ts to filter.
@@ -92,6 +94,7 @@ ADDED_COLUMNS = {
     3: (("requests", "nccl_calls", "INTEGER NOT NULL DEFAULT 0"),
         ("requests", "nccl_bytes", "INTEGER NOT NULL DEFAULT 0"),
         ("requests", "graph_kernels", "INTEGER NOT NULL DEFAULT 0")),
+    4: (("requests", "chunks", "INTEGER NOT NULL DEFAULT 0"),),
 }
 
 

@@ -9,10 +9,14 @@ their members. 1, 8 and 16 clients; every request generates 2-6 tokens. Asserted
     engine and still closing: not linked), so it gets no share of other steps; at least
     95 % of all links are members of their step;
   - non-streaming requests are linked by overlap (said so on the link) until their answer;
-  - each window's split adds up to its GPU seconds; no CUDA call under a request."""
+  - each window's split adds up to its GPU seconds; no CUDA call under a request;
+  - `otel-gpu report` gives the streaming route's cost per response chunk (token)."""
 from __future__ import annotations
 
+import json
 import re
+import subprocess
+import sys
 from collections import Counter
 
 import pytest
@@ -36,8 +40,9 @@ def _paths(first: int, n: int) -> dict:
 
 
 @pytest.mark.skipif(not PYTHON.exists(), reason=".venv-debian is missing (scripts/setup.sh builds it)")
-def test_each_step_is_linked_and_charged_to_its_batch(receiver, start_collector):
-    collector = start_collector("--gpu-price", "3.6")
+def test_each_step_is_linked_and_charged_to_its_batch(tmp_path, receiver, start_collector):
+    db = str(tmp_path / "otel-gpu.db")
+    collector = start_collector("--gpu-price", "3.6", OTEL_GPU_STORE=db)
     front = Target([str(PYTHON), str(TARGETS / "engine_pair.py"), "0"])
     try:
         engine = int(next(l for l in front.log.lines if "listening on" in l).split()[4])
@@ -105,3 +110,13 @@ def test_each_step_is_linked_and_charged_to_its_batch(receiver, start_collector)
     assert links[("batch_member", True)] >= 0.95 * evidence
     chunks = [servers[rid].attributes.get("otel_gpu.response.chunks") for rid, st in streams.items() if st]
     assert all(c and c >= 3 for c in chunks)  # at least 2 tokens and [DONE]
+
+    report = json.loads(subprocess.run([sys.executable, "-m", "otel_gpu.cli", "report", "--db", db, "--format", "json"],
+                                       capture_output=True, text=True, check=True, cwd=ROOT).stdout)
+    per = {c["feature"]: c for c in report["per_chunk"]}
+    stream = per["/stream/{id}"]
+    assert stream["chunks"] == sum(chunks) and stream["gpu_seconds_per_chunk"] > 0
+    split = sum(r["split_gpu_seconds"] for r in report["rows"] if r["feature"] == "/stream/{id}")
+    assert stream["gpu_seconds"] == pytest.approx(split)  # the front-end's requests made no calls themselves
+    print(f"report: /stream/{{id}} {stream['chunks']} chunks, {stream['gpu_seconds_per_chunk'] * 1e3:.3f} GPU ms "
+          f"and {stream['cost_per_chunk']:.2e} USD per chunk")

@@ -67,7 +67,7 @@ def test_a_v2_store_is_read_as_it_is_then_upgraded_by_the_writer(db, clock, read
     s.export(request_spans(1, T0 + 5))
     s.shutdown()
     conn = reader()
-    assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 3
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 4
     assert conn.execute("SELECT feature, nccl_calls, nccl_bytes, graph_kernels FROM requests ORDER BY ts").fetchall() \
         == [("/old", 0, 0, 0), ("/train/{id}", 3, (1 << 20) + 4096 + 512, 4)]
     rep = build_report(conn)
@@ -76,8 +76,37 @@ def test_a_v2_store_is_read_as_it_is_then_upgraded_by_the_writer(db, clock, read
         "ncclAllReduce", "cudaGraphLaunch"}
 
 
-def test_reopening_a_v3_store_adds_nothing_twice(db, clock, reader):
+def test_reopening_a_current_store_adds_nothing_twice(db, clock, reader):
     StoreExporter(db, now_ns=clock).shutdown()
     StoreExporter(db, now_ns=clock).shutdown()
     cols = [r[1] for r in reader().execute("PRAGMA table_info(requests)")]
-    assert cols.count("nccl_calls") == 1 and cols[-3:] == ["nccl_calls", "nccl_bytes", "graph_kernels"]
+    assert cols.count("nccl_calls") == 1 and cols[-4:] == ["nccl_calls", "nccl_bytes", "graph_kernels", "chunks"]
+
+
+def test_a_v3_store_gets_chunks_and_the_report_gives_cost_per_chunk(db, clock, reader):
+    """A v3 store (no chunks column) gets it on open, its rows reading 0; a streaming
+    feature's cost per chunk counts its shares under another service (a batching engine)."""
+    StoreExporter(db, now_ns=clock).shutdown()
+    conn = sqlite3.connect(db)
+    conn.execute("ALTER TABLE requests DROP COLUMN chunks")
+    conn.execute("PRAGMA user_version = 3")
+    conn.commit()
+    conn.close()
+    s = StoreExporter(db, now_ns=clock)
+    s.export(request_spans(1, T0 + 5))
+    s.shutdown()
+    conn = reader()
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == 4 and "chunks" in columns(conn, "requests")
+    conn.close()
+    w = sqlite3.connect(db)
+    w.execute("UPDATE requests SET chunks = 40, feature = '/stream'")
+    w.execute("INSERT INTO window_costs (ts, trace_id, span_id, service, pid, kind, feature, request_trace_id,"
+              " request_span_id, gpu_seconds, cost, currency) VALUES (?, 'a', 'b', 'engine', 9, 'split', '/stream',"
+              " 'c', 'd', 0.3, 0.03, 'USD')", (T0 + 6,))
+    w.commit()
+    w.close()
+    conn = reader()
+    (own,) = conn.execute("SELECT SUM(gpu_seconds) FROM requests").fetchone()
+    (c,) = build_report(conn)["per_chunk"]
+    assert c["feature"] == "/stream" and c["chunks"] == 40
+    assert c["gpu_seconds_per_chunk"] == pytest.approx((own + 0.3) / 40)
