@@ -92,6 +92,10 @@ class GpuMetrics:
         self.http = m.create_histogram("http.server.request.duration", "s", "Duration of HTTP server requests")
         self.gpu_seconds = m.create_counter("otel_gpu.cost.gpu_seconds", "s", "Estimated GPU seconds by feature")
         self.cost = m.create_counter("otel_gpu.cost.amount", "1", "Estimated GPU cost by feature")
+        # Cost per streamed token, by feature: otel_gpu.cost.gpu_seconds (or .amount) over this,
+        # each summed over services (a batching engine's shares count under the engine's).
+        self.chunks = m.create_counter("otel_gpu.response.chunks", "{chunk}",
+                                       "Response chunks written (a streamed token each, for SSE), by feature")
         m.create_observable_counter(
             "otel_gpu.cuda.calls",
             [lambda _o: [Observation(n, {sc.GPU_ATTRIBUTION: a}) for a, n in dict(self._attributed).items()]],
@@ -140,6 +144,9 @@ class GpuMetrics:
         if r.gpu_seconds:
             self._add_cost(base[sc.SERVICE_NAME], r.feature or route, "exact", r.gpu_seconds, r.cost or 0.0,
                            device)
+        if r.chunks:
+            self.chunks.add(r.chunks, {sc.SERVICE_NAME: base[sc.SERVICE_NAME],
+                                       sc.GPU_FEATURE: r.feature or route})
         self._calls(r, {**base, **device})
 
     def _window_cost(self, w: ProcessWindow) -> None:

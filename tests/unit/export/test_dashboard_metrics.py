@@ -38,6 +38,7 @@ def _request(n, path, calls):
     r.resource, r.route, r.feature = Resource({sc.SERVICE_NAME: "svc"}), path, path
     r.kernel_names = {0x1000: "gemm(float*)"}
     r.gpu_seconds, r.cost = 0.002, 0.0001
+    r.chunks = 3  # a streamed response
     return r
 
 

@@ -41,3 +41,18 @@ def test_graph_kernel_names_share_the_name_bound(tmp_path):
     names = {dict(k)[sc.GPU_KERNEL_NAME] for k in launches}
     assert len(names) == 2 and metrics.OTHER in names, names
     assert sum(launches.values()) == 3 + 1 + 1
+
+
+def test_response_chunks_are_counted_by_feature(tmp_path):
+    """otel_gpu.response.chunks: a streamed response's body writes (an SSE token each), by
+    feature, beside otel_gpu.cost.* for cost per token."""
+    from otel_gpu.pipeline.records import EV_SOCK_WRITE, SockIo
+    from tests.unit.test_pipeline import request_events
+    w, _, reader = wired(tmp_path)
+    head = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+    evs = request_events(launches=1)[:-1]  # its answer, streamed instead:
+    evs += [SockIo(EV_SOCK_WRITE, PID, 1, 2000 + i, 7, len(raw), raw, raw[-8:])
+            for i, raw in enumerate([head, b"4\r\ndata\r\n", b"4\r\ndata\r\n", b"0\r\n\r\n"])]
+    w.pipeline.push(evs + [Tick(6_000, final=True)])
+    chunks = _points(reader, "otel_gpu.response.chunks")
+    assert chunks == {_key(SVC, (sc.GPU_FEATURE, "/infer/{id}")): 3}  # two chunks and the terminator
