@@ -22,6 +22,7 @@ from . import proc
 from .clock import BpfClock
 from .config import Config
 from .destinations import build_destinations
+from .export.sampling import make as make_sampler
 from .export.spans import SpanBuilder
 from .export.stage import ExportStage
 from .gpu_devices import DeviceIdentities, gpu_model
@@ -108,7 +109,8 @@ def build_pipeline(config: Config, stats: Stats, k8s=None, destinations=None,
                      feature_cap=ValueCap(config.max_routes, stats, "features_folded"))
     destinations = destinations if destinations is not None else build_destinations(config, stats)
     builder = SpanBuilder(clock or BpfClock(), config.export_query, config.export_headers,
-                          currency=config.currency)
+                          currency=config.currency, sampler=make_sampler(config.traces_sampler, config.traces_sampler_arg),
+                          stats=stats)
     stages = [Graphs(), stitcher, enrich, cost, ExportStage(builder, destinations)]
     if metric_readers is None:
         from .export.metrics import make_readers

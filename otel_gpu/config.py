@@ -68,6 +68,8 @@ class Config:
     self_service_name: str = "otel-gpu"  # service.name of the collector's own metrics
     python_context: bool = True   # probe Python interpreters for asyncio task / context attribution
     go_goroutines: bool = True    # read Go processes' goroutines for attribution (bpf/go_probes.c)
+    traces_sampler: str = "parentbased_always_on"  # OTEL_TRACES_SAMPLER (export/sampling.py)
+    traces_sampler_arg: Optional[str] = None        # OTEL_TRACES_SAMPLER_ARG: the ratio
     uprobe_links: str = "auto"    # auto, multi or perf: how uprobes are planted (probes/uprobe_links.py)
     log_level: str = "info"
 
@@ -96,6 +98,11 @@ class Config:
             Prices(self.gpu_price, self.currency, model="")
         except ValueError as e:
             raise ConfigError("gpu_price", f"{self.gpu_price!r}: {e}") from None
+        try:
+            from .export.sampling import make
+            make(self.traces_sampler, self.traces_sampler_arg)
+        except ValueError as e:
+            raise ConfigError("OTEL_TRACES_SAMPLER", str(e)) from None
         if self.prometheus_port is not None and not 0 < self.prometheus_port < 65536:
             raise ConfigError("prometheus_port", f"{self.prometheus_port} is not a TCP port")
         try:
@@ -352,6 +359,8 @@ def load_config(args=None, env: Mapping[str, str] = os.environ) -> Config:
         uprobe_links=src.text("uprobe_links", "OTEL_GPU_UPROBE_LINKS", "auto").lower(),
         python_context=src.boolean("python_context", "OTEL_GPU_PYTHON_CONTEXT", True),
         go_goroutines=src.boolean("go_goroutines", "OTEL_GPU_GO_GOROUTINES", True),
+        traces_sampler=(env.get("OTEL_TRACES_SAMPLER") or "parentbased_always_on").strip().lower(),
+        traces_sampler_arg=env.get("OTEL_TRACES_SAMPLER_ARG"),
     )
     try:
         return config.validate()

@@ -15,24 +15,28 @@ from ..pipeline.model import CallSink, ProcessWindow, Request
 from ..pipeline.protocols.http2.grpc import SERVER_ERROR_CODES
 from ..pipeline.records import CudaCall
 from ..probes.table import BY_ID, MEMCPY_DIRECTIONS, Category, call_name
+from . import sampling
 
 SCOPE = InstrumentationScope("otel-gpu", __version__)
-SAMPLED = TraceFlags(TraceFlags.SAMPLED)
+SAMPLED, UNSAMPLED = TraceFlags(TraceFlags.SAMPLED), TraceFlags(TraceFlags.DEFAULT)
 # Span names of the windows of calls no single request owns, by attribution.
 WINDOW_NAMES = {"ambiguous": "GPU work, ambiguous request", "shared": "GPU work, shared by requests",
                 "outside": "GPU work outside requests"}
 
 
 
-def _ctx(trace_id: int, span_id: int, remote: bool = False) -> SpanContext:
-    return SpanContext(trace_id, span_id, is_remote=remote, trace_flags=SAMPLED)
+def _ctx(trace_id: int, span_id: int, remote: bool = False, sampled: bool = True) -> SpanContext:
+    return SpanContext(trace_id, span_id, is_remote=remote, trace_flags=SAMPLED if sampled else UNSAMPLED)
 
 
 class SpanBuilder:
     def __init__(self, clock: BpfClock, export_query: bool = False,
-                 export_headers: frozenset = frozenset(), ids=None, currency: str = "USD") -> None:
+                 export_headers: frozenset = frozenset(), ids=None, currency: str = "USD",
+                 sampler=None, stats=None) -> None:
         import random
         self.clock = clock
+        self.sampler = sampler  # export/sampling.py; None: every trace is sampled
+        self.stats = stats
         self.export_query = export_query
         self.export_headers = export_headers
         self._rng = ids or random.Random()
@@ -101,13 +105,15 @@ class SpanBuilder:
             attrs[sc.ERROR_TYPE] = str(r.status)
         else:
             status = Status(StatusCode.UNSET)
-        parent = _ctx(r.trace_id, r.parent_span_id, remote=True) if r.parent_span_id else None
+        name = server_span_name(r.head, route)
+        on = self._sampled(r.trace_id, name, SpanKind.SERVER, r.parent_span_id, r.parent_sampled)
+        parent = _ctx(r.trace_id, r.parent_span_id, True, bool(r.parent_sampled)) if r.parent_span_id else None
         server = ReadableSpan(
-            name=server_span_name(r.head, route), context=_ctx(r.trace_id, r.span_id), parent=parent,
+            name=name, context=_ctx(r.trace_id, r.span_id, sampled=on), parent=parent,
             resource=resource, attributes=int64_safe(attrs), kind=SpanKind.SERVER, status=status,
             start_time=self.clock.to_epoch_ns(r.start_ns), end_time=self.clock.to_epoch_ns(r.end_ns),
             instrumentation_scope=SCOPE)
-        return [server] + self._children(r, r.trace_id, r.span_id)
+        return [server] + self._children(r, r.trace_id, r.span_id, on)
 
     def _window(self, w: ProcessWindow) -> list[ReadableSpan]:
         resource = w.resource
@@ -123,12 +129,21 @@ class SpanBuilder:
             attrs[sc.GPU_CONNECTIONS_UNTRACKED] = w.untracked_connections
         attrs.update(self._window_cost(w))
         name = WINDOW_NAMES.get(w.attribution, "GPU work outside requests")
+        on = self._sampled(trace_id, name, SpanKind.INTERNAL)
         span = ReadableSpan(
-            name=name, context=_ctx(trace_id, span_id), parent=None, resource=resource,
+            name=name, context=_ctx(trace_id, span_id, sampled=on), parent=None, resource=resource,
             attributes=int64_safe(attrs), links=links, kind=SpanKind.INTERNAL,
             start_time=self.clock.to_epoch_ns(w.start_ns), end_time=self.clock.to_epoch_ns(w.end_ns),
             instrumentation_scope=SCOPE)
-        return [span] + self._children(w, trace_id, span_id)
+        return [span] + self._children(w, trace_id, span_id, on)
+
+    def _sampled(self, trace_id: int, name: str, kind, parent_span_id=None, parent_sampled=None) -> bool:
+        if self.sampler is None:
+            return True
+        on = sampling.sampled(self.sampler, trace_id, name, kind, parent_span_id, parent_sampled)
+        if not on and self.stats is not None:
+            self.stats.add("traces_unsampled")  # not sent to OTLP; metrics, cost and the store keep them
+        return on
 
     def _window_cost(self, w: ProcessWindow) -> dict:
         """The window's GPU time (pipeline/cost.py), and its split among the candidates
@@ -142,8 +157,8 @@ class SpanBuilder:
             attrs[sc.GPU_COST_SPLIT_FEATURES] = [str(w.split_features.get(c) or "(unknown)") for c in w.candidates]
         return attrs
 
-    def _children(self, record, trace_id: int, parent_id: int) -> list[ReadableSpan]:
-        parent = _ctx(trace_id, parent_id)
+    def _children(self, record, trace_id: int, parent_id: int, on: bool = True) -> list[ReadableSpan]:
+        parent = _ctx(trace_id, parent_id, sampled=on)
         sink: CallSink = record.sink
         names, resource = record.kernel_names, record.resource
         spans = []
@@ -153,7 +168,7 @@ class SpanBuilder:
             attrs[sc.THREAD_ID] = call.tid
             start = self.clock.to_epoch_ns(call.ts_ns)
             spans.append(ReadableSpan(
-                name=call.name, context=_ctx(trace_id, self._rng.getrandbits(64) or 1), parent=parent,
+                name=call.name, context=_ctx(trace_id, self._rng.getrandbits(64) or 1, sampled=on), parent=parent,
                 resource=resource, attributes=int64_safe(attrs), kind=SpanKind.INTERNAL,
                 status=Status(StatusCode.ERROR, f"CUDA error {call.ret}") if call.ret > 0 else Status(StatusCode.UNSET),
                 start_time=start, end_time=start + call.amounts()[2], instrumentation_scope=SCOPE))
@@ -172,7 +187,7 @@ class SpanBuilder:
                 attrs.update({sc.GPU_NCCL_OP: nccl.op_name(agg.call), sc.GPU_NCCL_COMM: hex(agg.detail)})
             spans.append(ReadableSpan(
                 name=f"{call_name(agg.call)} x{agg.count}",
-                context=_ctx(trace_id, self._rng.getrandbits(64) or 1), parent=parent,
+                context=_ctx(trace_id, self._rng.getrandbits(64) or 1, sampled=on), parent=parent,
                 resource=resource, attributes=int64_safe(attrs), kind=SpanKind.INTERNAL,
                 start_time=self.clock.to_epoch_ns(agg.first_ts),
                 end_time=self.clock.to_epoch_ns(max(agg.last_end_ts, agg.last_ts)),

@@ -220,6 +220,7 @@ class Request:
     error: Optional[str] = None   # why the request did not complete normally
     parent_trace_id: Optional[int] = None
     parent_span_id: Optional[int] = None
+    parent_sampled: Optional[bool] = None  # the incoming traceparent's sampled flag
     busy: BusyWindow = field(default_factory=BusyWindow)
     route: Optional[str] = None          # set by enrich: http.route
     gpu_seconds: Optional[float] = None  # set by the cost stage

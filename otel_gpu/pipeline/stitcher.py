@@ -36,7 +36,7 @@ from .model import ATTRIBUTIONS, CallSink, ProcessWindow, Request
 from .rules import RULES
 from .records import (Accept, CallAggregate, RequestOpened, ContextCopy, CudaCall, EV_SOCK_READ, KernelRollup,
                       ProcessGone, ProcessSeen, ProcExit, SockClose, SockIo, Tick, UnitWake)
-from .traceparent import parse_traceparent
+from .traceparent import parse_traceparent, traceparent_sampled
 
 log = logging.getLogger(__name__)
 AUDIT_ALL_NS = 60 * 10**9  # how often every connection is checked against /proc
@@ -308,6 +308,7 @@ class Stitcher(CallAttribution):
         if parent:
             req.trace_id, req.parent_span_id = parent
             req.parent_trace_id = parent[0]
+            req.parent_sampled = traceparent_sampled(head.headers.get("traceparent"))
         return req
 
     def _activate(self, p: Proc, c: Conn, stream: int, req: Request, out: list) -> None:

@@ -18,3 +18,10 @@ def parse_traceparent(value: Optional[str]) -> Optional[tuple[int, int]]:
     if trace_id == 0 or span_id == 0:
         return None
     return trace_id, span_id
+
+
+def traceparent_sampled(value: Optional[str]) -> Optional[bool]:
+    """The sampled flag of a valid traceparent (bit 0 of its flags), else None."""
+    if parse_traceparent(value) is None:
+        return None
+    return bool(int(_TRACEPARENT.match(value.strip().lower()).group(4), 16) & 1)

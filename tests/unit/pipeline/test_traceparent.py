@@ -44,3 +44,11 @@ def test_uppercase_hex_is_accepted_leniently():
 ])
 def test_invalid_values_start_a_new_trace(value):
     assert parse_traceparent(value) is None
+
+
+def test_the_sampled_flag():
+    from otel_gpu.pipeline.traceparent import traceparent_sampled
+    assert traceparent_sampled(f"00-{TID}-{SID}-01") is True
+    assert traceparent_sampled(f"00-{TID}-{SID}-00") is False
+    assert traceparent_sampled(f"00-{TID}-{SID}-03") is True  # other flag bits: ignored
+    assert traceparent_sampled(f"00-{TID}-{'0' * 16}-01") is None and traceparent_sampled(None) is None

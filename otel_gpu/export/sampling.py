@@ -1,0 +1,47 @@
+"""Trace sampling by the OpenTelemetry conventions: OTEL_TRACES_SAMPLER (always_on,
+always_off, traceidratio, parentbased_always_on, parentbased_always_off,
+parentbased_traceidratio; default parentbased_always_on) and OTEL_TRACES_SAMPLER_ARG (the
+ratio, 0..1, default 1). The SDK's samplers decide; a request's parent is its incoming
+traceparent (its sampled flag). The decision only sets the spans' sampled flag: OTLP
+sends sampled traces alone, while metrics, cost, the local store and `otel-gpu report`
+see every request (export/destinations.py)."""
+from __future__ import annotations
+
+from typing import Optional
+
+from opentelemetry.sdk.trace.sampling import (ALWAYS_OFF, ALWAYS_ON, Decision, ParentBased,
+                                              ParentBasedTraceIdRatio, Sampler, TraceIdRatioBased)
+from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, TraceFlags, set_span_in_context
+
+NAMES = ("always_on", "always_off", "traceidratio", "parentbased_always_on", "parentbased_always_off",
+         "parentbased_traceidratio")
+DEFAULT = "parentbased_always_on"
+
+
+def make(name: str, arg: Optional[str]) -> Sampler:
+    """The sampler named (NAMES); ValueError for an unknown name or a ratio outside 0..1."""
+    ratio = 1.0
+    if name in ("traceidratio", "parentbased_traceidratio") and arg not in (None, ""):
+        ratio = float(arg)
+        if not 0.0 <= ratio <= 1.0:
+            raise ValueError(f"ratio {arg!r} is not within 0..1")
+    samplers = {"always_on": lambda: ALWAYS_ON, "always_off": lambda: ALWAYS_OFF,
+                "traceidratio": lambda: TraceIdRatioBased(ratio),
+                "parentbased_always_on": lambda: ParentBased(ALWAYS_ON),
+                "parentbased_always_off": lambda: ParentBased(ALWAYS_OFF),
+                "parentbased_traceidratio": lambda: ParentBasedTraceIdRatio(ratio)}
+    if name not in samplers:
+        raise ValueError(f"{name!r} is not one of {', '.join(NAMES)}")
+    return samplers[name]()
+
+
+def sampled(sampler: Sampler, trace_id: int, name: str, kind: SpanKind,
+            parent_span_id: Optional[int] = None, parent_sampled: Optional[bool] = None) -> bool:
+    """Does the trace go out? `parent_*`: the incoming traceparent, if any."""
+    context = None
+    if parent_span_id:
+        flags = TraceFlags(TraceFlags.SAMPLED if parent_sampled else TraceFlags.DEFAULT)
+        parent = SpanContext(trace_id, parent_span_id, is_remote=True, trace_flags=flags)
+        context = set_span_in_context(NonRecordingSpan(parent))
+    result = sampler.should_sample(context, trace_id, name, kind)
+    return result.decision is Decision.RECORD_AND_SAMPLE
