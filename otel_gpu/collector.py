@@ -111,13 +111,16 @@ def build_pipeline(config: Config, stats: Stats, k8s=None, destinations=None,
     builder = SpanBuilder(clock or BpfClock(), config.export_query, config.export_headers,
                           currency=config.currency, sampler=make_sampler(config.traces_sampler, config.traces_sampler_arg),
                           stats=stats)
-    stages = [Graphs(), stitcher, enrich, cost, ExportStage(builder, destinations)]
     if metric_readers is None:
         from .export.metrics import make_readers
         metric_readers = make_readers(config, stats)
+    # Metrics count requests as they finish (before the cost stage holds them), cost once priced.
+    metrics = None
     if metric_readers:
         from .export.metrics import GpuMetrics
-        stages.append(GpuMetrics(metric_readers, stats, service_name=config.self_service_name))
+        metrics = GpuMetrics(metric_readers, stats, service_name=config.self_service_name)
+    stages = [Graphs(), stitcher, enrich, *([metrics] if metrics else []), cost,
+              *([metrics.costs()] if metrics else []), ExportStage(builder, destinations)]
     return Wiring(Pipeline(stages), stitcher, destinations, ports, groups)
 
 

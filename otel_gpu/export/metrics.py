@@ -68,7 +68,7 @@ class GpuMetrics:
         self._kernels: set[str] = set()
         self._live: dict[int, dict[int, int]] = {}  # pid -> {pointer: bytes}
         self._services: dict[int, str] = {}          # pid -> service.name, while it has live memory
-        self._service_names: set[str] = set()        # label values so far: MAX_SERVICES, then OTHER
+        self.services = ServiceNames(self.stats)    # label values so far: MAX_SERVICES, then OTHER
         self._attributed = dict.fromkeys(ATTRIBUTIONS, 0)
         self._probes = ProbeCounts({}, {})  # the latest, from the collector at each flush
         self._probe_symbols: set[str] = set()  # every one seen: a failure that heals reports 0
@@ -117,12 +117,13 @@ class GpuMetrics:
             "attached now (retried with backoff)")
 
     def process(self, records: list) -> list:
+        """Before the cost stage, which holds finished requests while overlapping ones are
+        open: requests and calls count as they finish. Cost counts in costs()."""
         for r in records:
             if isinstance(r, Request):
                 self._request(r)
             elif isinstance(r, ProcessWindow):
-                self._calls(r, {sc.SERVICE_NAME: self._service(r)})
-                self._window_cost(r)
+                self._calls(r, {sc.SERVICE_NAME: self.services.of(r)})
             elif isinstance(r, ProcessGone):
                 self._live.pop(r.tgid, None)
                 self._services.pop(r.tgid, None)
@@ -134,41 +135,17 @@ class GpuMetrics:
 
     def _request(self, r: Request) -> None:
         route = r.route or r.head.path
-        base = {sc.SERVICE_NAME: self._service(r), sc.HTTP_ROUTE: route}
+        base = {sc.SERVICE_NAME: self.services.of(r), sc.HTTP_ROUTE: route}
         http_attrs = {**base, sc.HTTP_REQUEST_METHOD: r.head.method}
         if r.status is not None:
             http_attrs[sc.HTTP_RESPONSE_STATUS_CODE] = r.status
         self.http.record(max(0, r.end_ns - r.start_ns) / 1e9, http_attrs)
         # The physical GPU where certain: bounded by the GPUs the driver lists (read once at start).
-        device = device_labels(r.device_identity)
-        if r.gpu_seconds:
-            self._add_cost(base[sc.SERVICE_NAME], r.feature or route, "exact", r.gpu_seconds, r.cost or 0.0,
-                           device)
-        if r.chunks:
-            self.chunks.add(r.chunks, {sc.SERVICE_NAME: base[sc.SERVICE_NAME],
-                                       sc.GPU_FEATURE: r.feature or route})
-        self._calls(r, {**base, **device})
+        self._calls(r, {**base, **device_labels(r.device_identity)})
 
-    def _window_cost(self, w: ProcessWindow) -> None:
-        """A window's GPU time no request covers: split among an ambiguous or shared window's
-        candidates (by their features), else the process's outside time. With the
-        requests' exact time, the counters add up to the processes' busy time."""
-        if not w.gpu_seconds:
-            return
-        service, rate = self._service(w), (w.cost or 0.0) / w.gpu_seconds
-        if w.split:
-            for key, seconds in w.split.items():
-                if seconds:
-                    self._add_cost(service, w.split_features.get(key) or "(unknown)", "split", seconds,
-                                   seconds * rate)
-        else:
-            self._add_cost(service, OUTSIDE_FEATURE, "outside", w.gpu_seconds, w.cost or 0.0)
-
-    def _add_cost(self, service: str, feature: str, share: str, seconds: float, amount: float,
-                  device: Optional[dict] = None) -> None:
-        labels = {sc.SERVICE_NAME: service, sc.GPU_FEATURE: feature, sc.GPU_COST_SHARE: share, **(device or {})}
-        self.gpu_seconds.add(seconds, labels)
-        self.cost.add(amount, labels)
+    def costs(self) -> "CostMetrics":
+        """The stage after the cost stage that counts cost on these instruments."""
+        return CostMetrics(self.gpu_seconds, self.cost, self.chunks, self.services)
 
     def _calls(self, record, base: dict) -> None:
         """Aggregated per request first: one counter add per (kernel) and (direction),
@@ -264,15 +241,65 @@ class GpuMetrics:
     def shutdown(self) -> None:
         self.close()
 
-    def _service(self, record) -> str:
-        """The record's service.name as a label: a traced process picks its own
-        (OTEL_SERVICE_NAME), so past MAX_SERVICES distinct names they fold into OTHER,
-        as kernel names do."""
+
+class ServiceNames:
+    """service.name label values: a traced process picks its own (OTEL_SERVICE_NAME), so
+    past MAX_SERVICES distinct names they fold into OTHER, as kernel names do. One set for
+    both metric stages."""
+
+    def __init__(self, stats: Stats) -> None:
+        self.stats = stats
+        self._names: set[str] = set()
+
+    def of(self, record) -> str:
         res = record.resource
         name = str(res.attributes.get(sc.SERVICE_NAME, "unknown")) if res is not None else "unknown"
-        if name not in self._service_names:
-            if len(self._service_names) >= MAX_SERVICES:
+        if name not in self._names:
+            if len(self._names) >= MAX_SERVICES:
                 self.stats.add("services_folded")
                 return OTHER
-            self._service_names.add(name)
+            self._names.add(name)
         return name
+
+
+class CostMetrics:
+    """Stage after the cost stage: the cost counters, from the records it priced, and the
+    response chunks by the same feature label (cost per token = cost / chunks)."""
+
+    def __init__(self, gpu_seconds, cost, chunks, services: ServiceNames) -> None:
+        self.gpu_seconds, self.cost, self.chunks, self.services = gpu_seconds, cost, chunks, services
+
+    def process(self, records: list) -> list:
+        for r in records:
+            if isinstance(r, Request):
+                self._request(r)
+            elif isinstance(r, ProcessWindow):
+                self._window(r)
+        return records
+
+    def _request(self, r: Request) -> None:
+        service, feature = self.services.of(r), r.feature or r.route or r.head.path
+        if r.gpu_seconds:
+            self._add(service, feature, "exact", r.gpu_seconds, r.cost or 0.0, device_labels(r.device_identity))
+        if r.chunks:
+            self.chunks.add(r.chunks, {sc.SERVICE_NAME: service, sc.GPU_FEATURE: feature})
+
+    def _window(self, w: ProcessWindow) -> None:
+        """A window's GPU time no request covers: split among an ambiguous or shared window's
+        candidates (by their features), else the process's outside time. With the
+        requests' exact time, the counters add up to the processes' busy time."""
+        if not w.gpu_seconds:
+            return
+        service, rate = self.services.of(w), (w.cost or 0.0) / w.gpu_seconds
+        if w.split:
+            for key, seconds in w.split.items():
+                if seconds:
+                    self._add(service, w.split_features.get(key) or "(unknown)", "split", seconds, seconds * rate)
+        else:
+            self._add(service, OUTSIDE_FEATURE, "outside", w.gpu_seconds, w.cost or 0.0)
+
+    def _add(self, service: str, feature: str, share: str, seconds: float, amount: float,
+             device: Optional[dict] = None) -> None:
+        labels = {sc.SERVICE_NAME: service, sc.GPU_FEATURE: feature, sc.GPU_COST_SHARE: share, **(device or {})}
+        self.gpu_seconds.add(seconds, labels)
+        self.cost.add(amount, labels)

@@ -133,8 +133,9 @@ def test_metrics_carry_the_device_labels():
         return r
 
     reader = InMemoryMetricReader()
-    GpuMetrics([reader]).process([request(Identity(L4[2], L4[1])), request(Identity(None, H100_A[1])),
-                                  request(None)])
+    records = [request(Identity(L4[2], L4[1])), request(Identity(None, H100_A[1])), request(None)]
+    metrics = GpuMetrics([reader])
+    metrics.costs().process(metrics.process(records))
     points = {m.name: [dict(p.attributes) for p in m.data.data_points]
               for rm in reader.get_metrics_data().resource_metrics for sm in rm.scope_metrics for m in sm.metrics}
     for name in ("gpu.kernel.launches", "otel_gpu.cost.gpu_seconds"):

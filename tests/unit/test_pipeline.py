@@ -80,8 +80,9 @@ def test_a_request_passes_every_stage_once_in_order(tmp_path):
     made = {rid for i, rid in log if i == 2}
     assert len(made) == 3
     paths = sorted(tuple(i for i, r in log if r == rid) for rid in made)
-    # RequestOpened ends at the cost stage; ProcessSeen and the Request go all the way.
-    assert paths == [(2, 3), (2, 3, 4, 5), (2, 3, 4, 5)]
+    # Stages: graphs, stitcher, enrich, metrics, cost, cost metrics, export. RequestOpened
+    # ends at the cost stage; ProcessSeen and the Request go all the way.
+    assert paths == [(2, 3, 4), (2, 3, 4, 5, 6), (2, 3, 4, 5, 6)]
     (server,) = [s for s in spans.get_finished_spans() if s.kind.name == "SERVER"]
     assert server.attributes[sc.GPU_LAUNCHES] == 3
     assert server.resource.attributes[sc.SERVICE_NAME] == "svc"

@@ -68,6 +68,7 @@ def exported():
     stats.add("lost_events", 3)
     gpu = GpuMetrics([PrometheusMetricReader(registry=registry), memory], stats)
     gpu.process(_batch())
+    gpu.costs().process(_batch())
     otel_names = {m.name for rm in memory.get_metrics_data().resource_metrics
                   for sm in rm.scope_metrics for m in sm.metrics}
     samples = {}

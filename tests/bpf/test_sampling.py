@@ -1,0 +1,60 @@
+"""Trace sampling on a real collector (issue 26): OTEL_TRACES_SAMPLER=traceidratio at 10 %
+sends about a tenth of the traces over OTLP, while the Prometheus metrics and the local
+store count every request; parentbased_traceidratio at 0 still sends the traces whose
+incoming traceparent is sampled, and only those."""
+from __future__ import annotations
+
+import sqlite3
+import time
+
+from otel_gpu.demo.runner import free_port
+from tests.bpf.load_client import fetch_all
+from tests.bpf.test_metrics import _scrape, _value
+from tests.harness import server_spans
+
+N = 300
+
+
+def _work(spans, pid):
+    return [s for s in server_spans(spans, pid) if s.attributes["url.path"] == "/work"]
+
+
+def test_a_tenth_of_the_traces_go_out_and_every_request_is_counted(tmp_path, receiver, start_collector,
+                                                                   start_target):
+    port, db = free_port(), str(tmp_path / "otel-gpu.db")
+    collector = start_collector("--prometheus-port", str(port), OTEL_TRACES_SAMPLER="traceidratio",
+                                OTEL_TRACES_SAMPLER_ARG="0.1", OTEL_GPU_STORE=db)
+    target = start_target()
+    collector.wait_traced(target.pid)
+    target.go()
+    out = fetch_all(target.port, [f"/work?launches=2&n={i}" for i in range(N)], 4, 60)
+    assert len(out.ok) == N
+    deadline, text = time.monotonic() + 30, ""
+    while time.monotonic() < deadline:
+        text = _scrape(port)
+        if _value(text, "http_server_request_duration_seconds_count", http_route="/work") >= N:
+            break
+        time.sleep(0.3)
+    assert _value(text, "http_server_request_duration_seconds_count", http_route="/work") == N
+    assert _value(text, "gpu_kernel_launches_total", http_route="/work") == 2 * N
+    assert collector.stop() == 0
+    sent = _work(receiver.spans, target.pid)
+    rows = sqlite3.connect(db).execute("SELECT COUNT(*) FROM requests WHERE route = '/work'").fetchone()[0]
+    print(f"traceidratio 0.1: {len(sent)} of {N} traces sent over OTLP; {rows} requests in the store")
+    assert 10 <= len(sent) <= 60 and rows == N
+    assert all(s.attributes["gpu.launches"] == 2 for s in sent)
+
+
+def test_a_sampled_parent_is_followed(receiver, start_collector, start_target):
+    collector = start_collector(OTEL_TRACES_SAMPLER="parentbased_traceidratio", OTEL_TRACES_SAMPLER_ARG="0")
+    target = start_target()
+    collector.wait_traced(target.pid)
+    target.go()
+    trace = "4bf92f3577b34da6a3ce929d0e0e4736"
+    for i, flags in enumerate(("01", "00", "01", "00")):
+        target.get(f"/work?launches=1&n={i}", {"traceparent": f"00-{trace}-00f067aa0ba902b{i}-{flags}"})
+    target.get("/work?launches=1&n=9")  # no parent: the ratio, 0
+    assert collector.stop() == 0
+    sent = _work(receiver.spans, target.pid)
+    assert sorted(s.attributes["url.query"] if "url.query" in s.attributes else s.parent_span_id for s in sent) \
+        == ["00f067aa0ba902b0", "00f067aa0ba902b2"]
