@@ -123,6 +123,9 @@ static __always_inline int stream_this(u64 id, u64 ctx, u32 tgid, u32 tv, struct
         if (!s || !own || *own <= 0)
             return 1;
     }
+    u8 *quiet = quiet_procs.lookup(&tgid);
+    if (quiet && *quiet)
+        return 0; /* no sampled request open: counted, its summaries exact all the same */
     if (ring_unread() >= CUDA_HIGH_WATER)
         return 0; /* the rest of the ring is kept for HTTP records */
     u32 reads = s ? s->reads : 0;

@@ -62,6 +62,10 @@ BPF_HASH(traced, u32, u32, MAX_PROCS);
  * tgid -> number of such connections. While non-zero, CUDA calls are streamed
  * so user space can attribute them; otherwise they are only counted. */
 BPF_HASH(http_active, u32, s64, MAX_PROCS);
+/* tgid -> 1 while every request the process has open is unsampled (set by user space,
+ * pipeline/sampling.py): its calls are counted in req_agg, never streamed one by one, so
+ * the collector's work follows the sampled rate. */
+BPF_HASH(quiet_procs, u32, u8, MAX_PROCS);
 
 /* By tgid (struct http_seq): the HTTP epoch and read count of a process. */
 BPF_HASH(http_seq, u32, struct http_seq, MAX_PROCS);

@@ -22,7 +22,7 @@ from . import proc
 from .clock import BpfClock
 from .config import Config
 from .destinations import build_destinations
-from .export.sampling import make as make_sampler
+from .pipeline.sampling import drops_roots, make as make_sampler
 from .export.spans import SpanBuilder
 from .export.stage import ExportStage
 from .gpu_devices import DeviceIdentities, gpu_model
@@ -98,9 +98,11 @@ def build_pipeline(config: Config, stats: Stats, k8s=None, destinations=None,
     ports = PortCache(config.proc_root)
     groups = ProcessGroups(config.proc_root)
     kept_headers = config.export_headers | ({config.feature_header} if config.feature_header else set())
+    sampler = make_sampler(config.traces_sampler, config.traces_sampler_arg)
     stitcher = Stitcher(config.span_budget, frozenset(kept_headers), stats, port_of=ports.port,
                         peer_of=ports.peer, group_of=groups,
-                        sockets_of=lambda pid: open_sockets(config.proc_root, pid))
+                        sockets_of=lambda pid: open_sockets(config.proc_root, pid),
+                        sampler=sampler, quiet_when_idle=drops_roots(config.traces_sampler, config.traces_sampler_arg))
     enrich = Enrich(ProcessResources(config.proc_root, k8s, config.resource_attributes, stats,
                                      config.export_command_line),
                     RouteTemplater(config.route_patterns, max_routes=config.max_routes, stats=stats),
@@ -109,8 +111,7 @@ def build_pipeline(config: Config, stats: Stats, k8s=None, destinations=None,
                      feature_cap=ValueCap(config.max_routes, stats, "features_folded"))
     destinations = destinations if destinations is not None else build_destinations(config, stats)
     builder = SpanBuilder(clock or BpfClock(), config.export_query, config.export_headers,
-                          currency=config.currency, sampler=make_sampler(config.traces_sampler, config.traces_sampler_arg),
-                          stats=stats)
+                          currency=config.currency, sampler=sampler, stats=stats)
     if metric_readers is None:
         from .export.metrics import make_readers
         metric_readers = make_readers(config, stats)
@@ -309,6 +310,9 @@ class Collector:
     def _push(self, batch: list) -> None:
         """One batch through the pipeline; then the program forgets processes that left."""
         out = self.pipeline.push(batch)
+        if self.wiring.stitcher.quiet:  # processes whose open requests became all unsampled, or not
+            self.program.set_quiet(self.wiring.stitcher.quiet)
+            self.wiring.stitcher.quiet = {}
         gone = {r.tgid for r in out if type(r) is ProcessGone}
         if gone:
             self.program.forget(gone)

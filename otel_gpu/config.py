@@ -68,7 +68,7 @@ class Config:
     self_service_name: str = "otel-gpu"  # service.name of the collector's own metrics
     python_context: bool = True   # probe Python interpreters for asyncio task / context attribution
     go_goroutines: bool = True    # read Go processes' goroutines for attribution (bpf/go_probes.c)
-    traces_sampler: str = "parentbased_always_on"  # OTEL_TRACES_SAMPLER (export/sampling.py)
+    traces_sampler: str = "parentbased_always_on"  # OTEL_TRACES_SAMPLER (pipeline/sampling.py)
     traces_sampler_arg: Optional[str] = None        # OTEL_TRACES_SAMPLER_ARG: the ratio
     uprobe_links: str = "auto"    # auto, multi or perf: how uprobes are planted (probes/uprobe_links.py)
     log_level: str = "info"
@@ -99,7 +99,7 @@ class Config:
         except ValueError as e:
             raise ConfigError("gpu_price", f"{self.gpu_price!r}: {e}") from None
         try:
-            from .export.sampling import make
+            from .pipeline.sampling import make
             make(self.traces_sampler, self.traces_sampler_arg)
         except ValueError as e:
             raise ConfigError("OTEL_TRACES_SAMPLER", str(e)) from None

@@ -15,7 +15,7 @@ from ..pipeline.model import CallSink, ProcessWindow, Request
 from ..pipeline.protocols.http2.grpc import SERVER_ERROR_CODES
 from ..pipeline.records import CudaCall
 from ..probes.table import BY_ID, MEMCPY_DIRECTIONS, Category, call_name
-from . import sampling
+from ..pipeline import sampling
 
 SCOPE = InstrumentationScope("otel-gpu", __version__)
 SAMPLED, UNSAMPLED = TraceFlags(TraceFlags.SAMPLED), TraceFlags(TraceFlags.DEFAULT)
@@ -35,7 +35,7 @@ class SpanBuilder:
                  sampler=None, stats=None) -> None:
         import random
         self.clock = clock
-        self.sampler = sampler  # export/sampling.py; None: every trace is sampled
+        self.sampler = sampler  # pipeline/sampling.py; None: every trace is sampled
         self.stats = stats
         self.export_query = export_query
         self.export_headers = export_headers
@@ -106,7 +106,9 @@ class SpanBuilder:
         else:
             status = Status(StatusCode.UNSET)
         name = server_span_name(r.head, route)
-        on = self._sampled(r.trace_id, name, SpanKind.SERVER, r.parent_span_id, r.parent_sampled)
+        on = r.sampled  # decided as it opened (pipeline/stitcher.py)
+        if not on and self.stats is not None:
+            self.stats.add("traces_unsampled")
         parent = _ctx(r.trace_id, r.parent_span_id, True, bool(r.parent_sampled)) if r.parent_span_id else None
         server = ReadableSpan(
             name=name, context=_ctx(r.trace_id, r.span_id, sampled=on), parent=parent,
@@ -137,10 +139,11 @@ class SpanBuilder:
             instrumentation_scope=SCOPE)
         return [span] + self._children(w, trace_id, span_id, on)
 
-    def _sampled(self, trace_id: int, name: str, kind, parent_span_id=None, parent_sampled=None) -> bool:
+    def _sampled(self, trace_id: int, name: str, kind) -> bool:
+        """A window's trace: its own root."""
         if self.sampler is None:
             return True
-        on = sampling.sampled(self.sampler, trace_id, name, kind, parent_span_id, parent_sampled)
+        on = sampling.sampled(self.sampler, trace_id, name, kind)
         if not on and self.stats is not None:
             self.stats.add("traces_unsampled")  # not sent to OTLP; metrics, cost and the store keep them
         return on

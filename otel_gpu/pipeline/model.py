@@ -221,6 +221,7 @@ class Request:
     parent_trace_id: Optional[int] = None
     parent_span_id: Optional[int] = None
     parent_sampled: Optional[bool] = None  # the incoming traceparent's sampled flag
+    sampled: bool = True  # its trace goes out over OTLP (pipeline/sampling.py)
     busy: BusyWindow = field(default_factory=BusyWindow)
     route: Optional[str] = None          # set by enrich: http.route
     gpu_seconds: Optional[float] = None  # set by the cost stage

@@ -23,6 +23,8 @@ import random
 from dataclasses import dataclass, field
 from typing import Optional
 
+from opentelemetry.trace import SpanKind
+
 from ..ratelimit import RateLimitedLog, Stats
 from . import protocols
 from .protocols.base import (DETECT_MAX, Notice, ProtocolError, RequestFinished, RequestStarted, ResponseStatus,
@@ -36,6 +38,7 @@ from .model import ATTRIBUTIONS, CallSink, ProcessWindow, Request
 from .rules import RULES
 from .records import (Accept, CallAggregate, RequestOpened, ContextCopy, CudaCall, EV_SOCK_READ, KernelRollup,
                       ProcessGone, ProcessSeen, ProcExit, SockClose, SockIo, Tick, UnitWake)
+from . import sampling
 from .traceparent import parse_traceparent, traceparent_sampled
 
 log = logging.getLogger(__name__)
@@ -77,12 +80,15 @@ class Proc:
     pairs: Optional[HandlerPairs] = None  # handler threads of multiplexed connections
     threads: Optional[ThreadProof] = None  # threads' proof that they served one request alone
     untracked: int = 0  # open connections the kernel does not track (Conn.tracked False)
+    sampled_open: int = 0  # open requests whose trace is sampled
+    quiet: bool = False    # all its open requests are unsampled (as the kernel was last told)
 
 
 class Stitcher(CallAttribution):
     def __init__(self, span_budget: int = 256, extra_headers: frozenset = frozenset(),
                  stats: Optional[Stats] = None, rng: Optional[random.Random] = None,
-                 port_of=None, peer_of=None, group_of=None, sockets_of=None) -> None:
+                 port_of=None, peer_of=None, group_of=None, sockets_of=None, sampler=None,
+                 quiet_when_idle: bool = False) -> None:
         self.span_budget = span_budget
         self.extra_headers = extra_headers
         self._session_config = SessionConfig(extra_headers)
@@ -93,6 +99,9 @@ class Stitcher(CallAttribution):
         self._peer_of = peer_of  # (pid, conn_fd) -> (address, port) or None: accepts without one
         self._group_of = group_of  # pid -> group key or None (pipeline/groups.py): related processes
         self._sockets_of = sockets_of  # pid -> {fd: socket inode} (pipeline/sockets.py): closes not seen
+        self._sampler = sampler  # pipeline/sampling.py; None: every trace sampled
+        self._quiet_idle = quiet_when_idle  # sampling.drops_roots()
+        self.quiet: dict[int, bool] = {}  # tgid -> whether all its open requests are unsampled, as changed
         self._next_audit_ns = 0
         self.procs: dict[int, Proc] = {}
         self._serving: dict[int, Proc] = {}  # processes with open requests
@@ -309,15 +318,30 @@ class Stitcher(CallAttribution):
             req.trace_id, req.parent_span_id = parent
             req.parent_trace_id = parent[0]
             req.parent_sampled = traceparent_sampled(head.headers.get("traceparent"))
+        if self._sampler is not None:
+            req.sampled = sampling.sampled(self._sampler, req.trace_id, head.path, SpanKind.SERVER,
+                                           req.parent_span_id, req.parent_sampled)
         return req
 
     def _activate(self, p: Proc, c: Conn, stream: int, req: Request, out: list) -> None:
         c.streams[stream] = req
         p.open.append(req)
+        p.sampled_open += req.sampled
+        self._note_quiet(p)
         self._serving[p.tgid] = p
         p.contexts.opened(req)
         p.threads.opened(req)
         out.append(RequestOpened(req))  # the cost stage learns which requests may still overlap
+
+    def _note_quiet(self, p: Proc) -> None:
+        """Whether `p` has no sampled request open (and, unless the sampler drops traces
+        that start here, some request open), when that changes: the collector tells the
+        kernel (bpf/maps.h quiet_procs)."""
+        if self._sampler is None:
+            return
+        quiet = not p.sampled_open and (bool(p.open) or self._quiet_idle)
+        if quiet != p.quiet:
+            p.quiet = self.quiet[p.tgid] = quiet
 
     def _on_write(self, ev: SockIo, out: list) -> None:
         p = self._proc(ev.tgid, out)
@@ -426,6 +450,8 @@ class Stitcher(CallAttribution):
             del c.streams[stream]
         if req in p.open:
             p.open.remove(req)
+            p.sampled_open -= req.sampled
+            self._note_quiet(p)
             if not p.open:
                 self._serving.pop(p.tgid, None)
         self._settle(p, p.contexts.finished(req) + p.pairs.finished(req) + p.threads.finished(req))

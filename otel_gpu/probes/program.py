@@ -23,7 +23,8 @@ log = logging.getLogger(__name__)
 
 # Maps keyed by tgid, and maps keyed by pid_tgid (tgid in the high 32 bits) or by a
 # struct with a tgid field: every entry of an exited process goes.
-_BY_TGID = ("traced", "http_active", "http_seq", "py_procs", "go_procs", "runtime_text", "capture_procs")
+_BY_TGID = ("traced", "http_active", "http_seq", "py_procs", "go_procs", "runtime_text", "capture_procs",
+            "quiet_procs")
 _BY_PID_TGID = ("in_call", "reading", "writing", "accepting", "py_tstate", "tls_calls", "tls_last_read")
 _STATE_TABLES = ("traced", "http_active", "conns", "rollup", "req_agg", "in_call", "py_procs", "py_tstate")
 # Kernel counters (bpf/events.h) -> stats: connections whose TLS ciphertext was not sent
@@ -221,6 +222,19 @@ class BpfProgram:
         lay = binary.layout
         self.bpf["go_procs"][ct.c_uint32(pid)] = GoProc(binary.tls_g, lay.g_m, lay.m_curg, lay.g_goid,
                                                         lay.g_parent_goid)
+
+    def set_quiet(self, by_pid: dict) -> None:
+        """pid -> True while every request it has open is unsampled (pipeline/sampling.py):
+        the kernel then counts its calls instead of streaming them."""
+        table = self.bpf["quiet_procs"]
+        for pid, quiet in by_pid.items():
+            if quiet:
+                table[ct.c_uint32(pid)] = ct.c_uint8(1)
+                continue
+            try:
+                del table[ct.c_uint32(pid)]
+            except KeyError:
+                pass
 
     def traced_count(self) -> int:
         return len(self.bpf["traced"])

@@ -58,3 +58,26 @@ def test_a_sampled_parent_is_followed(receiver, start_collector, start_target):
     sent = _work(receiver.spans, target.pid)
     assert sorted(s.attributes["url.query"] if "url.query" in s.attributes else s.parent_span_id for s in sent) \
         == ["00f067aa0ba902b0", "00f067aa0ba902b2"]
+
+
+def test_unsampled_requests_calls_are_counted_in_the_kernel_not_streamed(tmp_path, receiver, start_collector,
+                                                                         start_target):
+    """traceidratio 0: no request is sampled, so the kernel counts every call in req_agg
+    (quiet_procs) instead of streaming it; the requests' summaries stay exact."""
+    from tests.bpf.targets.relia_support import stopped_counters
+    db = str(tmp_path / "otel-gpu.db")
+    collector = start_collector(OTEL_TRACES_SAMPLER="traceidratio", OTEL_TRACES_SAMPLER_ARG="0", OTEL_GPU_STORE=db)
+    target = start_target()
+    collector.wait_traced(target.pid)
+    target.go()
+    out = fetch_all(target.port, [f"/work?launches=20&n={i}" for i in range(100)], 4, 60)
+    assert len(out.ok) == 100
+    assert collector.stop() == 0
+    counted = stopped_counters(collector)
+    launches = sqlite3.connect(db).execute("SELECT TOTAL(launches), COUNT(*) FROM requests WHERE route = '/work'"
+                                           ).fetchone()
+    print(f"traceidratio 0: {counted.get('cuda_streamed', 0)} calls streamed, {counted.get('aggregated', 0)} counted "
+          f"in the kernel; store: {launches}")
+    assert launches == (2000, 100)
+    assert counted.get("cuda_streamed", 0) <= 0.05 * 2000
+    assert not _work(receiver.spans, target.pid)

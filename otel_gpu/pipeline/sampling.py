@@ -2,9 +2,11 @@
 always_off, traceidratio, parentbased_always_on, parentbased_always_off,
 parentbased_traceidratio; default parentbased_always_on) and OTEL_TRACES_SAMPLER_ARG (the
 ratio, 0..1, default 1). The SDK's samplers decide; a request's parent is its incoming
-traceparent (its sampled flag). The decision only sets the spans' sampled flag: OTLP
-sends sampled traces alone, while metrics, cost, the local store and `otel-gpu report`
-see every request (export/destinations.py)."""
+traceparent (its sampled flag). A request is decided as it opens (pipeline/stitcher.py:
+while a process has no sampled request open, the kernel counts its calls instead of
+streaming them, bpf/maps.h quiet_procs); a window as its span is built. The decision
+only sets the spans' sampled flag: OTLP sends sampled traces alone, while metrics, cost,
+the local store and `otel-gpu report` see every request (export/destinations.py)."""
 from __future__ import annotations
 
 from typing import Optional
@@ -33,6 +35,15 @@ def make(name: str, arg: Optional[str]) -> Sampler:
     if name not in samplers:
         raise ValueError(f"{name!r} is not one of {', '.join(NAMES)}")
     return samplers[name]()
+
+
+def drops_roots(name: str, arg: Optional[str]) -> bool:
+    """Does the sampler drop traces that start here (no parent)? Then a process with no
+    sampled request open is quiet even when idle: the next request is more likely unsampled,
+    and a sampled one has its first calls (before the collector reads its head) counted, not
+    streamed one by one."""
+    ratio = float(arg) if name.endswith("traceidratio") and arg not in (None, "") else 1.0
+    return name in ("always_off", "parentbased_always_off") or (name.endswith("traceidratio") and ratio < 1.0)
 
 
 def sampled(sampler: Sampler, trace_id: int, name: str, kind: SpanKind,

@@ -1,0 +1,113 @@
+"""Trace sampling (pipeline/sampling.py): OTEL_TRACES_SAMPLER's names and ratio, the
+parent's sampled flag honoured, a ratio sampling about its share of traces; an unsampled
+trace's spans (children too) flagged so OTLP drops them; the stitcher deciding as a
+request opens and saying when a process has only unsampled requests open (the kernel
+then counts its calls instead of streaming them)."""
+import random
+
+import pytest
+from opentelemetry.sdk.trace.export import SpanExportResult
+from opentelemetry.trace import SpanKind
+
+from otel_gpu.config import ConfigError, load_config
+from otel_gpu.pipeline import sampling
+from otel_gpu.export.destinations import QueuedExporter
+from otel_gpu.export.spans import SpanBuilder
+from otel_gpu.ratelimit import Stats
+from tests.unit.export.test_spans import BpfClock, request
+
+
+def built(name, arg=None, parent=None, parent_sampled=None, trace_id=0xABC):
+    """The request's spans as the stitcher (its decision) and the span builder make them."""
+    stats, sampler = Stats(), sampling.make(name, arg)
+    b = SpanBuilder(BpfClock(), sampler=sampler, stats=stats)
+    r = request(parent=(trace_id, parent) if parent else None)
+    r.trace_id, r.parent_sampled = trace_id, parent_sampled
+    r.sampled = sampling.sampled(sampler, trace_id, "GET", SpanKind.SERVER, r.parent_span_id, parent_sampled)
+    spans = b.build(r)
+    flags = {s.context.trace_flags.sampled for s in spans}
+    assert len(flags) == 1 and len(spans) == 4  # the server span and its children alike
+    return flags.pop(), stats.snapshot().get("traces_unsampled", 0)
+
+
+def test_the_named_samplers():
+    assert built("always_on") == (True, 0)
+    assert built("always_off") == (False, 1)
+    assert built("traceidratio", "0") == (False, 1) and built("traceidratio", "1") == (True, 0)
+    assert built("parentbased_always_off")[0] is False
+    assert built("parentbased_always_on")[0] is True
+
+
+def test_the_parent_decides_under_parentbased():
+    assert built("parentbased_always_on", parent=0x77, parent_sampled=False)[0] is False
+    assert built("parentbased_traceidratio", "0", parent=0x77, parent_sampled=True)[0] is True
+    assert built("traceidratio", "0", parent=0x77, parent_sampled=True)[0] is False  # not parent-based
+
+
+def test_a_ratio_samples_about_its_share():
+    rng, sampler = random.Random(5), sampling.make("traceidratio", "0.1")
+    n = sum(sampling.sampled(sampler, rng.getrandbits(128) or 1, "GET /", None) for _ in range(2000))
+    assert 140 <= n <= 260
+
+
+def test_bad_settings_are_refused():
+    with pytest.raises(ValueError):
+        sampling.make("sometimes", None)
+    with pytest.raises(ValueError):
+        sampling.make("traceidratio", "1.5")
+    with pytest.raises(ConfigError, match="OTEL_TRACES_SAMPLER"):
+        load_config(None, {"OTEL_TRACES_SAMPLER": "sometimes"})
+    c = load_config(None, {"OTEL_TRACES_SAMPLER": " TraceIdRatio ", "OTEL_TRACES_SAMPLER_ARG": "0.25"})
+    assert (c.traces_sampler, c.traces_sampler_arg) == ("traceidratio", "0.25")
+    assert load_config(None, {}).traces_sampler == "parentbased_always_on"
+
+
+def test_otlp_takes_sampled_spans_only():
+    class Sink:
+        got = []
+
+        def export(self, spans):
+            self.got += spans
+            return SpanExportResult.SUCCESS
+
+        def shutdown(self):
+            pass
+    q = QueuedExporter(Sink(), Stats(), schedule_delay_ms=10)
+    r = request()
+    r.sampled = False
+    assert q.export(SpanBuilder(BpfClock()).build(r)) == SpanExportResult.SUCCESS and q.pending == 0
+    q.shutdown()
+    assert Sink.got == []
+
+
+def test_the_stitcher_decides_and_says_when_a_process_is_quiet():
+    from otel_gpu.pipeline.stitcher import Stitcher
+    from tests.unit.pipeline.test_stitcher import OK, accept, get, read, write
+    s = Stitcher(span_budget=8, rng=random.Random(3), sampler=sampling.make("parentbased_always_on", None))
+    tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-0{}"
+    s.process([accept(fd=5, pid=9), accept(fd=6, pid=9)])
+    s.process([read(get("/a", f"traceparent: {tp.format(0)}\r\n".encode()), fd=5, tid=5, pid=9)])
+    assert s.quiet == {9: True}  # its one open request is unsampled
+    s.quiet = {}
+    s.process([read(get("/b", f"traceparent: {tp.format(1)}\r\n".encode()), fd=6, tid=6, pid=9)])
+    assert s.quiet == {9: False}  # a sampled one opened
+    s.quiet = {}
+    out = s.process([write(OK, fd=6, tid=6, pid=9)])
+    assert s.quiet == {9: True}
+    out += s.process([write(OK, fd=5, tid=5, pid=9)])
+    assert s.quiet == {9: False}  # nothing open
+    assert sorted(r.sampled for r in out if hasattr(r, "sampled")) == [False, True]
+
+
+def test_a_sampler_that_drops_new_traces_keeps_an_idle_process_quiet():
+    from otel_gpu.pipeline.stitcher import Stitcher
+    from tests.unit.pipeline.test_stitcher import OK, accept, get, read, write
+    assert sampling.drops_roots("traceidratio", "0.1") and sampling.drops_roots("always_off", None)
+    assert not sampling.drops_roots("parentbased_always_on", None) and not sampling.drops_roots("traceidratio", "1")
+    s = Stitcher(span_budget=8, rng=random.Random(3), sampler=sampling.make("traceidratio", "0"),
+                 quiet_when_idle=True)
+    s.process([accept(fd=5, pid=9), read(get("/a"), fd=5, tid=5, pid=9)])
+    assert s.quiet == {9: True}
+    s.quiet = {}
+    s.process([write(OK, fd=5, tid=5, pid=9)])
+    assert s.quiet == {}  # still quiet once idle: no change to tell
