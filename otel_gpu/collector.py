@@ -219,7 +219,7 @@ class Collector:
             self.program.detach(pid, "exited, or no longer selected or mapping CUDA")
         new = found.cuda_pids - self._traced_pids
         for pid in new:
-            self.program.trace(pid)
+            self._trace(pid)
             self._follows.pop(pid, None)  # trace() reset it
             if pid in python:
                 self.program.trace_python(pid, python[pid])
@@ -229,7 +229,7 @@ class Collector:
             log.info("tracing pid %d%s%s", pid, units, " as it loads CUDA" if only else "")
         servers = found.servers - found.cuda_pids - self._servers
         for pid in sorted(servers):
-            self.program.trace(pid)
+            self._trace(pid)
             log.info("tracing pid %d (HTTP server related to a traced GPU process)", pid)
         self._servers |= servers
         self.groups.set_traced(found.cuda_pids | self._servers | (self._traced_pids if only else set()))
@@ -240,6 +240,11 @@ class Collector:
                    + self._seed_connections(new))
         self._traced_pids = found.cuda_pids if only is None else self._traced_pids | found.cuda_pids
         return found.cuda_pids
+
+    def _trace(self, pid: int) -> None:
+        self.program.trace(pid)
+        if self.wiring.stitcher.quiet_when_idle:  # quiet from the start: its first requests too
+            self.program.set_quiet({pid: True})
 
     def _settle(self) -> None:
         """Scans the processes that loaded or opened a CUDA library, until they map one

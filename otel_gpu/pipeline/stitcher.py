@@ -100,7 +100,7 @@ class Stitcher(CallAttribution):
         self._group_of = group_of  # pid -> group key or None (pipeline/groups.py): related processes
         self._sockets_of = sockets_of  # pid -> {fd: socket inode} (pipeline/sockets.py): closes not seen
         self._sampler = sampler  # pipeline/sampling.py; None: every trace sampled
-        self._quiet_idle = quiet_when_idle  # sampling.drops_roots()
+        self.quiet_when_idle = quiet_when_idle  # sampling.drops_roots(): the collector marks new processes quiet
         self.quiet: dict[int, bool] = {}  # tgid -> whether all its open requests are unsampled, as changed
         self._next_audit_ns = 0
         self.procs: dict[int, Proc] = {}
@@ -170,7 +170,7 @@ class Stitcher(CallAttribution):
     def _proc(self, tgid: int, out: list) -> Proc:
         p = self.procs.get(tgid)
         if p is None:
-            p = self.procs[tgid] = Proc(tgid)
+            p = self.procs[tgid] = Proc(tgid, quiet=self.quiet_when_idle)
             p.contexts = ProcessContexts(tgid, self.span_budget, self.stats, self._log)
             p.pairs = HandlerPairs(tgid, self.stats, self._log)
             p.threads = ThreadProof(tgid, self.span_budget, self.stats, self._log)
@@ -339,7 +339,7 @@ class Stitcher(CallAttribution):
         kernel (bpf/maps.h quiet_procs)."""
         if self._sampler is None:
             return
-        quiet = not p.sampled_open and (bool(p.open) or self._quiet_idle)
+        quiet = not p.sampled_open and (bool(p.open) or self.quiet_when_idle)
         if quiet != p.quiet:
             p.quiet = self.quiet[p.tgid] = quiet
 

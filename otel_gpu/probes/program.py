@@ -30,7 +30,9 @@ _STATE_TABLES = ("traced", "http_active", "conns", "rollup", "req_agg", "in_call
 # Kernel counters (bpf/events.h) -> stats: connections whose TLS ciphertext was not sent
 # (tied to an SSL* or not: a stack without probes gives no span), and SSL plaintext
 # dropped for want of a socket (client connections of the process, untied SSL*).
-_TLS_COUNTERS = {"tls_ciphertext": "tls_connections", "tls_untied": "tls_plaintext_untied"}
+_TALLIES = {"tls_ciphertext": "tls_connections", "tls_untied": "tls_plaintext_untied",
+            # how calls of processes with HTTP activity left the kernel: one by one, or counted
+            "cuda_streamed": "cuda_calls_streamed", "aggregated": "cuda_calls_counted"}
 # `traced` values (bpf/maps.h): traced, following no server; every related server.
 TRACED, FOLLOW_ALL = 1, 0xFFFFFFFF
 
@@ -57,7 +59,7 @@ class BpfProgram:
         self._lost_seen = 0
         self._untracked_seen = 0
         self._agg_full_seen = 0
-        self._tls_seen: dict[str, int] = {}
+        self._tallies_seen: dict[str, int] = {}
         self._prune_suspects: set = set()  # (tgid, fd) found without a socket once
         self._runtime_text: dict = {}  # pid -> its runtime code ranges, as written to `runtime_text`
 
@@ -96,10 +98,10 @@ class BpfProgram:
             log.warning("per-request count table full (AGG_ENTRIES): %d CUDA calls lost so far", agg_full)
             self.stats.add("lost_events", agg_full - self._agg_full_seen)
             self._agg_full_seen = agg_full
-        for name, stat in _TLS_COUNTERS.items():  # not losses: what the TLS probes saw
-            if counters[name] > self._tls_seen.get(name, 0):
-                self.stats.add(stat, counters[name] - self._tls_seen.get(name, 0))
-                self._tls_seen[name] = counters[name]
+        for name, stat in _TALLIES.items():  # not losses: what the probes saw
+            if counters[name] > self._tallies_seen.get(name, 0):
+                self.stats.add(stat, counters[name] - self._tallies_seen.get(name, 0))
+                self._tallies_seen[name] = counters[name]
 
     def counters(self) -> dict[str, int]:
         table = self.bpf["counters"]
