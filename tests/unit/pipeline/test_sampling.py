@@ -99,15 +99,21 @@ def test_the_stitcher_decides_and_says_when_a_process_is_quiet():
     assert sorted(r.sampled for r in out if hasattr(r, "sampled")) == [False, True]
 
 
-def test_a_sampler_that_drops_new_traces_keeps_an_idle_process_quiet():
+def test_a_sampler_that_drops_new_traces_keeps_a_process_quiet_but_for_sampled_requests():
     from otel_gpu.pipeline.stitcher import Stitcher
     from tests.unit.pipeline.test_stitcher import OK, accept, get, read, write
     assert sampling.drops_roots("traceidratio", "0.1") and sampling.drops_roots("always_off", None)
     assert not sampling.drops_roots("parentbased_always_on", None) and not sampling.drops_roots("traceidratio", "1")
-    s = Stitcher(span_budget=8, rng=random.Random(3), sampler=sampling.make("traceidratio", "0"),
+    s = Stitcher(span_budget=8, rng=random.Random(3), sampler=sampling.make("parentbased_traceidratio", "0"),
                  quiet_when_idle=True)
-    s.process([accept(fd=5, pid=9), read(get("/a"), fd=5, tid=5, pid=9)])
+    sampled = b"traceparent: 00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01\r\n"
+    s.process([accept(fd=5, pid=9), accept(fd=6, pid=9), read(get("/a"), fd=5, tid=5, pid=9)])
+    assert s.quiet == {}  # quiet from the start (the collector marks it as it traces it)
+    s.process([read(get("/b", sampled), fd=6, tid=6, pid=9)])
+    assert s.quiet == {9: False}
+    s.quiet = {}
+    s.process([write(OK, fd=6, tid=6, pid=9)])
     assert s.quiet == {9: True}
     s.quiet = {}
     s.process([write(OK, fd=5, tid=5, pid=9)])
-    assert s.quiet == {}  # still quiet once idle: no change to tell
+    assert s.quiet == {}  # still quiet once idle
