@@ -131,7 +131,7 @@ class SpanBuilder:
             attrs[sc.GPU_CONNECTIONS_UNTRACKED] = w.untracked_connections
         attrs.update(self._window_cost(w))
         name = WINDOW_NAMES.get(w.attribution, "GPU work outside requests")
-        on = self._sampled(trace_id, name, SpanKind.INTERNAL)
+        on = w.links_sampled or self._sampled(trace_id, name, SpanKind.INTERNAL)  # a sampled trace's links resolve
         span = ReadableSpan(
             name=name, context=_ctx(trace_id, span_id, sampled=on), parent=None, resource=resource,
             attributes=int64_safe(attrs), links=links, kind=SpanKind.INTERNAL,

@@ -195,6 +195,7 @@ class CallAttribution:
             ids = (r.trace_id, r.span_id)
             if ids not in window.candidates:
                 window.candidates.append(ids)
+                window.links_sampled = window.links_sampled or r.sampled
                 if shared:
                     window.linked[ids] = r
 

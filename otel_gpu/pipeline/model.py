@@ -269,3 +269,4 @@ class ProcessWindow:
     # A shared window (one batch step) until its members are known (pipeline/steps.py):
     linked: dict = field(default_factory=dict)      # (trace_id, span_id) -> candidate Request
     link_rules: dict = field(default_factory=dict)  # (trace_id, span_id) -> rules.BATCH_MEMBER or OVERLAP
+    links_sampled: bool = False  # a request it links to was sampled: its trace goes out too

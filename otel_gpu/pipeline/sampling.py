@@ -2,7 +2,8 @@
 always_off, traceidratio, parentbased_always_on, parentbased_always_off,
 parentbased_traceidratio; default parentbased_always_on) and OTEL_TRACES_SAMPLER_ARG (the
 ratio, 0..1, default 1). The SDK's samplers decide; a request's parent is its incoming
-traceparent (its sampled flag). A request is decided as it opens (pipeline/stitcher.py:
+traceparent (its sampled flag). A window linked to a sampled request goes out with it,
+others are sampled as their own roots. A request is decided as it opens (pipeline/stitcher.py:
 while a process has no sampled request open, the kernel counts its calls instead of
 streaming them, bpf/maps.h quiet_procs); a window as its span is built. The decision
 only sets the spans' sampled flag: OTLP sends sampled traces alone, while metrics, cost,

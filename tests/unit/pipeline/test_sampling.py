@@ -117,3 +117,12 @@ def test_a_sampler_that_drops_new_traces_keeps_a_process_quiet_but_for_sampled_r
     s.quiet = {}
     s.process([write(OK, fd=5, tid=5, pid=9)])
     assert s.quiet == {}  # still quiet once idle
+
+
+def test_a_window_linked_to_a_sampled_request_goes_out_with_it():
+    from otel_gpu.pipeline.model import CallSink, ProcessWindow
+    b = SpanBuilder(BpfClock(), sampler=sampling.make("always_off", None))
+    w = ProcessWindow(9, "ambiguous", 0, 10, CallSink(4), candidates=[(1, 2)])
+    assert not b.build(w)[0].context.trace_flags.sampled
+    w.links_sampled = True
+    assert b.build(w)[0].context.trace_flags.sampled
