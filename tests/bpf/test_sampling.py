@@ -12,7 +12,7 @@ from tests.bpf.load_client import fetch_all
 from tests.bpf.test_metrics import _scrape, _value
 from tests.harness import server_spans
 
-N = 300
+N = 200
 
 
 def _work(spans, pid):
@@ -41,7 +41,7 @@ def test_a_tenth_of_the_traces_go_out_and_every_request_is_counted(tmp_path, rec
     sent = _work(receiver.spans, target.pid)
     rows = sqlite3.connect(db).execute("SELECT COUNT(*) FROM requests WHERE route = '/work'").fetchone()[0]
     print(f"traceidratio 0.1: {len(sent)} of {N} traces sent over OTLP; {rows} requests in the store")
-    assert 10 <= len(sent) <= 60 and rows == N
+    assert 4 <= len(sent) <= 48 and rows == N  # binomial(200, 0.1): 20 +- 4.2
     assert all(s.attributes["gpu.launches"] == 2 for s in sent)
 
 
@@ -70,14 +70,14 @@ def test_unsampled_requests_calls_are_counted_in_the_kernel_not_streamed(tmp_pat
     target = start_target()
     collector.wait_traced(target.pid)
     target.go()
-    out = fetch_all(target.port, [f"/work?launches=20&n={i}" for i in range(100)], 4, 60)
-    assert len(out.ok) == 100
+    out = fetch_all(target.port, [f"/work?launches=20&n={i}" for i in range(60)], 4, 60)
+    assert len(out.ok) == 60
     assert collector.stop() == 0
     counted = stopped_counters(collector)
     launches = sqlite3.connect(db).execute("SELECT TOTAL(launches), COUNT(*) FROM requests WHERE route = '/work'"
                                            ).fetchone()
     streamed, kept = counted.get("cuda_calls_streamed", 0), counted.get("cuda_calls_counted", 0)
     print(f"traceidratio 0: {streamed} calls streamed, {kept} counted in the kernel; store: {launches}")
-    assert launches == (2000, 100)
-    assert kept >= 0.95 * 2000 and streamed <= 0.05 * 2000
+    assert launches == (1200, 60)
+    assert kept >= 0.95 * 1200 and streamed <= 0.05 * 1200
     assert not _work(receiver.spans, target.pid)
