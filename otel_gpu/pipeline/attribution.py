@@ -54,10 +54,6 @@ class CallAttribution:
         if verdict is HELD:
             return
         decided, target = verdict
-        if decided is THREAD_ONE:
-            if p.threads.hold(target, ev, device, p.open):
-                return  # counted when its thread is proven, or not
-            decided, target = THREAD_HELD_FULL, list(p.open)
         attribution = decided.attribution
         if attribution is AMBIGUOUS and ev.tid not in p.broken and not p.untracked \
                 and HandlerPairs.applies(target) and self._handler_pair(p, ev, target):
@@ -85,10 +81,6 @@ class CallAttribution:
         if verdict is HELD:
             return
         decided, target = verdict
-        if decided is THREAD_ONE:
-            if p.threads.hold(target, a, device, p.open):
-                return
-            decided, target = THREAD_HELD_FULL, list(p.open)
         attribution = decided.attribution
         self._count(decided, a.count)
         agg = RollupAgg(a.call, a.detail, a.count, a.bytes, a.duration_ns, a.ts_ns, a.last_ts, a.last_end_ts,
@@ -121,12 +113,14 @@ class CallAttribution:
 
     def _verdict(self, p: Proc, ev, device: int):
         """HELD, or (rule, request or candidates) for a call or a CallAggregate."""
-        verdict = p.contexts.call(ev, device) if ev.ctx else None
+        verdict = p.contexts.call(ev, device, p.open) if ev.ctx else None
         if verdict is HELD:  # counted when it settles
             return HELD
         decided, target = verdict or attribute(p.open, ev.tid, p.partial_heads, p.broken)
         if p.untracked and (decided.attribution is THREAD or decided.attribution is PROCESS):
             return PROCESS_UNTRACKED, list(p.open)
+        if decided is THREAD_ONE:  # counted once its thread is proven, or not (pipeline/threads.py)
+            return HELD if p.threads.hold(target, ev, device, p.open) else (THREAD_HELD_FULL, list(p.open))
         if decided is PROCESS_IDLE:
             group = self._group_requests(p)
             if group:
@@ -202,13 +196,16 @@ class CallAttribution:
     def _flush_windows(self, out: list) -> None:
         """Hands on the ambiguous/shared/outside windows collected so far (once per Tick)."""
         for p in self.procs.values():
-            for attr in ("ambiguous", "shared", "outside"):
-                w = getattr(p, attr)
-                if w is not None:
-                    if w.linked:  # shared, cut by the flush: no step to read membership by
-                        self.steps.unstepped(w)
-                    out.append(w)
-                    setattr(p, attr, None)
+            self._flush_process_windows(p, out)
+
+    def _flush_process_windows(self, p: Proc, out: list) -> None:
+        for attr in ("ambiguous", "shared", "outside"):
+            w = getattr(p, attr)
+            if w is not None:
+                if w.linked:  # shared, cut by the flush or an exit: no step to read membership by
+                    self.steps.unstepped(w)
+                out.append(w)
+                setattr(p, attr, None)
 
 
 def attribute(open_requests: list, tid: int, partial_heads: dict = {}, broken: dict = {}):  # noqa: B006

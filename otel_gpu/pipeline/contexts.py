@@ -96,7 +96,6 @@ class ProcessContexts:
         self.max_contexts, self.max_held = max_contexts, max_held
         self.nodes: OrderedDict[int, Node] = OrderedDict()  # addr -> Node, least recently used first
         self.threads: dict[int, int] = {}    # context thread -> last seen
-        self.open: dict[int, Request] = {}     # id -> open request
         self.unbound: dict[int, Request] = {}  # id -> open request not bound yet
         self.readers: set[int] = set()         # goroutines that read a request's head
         self.partners: dict[int, set] = {}     # goroutine -> goroutines it woke or was woken by
@@ -199,7 +198,6 @@ class ProcessContexts:
 
     # --- requests --------------------------------------------------------------------
     def opened(self, req: Request) -> None:
-        self.open[id(req)] = req
         self.unbound[id(req)] = req
         self._cands = None
 
@@ -254,7 +252,6 @@ class ProcessContexts:
     def finished(self, req: Request) -> list[Outcome]:
         """`req` is done: its bindings end; held calls it never owned count on it as
         ambiguous and settle once no other candidate may own them."""
-        self.open.pop(id(req), None)
         if self.unbound.pop(id(req), None) is not None:
             self._cands = None
         for n in self.bindings.pop(id(req), ()):
@@ -279,8 +276,9 @@ class ProcessContexts:
         return out
 
     # --- calls -----------------------------------------------------------------------
-    def call(self, ev: CudaCall, device: int):
-        """HELD, (rule, request or candidates), or None: the thread rules decide."""
+    def call(self, ev: CudaCall, device: int, open_requests: list):
+        """HELD, (rule, request or candidates), or None: the thread rules decide.
+        `open_requests`: the process's (read only)."""
         node = self.nodes.get(ev.ctx)
         if node is None:
             if ev.tid not in self.threads and not ev.ctx & GO_UNIT:
@@ -294,10 +292,10 @@ class ProcessContexts:
             return UNIT_BOUND, owner
         cands = self.candidates()
         if not cands:
-            if not self.open:
+            if not open_requests:
                 return PROCESS_IDLE, None
             if ev.ctx & GO_UNIT and self._hands_off(ev.ctx):
-                return UNIT_HAND_OFF, list(self.open.values())
+                return UNIT_HAND_OFF, list(open_requests)
             return UNIT_UNOWNED, None
         if self.entries >= self.max_held:
             self._log.event("held_calls_overflow", logging.WARNING,
@@ -316,9 +314,9 @@ class ProcessContexts:
                 self.index.setdefault(id(c), {})[h] = None
         one = node.kept < self.keep and ev.__class__ is not CallAggregate
         node.kept += one
-        before = h.count
-        self.entries += h.add(ev, device, one)
-        self.held += h.count - before
+        entries, calls = h.add(ev, device, one)
+        self.entries += entries
+        self.held += calls
 
     def _lose(self, h: Held) -> list[Outcome]:
         """One candidate of `h` can no longer own it."""

@@ -42,9 +42,9 @@ class HeldCalls:
         self.count = 0
         self.first_ts = 0
 
-    def add(self, ev, device: int, one_by_one: bool) -> int:
+    def add(self, ev, device: int, one_by_one: bool) -> tuple[int, int]:
         """Holds a call (or a CallAggregate: a fold of its own); returns the entries it
-        added (0 when folded into an existing one)."""
+        added (0 when folded into an existing one) and the calls (a CallAggregate's count)."""
         n, added = 1, 1
         if ev.__class__ is CallAggregate:  # calls the kernel counted
             n = ev.count
@@ -63,7 +63,7 @@ class HeldCalls:
             fold[2] = max(fold[2], busy_end(ev))
         self.first_ts = ev.ts_ns if not self.count else min(self.first_ts, ev.ts_ns)
         self.count += n
-        return added
+        return added, n
 
     @property
     def entries(self) -> int:

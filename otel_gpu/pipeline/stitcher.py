@@ -469,11 +469,7 @@ class Stitcher(CallAttribution):
                 self._drop_conn(p, c, ev.ts_ns, "process exited", out)
             self._settle(p, p.contexts.drain() + p.pairs.drain())
             self._serving.pop(ev.tgid, None)
-            for attr in ("ambiguous", "shared", "outside"):
-                if (w := getattr(p, attr)) is not None:
-                    if w.linked:
-                        self.steps.unstepped(w)
-                    out.append(w)
+            self._flush_process_windows(p, out)
         self.steps.gone(ev.tgid, ev.ts_ns, out)
         out.append(ProcessGone(ev.tgid, ev.comm))
 

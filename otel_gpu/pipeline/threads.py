@@ -70,9 +70,9 @@ class ThreadProof:
         kept = self.kept.get(id(req), 0)
         one = kept < self.keep and ev.__class__ is not CallAggregate
         self.kept[id(req)] = kept + one
-        before = hs[-1].count
-        self.entries += hs[-1].add(ev, device, one)
-        self.pending += hs[-1].count - before
+        entries, calls = hs[-1].add(ev, device, one)
+        self.entries += entries
+        self.pending += calls
         return True
 
     def finished(self, req: Request) -> list[Outcome]:

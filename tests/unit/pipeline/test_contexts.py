@@ -406,7 +406,7 @@ def test_lru_keeps_bound_holding_and_working_contexts():
     e, c = Events(), table(max_contexts=3)
     c.copied(e.copy(1, BASE))
     c.copied(e.copy(2, BASE))
-    c.call(e.call(2, 0), 0)  # worked: a second chance
+    c.call(e.call(2, 0), 0, [])  # worked: a second chance (no request open)
     c.copied(e.copy(3, BASE))
     c.copied(e.copy(4, BASE))  # over the cap: 1 goes (least recent, idle)
     assert list(c.nodes) == [2, 3, 4] and c.stats.snapshot()["contexts_evicted"] == 1
