@@ -235,10 +235,12 @@ class Request:
     # Its response as written (pipeline/steps.py reads batch membership from it):
     headers_ts: int = 0   # when its response headers were written; 0: not yet
     chunks: int = 0       # writes that carried its response body (a streamed token each, for SSE)
-    chunk_ts: list = field(default_factory=list)  # when the latest of them were written (bounded)
+    streamed: Optional[bool] = None  # its response's body length is not declared; None: head not seen alone
+    # When it answered, latest last (bounded): each chunk of a streamed response; the first
+    # write of any other (its head, even if its body follows in another write).
+    chunk_ts: list = field(default_factory=list)
 
-    def wrote_chunk(self, ts: int) -> None:
-        self.chunks += 1
+    def answered(self, ts: int) -> None:
         if len(self.chunk_ts) >= MAX_CHUNK_TIMES:
             del self.chunk_ts[:MAX_CHUNK_TIMES // 2]
         self.chunk_ts.append(ts)

@@ -3,8 +3,10 @@ synchronising call), from what their connections did: a streaming request writes
 response chunk after each step it is in (the front-end relays each step's tokens), and a
 request waiting in the engine's queue, or done in the engine and still closing, writes
 nothing. So a step's window, ending at t_k, is linked to:
-  - BATCH_MEMBER: a candidate that wrote a response chunk after t_k and no later than
-    the end of the process's next step (or, for the last step, than the records read);
+  - BATCH_MEMBER: a candidate that wrote part of its answer after t_k and no later than
+    the end of the process's next step (or, for the last step, than the records read): a
+    body chunk, or the head of a response of declared length (its body may follow in
+    another write);
   - OVERLAP: a candidate with no response written yet (a request that answers in one
     write at its end, until it does): today's rule, linked by being open, and said so;
   - nobody else: a candidate whose response headers were out and that wrote nothing in

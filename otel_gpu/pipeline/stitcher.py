@@ -368,8 +368,9 @@ class Stitcher(CallAttribution):
     def _note_response(c: Conn, events: list, ts: int) -> None:
         """What a write did for the requests it answers (pipeline/steps.py's evidence):
         their response headers went out (the status was not known before it), or a body
-        chunk did (headers with the end of the response count as its last chunk). Called
-        before the events are applied."""
+        chunk did (headers with the end of the response count as its last chunk). A
+        streamed response answers at each chunk; any other at its first write (its head:
+        the body may follow in another write). Called before the events are applied."""
         for stream in c.session.written or c.streams:  # HTTP/1: its one open request, stream 0
             r = c.streams.get(stream)
             if r is None:
@@ -377,12 +378,15 @@ class Stitcher(CallAttribution):
             head = done = False
             for e in events:
                 if getattr(e, "stream", None) == stream:
-                    head = head or (type(e) is ResponseStatus and r.status is None)
+                    if type(e) is ResponseStatus and r.status is None:
+                        head, r.streamed = True, e.streamed
                     done = done or type(e) is RequestFinished
             if head and not r.headers_ts:
                 r.headers_ts = ts
-            if done or not head:
-                r.wrote_chunk(ts)
+            body = done or not head
+            r.chunks += body
+            if (head and not r.streamed) or (body and r.streamed is not False):
+                r.answered(ts)
 
     @staticmethod
     def _responding_stream(c: Conn, events: list) -> Optional[Request]:

@@ -31,7 +31,8 @@ Final API (H5; HTTP/2, gRPC and TLS build on it):
     RequestStarted(stream, head, start_ns, tid)   a request opens; stream 0 for HTTP/1,
                                                   the stream id for HTTP/2. tid: the thread
                                                   that read its head ("thread" attribution)
-    ResponseStatus(stream, status)                status known before the end
+    ResponseStatus(stream, status, streamed)      status known before the end; streamed: the
+                                                  body's length is not declared
     RequestFinished(stream, ts_ns, status, error) status None: keep what is known
     StreamReset(stream, ts_ns, reason)            ended without a response (RST_STREAM...):
                                                   finished with error=reason, counted
@@ -110,6 +111,7 @@ class RequestStarted:
 class ResponseStatus:
     stream: int
     status: int
+    streamed: bool = True  # its body's length is not declared (chunked, close-delimited, unknown)
 
 
 @dataclass

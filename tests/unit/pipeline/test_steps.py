@@ -66,3 +66,15 @@ def test_steps_wait_for_their_evidence_then_go_without_a_tick():
     (w1,) = steps_out(s.process(step(1, grid=3)))  # step 1's interval has passed: decided
     assert w1.sink.calls[0][0].func == 0x1001 and w1.candidates == []  # 10 wrote nothing for it
     assert w1.tgid == WORKER
+
+
+def test_an_answer_whose_head_and_body_are_two_writes_is_its_step_member():
+    """A response of declared length whose head goes out in one step's interval and its
+    body in the next (a threaded server between its two writes): the head is its answer."""
+    s = Stitcher(span_budget=256, rng=random.Random(3), group_of=GROUPS.get)
+    reqs = open_requests(s, [10])
+    s.process(step(1, grid=1) + [sse(10, b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n")])
+    s.process(step(1, grid=2) + [sse(10, b"ok")])
+    w1, w2 = steps_out(s.process([Tick(T() + 10**9)]))
+    assert w1.link_rules == {ids(reqs[10]): "batch_member"}
+    assert w2.link_rules == {}  # answered before step 2 ended: not in it (its body's write: the same answer)

@@ -71,7 +71,7 @@ class Http1Session(Session):
         if done is None:
             current = self._responses.current
             if current is not None and current.status is not None:
-                out.append(ResponseStatus(0, current.status))
+                out.append(ResponseStatus(0, current.status, current.chunked or current.body_left is None))
             return out
         if done.status == 101:
             return self._switch(done, data, length, tail, ts_ns)
