@@ -12,7 +12,7 @@ demo: setup
 	$(SUDO) $(PY) -m otel_gpu.cli demo
 
 test: setup
-	$(SUDO) $(PY) -m pytest -rs --durations=25 tests
+	$(SUDO) $(PY) -m pytest -rfEs --durations=25 tests
 
 test-unit: setup
 	$(PY) -m pytest -rs tests/unit

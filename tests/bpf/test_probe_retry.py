@@ -18,7 +18,7 @@ from tests.bpf.test_coexistence import LAUNCHES, TARGET, _collector_launches
 from tests.harness import Target
 
 FUNCTION = "cudaLaunchKernel"
-METRIC_EXPORT_S = 10  # make_readers' export interval
+METRIC_EXPORT_S = 2  # the collector's metric export interval in this test (OTEL_METRIC_EXPORT_INTERVAL)
 BPF_PROBE_ENTRY = 0
 
 
@@ -68,7 +68,8 @@ def test_a_launch_probe_refused_at_start_is_reported_then_retried_and_counts(tmp
     conflict = ConflictingUprobe(str(cudart), FUNCTION)
     target = Target([sys.executable, "-c", TARGET], {"OTEL_GPU_CUDART": str(cudart)})
     try:
-        collector = start_collector("--pid", str(target.pid))
+        collector = start_collector("--pid", str(target.pid),
+                                    OTEL_METRIC_EXPORT_INTERVAL=str(METRIC_EXPORT_S * 1000))
         collector.wait_traced(target.pid)
         ready = next(l for l in collector.log.lines if "ready" in l)
         assert "DEGRADED" in ready and f"{FUNCTION} not attached in" in ready and str(cudart) in ready, ready

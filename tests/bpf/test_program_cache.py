@@ -120,12 +120,22 @@ def _kernel_refuses(path):
     path.write_bytes(b" ".join(parts) + b"\n" + body)
 
 
+@pytest.fixture(scope="module")
+def good_entry(tmp_path_factory):
+    """A cache entry of the default program, compiled once for the damage cases (the key
+    does not depend on the cache's folder, so each case copies it into its own)."""
+    options = ProgramOptions(bpf_cache=str(tmp_path_factory.mktemp("good")))
+    load(options, compile_only=True).cleanup()
+    cache, key = program_cache(options)
+    return cache.entry_path(key)
+
+
 @pytest.mark.parametrize("damage", [_flip, _truncate, _foreign, _kernel_refuses])
-def test_a_bad_entry_is_counted_and_the_program_compiled(tmp_path, damage, caplog):
+def test_a_bad_entry_is_counted_and_the_program_compiled(tmp_path, good_entry, damage, caplog):
     from otel_gpu.probes.cached_bpf import CachedBPF
     options = ProgramOptions(bpf_cache=str(tmp_path))
     cache, key = program_cache(options)
-    load(options, compile_only=True).cleanup()
+    shutil.copy(good_entry, cache.entry_path(key))
     damage(cache.entry_path(key))
     stats = Stats()
     bpf = load(options, stats)

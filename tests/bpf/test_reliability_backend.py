@@ -1,4 +1,4 @@
-"""Backend faults: the OTLP endpoint down for 20 s (1,200 requests) then back on the same port; a ring
+"""Backend faults: the OTLP endpoint down for 10 s (600 requests) then back on the same port; a ring
 buffer too small for a burst of launches. The collector keeps running with bounded
 memory, counts and logs what it dropped, and recovers by itself."""
 from __future__ import annotations
@@ -17,8 +17,8 @@ from otel_gpu.demo.runner import LineWatcher, free_port
 from tests.bpf.targets.relia_support import TARGETS, make_receiver_class, rss_kb, stopped_counters
 from tests.harness import ROOT, Target, server_spans
 
-OUTAGE_S = 20
-RATE = 60  # requests per second while the backend is down: 1,200 in all, the queue holds 256
+OUTAGE_S = 10
+RATE = 60  # requests per second while the backend is down: 600 in all, the queue holds 256
 
 
 @pytest.fixture

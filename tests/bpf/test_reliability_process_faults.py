@@ -53,7 +53,8 @@ def killed(receiver, start_collector):
         client = socket.create_connection(("127.0.0.1", target.port))
         client.sendall(b"GET /slow?launches=3&ms=60000 HTTP/1.1\r\nHost: x\r\n\r\n")
         assert target.log.wait_for("launched 3", 10)
-        assert _tables(collector, receiver)["open_requests"] == 1
+        # The collector reads the request's records a moment after the target made them.
+        assert wait_until(lambda: _tables(collector, receiver)["open_requests"] == 1, 10)
         os.kill(target.pid, signal.SIGKILL)
         target.proc.wait(10)
         client.close()
