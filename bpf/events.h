@@ -75,9 +75,10 @@ struct accept_event {
     u16 family;       /* AF_INET / AF_INET6, 0 when the peer address was not asked for */
     u16 peer_port;    /* network byte order */
     u8 peer_addr[16]; /* IPv4 in the first 4 bytes */
-    u32 flags;        /* ACCEPT_UNTRACKED: the connection table was full */
+    u32 flags;        /* ACCEPT_UNTRACKED: not in the connection table (full, or past the share) */
 };
 #define ACCEPT_UNTRACKED 1
+#define ACCEPT_OVER_SHARE 2 /* with ACCEPT_UNTRACKED: the process held its share (conn_shares) */
 
 struct sock_io_event {
     struct event_header h;
@@ -321,7 +322,8 @@ enum counter {
     CNT_CAPTURE_LOST = 7,   /* launches on a capturing process lost: ring buffer full */
     CNT_TLS_CIPHERTEXT = 8, /* connections whose first bytes were a TLS record: ciphertext never sent */
     CNT_TLS_UNTIED = 9,     /* SSL_read/SSL_write plaintext dropped: no socket known for the SSL* */
-    CNT_MAX = 10,
+    CNT_CONN_OVER_SHARE = 10, /* accepts of related servers left untracked: past their share */
+    CNT_MAX = 11,
 };
 
 #endif

@@ -17,7 +17,7 @@ struct conn_state {
     u32 state;     /* of the plaintext for a TLS connection */
     u32 requests;  /* non-zero once the connection counted in http_active */
     u32 tls;       /* its bytes are TLS records: the syscalls' ciphertext is never sent */
-    u32 pad;
+    u32 counted;   /* counted in its process's conn_shares entry */
     u64 ssl;       /* the SSL* tied to it (bpf/tls_probes.c); 0: none yet */
 };
 
@@ -27,6 +27,17 @@ struct conn_state {
  * finds it full is counted (CNT_CONN_TABLE_FULL) and reported with ACCEPT_UNTRACKED.
  * User space prunes entries whose close was never seen (close_range, dup2). */
 BPF_HASH(conns, struct conn_key, struct conn_state, MAX_CONNS);
+
+/* The share of `conns` a traced related server may hold (user space sets `limit`:
+ * probes/program.py, related_server_share), and how much it holds. A process with no
+ * entry (a CUDA process) is bounded by the table alone: a busy front proxy or a
+ * flood on a related listener cannot take the GPU service's room. An accept past the
+ * share is counted (CNT_CONN_OVER_SHARE) and reported untracked. */
+struct conn_share {
+    s64 used;
+    s64 limit;
+};
+BPF_HASH(conn_shares, u32, struct conn_share, MAX_PROCS);
 
 struct pending_accept {
     s32 listen_fd;
@@ -60,6 +71,11 @@ static __always_inline void forget_conn(struct conn_key *key, struct conn_state 
         s64 *n = http_active.lookup(&key->tgid);
         if (n)
             __sync_fetch_and_add(n, -1);
+    }
+    if (st->counted) {
+        struct conn_share *share = conn_shares.lookup(&key->tgid);
+        if (share)
+            __sync_fetch_and_add(&share->used, -1);
     }
     if (st->ssl) {
         struct ssl_key k = {.tgid = key->tgid, .ssl = st->ssl};
@@ -96,9 +112,16 @@ static __always_inline void accept_exit(long ret)
     if (old) /* the previous connection on this fd: its close was not seen */
         forget_conn(&key, old);
     struct accept_event e = {};
-    if (conns.update(&key, &st) != 0) {
+    struct conn_share *share = conn_shares.lookup(&key.tgid);
+    st.counted = share != 0;
+    if (share && share->used >= share->limit) {
+        count(CNT_CONN_OVER_SHARE);
+        e.flags = ACCEPT_UNTRACKED | ACCEPT_OVER_SHARE;
+    } else if (conns.update(&key, &st) != 0) {
         count(CNT_CONN_TABLE_FULL);
         e.flags = ACCEPT_UNTRACKED;
+    } else if (share) {
+        __sync_fetch_and_add(&share->used, 1);
     }
     fill_header(&e.h, EV_ACCEPT, id);
     e.fd = (s32)ret;

@@ -43,6 +43,7 @@ from .status.writer import StatusWriter
 
 log = logging.getLogger("otel_gpu")
 PRUNE_INTERVAL_S = 30.0  # kernel connection entries whose close was never seen are dropped this often
+FIRST_SEED = "opened before tracing"
 # A process that loaded or opened a CUDA library (bpf/library_probes.c) is scanned at
 # once, and again every SETTLE_EVERY_S while it does not map one yet (an open comes before
 # the loader's mmap), SETTLE_S at most (a process that only read the file: a copy, ldconfig).
@@ -143,7 +144,7 @@ class Collector:
         self.state_requested = threading.Event()
         self._settling: dict[int, float] = {}  # pid -> until when it is scanned again (SETTLE_S)
         self._next_settle = 0.0
-        self._seed_pending = False  # connections left untracked wait for room in the table
+        self._seed_pending: set[int] = set()  # processes with connections still to seed
         self._untracked_seen = 0
         self._next_prune = time.monotonic() + PRUNE_INTERVAL_S
         self.status = StatusWriter(config.status_file, self.stats) if config.status_file else None
@@ -232,6 +233,8 @@ class Collector:
             self._trace(pid)
             log.info("tracing pid %d (HTTP server related to a traced GPU process)", pid)
         self._servers |= servers
+        if servers:
+            self._share_connections()
         self.groups.set_traced(found.cuda_pids | self._servers | (self._traced_pids if only else set()))
         if only is None:  # following needs every listening process: full scans only
             self._follow(found)
@@ -276,34 +279,47 @@ class Collector:
                              f"pid {follow} has HTTP activity" if follow != FOLLOW_ALL
                              else f"related HTTP servers run ({len(servers)})")
 
-    def _seed_connections(self, pids: set, why: str = "opened before tracing") -> list:
+    def _share_connections(self) -> None:
+        """Each traced related server's share of the connection table (its own CUDA
+        processes have none: they keep what the servers cannot take)."""
+        from .probes.program import related_server_share
+        share = related_server_share(self.config.max_connections, len(self._servers))
+        self.program.set_connection_shares({pid: share for pid in self._servers})
+
+    def _seed_connections(self, pids: set, why: str = FIRST_SEED) -> list:
         """Accept records for the keep-alive connections new processes already held, so
         their next request is traced (the real accept happened before us), or that the
-        kernel's full table left untracked. Sets _seed_pending while some do not fit."""
+        kernel's full table left untracked. A process with more than one scan seeds
+        (SEED_PER_SCAN) or the full table left is seeded again at the next flush."""
         now, out = time.monotonic_ns(), []
         for pid in sorted(pids):
-            seeded = []
-            for c in existing_server_connections(self.config.proc_root, pid):
-                done = self.program.seed_connection(pid, c.fd)
-                if done is None:  # table full: try again at a later scan
-                    self._seed_pending = True
-                    break
-                if done:
-                    seeded.append(Accept(pid, pid, now, c.fd, c.listen_fd, c.peer_addr, c.peer_port))
-            if seeded:
-                log.info("pid %d: %d connections %s are followed from their next request", pid, len(seeded), why)
-            out += seeded
+            held = {c.fd: c for c in existing_server_connections(self.config.proc_root, pid)}
+            fds, short = self.program.seed_connections(pid, list(held))
+            if short in ("per scan", "table full"):
+                self._seed_pending.add(pid)
+            else:
+                self._seed_pending.discard(pid)
+            if fds or (short and why == FIRST_SEED):
+                rest = {"share": "; the others stay untracked (its share of --max-connections)",
+                        "per scan": "; more at the next flush", "table full": "; the others once there is room"}
+                log.info("pid %d: %d connections %s are followed from their next request%s", pid, len(fds), why,
+                         rest.get(short, ""))
+            out += [Accept(pid, pid, now, fd, held[fd].listen_fd, held[fd].peer_addr, held[fd].peer_port)
+                    for fd in fds]
         return out
 
     def _connections(self) -> list:
         """At each flush: connections the full table left untracked are seeded once there
-        is room (from /proc, like those opened before tracing); every PRUNE_INTERVAL_S,
-        kernel entries whose close was never seen go, with a SockClose record each."""
+        is room (from /proc, like those opened before tracing), and those a scan had no
+        time for; every PRUNE_INTERVAL_S, kernel entries whose close was never seen go,
+        with a SockClose record each."""
         out = []
         untracked = self.stats.snapshot().get("connections_untracked", 0)
-        if untracked > self._untracked_seen or self._seed_pending:
-            self._untracked_seen, self._seed_pending = untracked, False
+        if untracked > self._untracked_seen:
+            self._untracked_seen = untracked
             out += self._seed_connections(self._traced_pids | self._servers, "left untracked (table full)")
+        elif self._seed_pending:
+            out += self._seed_connections(self._seed_pending & (self._traced_pids | self._servers), "still to seed")
         now = time.monotonic()
         if now >= self._next_prune:
             self._next_prune = now + PRUNE_INTERVAL_S
@@ -325,7 +341,10 @@ class Collector:
                 self.wiring.ports.forget(pid)
             self.groups.forget(gone)
             self._traced_pids -= gone
-            self._servers -= gone
+            self._seed_pending -= gone
+            if gone & self._servers:
+                self._servers -= gone
+                self._share_connections()  # the others' shares grow
             for pid in gone:
                 self._follows.pop(pid, None)
 

@@ -80,10 +80,12 @@ def module_collector(*args: str, **env: str):
 class Target:
     """A target process started after the collector, held until it is traced."""
 
-    def __init__(self, argv: list[str], env: dict | None = None) -> None:
+    def __init__(self, argv: list[str], env: dict | None = None, beside: "Target | None" = None) -> None:
         # In a cgroup of its own, as a container: else this process, whose OTLP receiver is a
         # gRPC server, is a related server the collector traces (bench/isolate.py).
-        self.cgroup = OwnCgroup()
+        # `beside`: in that target's cgroup instead, a process of the same container.
+        self.cgroup = beside.cgroup if beside is not None else OwnCgroup()
+        self._owns_cgroup = beside is None
         self.proc = subprocess.Popen(self.cgroup.wrap(argv), stdin=subprocess.PIPE, stderr=subprocess.PIPE,
                                      text=True, cwd=ROOT, env=dict(os.environ, **(env or {})))
         self.log = LineWatcher(self.proc.stderr, echo=None)
@@ -116,7 +118,8 @@ class Target:
 
     def stop(self) -> None:
         stop_process(self.proc, timeout=10)
-        self.cgroup.remove()
+        if self._owns_cgroup:
+            self.cgroup.remove()
 
 
 @pytest.fixture

@@ -24,8 +24,21 @@ log = logging.getLogger(__name__)
 # Maps keyed by tgid, and maps keyed by pid_tgid (tgid in the high 32 bits) or by a
 # struct with a tgid field: every entry of an exited process goes.
 _BY_TGID = ("traced", "http_active", "http_seq", "py_procs", "go_procs", "runtime_text", "capture_procs",
-            "quiet_procs")
+            "quiet_procs", "conn_shares")
 _BY_PID_TGID = ("in_call", "reading", "writing", "accepting", "py_tstate", "tls_calls", "tls_last_read")
+# Connections seeded from /proc per process and scan: a listener holding tens of
+# thousands is seeded over several flushes, and the collector answers in between.
+SEED_PER_SCAN = 1024
+MIN_SHARE = 16  # connections a related server may always hold
+
+
+def related_server_share(max_connections: int, servers: int) -> int:
+    """Connections each traced related HTTP server may hold in the kernel's table:
+    together at most half of it, so the CUDA processes (no share, bounded by the table
+    alone) keep the other half whatever a front proxy or a flood does."""
+    return max(MIN_SHARE, max_connections // (2 * max(1, servers)))
+
+
 _STATE_TABLES = ("traced", "http_active", "conns", "rollup", "req_agg", "in_call", "py_procs", "py_tstate")
 # Kernel counters (bpf/events.h) -> stats: connections whose TLS ciphertext was not sent
 # (tied to an SSL* or not: a stack without probes gives no span), and SSL plaintext
@@ -58,6 +71,7 @@ class BpfProgram:
         self.attacher = Attacher(self.bpf, stats, uprobes=uprobe_links.choose(self.bpf, options.uprobe_links))
         self._lost_seen = 0
         self._untracked_seen = 0
+        self._over_share_seen = 0
         self._agg_full_seen = 0
         self._tallies_seen: dict[str, int] = {}
         self._prune_suspects: set = set()  # (tgid, fd) found without a socket once
@@ -87,6 +101,12 @@ class BpfProgram:
             log.warning("ring buffer full: %d events lost so far", lost)
             self.stats.add("lost_events", lost - self._lost_seen)
             self._lost_seen = lost
+        over = counters["conn_over_share"]
+        if over > self._over_share_seen:
+            log.warning("related HTTP servers past their share of --max-connections: %d connections "
+                        "left untracked so far", over)
+            self.stats.add("connections_over_share", over - self._over_share_seen)
+            self._over_share_seen = over
         full = counters["conn_table_full"]
         if full > self._untracked_seen:
             log.warning("connection table full (--max-connections): %d connections of traced processes "
@@ -172,22 +192,50 @@ class BpfProgram:
         if value == TRACED:  # and cleared only after
             self.pid_bits.set(pid, pid_bits.TRACED)
 
-    def seed_connection(self, tgid: int, fd: int) -> Optional[bool]:
-        """A server connection the process held before we traced it (its accept was
-        never seen, or the table was full then): from now on its next read is parsed
-        like any other. False when the kernel already tracks it, None when the table is full."""
-        table = self.bpf["conns"]
-        key = table.Key(tgid, fd)
-        try:
-            table[key]
-            return False
-        except KeyError:
-            pass
-        try:
-            table[key] = table.Leaf()  # state unknown: the next read decides
-        except Exception:  # bcc raises a plain Exception when the map is full
-            return None
-        return True
+    def seed_connections(self, tgid: int, fds: list) -> tuple[list, Optional[str]]:
+        """Server connections the process held before we traced it (their accept was never
+        seen), or that a full table left untracked: from now on their next read is parsed
+        like any other. At most SEED_PER_SCAN at a time, within the process's share.
+        Returns the fds seeded, and why it stopped short ("table full", "share", "per scan")."""
+        table, shares = self.bpf["conns"], self.bpf["conn_shares"]
+        share = shares.get(ct.c_uint32(tgid))
+        room = SEED_PER_SCAN if share is None else min(SEED_PER_SCAN, share.limit - share.used)
+        seeded, why = [], None
+        for fd in fds:
+            key = table.Key(tgid, fd)
+            if key in table:
+                continue
+            if len(seeded) >= room:
+                why = "per scan" if room == SEED_PER_SCAN else "share"
+                break
+            leaf = table.Leaf()  # state unknown: the next read decides
+            leaf.counted = share is not None
+            try:
+                table[key] = leaf
+            except Exception:  # bcc raises a plain Exception when the map is full
+                why = "table full"
+                break
+            seeded.append(fd)
+        if share is not None and seeded:
+            self._add_used(tgid, len(seeded))
+        return seeded, why
+
+    def set_connection_shares(self, limits: dict) -> None:
+        """pid -> connections that traced related server may hold (conn_shares)."""
+        shares = self.bpf["conn_shares"]
+        for pid, limit in limits.items():
+            old = shares.get(ct.c_uint32(pid))
+            if old is None or old.limit != limit:
+                shares[ct.c_uint32(pid)] = shares.Leaf(0 if old is None else old.used, limit)
+
+    def _add_used(self, tgid: int, delta: int) -> None:
+        """Seeds and prunes counted in the share: a read then a write, so an accept or a
+        close the kernel counts in between is lost (a few entries at worst: a share is
+        a bound on a flood, not a tally)."""
+        shares = self.bpf["conn_shares"]
+        share = shares.get(ct.c_uint32(tgid))
+        if share is not None:
+            shares[ct.c_uint32(tgid)] = shares.Leaf(max(0, share.used + delta), share.limit)
 
     def prune_connections(self, socket_fds) -> list[tuple[int, int]]:
         """Drops the connection entries whose fd is no longer a socket of the process
@@ -206,9 +254,12 @@ class BpfProgram:
                 suspects.add((k.tgid, k.fd))
                 continue
             try:
+                counted = table[k].counted
                 del table[k]
             except KeyError:
                 continue
+            if counted:
+                self._add_used(k.tgid, -1)
             dropped.append((k.tgid, k.fd))
         self._prune_suspects = suspects
         return dropped

@@ -12,7 +12,7 @@ FRONT, WORKER, OTHER = 100, 200, 300
 
 class FakeProgram:
     def __init__(self):
-        self.calls = []
+        self.calls, self.seeded = [], []
 
     def attach(self, target, pid=None):
         return 0
@@ -36,8 +36,14 @@ class FakeProgram:
     def trace_python(self, pid, offset):
         self.calls.append(("python", pid))
 
-    def seed_connection(self, pid, fd):
-        return True
+    short = None  # why seed_connections stops short, if it does
+
+    def seed_connections(self, pid, fds):
+        self.seeded.append(pid)
+        return fds, self.short
+
+    def set_connection_shares(self, limits):
+        self.calls.append(("shares", dict(limits)))
 
     def forget(self, pids):
         self.calls.append(("forget", sorted(pids)))
@@ -64,7 +70,9 @@ def test_related_servers_are_traced_and_the_worker_follows_them(tmp_path):
     c = collector(tmp_path)
     c.discovery.result = ScanResult({WORKER}, [], servers={FRONT})
     c._scan()
-    assert c.program.calls == [("trace", WORKER), ("trace", FRONT), ("follow", WORKER, FRONT)]
+    # The related server's share of the connection table: half of it (65,536), the worker none.
+    assert c.program.calls == [("trace", WORKER), ("trace", FRONT), ("shares", {FRONT: 32768}),
+                               ("follow", WORKER, FRONT)]
     assert c.groups.traced == {WORKER, FRONT}
     c.program.calls.clear()
     c._scan()  # nothing new
@@ -72,20 +80,21 @@ def test_related_servers_are_traced_and_the_worker_follows_them(tmp_path):
 
     c.discovery.result = ScanResult({WORKER}, [], servers={FRONT, OTHER})
     c._scan()  # a second related server: the worker streams always
-    assert c.program.calls == [("trace", OTHER), ("follow", WORKER, FOLLOW_ALL)]
+    assert c.program.calls == [("trace", OTHER), ("shares", {FRONT: 16384, OTHER: 16384}),
+                               ("follow", WORKER, FOLLOW_ALL)]
 
     c.program.calls.clear()
     c.discovery.result = ScanResult({WORKER}, [], servers={FRONT})
     c._push([ProcExit(OTHER, 1)])
-    assert c.program.calls == [("forget", [OTHER])] and OTHER not in c._servers
+    assert c.program.calls == [("forget", [OTHER]), ("shares", {FRONT: 32768})] and OTHER not in c._servers
     c._scan()
-    assert c.program.calls[1:] == [("follow", WORKER, FRONT)]
+    assert c.program.calls[2:] == [("follow", WORKER, FRONT)]
 
     c.program.calls.clear()
     c.discovery.result = ScanResult({WORKER}, [])
     c._push([ProcExit(FRONT, 2)])
     c._scan()  # no related server left: its own HTTP activity only
-    assert c.program.calls == [("forget", [FRONT]), ("follow", WORKER, None)]
+    assert c.program.calls == [("forget", [FRONT]), ("shares", {}), ("follow", WORKER, None)]
 
 
 def test_a_cuda_process_that_listens_is_followed_too(tmp_path):
@@ -121,3 +130,20 @@ def test_load_probes_on_discovered_files_in_the_default_mode_only(tmp_path):
         c.discovery.result = ScanResult({WORKER}, files, by_pid={WORKER: files})
         c._scan()
         assert [x for x in c.program.calls if x[0] == "load probe"] == expected
+
+
+def test_seeding_cut_short_goes_on_at_the_next_flush_for_that_process_only(tmp_path):
+    """A process with more connections than one scan seeds (SEED_PER_SCAN) or a full
+    table takes is seeded again at the next flush; one past its share is not."""
+    c = collector(tmp_path)
+    c.discovery.result = ScanResult({WORKER}, [], servers={FRONT})
+    c.program.short = "per scan"
+    c._scan()
+    assert c._seed_pending == {WORKER, FRONT}
+    c.program.seeded.clear()
+    c.program.short = "share"
+    c._connections()
+    assert c.program.seeded == [FRONT, WORKER] and c._seed_pending == set()
+    c.program.seeded.clear()
+    c._connections()
+    assert c.program.seeded == []
