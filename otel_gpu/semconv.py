@@ -121,6 +121,9 @@ GPU_SPANS_DROPPED = "otel_gpu.spans.rolled_up"  # calls beyond the span budget
 GPU_COST_SECONDS = "otel_gpu.cost.gpu_seconds"
 GPU_COST_AMOUNT = "otel_gpu.cost.amount"      # gpu_seconds x price per GPU-hour / 3600
 GPU_COST_CURRENCY = "otel_gpu.cost.currency"  # e.g. USD
+# true: the span left before its cost was settled (a request overlapping it was still open);
+# the cost follows in the otel_gpu.cost.* metrics and the local store.
+GPU_COST_PENDING = "otel_gpu.cost.pending"
 GPU_FEATURE = "otel_gpu.feature"              # what cost is grouped by: http.route by default
 GPU_DEVICE = "gpu.device"                     # device ordinal (cudaSetDevice) of the request's work
 # The physical GPU that ordinal names, where certain (otel_gpu/gpu_devices.py): ours, after gpu.device.

@@ -195,6 +195,18 @@ class Destinations:
                 self._log.event(f"{name}_export_errors", logging.WARNING,
                                 "%s destination failed: %s", name, e)
 
+    def settle_cost(self, request, currency: str) -> None:
+        """A request's cost settled after its span left: to the destinations that keep
+        request summaries (the local store); a span once sent cannot change."""
+        for name, exporter in self.exporters:
+            settle = getattr(exporter, "settle_cost", None)
+            if settle is None:
+                continue
+            try:
+                settle(request.trace_id, request.span_id, request.gpu_seconds, request.cost, currency)
+            except Exception as e:
+                self._log.event(f"{name}_export_errors", logging.WARNING, "%s destination failed: %s", name, e)
+
     def shutdown(self, deadline: Optional[float] = None) -> None:
         """Local destinations close at once; OTLP (last in the list) flushes until `deadline`."""
         for name, exporter in self.exporters:

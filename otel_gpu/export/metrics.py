@@ -20,7 +20,7 @@ from opentelemetry.sdk.resources import Resource
 from .. import __version__
 from .. import semconv as sc
 from ..pipeline.model import ATTRIBUTIONS, ProcessWindow, Request
-from ..pipeline.records import ProcessGone
+from ..pipeline.records import ProcessGone, RequestCost
 from ..pipeline.route_cap import MAX_SERVICES
 from ..probes.attacher import ProbeCounts
 from ..probes import nccl
@@ -262,6 +262,10 @@ class ServiceNames:
         return name
 
 
+def _feature(r: Request) -> str:
+    return r.feature or r.route or r.head.path
+
+
 class CostMetrics:
     """Stage after the cost stage: the cost counters, from the records it priced, and the
     response chunks by the same feature label (cost per token = cost / chunks)."""
@@ -272,17 +276,19 @@ class CostMetrics:
     def process(self, records: list) -> list:
         for r in records:
             if isinstance(r, Request):
-                self._request(r)
+                self._cost(r)  # none yet when it is pending: a RequestCost follows
+                if r.chunks:
+                    self.chunks.add(r.chunks, {sc.SERVICE_NAME: self.services.of(r), sc.GPU_FEATURE: _feature(r)})
+            elif isinstance(r, RequestCost):
+                self._cost(r.request)
             elif isinstance(r, ProcessWindow):
                 self._window(r)
         return records
 
-    def _request(self, r: Request) -> None:
-        service, feature = self.services.of(r), r.feature or r.route or r.head.path
+    def _cost(self, r: Request) -> None:
         if r.gpu_seconds:
-            self._add(service, feature, "exact", r.gpu_seconds, r.cost or 0.0, device_labels(r.device_identity))
-        if r.chunks:
-            self.chunks.add(r.chunks, {sc.SERVICE_NAME: service, sc.GPU_FEATURE: feature})
+            self._add(self.services.of(r), _feature(r), "exact", r.gpu_seconds, r.cost or 0.0,
+                      device_labels(r.device_identity))
 
     def _window(self, w: ProcessWindow) -> None:
         """A window's GPU time no request covers: split among an ambiguous or shared window's

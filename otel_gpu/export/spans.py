@@ -84,6 +84,8 @@ class SpanBuilder:
             attrs[sc.GPU_COST_SECONDS] = r.gpu_seconds
             attrs[sc.GPU_COST_AMOUNT] = r.cost
             attrs[sc.GPU_COST_CURRENCY] = self.currency
+        elif r.cost_pending:
+            attrs[sc.GPU_COST_PENDING] = True
         if r.feature is not None:
             attrs[sc.GPU_FEATURE] = r.feature
         if r.busy.device is not None:

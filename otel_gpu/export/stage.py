@@ -1,8 +1,10 @@
 """Stage: builds the spans of each finished request and window and hands them to the
-destinations (console tree, local store, OTLP); passes every record on."""
+destinations (console tree, local store, OTLP), and a cost settled after its request's
+span left to those that keep summaries; passes every record on."""
 from __future__ import annotations
 
 from ..pipeline.model import ProcessWindow, Request
+from ..pipeline.records import RequestCost
 from .spans import SpanBuilder
 
 
@@ -15,6 +17,8 @@ class ExportStage:
         for r in records:
             if isinstance(r, (Request, ProcessWindow)):
                 self.destinations.export(self.builder.build(r))
+            elif isinstance(r, RequestCost):
+                self.destinations.settle_cost(r.request, self.builder.currency)
         return records
 
     def close(self, deadline: float) -> None:

@@ -5,11 +5,14 @@ synchronising call (see model.BusyWindow). Where the windows of several requests
 the same process on the same device overlap, each overlapping stretch is split evenly
 between them. GPU seconds x price per GPU-hour / 3600 = cost.
 
-A finished request is held back until no other request that could overlap it is
-still open (one whose first CUDA call came before this window's end), so the split is
-exact; a request is never held longer than `max_hold_s`. Which requests are open with a
-busy window, the stitcher says with RequestOpened records; held requests are released
-as records arrive, at each Tick, and all of them at the final Tick.
+A request's split is exact once no other request that could overlap it is still open
+(one whose first CUDA call came before this window's end). A finished request goes on
+at once, priced if it is settled by the end of its batch; if not, it goes on with
+`cost_pending` (its span and metrics must not wait for its neighbours: under steady
+traffic some request is always open) and a RequestCost record follows once it is
+settled, at most `max_hold_s` later. Which requests are open with a busy window, the
+stitcher says with RequestOpened records; pending costs settle as records arrive, at
+each Tick, and all of them at the final Tick.
 
 ProcessWindows (ambiguous/outside calls of one process, one per flush; shared ones, one
 per batch step) are busy by the same rule, from their calls. A window is charged only the stretches of its busy
@@ -31,7 +34,7 @@ from ..gpu_devices import gpu_model
 from ..probes.table import BY_ID, Category
 from ..semconv import SERVICE_NAME
 from .model import CallSink, ProcessWindow, Request
-from .records import ProcessGone, RequestOpened, Tick
+from .records import ProcessGone, RequestCost, RequestOpened, Tick
 from .route_cap import ValueCap
 
 UNKNOWN_FEATURE = "(unknown)"  # a candidate request the stage never saw finish
@@ -158,8 +161,8 @@ def _may_overlap(o: Request, device: int, end_ns: int) -> bool:
 
 
 class CostStage:
-    """Stage: sets gpu_seconds, cost and feature on finished requests, gpu_seconds, cost
-    and split on windows; passes on the rest."""
+    """Stage: sets feature, gpu_seconds and cost on finished requests (or cost_pending,
+    then a RequestCost), gpu_seconds, cost and split on windows; passes on the rest."""
 
     def __init__(self, prices: Prices, feature_header: Optional[str] = None,
                  max_hold_s: float = 30.0, clock=time.monotonic, feature_cap: Optional[ValueCap] = None) -> None:
@@ -221,7 +224,8 @@ class CostStage:
 
     def _release(self, out: list, force: bool, pid: Optional[int] = None) -> list:
         """Prices and hands on the held requests and windows that are settled (all of them
-        with `force`, and all of process `pid`'s: nothing of a dead process can overlap)."""
+        with `force`, and all of process `pid`'s: nothing of a dead process can overlap);
+        a request not settled goes on unpriced, its cost to follow."""
         now = self.clock()
         if self._held_windows:
             self._release_windows(out, now, force, pid)
@@ -231,8 +235,11 @@ class CostStage:
         for held_since, r in self._held:
             if force or r.tgid == pid or now - held_since > self.max_hold_s or not self._may_still_overlap(r):
                 self._price(r)
-                out.append(r)
+                out.append(RequestCost(r) if r.cost_pending else r)
             else:
+                if not r.cost_pending:
+                    r.cost_pending = True
+                    out.append(r)
                 keep.append((held_since, r))
         self._held = keep
         self._trim()

@@ -226,6 +226,7 @@ class Request:
     route: Optional[str] = None          # set by enrich: http.route
     gpu_seconds: Optional[float] = None  # set by the cost stage
     cost: Optional[float] = None
+    cost_pending: bool = False  # it left before its cost was settled (a RequestCost follows)
     feature: Optional[str] = None
     resource: Any = None                 # set by enrich: the process's OTel Resource
     kernel_names: dict = field(default_factory=dict)  # set by enrich: func -> name or None

@@ -283,6 +283,13 @@ class RequestOpened:
 
 
 @dataclass(slots=True)
+class RequestCost:
+    """A request's GPU cost, settled after its span left (pipeline/cost.py): from the
+    cost stage to the cost metrics and the local store. `request` carries it, priced."""
+    request: Any
+
+
+@dataclass(slots=True)
 class ProcessSeen:
     """First event of a process: enrichment reads /proc while it still exists."""
     tgid: int

@@ -53,6 +53,7 @@ _OWN_COLUMNS = ("ts", "trace_id", "span_id", "service", "k8s_namespace", "k8s_po
 _REQUEST_COLUMNS = _OWN_COLUMNS + tuple(REQUEST_ATTRIBUTES)
 _REQUEST_SQL = (f"INSERT INTO requests ({', '.join(_REQUEST_COLUMNS)})"
                 f" VALUES ({', '.join('?' * len(_REQUEST_COLUMNS))})")
+_COST_SQL = "UPDATE requests SET gpu_seconds = ?, cost = ?, currency = ? WHERE trace_id = ? AND span_id = ?"
 _WINDOW_SQL = ("INSERT INTO window_costs (ts, trace_id, span_id, service, pid, kind, feature, request_trace_id,"
                " request_span_id, gpu_seconds, cost, currency) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)")
 
@@ -164,6 +165,16 @@ class StoreExporter(SpanExporter):
         self.spans_written += len(span_rows)
         self.requests_written += len(request_rows)
         return SpanExportResult.SUCCESS
+
+    def settle_cost(self, trace_id: int, span_id: int, gpu_seconds: float, cost: float, currency: str) -> None:
+        """A request's cost settled after its span was written (pipeline/cost.py)."""
+        ids = (f"{trace_id:032x}", f"{span_id:016x}")
+
+        def update() -> None:
+            self._conn.execute(_COST_SQL, (gpu_seconds, cost, currency, *ids))
+        if not self._transaction(update):
+            self._log.event("store_write_failed", logging.WARNING, "local store %s: a request's cost not written: %s",
+                            self.path, self._last_error)
 
     def _transaction(self, body: Callable[[], None], new_requests: int = 0) -> bool:
         """body() and any due pruning in one transaction. Errors are kept for the caller to

@@ -58,19 +58,20 @@ def test_response_chunks_are_counted_by_feature(tmp_path):
     assert chunks == {_key(SVC, (sc.GPU_FEATURE, "/infer/{id}")): 3}  # two chunks and the terminator
 
 
-def test_a_request_counts_as_it_finishes_while_the_cost_stage_holds_it(tmp_path):
-    """Under overlapping traffic the cost stage holds a finished request (its GPU time may
-    be shared with one still open); its request and call metrics do not wait for that."""
+def test_a_request_leaves_as_it_finishes_and_its_cost_follows(tmp_path):
+    """Under overlapping traffic a finished request's GPU time may be shared with one still
+    open: its span and its request and call metrics leave at once, its cost once settled."""
     from tests.unit.test_pipeline import request_events
     w, spans, reader = wired(tmp_path)
     a = request_events(ts=1000, fd=7, tid=1, launches=2)
     b = request_events(ts=1005, fd=8, tid=2, launches=2)
     w.pipeline.push(a[:2] + b[:2] + a[2:] + b[2:4])  # a answered while b is open and busy
-    assert not [s for s in spans.get_finished_spans() if s.kind.name == "SERVER"]  # held for cost
+    (span,) = [s for s in spans.get_finished_spans() if s.kind.name == "SERVER"]  # a, out already
+    assert span.attributes["otel_gpu.cost.pending"] is True and "otel_gpu.cost.gpu_seconds" not in span.attributes
     http = _points(reader, "http.server.request.duration")
     assert sum(http.values()) == 1  # a, counted already
-    assert _points(reader, "otel_gpu.cost.gpu_seconds") == {}  # its cost: once priced
+    assert _points(reader, "otel_gpu.cost.gpu_seconds") == {}  # its cost: once settled
     w.pipeline.push(b[4:] + [Tick(20_000, final=True)])
     assert sum(_points(reader, "http.server.request.duration").values()) == 2
-    assert _points(reader, "otel_gpu.cost.gpu_seconds")  # priced now
+    assert _points(reader, "otel_gpu.cost.gpu_seconds")  # settled now
     assert len([s for s in spans.get_finished_spans() if s.kind.name == "SERVER"]) == 2

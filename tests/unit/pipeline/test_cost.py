@@ -1,4 +1,5 @@
-"""Cost model: busy windows, overlap splitting, prices, and the hold-until-settled rule."""
+"""Cost model: busy windows, overlap splitting, prices, and the settle rule (a request's
+cost follows it once no overlapping request is open)."""
 from __future__ import annotations
 
 import random
@@ -9,7 +10,7 @@ from otel_gpu.pipeline.cost import (UNKNOWN_FEATURE, CostStage, Prices, remainde
                                     split_by_overlap, split_seconds)
 from otel_gpu.pipeline.protocols.base import RequestHead
 from otel_gpu.pipeline.model import CallSink, ProcessWindow, Request
-from otel_gpu.pipeline.records import EV_SOCK_READ, EV_SOCK_WRITE, Accept, RequestOpened, ProcessGone, SockIo, Tick
+from otel_gpu.pipeline.records import EV_SOCK_READ, EV_SOCK_WRITE, Accept, RequestOpened, ProcessGone, RequestCost, SockIo, Tick
 from otel_gpu.pipeline.stitcher import Stitcher
 from otel_gpu.probes.table import call_id
 from tests.unit.pipeline.calls import cuda
@@ -57,14 +58,16 @@ def test_overlapping_requests_split_and_sum_to_the_union():
     assert a.cost == pytest.approx(0.075 * 3.6 / 3600)
 
 
-def test_request_is_held_while_an_overlapping_one_is_open():
+def test_a_request_goes_on_at_once_and_its_cost_follows_once_settled():
     a, b = request(0, 100), request(50, 150)
     stage = CostStage(Prices("1", model=""), clock=lambda: 0.0)
     # The stitcher said both had begun GPU work; b started before a's window ended.
-    assert stage.process([RequestOpened(a), RequestOpened(b), a]) == []
+    assert stage.process([RequestOpened(a), RequestOpened(b), a]) == [a]
+    assert a.cost_pending and a.gpu_seconds is None
     out = stage.process([b])
-    assert out == [a, b] or out == [b, a]
-    assert a.gpu_seconds == pytest.approx(0.075)
+    assert out in ([RequestCost(a), b], [b, RequestCost(a)])
+    assert a.gpu_seconds == pytest.approx(0.075) and b.gpu_seconds == pytest.approx(0.075)
+    assert not b.cost_pending
 
 
 def test_different_devices_do_not_share():
@@ -79,14 +82,14 @@ def test_hold_is_bounded_and_flush_releases():
     b = request(50, 150)
     stage = CostStage(Prices("1", model=""), max_hold_s=30, clock=lambda: now[0])
     a = request(0, 100)
-    assert stage.process([RequestOpened(b), a]) == []
+    assert stage.process([RequestOpened(b), a]) == [a]
     now[0] = 31.0
     tick = Tick(1)
-    assert stage.process([tick]) == [tick, a]  # released at the next Tick past the hold
+    assert stage.process([tick]) == [tick, RequestCost(a)]  # settled at the next Tick past the hold
     c = request(0, 100)
-    assert stage.process([c]) == []  # b is still open
+    assert stage.process([c]) == [c]  # b is still open
     final = Tick(2, final=True)
-    assert stage.process([final]) == [c, final]
+    assert stage.process([final]) == [RequestCost(c), final]
 
 
 def test_feature_from_header_else_route():

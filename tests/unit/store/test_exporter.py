@@ -44,6 +44,14 @@ def test_missing_cost_is_zero_and_feature_falls_back_to_route(store, reader):
     assert r == ("/embed", 0.0, 0.0, None)
 
 
+def test_a_cost_settled_after_the_span_updates_its_request_row(store, reader):
+    store.export(request(1, T0, MS, route="/embed"))  # left with otel_gpu.cost.pending
+    store.export(request(2, T0, MS, route="/embed"))
+    store.settle_cost(1, 1001, 0.5, 0.004, "EUR")
+    rows = reader().execute("SELECT trace_id, gpu_seconds, cost, currency FROM requests ORDER BY trace_id").fetchall()
+    assert rows == [(f"{1:032x}", 0.5, 0.004, "EUR"), (f"{2:032x}", 0.0, 0.0, None)]
+
+
 def test_window_stores_spans_without_request_row(store, reader):
     store.export(window(3, T0, launches=2))
     conn = reader()
