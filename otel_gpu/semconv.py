@@ -1,7 +1,7 @@
 """Every attribute name otel-gpu exports, in one place (tests/unit/test_semconv.py pins them).
 
 Standard names follow the OpenTelemetry semantic conventions; ours live under `gpu.`
-and `otel_gpu.` and are documented in the README.
+and `otel_gpu.` and are listed in docs/attributes.md (generated from this file).
 """
 
 # HTTP server spans (semconv, stable HTTP conventions).
@@ -117,7 +117,7 @@ GPU_CALLS_AMBIGUOUS = "otel_gpu.calls.ambiguous"
 GPU_SPANS_DROPPED = "otel_gpu.spans.rolled_up"  # calls beyond the span budget
 
 # GPU cost estimate (ours) on server spans and on ambiguous/shared/outside window spans:
-# host-side busy-window model, see README.
+# host-side busy-window model, see docs/cost-model.md.
 GPU_COST_SECONDS = "otel_gpu.cost.gpu_seconds"
 GPU_COST_AMOUNT = "otel_gpu.cost.amount"      # gpu_seconds x price per GPU-hour / 3600
 GPU_COST_CURRENCY = "otel_gpu.cost.currency"  # e.g. USD
@@ -135,3 +135,4 @@ GPU_DEVICE_MODEL = "gpu.device.model"         # "NVIDIA H100 80GB HBM3"
 GPU_COST_SPLIT_SECONDS = "otel_gpu.cost.split.gpu_seconds"  # double[]
 GPU_COST_SPLIT_FEATURES = "otel_gpu.cost.split.features"     # string[]: each candidate's feature
 GPU_COST_SHARE = "otel_gpu.cost.share"  # metric label: exact (a request's own), split, outside
+
