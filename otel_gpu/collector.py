@@ -203,10 +203,13 @@ class Collector:
         python = found.python if self.config.python_context else {}
         go = found.go if self.config.go_goroutines else {}
         optional = {PYTHON: self.config.python_context, GO: self.config.go_goroutines}
-        # Default: one probe set per file, for every process mapping it. With --pid/--exe:
-        # per selected process, so the other processes mapping the same file never trap.
-        wanted = [(None, t) for t in found.targets] if self.config.trace_all else \
-            [(pid, t) for pid, targets in found.by_pid.items() for t in targets]
+        # Default: one probe set per CUDA library file, for every process mapping it. With
+        # --pid/--exe: per selected process, so the other processes mapping the same file
+        # never trap. The interpreter and Go runtime probes are always per process: only
+        # the CUDA processes pay for them, not every Python or Go program on the host.
+        wanted = [(pid, t) for pid, targets in found.by_pid.items() for t in targets
+                  if not self.config.trace_all or t.kind in optional]
+        wanted += [(None, t) for t in found.targets if t.kind not in optional] if self.config.trace_all else []
         self.program.set_runtime_text(found.runtime_text)  # before any new pid is traced: exact from its first scan
         for pid, target in wanted:
             if optional.get(target.kind, True):
