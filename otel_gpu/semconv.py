@@ -130,6 +130,13 @@ GPU_DEVICE = "gpu.device"                     # device ordinal (cudaSetDevice) o
 GPU_DEVICE_UUID = "gpu.device.uuid"           # "GPU-..." from the NVIDIA driver
 GPU_DEVICE_MODEL = "gpu.device.model"         # "NVIDIA H100 80GB HBM3"
 
+# Metric labels named as the OpenTelemetry eBPF Instrumentation (OBI) names them, on the metrics
+# that mean what OBI's do (export/metrics.py), so that OBI's dashboards work on ours.
+CUDA_DEVICE_INDEX = "cuda.device.index"       # the device ordinal, as gpu.device on spans
+CUDA_DEVICE_UUID = "cuda.device.uuid"         # as gpu.device.uuid on spans
+CUDA_DEVICE_MODEL = "cuda.device.model"       # as gpu.device.model on spans
+CUDA_MEMCPY_KIND = "cuda.memcpy.kind"         # HostToHost, HostToDevice, DeviceToHost, DeviceToDevice, Default
+
 # On an ambiguous or shared window's span: its GPU seconds split among the candidate requests by
 # how long each was open during the window's busy time; lists aligned with the links.
 GPU_COST_SPLIT_SECONDS = "otel_gpu.cost.split.gpu_seconds"  # double[]

@@ -54,11 +54,20 @@ def make_readers(config, stats: Optional[Stats] = None) -> list:
     return readers
 
 
-def device_labels(identity) -> dict:
-    """gpu.device.uuid/model of a gpu_devices.Identity, only those known."""
-    if identity is None:
-        return {}
-    return {k: v for k, v in ((sc.GPU_DEVICE_UUID, identity.uuid), (sc.GPU_DEVICE_MODEL, identity.model)) if v}
+def device_labels(r: Request) -> dict:
+    """The device of a request's GPU work, by OBI's labels: cuda.device.index, and
+    .uuid/.model where the driver says which GPU that is (gpu_devices.Identity)."""
+    labels = {} if r.busy.device is None else {sc.CUDA_DEVICE_INDEX: r.busy.device}
+    identity = r.device_identity
+    if identity is not None:
+        labels.update((k, v) for k, v in ((sc.CUDA_DEVICE_UUID, identity.uuid), (sc.CUDA_DEVICE_MODEL, identity.model))
+                      if v)
+    return labels
+
+
+# cuda.memcpy.kind values, as OBI names the cudaMemcpyKind directions.
+MEMCPY_KINDS = {"h2h": "HostToHost", "h2d": "HostToDevice", "d2h": "DeviceToHost", "d2d": "DeviceToDevice",
+                "default": "Default"}
 
 class GpuMetrics:
     def __init__(self, readers: list, stats: Optional[Stats] = None, top_kernels: int = 50,
@@ -75,19 +84,30 @@ class GpuMetrics:
         self.provider = MeterProvider(metric_readers=readers, resource=Resource.create(
             {sc.SERVICE_NAME: service_name}))
         m = self.provider.get_meter("otel-gpu", __version__)
+        # Where a metric means what one of the OpenTelemetry eBPF Instrumentation (OBI) means, it
+        # has OBI's name and attributes, so a dashboard built for OBI works on these
+        # (docs/spans-and-metrics.md has the mapping); our extra labels ride along.
         self.launches = CappedCounter(m.create_counter(
-            "gpu.kernel.launches", "{launch}",
-            "Kernel launches seen on the host, by kernel; a CUDA graph launch adds each kernel it runs"), self.stats)
-        self.copied = CappedCounter(m.create_counter("gpu.memcpy.bytes", "By", "Bytes copied by cudaMemcpy*"),
-                                    self.stats)
+            "gpu.cuda.kernel.launch.calls", "{call}", "Kernel launch calls (runtime and driver API), by kernel"),
+            self.stats)
+        self.graph_launches = CappedCounter(m.create_counter(
+            "gpu.cuda.graph.launch.calls", "{call}", "CUDA graph launches"), self.stats)
+        self.graph_kernels = CappedCounter(m.create_counter(
+            "otel_gpu.graph.kernel.launches", "{launch}", "Kernels run by CUDA graph launches, by kernel"),
+            self.stats)
+        # Calls counted in the kernel past the span budget are recorded at their mean size:
+        # count and sum exact, the distribution of those approximate.
+        self.copies = m.create_histogram("gpu.cuda.memory.copies", "By", "Bytes per cudaMemcpy* call, by kind")
+        self.allocations = CappedCounter(m.create_counter(
+            "gpu.cuda.memory.allocations", "By", "Bytes allocated by cudaMalloc* calls that succeeded"), self.stats)
         # By op: a fixed set of 7 values (probes/nccl.py), whatever a process passes.
         self.nccl_calls = CappedCounter(m.create_counter("gpu.nccl.calls", "{call}",
                                                          "NCCL collectives and send/recv, by op"), self.stats)
         self.nccl_bytes = CappedCounter(m.create_counter("gpu.nccl.bytes", "By",
                                                          "Bytes received by NCCL calls (send: sent), by op"),
                                         self.stats)
-        self.grid = m.create_histogram("gpu.kernel.grid.blocks", "{block}", "Blocks per launch grid")
-        self.block = m.create_histogram("gpu.kernel.block.threads", "{thread}", "Threads per block")
+        self.grid = m.create_histogram("gpu.cuda.kernel.grid.size", "1", "Blocks per launch grid")
+        self.block = m.create_histogram("gpu.cuda.kernel.block.size", "1", "Threads per block")
         self.sync = m.create_histogram("gpu.sync.duration", "s", "Duration of synchronising calls")
         self.http = m.create_histogram("http.server.request.duration", "s", "Duration of HTTP server requests")
         self.gpu_seconds = m.create_counter("otel_gpu.cost.gpu_seconds", "s", "Estimated GPU seconds by feature")
@@ -141,7 +161,7 @@ class GpuMetrics:
             http_attrs[sc.HTTP_RESPONSE_STATUS_CODE] = r.status
         self.http.record(max(0, r.end_ns - r.start_ns) / 1e9, http_attrs)
         # The physical GPU where certain: bounded by the GPUs the driver lists (read once at start).
-        self._calls(r, {**base, **device_labels(r.device_identity)})
+        self._calls(r, {**base, **device_labels(r)})
 
     def costs(self) -> "CostMetrics":
         """The stage after the cost stage that counts cost on these instruments."""
@@ -154,27 +174,32 @@ class GpuMetrics:
         for attribution, n in sink.attributed.items():
             self._attributed[attribution] += n
         launches: dict[str, int] = {}
-        copied: dict[str, int] = {}
+        graph_kernels: dict[str, int] = {}
+        graphs, allocated = 0, 0
+        copies: list[tuple[str, float, int]] = []  # (kind, bytes per call, calls)
         collectives: dict[str, list] = {}  # op -> [calls, bytes]
 
-        def launched(func, count):
+        def launched(into, func, count):
             name = self._bounded(names.get(func))
-            launches[name] = launches.get(name, 0) + count
+            into[name] = into.get(name, 0) + count
 
         def tally(call, detail, count, nbytes, ok=True, kernels=None):
+            nonlocal graphs, allocated
             spec = BY_ID.get(call)
             category = spec.category if spec else None
             if category is Category.LAUNCH:
-                launched(detail, count)
-            elif category is Category.GRAPH and kernels:  # what the graph ran (pipeline/graphs.py)
-                for func, n in kernels:
-                    launched(func, n * count)
+                launched(launches, detail, count)
+            elif category is Category.GRAPH:
+                graphs += count
+                for func, n in kernels or ():  # what the graph ran (pipeline/graphs.py)
+                    launched(graph_kernels, func, n * count)
             elif category is Category.MEMCPY:
-                d = MEMCPY_DIRECTIONS.get(detail, "default")
-                copied[d] = copied.get(d, 0) + clamp_call_bytes(nbytes, self.stats, count)
+                kind = MEMCPY_KINDS[MEMCPY_DIRECTIONS.get(detail, "default")]
+                copies.append((kind, clamp_call_bytes(nbytes, self.stats, count) / max(count, 1), count))
             elif category is Category.ALLOC and detail and ok:
                 self._live.setdefault(pid, {})[detail] = nbytes
                 self._services[pid] = base[sc.SERVICE_NAME]
+                allocated += nbytes
             elif category is Category.FREE:
                 self._live.get(pid, {}).pop(detail, None)
             elif category is Category.COLLECTIVE:
@@ -199,8 +224,15 @@ class GpuMetrics:
             tally(agg.call, agg.detail, agg.count, agg.bytes, kernels=agg.kernels)
         for name, n in launches.items():
             self.launches.add(n, {**base, sc.GPU_KERNEL_NAME: name})
-        for direction, n in copied.items():
-            self.copied.add(n, {**base, sc.GPU_MEMCPY_DIRECTION: direction})
+        for name, n in graph_kernels.items():
+            self.graph_kernels.add(n, {**base, sc.GPU_KERNEL_NAME: name})
+        if graphs:
+            self.graph_launches.add(graphs, base)
+        if allocated:
+            self.allocations.add(allocated, base)
+        for kind, size, n in copies:
+            for _ in range(n):
+                self.copies.record(size, {**base, sc.CUDA_MEMCPY_KIND: kind})
         for op, (n, nbytes) in collectives.items():
             self.nccl_calls.add(n, {**base, sc.GPU_NCCL_OP: op})
             self.nccl_bytes.add(nbytes, {**base, sc.GPU_NCCL_OP: op})
@@ -287,8 +319,7 @@ class CostMetrics:
 
     def _cost(self, r: Request) -> None:
         if r.gpu_seconds:
-            self._add(self.services.of(r), _feature(r), "exact", r.gpu_seconds, r.cost or 0.0,
-                      device_labels(r.device_identity))
+            self._add(self.services.of(r), _feature(r), "exact", r.gpu_seconds, r.cost or 0.0, device_labels(r))
 
     def _window(self, w: ProcessWindow) -> None:
         """A window's GPU time no request covers: split among an ambiguous or shared window's

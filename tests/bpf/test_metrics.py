@@ -38,15 +38,16 @@ def test_prometheus_metrics_count_launches_bytes_and_requests(receiver, start_co
     text = ""
     while time.monotonic() < deadline:  # the metrics stage runs right after export
         text = _scrape(port)
-        if _value(text, "gpu_kernel_launches_total", http_route="/work") >= 12:
+        if _value(text, "gpu_cuda_kernel_launch_calls_total", http_route="/work") >= 12:
             break
         time.sleep(0.2)
     kernel = "matmul_tile(float const*, float const*, float*, int)"
-    assert _value(text, "gpu_kernel_launches_total", http_route="/work", gpu_kernel_name=kernel) == 12
-    assert _value(text, "gpu_memcpy_bytes_total", http_route="/work", gpu_memcpy_direction="h2d") == 3000
-    assert _value(text, "gpu_memcpy_bytes_total", http_route="/work", gpu_memcpy_direction="d2h") == 30
+    assert _value(text, "gpu_cuda_kernel_launch_calls_total", http_route="/work", gpu_kernel_name=kernel) == 12
+    assert _value(text, "gpu_cuda_memory_copies_bytes_sum", http_route="/work", cuda_memcpy_kind="HostToDevice") == 3000
+    assert _value(text, "gpu_cuda_memory_copies_bytes_count", http_route="/work", cuda_memcpy_kind="HostToDevice") == 3
+    assert _value(text, "gpu_cuda_memory_copies_bytes_sum", http_route="/work", cuda_memcpy_kind="DeviceToHost") == 30
     assert _value(text, "http_server_request_duration_seconds_count", http_route="/work") == 3
-    assert _value(text, "gpu_kernel_block_threads_count", http_route="/work") == 12
+    assert _value(text, "gpu_cuda_kernel_block_size_count", http_route="/work") == 12
     assert _value(text, "otel_gpu_cost_gpu_seconds_total", otel_gpu_feature="/cost") > 0.025
     assert _value(text, "otel_gpu_cuda_calls_total", otel_gpu_attribution="thread") >= 12 + 6 + 2
     assert re.search(r"^otel_gpu_events_lost_total(\{[^}]*\})? 0", text, re.M)
@@ -59,5 +60,5 @@ def test_metrics_go_out_over_otlp_too(receiver, start_collector, start_target):
     target.go()
     target.get("/work?launches=2&copies=1")
     assert collector.stop() == 0  # shutdown flushes the last metrics
-    assert {"gpu.kernel.launches", "gpu.memcpy.bytes", "http.server.request.duration",
+    assert {"gpu.cuda.kernel.launch.calls", "gpu.cuda.memory.copies", "http.server.request.duration",
             "otel_gpu.cuda.calls"} <= receiver.metric_names

@@ -126,11 +126,11 @@ def test_huge_copy_and_unreadable_config(receiver, start_collector):
         ok = receiver._cond.acquire()
         try:
             got = receiver._cond.wait_for(
-                lambda: _metric_points(receiver, "gpu.memcpy.bytes", service, since), timeout=30)
+                lambda: _metric_points(receiver, "gpu.cuda.memory.copies", service, since), timeout=30)
         finally:
             receiver._cond.release()
         assert ok and got, "no metrics export after the 2^64-1 copy"
-        values = [p.as_int for _, _, p in _metric_points(receiver, "gpu.memcpy.bytes", service, since)]
+        values = [p.sum for _, _, p in _metric_points(receiver, "gpu.cuda.memory.copies", service, since)]
         assert all(0 < v <= INT64_MAX for v in values)
         target.get("/work?copies=1&h2d=4096")  # and later work still counts
         assert collector.stop() == 0

@@ -78,14 +78,14 @@ def _stored_spans(db: str, trace_ids: set) -> dict:
 
 
 def _launch_counts(receiver, service: str) -> list:
-    """Every gpu.kernel.launches data point of `service` on /work that came through rotel:
+    """Every gpu.cuda.kernel.launch.calls data point of `service` on /work that came through rotel:
     (value, unit, monotonic, temporality)."""
     out = []
     for request in list(receiver.metric_requests):
         for rm in request.resource_metrics:
             for sm in rm.scope_metrics:
                 for m in sm.metrics:
-                    if m.name != "gpu.kernel.launches":
+                    if m.name != "gpu.cuda.kernel.launch.calls":
                         continue
                     for p in m.sum.data_points:
                         attrs = {kv.key: kv.value.string_value for kv in p.attributes}
@@ -119,11 +119,11 @@ def test_spans_and_metrics_arrive_intact_through_rotel(protocol, rotel, receiver
     while time.monotonic() < deadline and not any(p[0] == N * LAUNCHES for p in _launch_counts(receiver, service)):
         time.sleep(0.2)
     points = _launch_counts(receiver, service)
-    assert points, (f"gpu.kernel.launches of {service} did not come through rotel (metrics received:"
+    assert points, (f"gpu.cuda.kernel.launch.calls of {service} did not come through rotel (metrics received:"
                     f" {sorted(receiver.metric_names)}); rotel said:\n" + "".join(rotel.log.lines)
                     + "collector said:\n" + "".join(collector.log.lines[-30:]))
     assert max(p[0] for p in points) == N * LAUNCHES
-    assert {p[1:] for p in points} == {("{launch}", True, 2, KERNEL)}  # 2: CUMULATIVE
+    assert {p[1:] for p in points} == {("{call}", True, 2, KERNEL)}  # 2: CUMULATIVE
     assert collector.stop() == 0, "".join(collector.log.lines[-30:])  # the store has every span
 
     work = [s for s in server_spans(receiver.spans, target.pid) if s.attributes.get("url.path") == "/work"]

@@ -36,7 +36,7 @@ def test_a_tenth_of_the_traces_go_out_and_every_request_is_counted(tmp_path, rec
             break
         time.sleep(0.3)
     assert _value(text, "http_server_request_duration_seconds_count", http_route="/work") == N
-    assert _value(text, "gpu_kernel_launches_total", http_route="/work") == 2 * N
+    assert _value(text, "gpu_cuda_kernel_launch_calls_total", http_route="/work") == 2 * N
     assert collector.stop() == 0
     sent = _work(receiver.spans, target.pid)
     rows = sqlite3.connect(db).execute("SELECT COUNT(*) FROM requests WHERE route = '/work'").fetchone()[0]

@@ -138,7 +138,8 @@ def test_metrics_carry_the_device_labels():
     metrics.costs().process(metrics.process(records))
     points = {m.name: [dict(p.attributes) for p in m.data.data_points]
               for rm in reader.get_metrics_data().resource_metrics for sm in rm.scope_metrics for m in sm.metrics}
-    for name in ("gpu.kernel.launches", "otel_gpu.cost.gpu_seconds"):
-        got = sorted((a.get(sc.GPU_DEVICE_UUID, ""), a.get(sc.GPU_DEVICE_MODEL, "")) for a in points[name])
+    for name in ("gpu.cuda.kernel.launch.calls", "otel_gpu.cost.gpu_seconds"):  # OBI's labels on metrics
+        got = sorted((a.get(sc.CUDA_DEVICE_UUID, ""), a.get(sc.CUDA_DEVICE_MODEL, "")) for a in points[name])
         assert got == [("", ""), ("", H100_A[1]), (L4[2], L4[1])], name
-    assert all(sc.GPU_DEVICE_UUID not in a for a in points["http.server.request.duration"])
+        assert not any(sc.CUDA_DEVICE_INDEX in a for a in points[name])  # no busy window: no device ordinal
+    assert all(sc.CUDA_DEVICE_UUID not in a for a in points["http.server.request.duration"])

@@ -141,13 +141,13 @@ def test_metrics_from_the_same_records(tmp_path):
     w, _, reader = wired(tmp_path, gpu_price="3600")
     w.pipeline.push(request_events(launches=2) + request_events(ts=9000, fd=8, launches=1))
     w.pipeline.push([KernelRollup(PID, call_id("cudaLaunchKernel"), 0x10, 5, 0, 0, 10_000), Tick(11_000)])
-    launches = _points(reader, "gpu.kernel.launches")
-    route = (sc.HTTP_ROUTE, "/infer/{id}")
-    assert launches[tuple(sorted([route, (sc.GPU_KERNEL_NAME, "k10"), (sc.SERVICE_NAME, "svc")]))] == 2
-    assert launches[tuple(sorted([route, (sc.GPU_KERNEL_NAME, "k11"), (sc.SERVICE_NAME, "svc")]))] == 1
+    launches = _points(reader, "gpu.cuda.kernel.launch.calls")
+    route, device = (sc.HTTP_ROUTE, "/infer/{id}"), (sc.CUDA_DEVICE_INDEX, 0)
+    assert launches[tuple(sorted([route, device, (sc.GPU_KERNEL_NAME, "k10"), (sc.SERVICE_NAME, "svc")]))] == 2
+    assert launches[tuple(sorted([route, device, (sc.GPU_KERNEL_NAME, "k11"), (sc.SERVICE_NAME, "svc")]))] == 1
     assert launches[tuple(sorted([(sc.GPU_KERNEL_NAME, "k10"), (sc.SERVICE_NAME, "svc")]))] == 5  # outside
-    copied = _points(reader, "gpu.memcpy.bytes")
-    assert sum(copied.values()) == 128
+    copies = _points(reader, "gpu.cuda.memory.copies")  # a histogram: its count is the copies
+    assert sum(copies.values()) == 2
     calls = _points(reader, "otel_gpu.cuda.calls")
     assert calls[((sc.GPU_ATTRIBUTION, "thread"),)] == 5 and calls[((sc.GPU_ATTRIBUTION, "outside"),)] == 5
     assert sum(_points(reader, "http.server.request.duration").values()) == 2

@@ -93,6 +93,10 @@ PINNED = {
     "GPU_DEVICE": "gpu.device",
     "GPU_DEVICE_MODEL": "gpu.device.model",
     "GPU_DEVICE_UUID": "gpu.device.uuid",
+    "CUDA_DEVICE_INDEX": "cuda.device.index",
+    "CUDA_DEVICE_UUID": "cuda.device.uuid",
+    "CUDA_DEVICE_MODEL": "cuda.device.model",
+    "CUDA_MEMCPY_KIND": "cuda.memcpy.kind",
     "GPU_COST_SPLIT_SECONDS": "otel_gpu.cost.split.gpu_seconds",
     "GPU_COST_SPLIT_FEATURES": "otel_gpu.cost.split.features",
     "GPU_COST_SHARE": "otel_gpu.cost.share",
@@ -124,5 +128,7 @@ def test_own_names_live_under_gpu_or_otel_gpu():
     for const, name in PINNED.items():
         if const.startswith("GPU_"):
             assert name.startswith(("gpu.", "otel_gpu.")), const
+        elif const.startswith("CUDA_"):  # the OpenTelemetry eBPF Instrumentation's metric labels
+            assert name.startswith("cuda."), const
         else:
             assert name.startswith(standard), const

@@ -47,7 +47,9 @@ def _batch():
     outside window with GPU time (split and outside cost)."""
     calls = [cuda(pid=PID), cuda("cudaMemcpy", pid=PID, nbytes=4096, kind=1),
              cuda("cudaMemcpy", pid=PID, nbytes=64, kind=2), cuda("cudaMalloc", pid=PID, func=0xA0, nbytes=1 << 20),
-             cuda("cudaDeviceSynchronize", pid=PID, duration=500_000), cuda("ncclAllReduce", pid=PID, nbytes=256)]
+             cuda("cudaDeviceSynchronize", pid=PID, duration=500_000), cuda("ncclAllReduce", pid=PID, nbytes=256),
+             cuda("cudaGraphLaunch", pid=PID, func=0xB0)]
+    calls[-1].kernels = ((0x1000, 3),)  # what the graph runs, from its capture
     a, b = _request(1, "/infer", calls), _request(2, "/embed", calls[:1])
     ambiguous = ProcessWindow(PID, "ambiguous", 0, 10, CallSink(8), candidates=[(1, 1), (2, 2)])
     ambiguous.sink.add(cuda(pid=PID, tid=9), "ambiguous")
@@ -161,7 +163,8 @@ def test_every_panel_has_a_query_on_an_exported_metric(exported):
 
 @pytest.mark.parametrize("topic,metric", [
     ("cost per route", "otel_gpu_cost_amount_total"), ("GPU seconds", "otel_gpu_cost_gpu_seconds_total"),
-    ("launches by kernel", "gpu_kernel_launches_total"), ("memcpy bytes", "gpu_memcpy_bytes_total"),
+    ("launches by kernel", "gpu_cuda_kernel_launch_calls_total"),
+    ("memcpy bytes", "gpu_cuda_memory_copies_bytes_sum"),
     ("sync time", "gpu_sync_duration_seconds_sum"), ("attribution outcomes", "otel_gpu_cuda_calls_total"),
     ("events lost", "otel_gpu_events_lost_total"), ("drops by reason", "otel_gpu_drops_total"),
     ("NCCL bytes", "gpu_nccl_bytes_total"), ("NCCL calls", "gpu_nccl_calls_total")])
@@ -181,6 +184,6 @@ def test_nccl_panels_break_down_by_route_and_op_the_labels_the_metric_has(metric
 def test_a_wrong_name_is_caught(exported):
     """The check can fail: names without the exporter's suffixes, or with a doubled one."""
     samples, _ = exported
-    for wrong in ("gpu_kernel_launches", "gpu_sync_duration_bucket", "gpu_memcpy_bytes_bytes_total"):
+    for wrong in ("gpu_cuda_kernel_launch_calls", "gpu_sync_duration_bucket", "gpu_cuda_memory_copies_sum"):
         assert promql_names(f"sum(rate({wrong}[5m]))")[0] == {wrong}
         assert wrong not in samples

@@ -26,9 +26,10 @@ def _request(nbytes: int, n: int = 1) -> Request:
 
 
 def _copied(reader) -> list:
+    """The bytes of gpu.cuda.memory.copies (a histogram of bytes per copy), per series."""
     data = reader.get_metrics_data()
-    return [p.value for rm in data.resource_metrics for sm in rm.scope_metrics for m in sm.metrics
-            if m.name == "gpu.memcpy.bytes" for p in m.data.data_points]
+    return [p.sum for rm in data.resource_metrics for sm in rm.scope_metrics for m in sm.metrics
+            if m.name == "gpu.cuda.memory.copies" for p in m.data.data_points]
 
 
 def test_one_absurd_copy_is_clamped_per_call_and_counted():
@@ -42,12 +43,12 @@ def test_one_absurd_copy_is_clamped_per_call_and_counted():
 def test_no_series_sums_past_int64():
     reader, stats = InMemoryMetricReader(), Stats()
     m = GpuMetrics([reader], stats)
-    m.copied.add(INT64_MAX - 10, {"k": "v"})
-    m.copied.add(100, {"k": "v"})
-    m.copied.add(1, {"k": "w"})
+    m.allocations.add(INT64_MAX - 10, {"k": "v"})
+    m.allocations.add(100, {"k": "v"})
+    m.allocations.add(1, {"k": "w"})
     data = reader.get_metrics_data()
     values = sorted(p.value for rm in data.resource_metrics for sm in rm.scope_metrics for mt in sm.metrics
-                    if mt.name == "gpu.memcpy.bytes" for p in mt.data.data_points)
+                    if mt.name == "gpu.cuda.memory.allocations" for p in mt.data.data_points)
     assert values == [1, INT64_MAX]
     assert stats.snapshot()["metric_values_clamped"] == 1
 
@@ -62,14 +63,14 @@ def test_metrics_keep_going_out_over_otlp_after_an_absurd_copy():
         m.process([_request(2**64 - 1)])
         assert reader.force_flush(10_000)
         # even a point past int64 that reached the exporter some other way is encoded
-        m.copied.counter.add(2**64, {"k": "v"})
+        m.allocations.counter.add(2**64, {"k": "v"})
         m.process([_request(4096, 2)])
         assert reader.force_flush(10_000)
         assert len(receiver.metric_requests) == 2
         last = receiver.metric_requests[-1]
-        points = [p for rm in last.resource_metrics for sm in rm.scope_metrics for mt in sm.metrics
-                  if mt.name == "gpu.memcpy.bytes" for p in mt.sum.data_points]
-        assert sorted(p.as_int for p in points) == [MAX_CALL_BYTES + 4096, INT64_MAX]
+        metrics = {mt.name: mt for rm in last.resource_metrics for sm in rm.scope_metrics for mt in sm.metrics}
+        assert [p.as_int for p in metrics["gpu.cuda.memory.allocations"].sum.data_points] == [INT64_MAX]
+        assert [p.sum for p in metrics["gpu.cuda.memory.copies"].histogram.data_points] == [MAX_CALL_BYTES + 4096]
         assert "metrics_export_failed" not in stats.snapshot()
         m.provider.shutdown()
     finally:
@@ -127,6 +128,6 @@ def test_service_name_labels_are_bounded():
         m.process([r])
     data = reader.get_metrics_data()
     names = {p.attributes[sc.SERVICE_NAME] for rm in data.resource_metrics for sm in rm.scope_metrics
-             for mt in sm.metrics if mt.name == "gpu.memcpy.bytes" for p in mt.data.data_points}
+             for mt in sm.metrics if mt.name == "gpu.cuda.memory.copies" for p in mt.data.data_points}
     assert len(names) == MAX_SERVICES + 1 and OTHER in names
     assert stats.snapshot()["services_folded"] >= 40

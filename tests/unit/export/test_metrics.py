@@ -1,6 +1,8 @@
-"""gpu.kernel.launches by kernel name (otel_gpu/export/metrics.py) through the wired
-pipeline: a CUDA graph launch counts each kernel it ran (graph launches x the capture's
-counts), in requests and outside them, and its kernels' names are bounded like any."""
+"""Kernel and graph launch metrics (otel_gpu/export/metrics.py) through the wired pipeline:
+gpu.cuda.kernel.launch.calls counts launch calls by kernel, gpu.cuda.graph.launch.calls
+graph launches (as OBI names them), and otel_gpu.graph.kernel.launches each kernel a graph
+ran (graph launches x the capture's counts), in requests and outside them; graph kernels'
+names are bounded like any."""
 from otel_gpu import semconv as sc
 from otel_gpu.export import metrics
 from otel_gpu.pipeline.records import KernelRollup, Tick
@@ -9,6 +11,7 @@ from tests.unit.pipeline.test_graphs import EXEC, capture_events, request_with_g
 from tests.unit.test_pipeline import PID, _points, wired
 
 ROUTE, SVC = (sc.HTTP_ROUTE, "/infer/{id}"), (sc.SERVICE_NAME, "svc")
+DEVICE = (sc.CUDA_DEVICE_INDEX, 0)  # a request's device: the stitcher's 0 before any cudaSetDevice
 
 
 def _key(*labels):
@@ -22,14 +25,15 @@ def test_graph_launches_count_the_kernels_they_ran_by_name(tmp_path):
     w.pipeline.push(capture_events() + request_with_graph_launches(n=2)
                     + [KernelRollup(PID, call_id("cudaGraphLaunch"), EXEC, 5, 0, 0, 5_000, None),
                        Tick(6_000, final=True)])
-    launches = _points(reader, "gpu.kernel.launches")
+    ran = _points(reader, "otel_gpu.graph.kernel.launches")
     kernel = lambda name: (sc.GPU_KERNEL_NAME, name)  # noqa: E731
-    assert launches[_key(ROUTE, SVC, kernel("ka"))] == 2 * 3
-    assert launches[_key(ROUTE, SVC, kernel("kb"))] == 2 * 1
-    assert launches[_key(SVC, kernel("ka"))] == 5 * 3  # outside requests
-    assert launches[_key(SVC, kernel("kb"))] == 5 * 1
-    assert launches[_key(SVC, kernel("kc"))] == 1      # ran beside the capture
-    assert sum(launches.values()) == 8 + 20 + 1        # the 4 recorded launches ran nowhere
+    assert ran[_key(ROUTE, SVC, DEVICE, kernel("ka"))] == 2 * 3
+    assert ran[_key(ROUTE, SVC, DEVICE, kernel("kb"))] == 2 * 1
+    assert ran[_key(SVC, kernel("ka"))] == 5 * 3  # outside requests
+    assert ran[_key(SVC, kernel("kb"))] == 5 * 1
+    assert sum(ran.values()) == 8 + 20  # the 4 recorded launches ran nowhere
+    assert _points(reader, "gpu.cuda.graph.launch.calls") == {_key(ROUTE, SVC, DEVICE): 2, _key(SVC): 5}
+    assert _points(reader, "gpu.cuda.kernel.launch.calls") == {_key(SVC, kernel("kc")): 1}  # beside the capture
 
 
 def test_graph_kernel_names_share_the_name_bound(tmp_path):
@@ -37,10 +41,11 @@ def test_graph_kernel_names_share_the_name_bound(tmp_path):
     gm = next(s for s in w.pipeline.stages if isinstance(s, metrics.GpuMetrics))
     gm.top_kernels = 1  # the first name seen keeps its series; ka, kb, kc: two fold into "other"
     w.pipeline.push(capture_events() + request_with_graph_launches(n=1) + [Tick(6_000, final=True)])
-    launches = _points(reader, "gpu.kernel.launches")
-    names = {dict(k)[sc.GPU_KERNEL_NAME] for k in launches}
+    launches = _points(reader, "otel_gpu.graph.kernel.launches")
+    names = {dict(k)[sc.GPU_KERNEL_NAME] for k in launches} | \
+        {dict(k)[sc.GPU_KERNEL_NAME] for k in _points(reader, "gpu.cuda.kernel.launch.calls")}
     assert len(names) == 2 and metrics.OTHER in names, names
-    assert sum(launches.values()) == 3 + 1 + 1
+    assert sum(launches.values()) == 3 + 1
 
 
 def test_response_chunks_are_counted_by_feature(tmp_path):
