@@ -37,10 +37,13 @@ def rss_mb(pid: int) -> float:
 class Collector:
     loads: list = []  # load_s of every collector this run started (item 4's split of `ready`)
 
-    def __init__(self, otlp_endpoint: str | None = None, args: tuple = ()) -> None:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_EXPORTER_OTLP")}
+    def __init__(self, otlp_endpoint: str | None = None, args: tuple = (), env: dict | None = None) -> None:
+        """env: variables for the collector over the bench's own; a None value unsets one."""
+        base = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_EXPORTER_OTLP")}
         if otlp_endpoint:
-            env.update(OTEL_EXPORTER_OTLP_ENDPOINT=otlp_endpoint, OTEL_BSP_SCHEDULE_DELAY="200")
+            base.update(OTEL_EXPORTER_OTLP_ENDPOINT=otlp_endpoint, OTEL_BSP_SCHEDULE_DELAY="200")
+        base.update(env or {})
+        env = {k: v for k, v in base.items() if v is not None}
         t0 = time.monotonic()
         # --no-store first (an item's own --store wins): the bench's targets stay out of the user's store.
         self.proc = subprocess.Popen([sys.executable, "-m", "otel_gpu.cli", "run", "--no-console", "--no-store", *args],

@@ -30,10 +30,12 @@ class Service:
             r.read()
             return r.status
 
-    def load(self, seconds: float, conns: int = 4, max_requests: int = 500_000, path: str = "/work") -> dict:
+    def load(self, seconds: float, conns: int = 4, max_requests: int = 500_000, path: str = "/work",
+             times: bool = False) -> dict:
+        """bench/load.py's result; times: with each request's completion time (done_at)."""
         out = subprocess.run([sys.executable, "-m", "bench.load", "--port", str(self.port), "--path", path,
                               "--conns", str(conns), "--seconds", str(seconds), "--max", str(max_requests)]
-                             + (["--tls"] if self.tls else []),
+                             + (["--tls"] if self.tls else []) + (["--times"] if times else []),
                              capture_output=True, text=True, timeout=seconds + 120, check=True)
         return json.loads(out.stdout)
 
