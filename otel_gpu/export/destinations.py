@@ -184,6 +184,11 @@ class Destinations:
     def names(self) -> list[str]:
         return [name for name, _ in self.exporters]
 
+    @property
+    def keep_unsampled(self) -> bool:
+        """Does any destination keep an unsampled trace (the store, the console)? OTLP does not."""
+        return any(not isinstance(exporter, QueuedExporter) for _, exporter in self.exporters)
+
     def export(self, spans: Sequence[ReadableSpan]) -> None:
         if not spans:
             return

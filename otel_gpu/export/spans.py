@@ -108,7 +108,7 @@ class SpanBuilder:
         else:
             status = Status(StatusCode.UNSET)
         name = server_span_name(r.head, route)
-        on = self._counted(r.sampled)  # decided as it opened (pipeline/stitcher.py)
+        on = self.counted(r.sampled)  # decided as it opened (pipeline/stitcher.py)
         parent = _ctx(r.trace_id, r.parent_span_id, True, bool(r.parent_sampled)) if r.parent_span_id else None
         server = ReadableSpan(
             name=name, context=_ctx(r.trace_id, r.span_id, sampled=on), parent=parent,
@@ -141,9 +141,9 @@ class SpanBuilder:
 
     def _sampled(self, trace_id: int, name: str, kind) -> bool:
         """A window's trace: its own root."""
-        return self._counted(self.sampler is None or sampling.sampled(self.sampler, trace_id, name, kind))
+        return self.counted(self.sampler is None or sampling.sampled(self.sampler, trace_id, name, kind))
 
-    def _counted(self, on: bool) -> bool:
+    def counted(self, on: bool) -> bool:
         if not on and self.stats is not None:
             self.stats.add("traces_unsampled")  # not sent to OTLP; metrics, cost and the store keep them
         return on

@@ -15,7 +15,9 @@ class ExportStage:
 
     def process(self, records: list) -> list:
         for r in records:
-            if isinstance(r, (Request, ProcessWindow)):
+            if isinstance(r, Request) and not r.sampled and not self.destinations.keep_unsampled:
+                self.builder.counted(False)  # no destination would keep its spans: not built
+            elif isinstance(r, (Request, ProcessWindow)):
                 self.destinations.export(self.builder.build(r))
             elif isinstance(r, RequestCost):
                 self.destinations.settle_cost(r.request, self.builder.currency)

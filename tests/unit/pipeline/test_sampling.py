@@ -126,3 +126,22 @@ def test_a_window_linked_to_a_sampled_request_goes_out_with_it():
     assert not b.build(w)[0].context.trace_flags.sampled
     w.links_sampled = True
     assert b.build(w)[0].context.trace_flags.sampled
+
+
+def test_an_unsampled_request_is_not_built_when_only_otlp_would_take_it():
+    """OTLP drops an unsampled trace's spans: with no destination that keeps them (the
+    store, the console), they are not built at all; counted all the same."""
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from otel_gpu.export.destinations import Destinations
+    from otel_gpu.export.stage import ExportStage
+
+    for keeper, built in ((None, 0), (InMemorySpanExporter(), 4)):
+        stats = Stats()
+        q = QueuedExporter(InMemorySpanExporter(), stats, schedule_delay_ms=10)
+        dests = Destinations([("otlp", q)] + ([("store", keeper)] if keeper else []), stats)
+        r = request()
+        r.sampled = False
+        ExportStage(SpanBuilder(BpfClock(), stats=stats), dests).process([r])
+        q.shutdown()
+        assert dests.spans_out == built and stats.snapshot()["traces_unsampled"] == 1
