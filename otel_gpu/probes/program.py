@@ -40,6 +40,15 @@ def related_server_share(max_connections: int, servers: int) -> int:
 
 
 _STATE_TABLES = ("traced", "http_active", "conns", "rollup", "req_agg", "in_call", "py_procs", "py_tstate")
+# Kernel counters (bpf/events.h) of what was lost or left out -> (stat, warning with the total).
+_LOSSES = {
+    "ringbuf_full": ("lost_events", "ring buffer full: %d events lost so far"),
+    "agg_full": ("lost_events", "per-request count table full (AGG_ENTRIES): %d CUDA calls lost so far"),
+    "conn_table_full": ("connections_untracked", "connection table full (--max-connections): %d connections "
+                        "of traced processes left untracked so far"),
+    "conn_over_share": ("connections_over_share", "related HTTP servers past their share of --max-connections: "
+                        "%d connections left untracked so far"),
+}
 # Kernel counters (bpf/events.h) -> stats: connections whose TLS ciphertext was not sent
 # (tied to an SSL* or not: a stack without probes gives no span), and SSL plaintext
 # dropped for want of a socket (client connections of the process, untied SSL*).
@@ -69,11 +78,7 @@ class BpfProgram:
         self.aggregates = AggregateReader(BatchMap(self.bpf["req_agg"]), stats,
                                           counted=lambda: sum(counters[aggregated]))
         self.attacher = Attacher(self.bpf, stats, uprobes=uprobe_links.choose(self.bpf, options.uprobe_links))
-        self._lost_seen = 0
-        self._untracked_seen = 0
-        self._over_share_seen = 0
-        self._agg_full_seen = 0
-        self._tallies_seen: dict[str, int] = {}
+        self._seen: dict[str, int] = {}  # each kernel counter's value when last read
         self._prune_suspects: set = set()  # (tgid, fd) found without a socket once
         self._runtime_text: dict = {}  # pid -> its runtime code ranges, as written to `runtime_text`
 
@@ -96,32 +101,15 @@ class BpfProgram:
 
     def _account_lost(self) -> None:
         counters = self.counters()
-        lost = counters["ringbuf_full"]
-        if lost > self._lost_seen:
-            log.warning("ring buffer full: %d events lost so far", lost)
-            self.stats.add("lost_events", lost - self._lost_seen)
-            self._lost_seen = lost
-        over = counters["conn_over_share"]
-        if over > self._over_share_seen:
-            log.warning("related HTTP servers past their share of --max-connections: %d connections "
-                        "left untracked so far", over)
-            self.stats.add("connections_over_share", over - self._over_share_seen)
-            self._over_share_seen = over
-        full = counters["conn_table_full"]
-        if full > self._untracked_seen:
-            log.warning("connection table full (--max-connections): %d connections of traced processes "
-                        "left untracked so far", full)
-            self.stats.add("connections_untracked", full - self._untracked_seen)
-            self._untracked_seen = full
-        agg_full = counters["agg_full"]
-        if agg_full > self._agg_full_seen:
-            log.warning("per-request count table full (AGG_ENTRIES): %d CUDA calls lost so far", agg_full)
-            self.stats.add("lost_events", agg_full - self._agg_full_seen)
-            self._agg_full_seen = agg_full
+        for name, (stat, warning) in _LOSSES.items():  # logged as they grow
+            if counters[name] > self._seen.get(name, 0):
+                log.warning(warning, counters[name])
+                self.stats.add(stat, counters[name] - self._seen.get(name, 0))
+                self._seen[name] = counters[name]
         for name, stat in _TALLIES.items():  # not losses: what the probes saw
-            if counters[name] > self._tallies_seen.get(name, 0):
-                self.stats.add(stat, counters[name] - self._tallies_seen.get(name, 0))
-                self._tallies_seen[name] = counters[name]
+            if counters[name] > self._seen.get(name, 0):
+                self.stats.add(stat, counters[name] - self._seen.get(name, 0))
+                self._seen[name] = counters[name]
 
     def counters(self) -> dict[str, int]:
         table = self.bpf["counters"]

@@ -8,6 +8,7 @@ import os
 import select
 import subprocess
 
+from otel_gpu.config import DEFAULT_BPF_CACHE
 from otel_gpu.pipeline.decode import decode
 from otel_gpu.probes.table import rows_for
 from tests.harness import ROOT, TARGETS
@@ -82,7 +83,9 @@ class Probes:
         from otel_gpu.probes.source import ProgramOptions, load
         from otel_gpu.pipeline.reader import RollupReader
         from otel_gpu.probes import launch_slots
-        options = ProgramOptions()
+        # From the collectors' own program cache: compiled once per host and source, as a
+        # collector would be (tests/bpf/test_program_cache.py proves the two the same).
+        options = ProgramOptions(bpf_cache=DEFAULT_BPF_CACHE)
         self.bpf = load(options)
         self.pid_bits = PidBits(self.bpf["pid_bits"], options.pid_words)
         self.cpus = options.cpus

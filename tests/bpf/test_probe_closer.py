@@ -8,6 +8,7 @@ import site
 
 import pytest
 
+from otel_gpu.config import DEFAULT_BPF_CACHE
 from otel_gpu.probes.attacher import Attacher
 from otel_gpu.probes.discovery import known_library_files
 from otel_gpu.ratelimit import Stats
@@ -29,7 +30,7 @@ def test_detach_all_closes_every_probe_before_returning(links):
     from otel_gpu.probes.source import ProgramOptions, load
     from otel_gpu.probes.uprobe_links import choose
     perf_before, links_before = _probe_fds()
-    bpf = load(ProgramOptions())
+    bpf = load(ProgramOptions(bpf_cache=DEFAULT_BPF_CACHE))
     stats = Stats()
     attacher = Attacher(bpf, stats, uprobes=choose(bpf, links))
     # Two files are enough to plant every kind of probe (perf events detach slowly: ~0.1 s each).

@@ -5,6 +5,7 @@ import os
 
 import pytest
 
+from otel_gpu.config import DEFAULT_BPF_CACHE
 from otel_gpu.probes.table import CUDA_PROBES, HTTP_TRACEPOINTS, LIBRARY_TRACEPOINTS
 from tests.bpf.probe_harness import open_fds
 
@@ -14,7 +15,7 @@ def test_every_cuda_handler_loads():
 
     from otel_gpu.probes.source import ProgramOptions, load
     for trace_all in (True, False):
-        b = load(ProgramOptions(trace_all=trace_all))
+        b = load(ProgramOptions(trace_all=trace_all, bpf_cache=DEFAULT_BPF_CACHE))  # the verifier checks either way
         try:
             names = {r.entry for r in CUDA_PROBES} | {r.ret for r in CUDA_PROBES if r.ret}
             for name in sorted(names):

@@ -13,7 +13,7 @@ import shutil
 
 import pytest
 
-from otel_gpu.probes.program_cache import INSN
+from otel_gpu.probes.program_cache import INSN, CacheError
 from otel_gpu.probes.source import ProgramOptions, load, program_cache
 from otel_gpu.probes.table import CUDA_PROBES
 from otel_gpu.ratelimit import Stats
@@ -130,7 +130,18 @@ def good_entry(tmp_path_factory):
     return cache.entry_path(key)
 
 
-@pytest.mark.parametrize("damage", [_flip, _truncate, _foreign, _kernel_refuses])
+@pytest.mark.parametrize("damage", [_flip, _truncate, _foreign])
+def test_a_damaged_entry_is_refused(tmp_path, good_entry, damage):
+    cache, key = program_cache(ProgramOptions(bpf_cache=str(tmp_path)))
+    shutil.copy(good_entry, cache.entry_path(key))
+    assert cache.read(key) is not None  # the good entry reads
+    damage(cache.entry_path(key))
+    with pytest.raises(CacheError):
+        cache.read(key)
+
+
+# Past the read: one entry refused when read, one the kernel refuses as it loads.
+@pytest.mark.parametrize("damage", [_flip, _kernel_refuses])
 def test_a_bad_entry_is_counted_and_the_program_compiled(tmp_path, good_entry, damage, caplog):
     from otel_gpu.probes.cached_bpf import CachedBPF
     options = ProgramOptions(bpf_cache=str(tmp_path))
