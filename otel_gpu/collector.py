@@ -292,8 +292,9 @@ class Collector:
     def _seed_connections(self, pids: set, why: str = FIRST_SEED) -> list:
         """Accept records for the keep-alive connections new processes already held, so
         their next request is traced (the real accept happened before us), or that the
-        kernel's full table left untracked. A process with more than one scan seeds
-        (SEED_PER_SCAN) or the full table left is seeded again at the next flush."""
+        kernel's full table left untracked. A process with more connections than one scan
+        seeds (SEED_PER_SCAN), or some the full table left out, is seeded again at the next
+        flush; one past its share is not."""
         now, out = time.monotonic_ns(), []
         for pid in sorted(pids):
             held = {c.fd: c for c in existing_server_connections(self.config.proc_root, pid)}

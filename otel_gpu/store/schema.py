@@ -67,6 +67,8 @@ CREATE TABLE IF NOT EXISTS requests (
 CREATE INDEX IF NOT EXISTS requests_ts ON requests (ts);
 -- Covering index for report's percentiles: each group's durations in order, ts to filter.
 CREATE INDEX IF NOT EXISTS requests_latency ON requests (service, feature, duration_ns, ts);
+-- A cost settled after its request's row was written updates the row (exporter.settle_cost).
+CREATE INDEX IF NOT EXISTS requests_span ON requests (span_id);
 -- GPU time of ambiguous/shared/outside windows (their spans' cost attributes): one row per
 -- candidate's share of an ambiguous or shared window (kind 'split', the candidate's feature), one
 -- per outside window (kind 'outside', feature NULL).
