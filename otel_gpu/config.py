@@ -57,7 +57,9 @@ class Config:
     otlp_protocol: str = "grpc"   # grpc or http/protobuf
     queue_size: int = 8192        # OTEL_BSP_MAX_QUEUE_SIZE: spans queued for OTLP
     export_batch_size: int = 512  # OTEL_BSP_MAX_EXPORT_BATCH_SIZE (capped at queue_size)
-    schedule_delay_ms: Optional[int] = None  # OTEL_BSP_SCHEDULE_DELAY (None: SDK default)
+    # OTEL_BSP_SCHEDULE_DELAY: the SDK's 5 s suits an app; an agent's spans should arrive within
+    # seconds, and at a low span rate a 512-span batch waits for this timer.
+    schedule_delay_ms: int = 1000
     metric_interval_ms: int = 10_000  # OTEL_METRIC_EXPORT_INTERVAL (the SDK's 60 s is coarse for an agent)
     store_path: Optional[str] = None  # local SQLite store; None: off
     status_file: Optional[str] = None  # state file read by `otel-gpu status`; None: off
@@ -318,7 +320,7 @@ def load_config(args=None, env: Mapping[str, str] = os.environ) -> Config:
     console = src.flag("console")
     queue_size = src.integer(None, "OTEL_BSP_MAX_QUEUE_SIZE", 8192)
     feature = src.text("feature_header", "OTEL_GPU_FEATURE_HEADER", None)
-    delay = src.integer(None, "OTEL_BSP_SCHEDULE_DELAY", None)
+    delay = src.integer(None, "OTEL_BSP_SCHEDULE_DELAY", 1000)
     config = Config(
         pids=src.flag("pid") or [],
         exes=src.flag("exe") or [],

@@ -17,7 +17,7 @@ from .. import config
 ENV_ONLY: dict[str, tuple[Optional[str], str]] = {
     "OTEL_BSP_MAX_EXPORT_BATCH_SIZE": (None, "spans per OTLP batch (capped at the queue size)"),
     "OTEL_BSP_MAX_QUEUE_SIZE": (None, "spans queued for OTLP; past it new spans are dropped and counted"),
-    "OTEL_BSP_SCHEDULE_DELAY": ("SDK default", "ms between OTLP span batches"),
+    "OTEL_BSP_SCHEDULE_DELAY": (None, "ms at most between OTLP span batches (sooner when a batch is full)"),
     "OTEL_EXPORTER_OTLP_ENDPOINT": (None, "where spans and metrics go over OTLP (unset: the console and the "
                                     "local store)"),
     "OTEL_EXPORTER_OTLP_HEADERS": (None, "headers for the backend, such as authentication (read by the "

@@ -93,7 +93,7 @@ def test_defaults_without_flags_or_environment():
     assert c.prometheus_addr == "127.0.0.1" and c.health_file is None and c.log_level == "info"
     assert c.store_group is None and c.shutdown_timeout_s == 5
     assert not c.otlp_traces and not c.otlp_metrics and c.otlp_protocol == "grpc"
-    assert (c.queue_size, c.export_batch_size, c.schedule_delay_ms) == (8192, 512, None)
+    assert (c.queue_size, c.export_batch_size, c.schedule_delay_ms) == (8192, 512, 1000)
     assert c.resource_attributes == {} and c.self_service_name == "otel-gpu"
 
 
