@@ -371,4 +371,3 @@ def load_config(args=None, env: Mapping[str, str] = os.environ) -> Config:
         if var is None:
             raise
         raise ConfigError(var, e.reason) from None
-

@@ -69,6 +69,7 @@ def device_labels(r: Request) -> dict:
 MEMCPY_KINDS = {"h2h": "HostToHost", "h2d": "HostToDevice", "d2h": "DeviceToHost", "d2d": "DeviceToDevice",
                 "default": "Default"}
 
+
 class GpuMetrics:
     def __init__(self, readers: list, stats: Optional[Stats] = None, top_kernels: int = 50,
                  service_name: str = "otel-gpu") -> None:
@@ -137,8 +138,8 @@ class GpuMetrics:
             "attached now (retried with backoff)")
 
     def process(self, records: list) -> list:
-        """Before the cost stage, which holds finished requests while overlapping ones are
-        open: requests and calls count as they finish. Cost counts in costs()."""
+        """Before the cost stage: requests and calls count as they finish, whatever their
+        cost awaits. Cost counts in costs()."""
         for r in records:
             if isinstance(r, Request):
                 self._request(r)
@@ -231,8 +232,9 @@ class GpuMetrics:
         if allocated:
             self.allocations.add(allocated, base)
         for kind, size, n in copies:
-            for _ in range(n):
-                self.copies.record(size, {**base, sc.CUDA_MEMCPY_KIND: kind})
+            labels = {**base, sc.CUDA_MEMCPY_KIND: kind}
+            for _ in range(n):  # a histogram takes one value at a time
+                self.copies.record(size, labels)
         for op, (n, nbytes) in collectives.items():
             self.nccl_calls.add(n, {**base, sc.GPU_NCCL_OP: op})
             self.nccl_bytes.add(nbytes, {**base, sc.GPU_NCCL_OP: op})

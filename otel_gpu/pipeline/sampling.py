@@ -21,13 +21,20 @@ NAMES = ("always_on", "always_off", "traceidratio", "parentbased_always_on", "pa
 DEFAULT = "parentbased_always_on"
 
 
+def _ratio(name: str, arg: Optional[str]) -> float:
+    """The ratio of a traceidratio sampler (1 for the others, or with no argument);
+    ValueError outside 0..1."""
+    if not name.endswith("traceidratio") or arg in (None, ""):
+        return 1.0
+    ratio = float(arg)
+    if not 0.0 <= ratio <= 1.0:
+        raise ValueError(f"ratio {arg!r} is not within 0..1")
+    return ratio
+
+
 def make(name: str, arg: Optional[str]) -> Sampler:
     """The sampler named (NAMES); ValueError for an unknown name or a ratio outside 0..1."""
-    ratio = 1.0
-    if name in ("traceidratio", "parentbased_traceidratio") and arg not in (None, ""):
-        ratio = float(arg)
-        if not 0.0 <= ratio <= 1.0:
-            raise ValueError(f"ratio {arg!r} is not within 0..1")
+    ratio = _ratio(name, arg)
     samplers = {"always_on": lambda: ALWAYS_ON, "always_off": lambda: ALWAYS_OFF,
                 "traceidratio": lambda: TraceIdRatioBased(ratio),
                 "parentbased_always_on": lambda: ParentBased(ALWAYS_ON),
@@ -43,8 +50,7 @@ def drops_roots(name: str, arg: Optional[str]) -> bool:
     sampled request open is quiet even when idle: the next request is more likely unsampled,
     and a sampled one has its first calls (before the collector reads its head) counted, not
     streamed one by one."""
-    ratio = float(arg) if name.endswith("traceidratio") and arg not in (None, "") else 1.0
-    return name in ("always_off", "parentbased_always_off") or (name.endswith("traceidratio") and ratio < 1.0)
+    return name in ("always_off", "parentbased_always_off") or _ratio(name, arg) < 1.0
 
 
 def sampled(sampler: Sampler, trace_id: int, name: str, kind: SpanKind,

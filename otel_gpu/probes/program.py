@@ -55,6 +55,7 @@ _LOSSES = {
 _TALLIES = {"tls_ciphertext": "tls_connections", "tls_untied": "tls_plaintext_untied",
             # how calls of processes with HTTP activity left the kernel: one by one, or counted
             "cuda_streamed": "cuda_calls_streamed", "aggregated": "cuda_calls_counted"}
+_COUNTED = {**_LOSSES, **{name: (stat, None) for name, stat in _TALLIES.items()}}
 # `traced` values (bpf/maps.h): traced, following no server; every related server.
 TRACED, FOLLOW_ALL = 1, 0xFFFFFFFF
 
@@ -101,14 +102,12 @@ class BpfProgram:
 
     def _account_lost(self) -> None:
         counters = self.counters()
-        for name, (stat, warning) in _LOSSES.items():  # logged as they grow
-            if counters[name] > self._seen.get(name, 0):
-                log.warning(warning, counters[name])
-                self.stats.add(stat, counters[name] - self._seen.get(name, 0))
-                self._seen[name] = counters[name]
-        for name, stat in _TALLIES.items():  # not losses: what the probes saw
-            if counters[name] > self._seen.get(name, 0):
-                self.stats.add(stat, counters[name] - self._seen.get(name, 0))
+        for name, (stat, warning) in _COUNTED.items():
+            grown = counters[name] - self._seen.get(name, 0)
+            if grown > 0:
+                if warning:  # a loss: logged as it grows
+                    log.warning(warning, counters[name])
+                self.stats.add(stat, grown)
                 self._seen[name] = counters[name]
 
     def counters(self) -> dict[str, int]:
