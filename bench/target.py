@@ -13,11 +13,13 @@ from .isolate import OwnCgroup
 
 
 class Service:
-    def __init__(self, args: tuple = ()) -> None:
+    def __init__(self, args: tuple = (), argv: list | None = None) -> None:
+        """argv: another service that prints 'listening on PORT' (default: bench.http_service + args)."""
         self.tls = "--tls" in args
         self.cgroup = OwnCgroup()  # the bench process is not a related server of it (isolate.py)
-        self.proc = subprocess.Popen(self.cgroup.wrap([sys.executable, "-m", "bench.http_service", *args]),
-                                     stderr=subprocess.PIPE, text=True)
+        argv = argv or [sys.executable, "-m", "bench.http_service", *args]
+        self.proc = subprocess.Popen(self.cgroup.wrap(argv), stdin=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                     text=True)
         self.pid = self.proc.pid
         log = LineWatcher(self.proc.stderr, echo=None)
         if not log.wait_for("listening on", 30):

@@ -7,6 +7,8 @@
 #   scripts/gpu-tier.sh --check   install, compile and load a trivial program and the
 #                                 collector's real one, then pytest tests/gpu (which skips
 #                                 without a GPU): scripts/gpu_bundle_check.sh runs this here
+#   scripts/gpu-tier.sh --bench   install, pytest tests/gpu, then bench/gpu_http.py (the
+#                                 throughput of a PyTorch model server traced and not)
 # Settings (env): OTEL_GPU_BUNDLE (build/gpu-bundle), OTEL_GPU_PREFIX (/opt/otel-gpu-bundle),
 # OTEL_GPU_PYTHON (python3: the one with torch), OUT (build/gpu-tier-out), PYTEST_ARGS,
 # OTEL_GPU_KEEP_LIBS=1 (use every bundled library, even where the machine has its own).
@@ -105,7 +107,19 @@ print("bundle-check: collector ready; exit code after SIGTERM:", collector.stop(
 receiver.stop()
 EOF
 fi
-log "pytest tests/gpu (results under $OUT)"
 cd "$ROOT"
+{ uname -r; nvidia-smi -L 2>&1 || true  # the machine, for the log
+  "$PY" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, "available", torch.cuda.is_available())
+torch.zeros(1, device="cuda")
+print(*sorted({l.split()[-1] for l in open("/proc/self/maps") if "libcud" in l or "libnvrtc" in l}), sep="\n")' 2>&1 || true
+} | tee "$OUT/gpu-machine.log"
+log "pytest tests/gpu (results under $OUT)"
+set +e  # the bench runs after failed tests too; the exit status is the tests'
 PYTHONUNBUFFERED=1 "$PY" -m pytest -rs -p no:cacheprovider --junitxml="$OUT/gpu-tier.xml" tests/gpu ${PYTEST_ARGS:-} 2>&1 | tee "$OUT/gpu-tier.log"
-exit "${PIPESTATUS[0]}"
+rc=${PIPESTATUS[0]}
+if [ "${1:-}" = --bench ]; then
+  log "bench/gpu_http.py (results under $OUT)"
+  PYTHONUNBUFFERED=1 "$PY" -m bench.gpu_http --json "$OUT/gpu-http.json" 2>&1 | tee "$OUT/gpu-http.log"
+  [ "${PIPESTATUS[0]}" = 0 ] || rc=1
+fi
+exit "$rc"

@@ -82,7 +82,7 @@ tar -C "$WORK" -cf - kernel-headers | xz -9 -T0 > "$OUT/headers.tar.xz"
 
 # 3. Wheels for the GPU image's Python (3.12), at the versions this checkout's .venv runs.
 REQS=(opentelemetry-sdk opentelemetry-exporter-otlp-proto-grpc opentelemetry-exporter-otlp-proto-http
-      grpcio protobuf fastapi uvicorn)
+      grpcio protobuf hpack fastapi uvicorn)
 PIP=${PIP:-.venv/bin/pip}
 "$PIP" freeze --exclude-editable > "$WORK/constraints.txt"
 printf '%s\n' "${REQS[@]}" > "$OUT/wheels/requirements.txt"

@@ -51,6 +51,13 @@ def graph() -> None:
     torch.cuda.synchronize()
 
 
+def copy_in(n: int) -> None:
+    """n bytes from pageable host memory to the GPU (cudaMemcpyAsync of n bytes, then a
+    stream synchronize): a copy whose size the caller chooses."""
+    torch.empty(max(1, min(n, 1 << 20)), dtype=torch.uint8).to("cuda")
+    torch.cuda.synchronize()
+
+
 MODES = {"eager": eager, "compiled": compiled, "graph": graph}
 
 

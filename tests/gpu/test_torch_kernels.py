@@ -114,3 +114,33 @@ def test_decode_loop_traced_vs_untraced(receiver, start_collector, capsys):
         assert 0.9 <= launches / (steps * per_forward) <= 1.1
     finally:
         target.stop()
+
+
+def test_fastapi_concurrent_clients_each_request_its_own_calls(receiver, start_collector, capsys):
+    """8 keep-alive clients, 48 requests, each copying its own size to the GPU after the
+    forward: every request's span holds exactly its own copy and the forward's launches
+    (a round of the same load first, so each worker thread's lazy set-up is done)."""
+    from tests.bpf.load_client import fetch_all
+    _, target = _traced(start_collector, "fastapi_server.py")
+    try:
+        fetch_all(target.port, [f"/predict/{2000 + i}" for i in range(48)], concurrency=8, seconds=120)
+        target.get("/predict/1")
+        per_request = launch_figures(receiver.spans, request_span(receiver, target.pid, "/predict/1"))[0]
+        paths = [f"/predict/{1000 + i}" for i in range(48)]
+        out = fetch_all(target.port, paths, concurrency=8, seconds=120)
+        assert sorted(out.ok) == sorted(paths), out.errors
+        spans = {p: request_span(receiver, target.pid, p) for p in paths}
+        launches, copies = {}, {}
+        for path, span in spans.items():
+            launches[path] = span.attributes["gpu.launches"]
+            copies[path] = [c.attributes["gpu.memcpy.bytes"] for c in children_of(receiver.spans, span)
+                            if "gpu.memcpy.bytes" in c.attributes]
+        wrong = {p: c for p, c in copies.items() if c != [int(p.rsplit("/", 1)[1])]}
+        with capsys.disabled():
+            print(f"\ngpu[concurrent]: {len(paths)} requests, 8 clients: launches per span "
+                  f"{sorted(set(launches.values()))} (one request alone: {per_request}); "
+                  f"spans with other than their own one copy: {len(wrong)} {dict(list(wrong.items())[:4])}")
+        assert not wrong
+        assert set(launches.values()) == {per_request}
+    finally:
+        target.stop()
