@@ -11,6 +11,7 @@ import argparse
 import json
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 from .collector import Collector
@@ -40,8 +41,8 @@ def measure(seconds: float) -> dict:
             out["collector_rss_mb"] = col.rss_mb()
             time.sleep(3)  # the last batch (200 ms delay here) and the backlog, if any
             out["server_spans"], out["spans"] = len(rx.servers), rx.span_count
-            launches = [a.get("gpu.launches", 0) for a in rx.servers.values()]
-            out["launches_per_request"] = sorted(set(launches))[:8]
+            launches = Counter(a.get("gpu.launches", 0) for a in rx.servers.values())
+            out["launches_per_request"] = dict(sorted(launches.items()))  # launches -> requests
         finally:
             out["collector"] = col.stop()
         out["untraced_after"] = svc.load(seconds, conns=CONNS, path="/predict")
@@ -65,7 +66,7 @@ def report(r: dict) -> str:
         f"  collector {r['collector_cores']:.2f} cores, {r['cores_per_krps']:.2f} cores per 1000 req/s, "
         f"RSS {r['collector_rss_mb']:.0f} MB",
         f"  server spans {r['server_spans']} of {r['traced']['ok']} requests, spans {r['spans']}, "
-        f"launches per request {r['launches_per_request']}, lost events {r['lost_events']}",
+        f"requests by launches {r['launches_per_request']}, lost events {r['lost_events']}",
     ])
 
 

@@ -11,7 +11,7 @@ def request_span(receiver, pid: int, path: str, nth: int = 1):
     """The nth request (by start time) to `path` from process `pid`; waits for it."""
     def found(spans):
         return sorted((s for s in server_spans(spans, pid) if s.attributes.get("url.path") == path),
-                      key=lambda s: s.start_time)
+                      key=lambda s: s.start_ns)
     assert receiver.wait_for(lambda spans: len(found(spans)) >= nth), f"no span for request {nth} to {path}"
     return found(receiver.spans)[nth - 1]
 
