@@ -63,8 +63,10 @@ struct event_header {
     u8 pad[2];
     u32 tgid;     /* process id */
     u32 tid;      /* thread id */
-    u32 epoch;    /* HTTP records: the process's HTTP epoch after this record (maps.h
-                   * http_seq); req_agg entries of older epochs go before it. 0 elsewhere */
+    u32 epoch;    /* HTTP records, and the records that bind an execution unit (context
+                   * copy, goroutine start or wake-up): the process's epoch after this
+                   * record (maps.h http_seq); req_agg entries of older epochs go before
+                   * it. 0 elsewhere */
     u64 ts_ns;    /* bpf_ktime_get_ns(): CLOCK_MONOTONIC */
 };
 

@@ -120,6 +120,6 @@ int go_runqput(struct pt_regs *ctx)
     fill_header(&e.h, type, id);
     e.ctx = goid;
     e.parent = me;
-    submit(&e, sizeof(e));
+    epoch_submit(&e, sizeof(e), &e.h, 0); /* a new binding: calls counted before it stay before it */
     return 0;
 }

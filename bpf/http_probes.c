@@ -236,7 +236,7 @@ static __always_inline void emit_sock_io(u8 kind, u64 id, struct conn_key *key, 
     u32 size = offsetof(struct sock_io_event, data) + len;
     if (size > sizeof(*e))
         return;
-    http_submit(e, size, &e->h, kind == EV_SOCK_READ);
+    epoch_submit(e, size, &e->h, kind == EV_SOCK_READ);
 }
 
 /* Copies the first bytes of a readv/writev/recvmsg/sendmsg into the scratch event's data,
@@ -383,7 +383,7 @@ TRACEPOINT_PROBE(syscalls, sys_enter_close)
         struct close_event e = {};
         fill_header(&e.h, EV_SOCK_CLOSE, id);
         e.fd = key.fd;
-        http_submit(&e, sizeof(e), &e.h, 0);
+        epoch_submit(&e, sizeof(e), &e.h, 0);
     }
     return 0;
 }

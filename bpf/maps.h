@@ -203,10 +203,13 @@ static __always_inline void submit(void *data, u32 size)
         count(CNT_RINGBUF_FULL);
 }
 
-/* An HTTP record: bumps the process's epoch first and carries the new value, so user
- * space places the req_agg counts of older epochs before it. `read`: a read of an
- * HTTP connection, which also starts new budgets for the process's threads. */
-static __always_inline void http_submit(void *data, u32 size, struct event_header *h, int read)
+/* A record that changes what a call would be attributed to (an HTTP record; a context
+ * copy or goroutine start or wake-up, which binds an execution unit): bumps the
+ * process's epoch first and carries the new value, so user space places the req_agg
+ * counts of older epochs before it, where the bindings they were made under still hold
+ * (a context's id is its address: a freed one comes back for the next request). `read`:
+ * a read of an HTTP connection, which also starts new budgets for the process's threads. */
+static __always_inline void epoch_submit(void *data, u32 size, struct event_header *h, int read)
 {
     u32 tgid = h->tgid;
     struct http_seq zero = {};

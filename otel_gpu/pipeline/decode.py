@@ -35,7 +35,7 @@ DEVICE = struct.Struct(_CUDA_HEADER + "I4x")      # device, pad
 GRAPH_OP = struct.Struct(_CUDA_HEADER + "QQQ")    # stream, graph, graph_exec
 # count, bytes, comm, stream, group, datatype, redop, peer, nranks, rank, pad
 NCCL = struct.Struct(_CUDA_HEADER + "QQQQQIIiIi4x")
-PY_CONTEXT = struct.Struct("<B3xII4xQQQ")         # header, ctx, parent (and the Go unit records)
+PY_CONTEXT = struct.Struct("<B3xIIIQQQ")          # header (epoch kept), ctx, parent (and the Go unit records)
 # kernel_handle_event up to its name: header, call, ret, handle, source, name_len, pad
 KERNEL_HANDLE = struct.Struct("<BBxxII4xQIiQQI4x")
 
@@ -98,18 +98,18 @@ def _nccl(buf, size):
 
 
 def _py_context(buf, size):
-    _, tgid, tid, ts, ctx, parent = _exact(buf, size, PY_CONTEXT, "Python context")
-    return ContextCopy(tgid, tid, ts, ctx, parent)
+    _, tgid, tid, epoch, ts, ctx, parent = _exact(buf, size, PY_CONTEXT, "Python context")
+    return ContextCopy(tgid, tid, ts, ctx, parent, epoch)
 
 
 def _go_spawn(buf, size):
-    _, tgid, tid, ts, goroutine, creator = _exact(buf, size, PY_CONTEXT, "goroutine start")
-    return ContextCopy(tgid, tid, ts, goroutine, creator)
+    _, tgid, tid, epoch, ts, goroutine, creator = _exact(buf, size, PY_CONTEXT, "goroutine start")
+    return ContextCopy(tgid, tid, ts, goroutine, creator, epoch)
 
 
 def _go_wake(buf, size):
-    _, tgid, tid, ts, woken, waker = _exact(buf, size, PY_CONTEXT, "goroutine wake-up")
-    return UnitWake(tgid, tid, ts, woken, waker)
+    _, tgid, tid, epoch, ts, woken, waker = _exact(buf, size, PY_CONTEXT, "goroutine wake-up")
+    return UnitWake(tgid, tid, ts, woken, waker, epoch)
 
 
 def _kernel_handle(buf, size):

@@ -14,7 +14,7 @@ from ..ratelimit import RateLimitedLog, Stats
 from .abi import RollupKey
 from .decode import DecodeError, decode
 from .launch_slots import LaunchSlots
-from .records import CallAggregate, KernelRollup, ProcExit, SockClose, SockIo
+from .records import CallAggregate, ContextCopy, KernelRollup, ProcExit, SockClose, SockIo, UnitWake
 
 log = logging.getLogger(__name__)
 LAUNCH_KERNEL = call_id("cudaLaunchKernel")  # the call the launch slots count
@@ -109,8 +109,8 @@ def epoch_after(a: int, b: int) -> bool:
 
 class AggregateReader:
     """CallAggregate records from req_agg (bpf/call_out.c). An entry is taken once its
-    epoch has ended, i.e. the stream holds an HTTP record of its process with a later
-    epoch (or the process exited, or the collector stops): then no call of it is still
+    epoch has ended, i.e. the stream holds an HTTP record or a binding of an execution
+    unit (ContextCopy, UnitWake) of its process with a later epoch (or the process exited, or the collector stops): then no call of it is still
     counting (but one whose probe read the epoch just before the HTTP probe bumped it,
     a window of nanoseconds, which then lands in a new entry: placed late and counted,
     `aggregates_late`). It goes just before that record, where its calls one by one would
@@ -132,12 +132,12 @@ class AggregateReader:
     def merge(self, batch: list, final: bool = False) -> list:
         """`batch` with the aggregates whose epoch ended in or before it put in place."""
         before = dict(self.epochs)
-        bounds: dict[int, list] = {}  # tgid -> [(epoch, index)] of its HTTP records
+        bounds: dict[int, list] = {}  # tgid -> [(epoch, index)] of its epoch records
         exits: dict[int, int] = {}
         epochs = self.epochs
         for i, r in enumerate(batch):
             cls = r.__class__
-            if (cls is SockIo or cls is SockClose) and r.epoch:
+            if (cls is SockIo or cls is SockClose or cls is ContextCopy or cls is UnitWake) and r.epoch:
                 tgid, epoch = r.tgid, r.epoch
                 b = bounds.get(tgid)
                 if b is None:
@@ -205,7 +205,7 @@ def _rel(epoch: int, base: int) -> int:
 
 
 class _Places:
-    """Where each aggregate goes in one batch: before the first HTTP record of its process
+    """Where each aggregate goes in one batch: before the first epoch record of its process
     with a later epoch, else at its exit, else at the end. Per process, the running maximum
     of its epochs is increasing: a bisection finds that record (linear in the batch, once)."""
 

@@ -39,7 +39,7 @@ class SockIo:
     data: bytes
     tail: bytes
     ctx: int = 0  # the execution unit running on the thread (a Python context, a goroutine), 0: none/unknown
-    epoch: int = 0  # the process's HTTP epoch after this record (bpf/maps.h http_submit)
+    epoch: int = 0  # the process's HTTP epoch after this record (bpf/maps.h epoch_submit)
     tls: bool = False  # TLS plaintext from the SSL probes (bpf/tls_probes.c), not the syscall's bytes
 
 
@@ -182,6 +182,7 @@ class ContextCopy:
     ts_ns: int
     ctx: int
     parent: int
+    epoch: int = 0  # the process's epoch after this record (bpf/maps.h epoch_submit)
 
 
 @dataclass(slots=True)
@@ -193,6 +194,7 @@ class UnitWake:
     ts_ns: int
     woken: int
     waker: int
+    epoch: int = 0  # as ContextCopy's
 
 
 @dataclass(slots=True)

@@ -67,6 +67,17 @@ def request_id(span) -> int | None:
     return int(q["id"][0]) if "id" in q else None
 
 
+def wait_for_ids(receiver, pid: int, ids, timeout: float = 40) -> None:
+    """Until process `pid` has a server span for every id, then until the span count
+    stops growing (children may come in the exporter's next batch), 5 s at most."""
+    want = set(ids)
+    receiver.wait_for(lambda spans: want <= {request_id(s) for s in server_spans(spans, pid)}, timeout)
+    last, deadline = -1, time.monotonic() + 5
+    while time.monotonic() < deadline and len(receiver.spans) != last:
+        last = len(receiver.spans)
+        time.sleep(0.6)
+
+
 class Traced:
     """The module's one collector (from .venv) and its receiver. Kinds follow one another
     on it, as processes come and go under a DaemonSet's collector; every check filters by
@@ -119,13 +130,7 @@ class Served:
         return out, answered, wrong_bodies
 
     def wait_spans(self, ids: list[int], timeout: float = 30) -> None:
-        want = set(ids)
-        self.receiver.wait_for(lambda spans: want <= {request_id(s) for s in server_spans(spans, self.pid)},
-                               timeout)
-        last, deadline = -1, time.monotonic() + 5  # children may come in the exporter's next batch
-        while time.monotonic() < deadline and len(self.receiver.spans) != last:
-            last = len(self.receiver.spans)
-            time.sleep(0.6)
+        wait_for_ids(self.receiver, self.pid, ids, timeout)
 
     def flush(self) -> None:
         """Stops the collector: its last per-process windows (outside, ambiguous) go out."""

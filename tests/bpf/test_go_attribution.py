@@ -18,14 +18,13 @@ goroutines the handler starts and waits for; a handler locked to its OS thread):
 from __future__ import annotations
 
 import re
-import time
 from collections import Counter
 
 import pytest
 
 from tests.bpf.load_client import fetch_all
 from tests.bpf.targets.go.build import build, toolchains
-from tests.bpf.test_async_attribution import ATTRIBUTION, LAUNCH, ROLLUP, Check, request_id
+from tests.bpf.test_async_attribution import ATTRIBUTION, LAUNCH, ROLLUP, Check, request_id, wait_for_ids
 from tests.fakes.otlp_receiver import OtlpReceiver
 from tests.harness import RunningCollector, Target, children_of, server_spans
 
@@ -70,14 +69,6 @@ def _server(collector, version: str, stripped: bool, procs: int, *extra: str) ->
     return target
 
 
-def _wait_spans(receiver, pid: int, ids: set, timeout: float = 30) -> None:
-    receiver.wait_for(lambda spans: ids <= {request_id(s) for s in server_spans(spans, pid)}, timeout)
-    last, deadline = -1, time.monotonic() + 5  # children may come in the exporter's next batch
-    while time.monotonic() < deadline and len(receiver.spans) != last:
-        last = len(receiver.spans)
-        time.sleep(0.6)
-
-
 @pytest.mark.parametrize("version,stripped,procs", BUILDS,
                          ids=[f"go{v}-{'stripped' if s else 'symbols'}-gomaxprocs{p}" for v, s, p in BUILDS])
 def test_each_go_request_gets_exactly_its_own_calls(traced, version, stripped, procs):
@@ -94,7 +85,7 @@ def test_each_go_request_gets_exactly_its_own_calls(traced, version, stripped, p
             out = fetch_all(target.port, list(paths), clients, 60)
             assert sorted(paths[p] for p in out.ok) == ids and not out.errors, out.errors[:5]
             assert all(out.body[p] == f"{paths[p]}\n".encode() for p in out.ok)
-            _wait_spans(receiver, target.pid, set(ids))
+            wait_for_ids(receiver, target.pid, set(ids))
             check = Check(list(receiver.spans), target.pid, ids)
             summary = (f"go{version} {'stripped' if stripped else 'symbols'} GOMAXPROCS={procs}, {clients} clients: "
                        f"exact {check.exact}/{n}, under a wrong request {len(check.wrong)}, missing "
@@ -124,7 +115,7 @@ def test_batcher_steps_are_shared_and_background_work_outside(traced):
         paths = {f"/infer?id={i}&launches={K}&mode=batch": i for i in ids}
         out = fetch_all(target.port, list(paths), 8, 60)
         assert sorted(paths[p] for p in out.ok) == ids and not out.errors, out.errors[:5]
-        _wait_spans(receiver, target.pid, set(ids))
+        wait_for_ids(receiver, target.pid, set(ids))
         collector.stop()  # the last windows go out
         steps = _steps(target)
     finally:

@@ -18,7 +18,7 @@ import time
 import pytest
 
 from tests.bpf.load_client import fetch_all
-from tests.bpf.test_async_attribution import K, Check, request_id
+from tests.bpf.test_async_attribution import K, Check, wait_for_ids
 from tests.harness import TARGETS, Target, module_collector, server_spans
 
 LEVELS = {1: 20, 8: 48}  # clients -> requests at that level
@@ -79,15 +79,6 @@ def fetch_one(port: int, request: bytes, piece: int = 0) -> bytes:
             while chunk := s.recv(65536):
                 out += chunk
             return out
-
-
-def wait_for_ids(receiver, pid: int, ids: list[int], timeout: float = 40) -> None:
-    want = set(ids)
-    receiver.wait_for(lambda spans: want <= {request_id(s) for s in server_spans(spans, pid)}, timeout)
-    last, deadline = -1, time.monotonic() + 5  # children may come in the exporter's next batch
-    while time.monotonic() < deadline and len(receiver.spans) != last:
-        last = len(receiver.spans)
-        time.sleep(0.6)
 
 
 @pytest.fixture(scope="class")

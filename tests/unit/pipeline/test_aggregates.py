@@ -43,8 +43,8 @@ def read(epoch, ts=0, pid=PID, raw=b"GET /r HTTP/1.1\r\nHost: x\r\n\r\n", tid=LO
     return SockIo(EV_SOCK_READ, pid, tid, ts, fd, len(raw), raw, b"", ctx, epoch)
 
 
-def write(epoch, ts=0, pid=PID, tid=LOOP, ctx=0):
-    return SockIo(EV_SOCK_WRITE, pid, tid, ts, FD, len(OK), OK, OK[-8:], ctx, epoch)
+def write(epoch, ts=0, pid=PID, tid=LOOP, ctx=0, fd=FD):
+    return SockIo(EV_SOCK_WRITE, pid, tid, ts, fd, len(OK), OK, OK[-8:], ctx, epoch)
 
 
 def test_epochs_wrap():
@@ -201,3 +201,27 @@ def test_placement_matches_the_scan_on_random_batches_with_epochs_out_of_order_a
         assert [got[n] for n in range(len(aggs))] == [max(w, 0) for w in want], trial
         assert stats.snapshot().get("aggregates_late", 0) == sum(w < 0 for w in want)
         assert [o for o in out if o.__class__ is not CallAggregate] == batch
+
+
+def test_a_context_copy_ends_an_epoch_so_a_reused_context_address_keeps_its_counts_apart():
+    """FastAPI `def`: each request's endpoint runs on a worker thread in a copy of its
+    task's context; the copy's address is the freed one of the request before. Counts made
+    in the first incarnation are placed before the second copy, so they stay with the
+    first request (they went to the second when only HTTP records ended epochs)."""
+    base, task_a, task_b, copy, worker = 0x5000, 0x7000, 0x7100, 0x9000, 7
+    table = FakeReqAgg()
+    table.put(PID, worker, 5, LAUNCH, ctx=copy, count=3, ts=11)  # in request A's copy
+    table.put(PID, worker, 6, LAUNCH, ctx=copy, count=5, ts=13)  # same address, request B's copy
+    stream = [Accept(PID, LOOP, 1, FD, 3, None, None), Accept(PID, LOOP, 1, FD + 1, 3, None, None),
+              read(1, ts=2, ctx=base), read(2, ts=3, ctx=base, fd=FD + 1),
+              ContextCopy(PID, LOOP, 4, task_a, base, 3), ContextCopy(PID, LOOP, 5, task_b, base, 4),
+              ContextCopy(PID, LOOP, 10, copy, task_a, 5), ContextCopy(PID, LOOP, 12, copy, task_b, 6),
+              write(7, ts=20, ctx=task_a), write(8, ts=21, ctx=task_b, fd=FD + 1)]
+    merged = AggregateReader(table, Stats()).merge(stream)
+    counts = [o.count for o in merged if o.__class__ is CallAggregate]
+    assert counts == [3, 5] and not table
+    assert merged.index(stream[7]) == merged.index(next(o for o in merged if o.__class__ is CallAggregate)) + 1
+    s = Stitcher(span_budget=8, rng=random.Random(1))
+    done = sorted((o for o in s.process(merged) if isinstance(o, Request)), key=lambda r: r.start_ns)
+    assert [r.sink.summary.launches for r in done] == [3, 5]
+    assert [r.sink.attributed for r in done] == [{"task": 3}, {"task": 5}]

@@ -81,8 +81,10 @@ def test_sock_io_from_the_ssl_probes_is_marked_tls():
 
 
 def test_context_copy():
-    rec = bytes(abi.PyContextEvent(h=header(abi.EV_PY_CONTEXT), ctx=0x7F01, parent=0x7F02))
-    assert decode(rec) == decode(view(rec)) == ContextCopy(*HEAD, 0x7F01, 0x7F02)
+    h = header(abi.EV_PY_CONTEXT)
+    h.epoch = 77  # a copy binds a context: it ends an epoch (bpf/maps.h epoch_submit)
+    rec = bytes(abi.PyContextEvent(h=h, ctx=0x7F01, parent=0x7F02))
+    assert decode(rec) == decode(view(rec)) == ContextCopy(*HEAD, 0x7F01, 0x7F02, 77)
     for bad in (rec[:-1], rec + bytes(8)):
         with pytest.raises(DecodeError):
             decode(bad)
