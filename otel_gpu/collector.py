@@ -1,45 +1,24 @@
-"""The running collector. `build_pipeline` wires the stages, in the order a record
-passes them:
-
-    probes (BpfProgram) -> graphs -> stitcher -> enrich -> cost -> export -> metrics
-
-and the Collector runs it: it polls the program for records, pushes them through,
-scans /proc for new CUDA processes (and the HTTP servers related to them, whose
-requests their GPU work may serve: pipeline/groups.py), and at each flush interval
-pushes the kernel's rollups and a Tick. Records are the only channel between stages:
-no stage calls another, and nothing re-enters the middle of the pipeline."""
+"""The running collector: it owns the BPF program (probes/program.py), polls it for
+records and pushes them through the stages wiring.py builds, scans /proc for new CUDA
+processes (and the HTTP servers related to them, whose requests their GPU work may
+serve: pipeline/groups.py), and at each flush interval pushes the kernel's rollups and a
+Tick. It stops within --shutdown-timeout, every stage flushed or its losses counted."""
 from __future__ import annotations
 
 import logging
 import threading
 import time
-from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
 from typing import Optional
 
 from . import proc
-from .clock import BpfClock
 from .config import Config
-from .destinations import build_destinations
-from .pipeline.sampling import drops_roots, make as make_sampler
-from .export.spans import SpanBuilder
-from .export.stage import ExportStage
-from .gpu_devices import DeviceIdentities, gpu_model
-from .pipeline.cost import CostStage, Prices
-from .pipeline.enrich import Enrich
-from .pipeline.groups import ProcessGroups
-from .pipeline.graphs import Graphs
 from .pipeline.records import Accept, ProcessGone, ProcessSeen, SockClose, Tick
-from .pipeline.resources import ProcessResources
-from .pipeline.route_cap import ValueCap
-from .pipeline.routes import RouteTemplater
-from .pipeline.sockets import PortCache, existing_server_connections, open_sockets
-from .pipeline.stitcher import Stitcher
-from .pipeline.symbols import KernelNames
+from .pipeline.sockets import existing_server_connections, open_sockets
 from .probes.discovery import Discovery
 from .ratelimit import Stats, split_drops
 from .status.writer import StatusWriter
+from .wiring import build_pipeline
 
 log = logging.getLogger("otel_gpu")
 PRUNE_INTERVAL_S = 30.0  # kernel connection entries whose close was never seen are dropped this often
@@ -52,78 +31,6 @@ EXIT_MARGIN_S = 0.5  # of --shutdown-timeout, kept for the last log line and the
 # The stages' closes give up at the deadline, then count what they could not deliver:
 # waited for this much longer (within EXIT_MARGIN_S), so the `stopped:` line has the counts.
 SETTLE_COUNTS_S = 0.25
-
-
-class Pipeline:
-    """Stages with one shape: process(batch) -> batch, run in order."""
-
-    def __init__(self, stages: list) -> None:
-        self.stages = stages
-
-    def push(self, batch: list) -> list:
-        for stage in self.stages:
-            if not batch:
-                break
-            batch = stage.process(batch)
-        return batch
-
-    def state(self) -> dict:
-        out: dict = {}
-        for stage in self.stages:
-            if hasattr(stage, "state"):
-                out.update(stage.state())
-        return out
-
-    def start_close(self, deadline: float) -> list:
-        """The stages that hold something (spans, metrics) start closing side by side,
-        each flushing to its own backend by `deadline` (time.monotonic()). Returns one
-        event per stage, set when it is closed (export.bounded.wait_by)."""
-        from .export.bounded import start
-        return [start(partial(stage.close, deadline), f"{type(stage).__name__} close")
-                for stage in self.stages if hasattr(stage, "close")]
-
-
-@dataclass
-class Wiring:
-    pipeline: Pipeline
-    stitcher: Stitcher       # kept for the final counters only
-    destinations: object     # export.destinations.Destinations
-    ports: PortCache
-    groups: ProcessGroups    # related processes, for the stitcher and discovery
-
-
-def build_pipeline(config: Config, stats: Stats, k8s=None, destinations=None,
-                   metric_readers: Optional[list] = None, kernel_names=None, clock=None) -> Wiring:
-    """The stages, from configuration. Metrics are left out when no reader is asked for.
-    Tests pass their own destinations, readers and kernel namer."""
-    ports = PortCache(config.proc_root)
-    groups = ProcessGroups(config.proc_root)
-    kept_headers = config.export_headers | ({config.feature_header} if config.feature_header else set())
-    sampler = make_sampler(config.traces_sampler, config.traces_sampler_arg)
-    stitcher = Stitcher(config.span_budget, frozenset(kept_headers), stats, port_of=ports.port,
-                        peer_of=ports.peer, group_of=groups,
-                        sockets_of=lambda pid: open_sockets(config.proc_root, pid),
-                        sampler=sampler, quiet_when_idle=drops_roots(config.traces_sampler, config.traces_sampler_arg))
-    enrich = Enrich(ProcessResources(config.proc_root, k8s, config.resource_attributes, stats,
-                                     config.export_command_line),
-                    RouteTemplater(config.route_patterns, max_routes=config.max_routes, stats=stats),
-                    kernel_names or KernelNames(), DeviceIdentities(stats, config.proc_root, config.nvidia_procfs))
-    cost = CostStage(Prices(config.gpu_price, config.currency, gpu_model(config.nvidia_procfs)), config.feature_header,
-                     feature_cap=ValueCap(config.max_routes, stats, "features_folded"))
-    destinations = destinations if destinations is not None else build_destinations(config, stats)
-    builder = SpanBuilder(clock or BpfClock(), config.export_query, config.export_headers,
-                          currency=config.currency, sampler=sampler, stats=stats)
-    if metric_readers is None:
-        from .export.metrics import make_readers
-        metric_readers = make_readers(config, stats)
-    # Metrics count requests as they finish (before the cost stage holds them), cost once priced.
-    metrics = None
-    if metric_readers:
-        from .export.metrics import GpuMetrics
-        metrics = GpuMetrics(metric_readers, stats, service_name=config.self_service_name)
-    stages = [Graphs(), stitcher, enrich, *([metrics] if metrics else []), cost,
-              *([metrics.costs()] if metrics else []), ExportStage(builder, destinations)]
-    return Wiring(Pipeline(stages), stitcher, destinations, ports, groups)
 
 
 class Collector:

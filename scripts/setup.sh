@@ -2,7 +2,8 @@
 # Installs everything otel-gpu needs on a Debian host, from nothing. Idempotent:
 # each step checks first, so a second run takes seconds.
 #   - apt: python3-bpfcc (bcc is not on PyPI), kernel headers, bpftrace (benchmarks),
-#     chromium + chromium-driver (tests/browser), npm (speedscope)
+#     chromium + chromium-driver (tests/browser), npm (speedscope), prometheus (the
+#     Grafana dashboard's queries, evaluated by tests/bpf/test_dashboard_prometheus.py)
 #   - a merged kernel-header tree when the running kernel ships none
 #   - tracefs mounted
 #   - .venv that can import bcc, with the package and its dependencies
@@ -25,6 +26,11 @@ if [ ${#need[@]} -gt 0 ]; then
   log "installing apt packages: ${need[*]}"
   as_root apt-get update -qq
   as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
+fi
+if ! command -v prometheus >/dev/null; then  # the server only: its recommends add node exporters
+  log "installing apt package: prometheus"
+  as_root apt-get update -qq
+  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null
 fi
 
 # 2. Kernel headers: bcc needs one directory; Debian splits it into -common and -amd64.

@@ -1,11 +1,9 @@
 """The BPF program's C text and how it is compiled and loaded with bcc.
 
-The program is the generated CALL_* ids (probes/table.py c_defines()) followed by
-bpf/maps.h, bpf/library_probes.c, bpf/python_probes.c, bpf/go_probes.c, bpf/http_probes.c,
-bpf/tls_probes.c (OpenSSL plaintext through http_probes.c's emit path),
-bpf/graph_capture.c, bpf/launch_slots.c, bpf/call_out.c (the way out for every CUDA
-call), bpf/cuda_probes.c, bpf/graph_probes.c and bpf/nccl_probes.c. Tunables go in as
--D cflags, never by editing the C text."""
+The program is the generated CALL_* ids (probes/table.py c_defines()) followed by the
+files of PROGRAM_FILES under bpf/, in that order (tls_probes.c sends OpenSSL plaintext
+through http_probes.c's emit path; call_out.c is the way out for every CUDA call).
+Tunables go in as -D cflags, never by editing the C text."""
 from __future__ import annotations
 
 import logging
@@ -94,8 +92,9 @@ def kernel_tree() -> Path:
 # only in the main source text, never in #included files; so the program is these
 # files joined. Their own `#include "maps.h"` lines are then no-ops (include guard).
 # python_probes.c and go_probes.c define exec_unit(), which the HTTP and CUDA probes call.
-PROGRAM_FILES = ("maps.h", "library_probes.c", "python_probes.c", "go_probes.c", "http_probes.c", "tls_probes.c", "graph_capture.c",
-                 "launch_slots.c", "call_out.c", "cuda_probes.c", "graph_probes.c", "nccl_probes.c")
+PROGRAM_FILES = ("maps.h", "library_probes.c", "python_probes.c", "go_probes.c", "http_probes.c",
+                 "http_syscalls.c", "tls_probes.c", "graph_capture.c", "launch_slots.c", "call_out.c",
+                 "cuda_probes.c", "kernel_handles.c", "graph_probes.c", "nccl_probes.c")
 
 
 def source_text() -> str:

@@ -1,4 +1,4 @@
-"""The pipeline as otel_gpu/collector.py wires it, fed synthetic ring-buffer records:
+"""The pipeline as otel_gpu/wiring.py wires it, fed synthetic ring-buffer records:
 every record passes each stage once, in order; stages know nothing of each other; a
 request, a window and a process's exit come out as spans and metrics."""
 import random
@@ -10,7 +10,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from otel_gpu import semconv as sc
 from otel_gpu.clock import BpfClock
-from otel_gpu.collector import build_pipeline
+from otel_gpu.wiring import build_pipeline
 from otel_gpu.config import Config
 from otel_gpu.export.destinations import Destinations
 from otel_gpu.pipeline.records import (EV_SOCK_READ, EV_SOCK_WRITE, Accept, KernelRollup, ProcExit,
