@@ -11,9 +11,8 @@ import sys
 import time
 from pathlib import Path
 
-from . import (item_ablation, item_big_request, item_dedup, item_first_requests, item_go, item_http, item_launch,
-               item_nccl, item_neighbour, item_probes, item_python_context, item_rates, item_start, item_sustained, item_tls,
-               item_untraced, machine)
+from . import machine
+from .items import (big_request, first_requests, go_goroutines, http_service_load, launch_breakdown, launch_overhead, many_processes, nccl_calls, probe_links, python_contexts, runtime_driver_dedup, start_and_footprint, sustained_launches, tls_requests, unselected_process, untraced_syscalls)
 from .collector import Collector
 from .native import use_private_cudart
 from .report import profile_text, table, write_json
@@ -42,22 +41,22 @@ def main() -> int:
     out = RESULTS / f"{stamp[:10]}-{host['host']}{'-quick' if args.quick else ''}.json"
     starts: list[float] = []
     rows: list = []
-    steps = [("1", "launch", lambda: item_launch.run(args.quick, starts), item_launch.rows),
-             ("1b", "ablation", lambda: item_ablation.run(args.quick), item_ablation.rows),
-             ("1c", "neighbour", lambda: item_neighbour.run(args.quick, starts), item_neighbour.rows),
-             ("13", "probes", lambda: item_probes.run(args.quick, starts), item_probes.rows),
-             ("3", "sustained", lambda: item_sustained.run(args.quick, starts, RESULTS, stamp), item_sustained.rows),
-             ("2", "http", lambda: item_http.run(args.quick, starts, RESULTS, stamp), item_http.rows),
-             ("12", "rates", lambda: item_rates.run(args.quick, starts), item_rates.rows),
-             ("5", "big_request", lambda: item_big_request.run(args.quick, starts), item_big_request.rows),
-             ("6", "python_context", lambda: item_python_context.run(args.quick, starts), item_python_context.rows),
-             ("14", "go", lambda: item_go.run(args.quick, starts), item_go.rows),
-             ("7", "untraced", lambda: item_untraced.run(args.quick, starts), item_untraced.rows),
-             ("10", "nccl", lambda: item_nccl.run(args.quick, starts), item_nccl.rows),
-             ("11", "dedup", lambda: item_dedup.run(args.quick, starts), item_dedup.rows),
-             ("8", "first_requests", lambda: item_first_requests.run(args.quick, starts), item_first_requests.rows),
-             ("9", "tls", lambda: item_tls.run(args.quick, starts), item_tls.rows),
-             ("4", "start", lambda: item_start.run(args.quick, starts), lambda r: item_start.rows(r, READY_TARGET_S))]
+    steps = [("1", "launch", lambda: launch_overhead.run(args.quick, starts), launch_overhead.rows),
+             ("1b", "ablation", lambda: launch_breakdown.run(args.quick), launch_breakdown.rows),
+             ("1c", "neighbour", lambda: unselected_process.run(args.quick, starts), unselected_process.rows),
+             ("13", "probes", lambda: probe_links.run(args.quick, starts), probe_links.rows),
+             ("3", "sustained", lambda: sustained_launches.run(args.quick, starts, RESULTS, stamp), sustained_launches.rows),
+             ("2", "http", lambda: http_service_load.run(args.quick, starts, RESULTS, stamp), http_service_load.rows),
+             ("12", "rates", lambda: many_processes.run(args.quick, starts), many_processes.rows),
+             ("5", "big_request", lambda: big_request.run(args.quick, starts), big_request.rows),
+             ("6", "python_context", lambda: python_contexts.run(args.quick, starts), python_contexts.rows),
+             ("14", "go", lambda: go_goroutines.run(args.quick, starts), go_goroutines.rows),
+             ("7", "untraced", lambda: untraced_syscalls.run(args.quick, starts), untraced_syscalls.rows),
+             ("10", "nccl", lambda: nccl_calls.run(args.quick, starts), nccl_calls.rows),
+             ("11", "dedup", lambda: runtime_driver_dedup.run(args.quick, starts), runtime_driver_dedup.rows),
+             ("8", "first_requests", lambda: first_requests.run(args.quick, starts), first_requests.rows),
+             ("9", "tls", lambda: tls_requests.run(args.quick, starts), tls_requests.rows),
+             ("4", "start", lambda: start_and_footprint.run(args.quick, starts), lambda r: start_and_footprint.rows(r, READY_TARGET_S))]
     for key, name, run, to_rows in steps:
         if key not in items:
             continue

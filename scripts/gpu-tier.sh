@@ -7,7 +7,7 @@
 #   scripts/gpu-tier.sh --check   install, compile and load a trivial program and the
 #                                 collector's real one, then pytest tests/gpu (which skips
 #                                 without a GPU): scripts/gpu_bundle_check.sh runs this here
-#   scripts/gpu-tier.sh --bench   install, pytest tests/gpu, then bench/gpu_http.py (the
+#   scripts/gpu-tier.sh --bench   install, pytest tests/gpu, then bench/items/gpu_model_server.py (the
 #                                 throughput of a PyTorch model server traced and not)
 # Settings (env): OTEL_GPU_BUNDLE (build/gpu-bundle), OTEL_GPU_PREFIX (/opt/otel-gpu-bundle),
 # OTEL_GPU_PYTHON (python3: the one with torch), OUT (build/gpu-tier-out), PYTEST_ARGS,
@@ -118,8 +118,8 @@ set +e  # the bench runs after failed tests too; the exit status is the tests'
 PYTHONUNBUFFERED=1 "$PY" -m pytest -rs -p no:cacheprovider --junitxml="$OUT/gpu-tier.xml" tests/gpu ${PYTEST_ARGS:-} 2>&1 | tee "$OUT/gpu-tier.log"
 rc=${PIPESTATUS[0]}
 if [ "${1:-}" = --bench ]; then
-  log "bench/gpu_http.py (results under $OUT)"
-  PYTHONUNBUFFERED=1 "$PY" -m bench.gpu_http --json "$OUT/gpu-http.json" 2>&1 | tee "$OUT/gpu-http.log"
+  log "bench/items/gpu_model_server.py (results under $OUT)"
+  PYTHONUNBUFFERED=1 "$PY" -m bench.items.gpu_model_server --json "$OUT/gpu-http.json" 2>&1 | tee "$OUT/gpu-http.log"
   [ "${PIPESTATUS[0]}" = 0 ] || rc=1
 fi
 exit "$rc"

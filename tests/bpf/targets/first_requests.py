@@ -1,5 +1,5 @@
 """The no-blind-start scenario, shared by tests/bpf/test_first_requests.py and
-bench/item_first_requests.py: a cuda_http.py server (optionally under a process name
+bench/items/first_requests.py: a cuda_http.py server (optionally under a process name
 of its own, what --exe matches) and requests sent the moment it listens, with no
 wait for the collector to report it traced."""
 from __future__ import annotations

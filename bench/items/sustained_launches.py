@@ -8,9 +8,9 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from .collector import Collector, known
-from .native import LaunchLoop
-from .profile import Profile
+from ..collector import Collector, known
+from ..native import LaunchLoop
+from ..profile import Profile
 
 RATE, THREADS = 200_000, 4
 

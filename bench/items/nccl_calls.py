@@ -8,11 +8,11 @@ import statistics
 import subprocess
 from pathlib import Path
 
-from . import bpfstats
-from .collector import Collector
-from .native import BUILD, build
+from .. import bpfstats
+from ..collector import Collector
+from ..native import BUILD, build
 
-STUB = Path(__file__).resolve().parents[1] / "tests" / "bpf" / "targets" / "stub_libnccl.c"
+STUB = Path(__file__).resolve().parents[2] / "tests" / "bpf" / "targets" / "stub_libnccl.c"
 
 
 def _stub() -> str:

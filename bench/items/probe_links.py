@@ -9,9 +9,9 @@ from __future__ import annotations
 import re
 import statistics
 
-from .collector import Collector
-from .item_launch import _loop
-from .native import LaunchLoop
+from ..collector import Collector
+from .launch_overhead import _loop
+from ..native import LaunchLoop
 
 ATTACHED_RE = re.compile(r"(\d+) CUDA probes on \d+ files \(attached in ([\d.]+) s")
 MODES = ("multi", "perf")

@@ -1,4 +1,4 @@
-"""Item 14: what reading goroutines costs a Go process. bench/go_launch_loop.go (cgo, the
+"""Item 14: what reading goroutines costs a Go process. bench/native/go_launch_loop.go (cgo, the
 real libcudart) launches kernels from one goroutine inside an open HTTP request, the
 way a Go inference server calls its engine; each launch's probe then reads the running
 goroutine (bpf/go_probes.c). Untraced, then a --pid collector with --no-go-goroutines
@@ -9,8 +9,8 @@ import statistics
 
 from tests.bpf.targets.go.build import build, toolchains
 
-from .collector import Collector
-from .native import HERE, LaunchLoop
+from ..collector import Collector
+from ..native import HERE, LaunchLoop
 
 MODES = ("--no-go-goroutines", "--go-goroutines")
 

@@ -9,7 +9,7 @@ import statistics
 import tempfile
 import time
 
-from .collector import Collector
+from ..collector import Collector
 
 IDLE_S = 2.0  # after `ready`: the RSS a quiet collector keeps
 

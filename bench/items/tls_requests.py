@@ -11,8 +11,8 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from .collector import Collector
-from .target import Service
+from ..collector import Collector
+from ..target import Service
 
 PATH = "/launch/0"
 

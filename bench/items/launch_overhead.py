@@ -14,10 +14,10 @@ import time
 
 from otel_gpu.demo.cuda_work import find_cudart
 
-from . import bpfstats
-from .collector import Collector
-from .machine import foreign_tracers
-from .native import BUILD, WARMUP_LAUNCHES, LaunchLoop, build, private_copy
+from .. import bpfstats
+from ..collector import Collector
+from ..machine import foreign_tracers
+from ..native import BUILD, WARMUP_LAUNCHES, LaunchLoop, build, private_copy
 
 VARIANTS = ("untraced", "otel", "bpftrace", "empty")  # empty: the uprobe trap with an empty program
 OTEL_EXE = "ab_otel_loop"  # the collector's --exe: only these processes are traced (comm: 15 chars)

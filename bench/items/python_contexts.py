@@ -16,10 +16,10 @@ from pathlib import Path
 
 from otel_gpu.demo.runner import LineWatcher, stop_process
 
-from .collector import Collector
-from .receiver import CountingReceiver
+from ..collector import Collector
+from ..receiver import CountingReceiver
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SERVER = ROOT / "tests" / "bpf" / "targets" / "async_servers.py"
 PATH = "/infer?id=7&launches=3"
 CONNS = 8

@@ -12,10 +12,10 @@ import math
 import time
 from pathlib import Path
 
-from .collector import Collector, known
-from .profile import Profile
-from .receiver import CountingReceiver
-from .target import Service
+from ..collector import Collector, known
+from ..profile import Profile
+from ..receiver import CountingReceiver
+from ..target import Service
 
 RATIOS = ("1", "0.1")             # OTEL_TRACES_SAMPLER_ARG of the traced phases, in run order
 BSP_DELAY_S = 1.0                 # OTEL_BSP_SCHEDULE_DELAY left unset: the collector's default, 1000 ms

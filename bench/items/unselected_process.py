@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import statistics
 
-from .collector import Collector
-from .item_launch import _loop
-from .native import LaunchLoop
+from ..collector import Collector
+from .launch_overhead import _loop
+from ..native import LaunchLoop
 
 SELECTED_ITERS = 1000
 

@@ -1,4 +1,5 @@
-"""Builds the bench's C programs with gcc and drives one run of launch_loop."""
+"""The bench's native loops (C and Go, in this folder): built with gcc (go for the Go one)
+and driven, one run of launch_loop at a time."""
 from __future__ import annotations
 
 import os
@@ -9,14 +10,14 @@ from pathlib import Path
 
 from otel_gpu.demo.cuda_work import find_cudart
 
-from .isolate import OwnCgroup
+from ..isolate import OwnCgroup
 
 HERE = Path(__file__).resolve().parent
 BUILD = HERE / "build"  # ignored by the repository .gitignore (build/)
 
 
 def build(name: str = "launch_loop") -> Path:
-    """bench/<name>.c compiled once per change."""
+    """bench/native/<name>.c compiled once per change."""
     src = HERE / f"{name}.c"
     out = BUILD / name
     if not out.exists() or out.stat().st_mtime < src.stat().st_mtime:
@@ -56,7 +57,7 @@ def use_private_cudart() -> str:
 class LaunchLoop:
     """One launch_loop process: started, held at `ready` until go(). With http, go() sends
     one `GET <path>` that stays open for the whole loop. `cudart` and `binary` default to
-    the run's libcudart copy and bench/build/launch_loop."""
+    the run's libcudart copy and bench/native/build/launch_loop."""
 
     def __init__(self, *options: str, http: bool = False, path: str = "/loop", cudart: str | None = None,
                  binary: str | Path | None = None) -> None:

@@ -1,4 +1,4 @@
-"""`python -m bench.gpu_http [--seconds S] [--json FILE]`: on a GPU host, requests/s of
+"""`python -m bench.items.gpu_model_server [--seconds S] [--json FILE]`: on a GPU host, requests/s of
 a PyTorch model behind FastAPI/uvicorn (tests/gpu/fastapi_server.py, GET /predict: one
 eager forward of a small model, synchronised) under 8 keep-alive clients: untraced, traced
 (twice, each with a fresh collector exporting OTLP/gRPC to the tests' receiver), untraced again, on one server
@@ -16,10 +16,10 @@ from pathlib import Path
 
 from tests.fakes.otlp_receiver import OtlpReceiver
 
-from .collector import Collector
-from .target import Service
+from ..collector import Collector
+from ..target import Service
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SERVER = ROOT / "tests" / "gpu" / "fastapi_server.py"
 CONNS = 8
 LOSS_TARGET_PCT = 2.0
@@ -82,7 +82,7 @@ def measure(seconds: float, traced_phases: int = 2) -> dict:
 
 
 def report(r: dict) -> str:
-    lines = [f"gpu_http: FastAPI + PyTorch, {r['conns']} clients, {r['seconds']} s per phase; req/s untraced "
+    lines = [f"gpu_model_server: FastAPI + PyTorch, {r['conns']} clients, {r['seconds']} s per phase; req/s untraced "
              f"{r['untraced']['rps']:.0f}, after {r['untraced_after']['rps']:.0f}"]
     for i, t in enumerate(r["traced"], 1):
         met = "yes" if t["loss_pct"] <= LOSS_TARGET_PCT else "NO"
@@ -97,7 +97,7 @@ def report(r: dict) -> str:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(prog="python -m bench.gpu_http", description=__doc__)
+    ap = argparse.ArgumentParser(prog="python -m bench.items.gpu_model_server", description=__doc__)
     ap.add_argument("--seconds", type=float, default=10)
     ap.add_argument("--json", type=Path, help="also write the figures here")
     a = ap.parse_args()

@@ -1,6 +1,6 @@
 """Item 7: what the collector costs a process it does not trace. Its syscall
 tracepoints (read/write/accept/... for HTTP) fire for every process on the host;
-for an untraced one they should be one map lookup and out. bench/syscall_loop.c
+for an untraced one they should be one map lookup and out. bench/native/syscall_loop.c
 runs small pipe and loopback-TCP round trips (4 syscalls each, timed in the loop's
 own CPU time) with no collector, with no-op programs on the same tracepoints (the
 kernel's floor: bench/untraced_floor.py), with the collector in its default mode,
@@ -12,10 +12,10 @@ from __future__ import annotations
 import statistics
 import subprocess
 
-from . import bpfstats
-from .collector import Collector
-from .native import build
-from .untraced_floor import noop_programs
+from .. import bpfstats
+from ..collector import Collector
+from ..native import build
+from ..untraced_floor import noop_programs
 
 SYSCALLS_PER_ROUND_TRIP = 4
 TARGET_NS = 100  # "one lookup and out": a tracepoint hit plus a hash miss

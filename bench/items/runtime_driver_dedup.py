@@ -10,11 +10,11 @@ import statistics
 import subprocess
 from pathlib import Path
 
-from . import bpfstats
-from .collector import Collector
-from .native import BUILD, build
+from .. import bpfstats
+from ..collector import Collector
+from ..native import BUILD, build
 
-TARGETS = Path(__file__).resolve().parents[1] / "tests" / "bpf" / "targets"
+TARGETS = Path(__file__).resolve().parents[2] / "tests" / "bpf" / "targets"
 MODES = {"r": "runtime launch reaching the driver", "l": "a library's own cuLaunchKernel"}
 
 

@@ -15,9 +15,9 @@ import time
 from otel_gpu.demo.cuda_work import find_cudart
 from tests.bpf.targets.first_requests import send_first_requests, start_server
 
-from .collector import Collector
-from .native import BUILD
-from .receiver import CountingReceiver
+from ..collector import Collector
+from ..native import BUILD
+from ..receiver import CountingReceiver
 
 WINDOW_S = 1.0
 MAX_REQUESTS = 5000  # a bound only: about 300 one-at-a-time requests fit in WINDOW_S here
@@ -26,7 +26,7 @@ NAME = "otelgpu-bench8"
 
 
 def _wheel_cudart() -> str:
-    """The wheel's own file (bench/native.py points OTEL_GPU_CUDART at a private copy)."""
+    """The wheel's own file (bench/native/ points OTEL_GPU_CUDART at a private copy)."""
     import os
     saved = os.environ.pop("OTEL_GPU_CUDART", None)
     try:

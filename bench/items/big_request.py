@@ -6,9 +6,9 @@ import time
 
 from otel_gpu import semconv
 
-from .collector import Collector
-from .receiver import CountingReceiver
-from .target import Service
+from ..collector import Collector
+from ..receiver import CountingReceiver
+from ..target import Service
 
 LAUNCHES, BUDGET = 10_000, 256
 

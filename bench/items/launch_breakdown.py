@@ -1,5 +1,5 @@
 """Item 1 breakdown: where otel-gpu's per-launch cost goes. Loads the cumulative
-handler steps of bench/launch_variants.c (a measurement copy of
+handler steps of bench/native/launch_variants.c (a measurement copy of
 cuda_launch_kernel) with bcc, attaches one at a time to cudaLaunchKernel and times
 the same C loop: thread CPU ns per launch (best of the reps: this machine is
 shared, and the minimum is the least disturbed), and the BPF program's own run time
@@ -9,14 +9,13 @@ from __future__ import annotations
 import ctypes as ct
 import threading
 import time
-from pathlib import Path
 
 from otel_gpu.demo.cuda_work import find_cudart
 from otel_gpu.probes.source import ProgramOptions, bpf_dir, kernel_headers_hint
 from otel_gpu.probes.table import c_defines
 
-from . import bpfstats
-from .native import LaunchLoop
+from .. import bpfstats
+from ..native import HERE as NATIVE, LaunchLoop
 
 VARIANTS = [  # (handler, streams through the ring buffer, what it adds)
     ("v_empty", False, "uprobe trap + empty program"),
@@ -74,7 +73,7 @@ def _untraced(iters: int, reps: int) -> float:
 def run(quick: bool) -> dict:
     from bcc import BPF
     kernel_headers_hint()
-    text = c_defines() + (bpf_dir() / "maps.h").read_text() + (Path(__file__).with_name("launch_variants.c")).read_text()
+    text = c_defines() + (bpf_dir() / "maps.h").read_text() + (NATIVE / "launch_variants.c").read_text()
     bpf = BPF(text=text.encode(), cflags=ProgramOptions(trace_all=False).cflags())
     iters, reps = (50_000, 3) if quick else (200_000, 5)
     stop = threading.Event()
