@@ -305,7 +305,7 @@ class Collector:
             if self.config.health_file:
                 Path(self.config.health_file).unlink(missing_ok=True)
             if self.status is not None:
-                self.status.remove()  # `otel-gpu status` then says no collector is running
+                self.status.final(self)  # `otel-gpu status` then says it stopped, with its last counts
         log.info("stopped: %s", self.summary())
         log.info("CUDA calls by attribution rule (pipeline/rules.py): %s",
                  " ".join(f"{k}={v}" for k, v in self.wiring.stitcher.by_rule.items() if v) or "none")

@@ -3,7 +3,6 @@ real OTLP/gRPC exporter, a receiver started here, and target processes."""
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -16,6 +15,7 @@ import pytest
 from bench.isolate import OwnCgroup
 from otel_gpu.demo.runner import LineWatcher, free_port, stop_process
 from tests.fakes.otlp_receiver import OtlpReceiver
+from tests.support.collector_process import CollectorProcess
 
 ROOT = Path(__file__).resolve().parents[1]
 TARGETS = ROOT / "tests" / "bpf" / "targets"
@@ -28,24 +28,14 @@ def receiver():
     r.stop()
 
 
-class RunningCollector:
+class RunningCollector(CollectorProcess):
+    """The collector exporting to `receiver` (tests/support: shared with the bench). Ready
+    within 180 s: a BPF compile took 28-70 s at load average 30-45."""
+
     def __init__(self, receiver: OtlpReceiver, args: list[str], env: dict) -> None:
         self.receiver = receiver
-        full_env = {**os.environ, "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint,
-                    "OTEL_BSP_SCHEDULE_DELAY": "200", **env}
-        self.proc = subprocess.Popen([sys.executable, "-m", "otel_gpu.cli", "run", "--no-console", *args],
-                                     stderr=subprocess.PIPE, text=True, env=full_env, cwd=ROOT)
-        self.log = LineWatcher(self.proc.stderr, echo=None)
-        if not self.log.wait_for("ready", 180):  # generous: a BPF compile took 28-70 s at load average 30-45
-            self.stop()
-            raise RuntimeError("collector not ready:\n" + "".join(self.log.lines))
-
-    def wait_traced(self, pid: int, timeout: float = 60) -> None:  # a deadline, not a wait: loaded machines
-        if not self.log.wait_for(f"tracing pid {pid}", timeout):
-            raise RuntimeError(f"pid {pid} never traced:\n" + "".join(self.log.lines))
-
-    def stop(self) -> int:
-        return stop_process(self.proc, signal.SIGTERM, 60)
+        super().__init__(args, {"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint, "OTEL_BSP_SCHEDULE_DELAY": "200",
+                                **env})
 
 
 @pytest.fixture

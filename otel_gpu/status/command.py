@@ -1,9 +1,9 @@
 """`otel-gpu status`: what the running collector is doing, from the state file it
 rewrites every few seconds (file.py). Any user can run it: no root, no BPF.
 
-Exit status: 0 a collector is running and its state is fresh; 1 none is running, or
-the state is stale (its pid is gone, or it was not rewritten for STALE_INTERVALS
-intervals: stuck); 2 bad arguments."""
+Exit status: 0 a collector is running and its state is fresh; 1 none is running (the
+last one's final state is shown when it left one), or the state is stale (its pid is
+gone, or it was not rewritten for STALE_INTERVALS intervals: stuck); 2 bad arguments."""
 from __future__ import annotations
 
 import json
@@ -28,6 +28,8 @@ def add_parser(subparsers) -> None:
 def staleness(state: dict, now: float, proc_root: str = "/proc") -> Optional[str]:
     """Why this state is not a running collector's, or None when it is."""
     pid = state["pid"]
+    if state.get("stopped_at"):
+        return f"collector pid {pid} stopped at {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(state['stopped_at']))}"
     if not os.path.exists(proc.path(proc_root, pid)):
         return f"collector pid {pid} is gone"
     ticks = proc.start_time(proc_root, pid)
@@ -64,7 +66,7 @@ def _export_line(e: dict, now: float) -> str:
 def to_text(state: dict, now: float, stale: Optional[str]) -> str:
     lines = []
     if stale:
-        lines.append(f"STALE: {stale}. The last state it wrote:")
+        lines.append(f"{'STOPPED' if state.get('stopped_at') else 'STALE'}: {stale}. The last state it wrote:")
     lines.append(f"otel-gpu {state.get('version', '?')}, pid {state['pid']}, up {_duration(state.get('uptime_s', 0))}"
                  f" (state written {max(0.0, now - state['written_at']):.1f} s ago)")
     procs = state.get("processes", {})
@@ -79,7 +81,8 @@ def to_text(state: dict, now: float, stale: Optional[str]) -> str:
     lines += textwrap.wrap(f"FAILED to attach: {_pairs(probes['failed'])}" if probes.get("failed") else
                            "failed to attach: none", 100, initial_indent="  ", subsequent_indent="    ")
     req = state.get("requests", {})
-    lines.append(f"requests: {req.get('finished', 0)} finished, {req.get('per_second', 0):g}/s over the last interval")
+    lines.append(f"requests: {req.get('finished', 0)} finished, {req.get('per_second', 0):g}/s over the last interval;"
+                 f" spans: {state.get('spans', 0)}")
     lines.append(f"CUDA calls by attribution: {_pairs(state.get('attribution', {}))}")
     lines += textwrap.wrap(f"by rule (pipeline/rules.py): {_pairs(state.get('attribution_rules', {}))}", 100,
                            initial_indent="  ", subsequent_indent="    ")

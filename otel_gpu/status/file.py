@@ -45,12 +45,3 @@ def read_state(path: str) -> dict:
     if not isinstance(state, dict) or not isinstance(state.get("pid"), int) or "written_at" not in state:
         raise ValueError("not an otel-gpu state file")
     return state
-
-
-def remove_if_ours(path: str, pid: int) -> None:
-    """On shutdown: remove the file unless another collector has written it since."""
-    try:
-        if read_state(path).get("pid") == pid:
-            os.unlink(path)
-    except (OSError, ValueError):
-        pass

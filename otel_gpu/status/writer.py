@@ -1,7 +1,9 @@
 """The collector's side of `otel-gpu status`: every few seconds, one JSON object with
 what it is doing (processes traced, probes, request rate, counters, export state),
-written atomically (file.py). Never raises into the collector: a failed write is
-logged (rate-limited) and counted as `status_write_errors`."""
+written atomically (file.py); at the end, the same with `stopped_at`, kept: the final
+counts of the run (what the `stopped:` log line says), for an operator and for the
+bench and tests. Never raises into the collector: a failed write is logged
+(rate-limited) and counted as `status_write_errors`."""
 from __future__ import annotations
 
 import logging
@@ -11,7 +13,7 @@ from typing import Callable, Optional
 
 from .. import __version__, proc, sanitize
 from ..ratelimit import RateLimitedLog, Stats
-from .file import INTERVAL_S, SCHEMA, remove_if_ours, write_atomic
+from .file import INTERVAL_S, SCHEMA, read_state, write_atomic
 
 log = logging.getLogger(__name__)
 
@@ -95,8 +97,21 @@ class StatusWriter:
         if now < self._next:
             return
         self._next = now + self.interval_s
+        self._write(lambda: self.state(collector))
+
+    def final(self, collector) -> None:
+        """The collector has stopped: its last state, marked stopped_at and kept (unless
+        another collector has written the file since: that one is running)."""
         try:
-            write_atomic(self.path, self.state(collector))
+            if read_state(self.path).get("pid") != self.pid:
+                return
+        except (OSError, ValueError):
+            pass  # none yet, or not ours to keep: ours now
+        self._write(lambda: {**self.state(collector), "stopped_at": self._clock()})
+
+    def _write(self, make) -> None:
+        try:
+            write_atomic(self.path, make())
         except Exception as e:  # a full /run or a read-only path must not stop the collector
             self._log.event("status_write_errors", logging.WARNING, "cannot write the state file %s: %s",
                             self.path, e)
@@ -117,6 +132,7 @@ class StatusWriter:
             "probes": probe_status(program) if program is not None else {},
             "requests": {"finished": stats.get("requests_finished", 0),
                          "per_second": self._rate.update(stats.get("requests_finished", 0), now)},
+            "spans": destinations.spans_out,  # handed to every destination
             "attribution": dict(collector.wiring.stitcher.attributed),
             "attribution_rules": {k: v for k, v in collector.wiring.stitcher.by_rule.items() if v},
             "counters": stats,
@@ -124,6 +140,3 @@ class StatusWriter:
                                                                       destinations.spans_out), now)
                         for name, exporter in destinations.exporters],
         }
-
-    def remove(self) -> None:
-        remove_if_ours(self.path, self.pid)

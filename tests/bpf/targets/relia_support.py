@@ -1,5 +1,5 @@
 """Helpers shared by the tests/bpf/test_reliability_*.py files (not a target
-program): the collector's "stopped:" and "state:" lines, its RSS, C targets."""
+program): the collector's final counters and its "state:" lines, its RSS, C targets."""
 from __future__ import annotations
 
 import os
@@ -9,26 +9,21 @@ import subprocess
 import time
 from pathlib import Path
 
+from otel_gpu.pipeline.model import ATTRIBUTIONS
+
 TARGETS = Path(__file__).resolve().parent
 
 
 def stopped_counters(collector, timeout: float = 15) -> dict:
-    """Counters of the "stopped:" line (collector already stopped): the "dropped:" and
-    "counted:" key=value pairs, plus requests, spans and CUDA calls by attribution."""
-    assert collector.log.wait_for("stopped:", timeout), "no stopped: line:\n" + "".join(collector.log.lines)
-    line = next(l for l in collector.log.lines if "stopped:" in l)
-    m = re.search(r"stopped: (\d+) requests, (\d+) spans; CUDA calls by attribution: (.*?); dropped: (.*); counted: (.*)$",
-                  line)
-    assert m, line
-    out = {"requests": int(m.group(1)), "spans": int(m.group(2))}
-    for part in m.group(3).split():
-        k, v = part.split("=")
-        out[f"attributed.{k}"] = int(v)
-    for pairs in (m.group(4), m.group(5)):
-        if pairs.strip() != "none":
-            for part in pairs.split(","):
-                k, v = part.strip().split("=")
-                out[k] = int(v)
+    """The counters of the run (collector already stopped), from the final state it left
+    (tests/support CollectorProcess.counts): each drop and other counter by name, plus
+    requests, spans and CUDA calls by attribution (attributed.<outcome>)."""
+    counts = collector.counts(timeout)
+    assert counts, "no final state:\n" + "".join(collector.log.lines[-20:])
+    out = {"requests": counts["requests"], "spans": counts["spans"],
+           **{f"attributed.{k}": counts[k] for k in ATTRIBUTIONS}}
+    out.update(counts["dropped"])
+    out.update(counts["counted"])
     return out
 
 

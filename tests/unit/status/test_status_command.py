@@ -1,5 +1,5 @@
-"""`otel-gpu status`: running, not running, stale (pid gone, pid reused, not rewritten),
-text and JSON, through the real command line."""
+"""`otel-gpu status`: running, not running, stopped (its final state), stale (pid gone,
+pid reused, not rewritten), text and JSON, through the real command line."""
 from __future__ import annotations
 
 import io
@@ -83,6 +83,18 @@ def test_stale_when_the_pid_is_gone(tmp_path):
     rc, text = status(path, now=now)
     assert rc == 1 and text.startswith(f"STALE: collector pid {child.pid} is gone")
     assert "requests: 1234 finished" in text  # the last state is still shown
+
+
+def test_a_stopped_collector_shows_its_final_state(tmp_path):
+    path = str(tmp_path / "status.json")
+    now = time.time()
+    write_atomic(path, state(os.getpid(), now, stopped_at=now - 3, spans=5000))  # its pid may live on
+    rc, text = status(path, now=now)
+    assert rc == 1 and text.startswith(f"STOPPED: collector pid {os.getpid()} stopped at ")
+    assert "requests: 1234 finished" in text and "spans: 5000" in text
+    rc, text = status(path, "--json", now=now)
+    doc = json.loads(text)
+    assert rc == 1 and doc["running"] is False and "stopped at" in doc["stale"]
 
 
 def test_stale_when_the_pid_is_another_process(tmp_path):

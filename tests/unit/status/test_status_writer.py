@@ -11,7 +11,7 @@ from otel_gpu import __version__
 from otel_gpu.export.console import ConsoleTreeExporter
 from otel_gpu.export.destinations import Destinations
 from otel_gpu.ratelimit import Stats
-from otel_gpu.status.file import default_status_path, read_state, remove_if_ours, write_atomic
+from otel_gpu.status.file import default_status_path, read_state, write_atomic
 from otel_gpu.status.writer import ExportHealth, RequestRate, StatusWriter, destination_counts
 from otel_gpu.store.exporter import StoreExporter
 
@@ -58,14 +58,24 @@ def test_write_atomic_sets_modes_whatever_the_umask(tmp_path):
     assert os.listdir(path.parent) == ["status.json"]  # no temporary file left
 
 
-def test_remove_only_our_own_file(tmp_path):
-    path = str(tmp_path / "status.json")
-    write_atomic(path, {"pid": 111, "written_at": 1.0})
-    remove_if_ours(path, 222)  # another collector wrote it since
-    assert os.path.exists(path)
-    remove_if_ours(path, 111)
-    assert not os.path.exists(path)
-    remove_if_ours(path, 111)  # already gone: no error
+def test_the_final_state_is_kept_marked_stopped_unless_another_collector_wrote_since(tmp_path):
+    path = tmp_path / "status.json"
+    stats = Stats()
+    dests = Destinations([("console", ConsoleTreeExporter(open(os.devnull, "w")))], stats)
+    collector = FakeCollector(stats, dests, {})
+    wall, mono = Clock(1000.0), Clock(50.0)
+    w = StatusWriter(str(path), stats, interval_s=2.0, clock=wall, monotonic=mono)
+    w.tick(collector)
+    stats.add("requests_finished", 4)
+    stats.add("lost_events", 2)
+    wall.t = 1000.5  # within the interval: the final write does not wait for it
+    w.final(collector)
+    s = read_state(str(path))
+    assert s["stopped_at"] == 1000.5 and s["requests"]["finished"] == 4 and s["counters"]["lost_events"] == 2
+    assert s["spans"] == dests.spans_out and s["attribution"] == {"thread": 3, "ambiguous": 1}
+    write_atomic(str(path), {"pid": w.pid + 1, "written_at": 1001.0})  # a new collector runs
+    w.final(collector)
+    assert read_state(str(path)) == {"pid": w.pid + 1, "written_at": 1001.0}
 
 
 def test_export_health_failing_since_and_recovery():
