@@ -99,7 +99,7 @@ EOF
   log "starting the collector as the gpu tier does (tests/harness.py), until ready"
   "$PY" - <<'EOF' 2>&1 | tee -a "$OUT/bundle-check.log"
 import fastapi, uvicorn  # noqa: F401 (the gpu tier's model server)
-from tests.fakes.otlp_receiver import OtlpReceiver
+from tests.support.otlp_receiver import OtlpReceiver
 from tests.harness import RunningCollector
 receiver = OtlpReceiver().start()
 collector = RunningCollector(receiver, [], {})

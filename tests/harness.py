@@ -14,7 +14,7 @@ import pytest
 
 from bench.isolate import OwnCgroup
 from otel_gpu.demo.runner import LineWatcher, free_port, stop_process
-from tests.fakes.otlp_receiver import OtlpReceiver
+from tests.support.otlp_receiver import OtlpReceiver
 from tests.support.collector_process import CollectorProcess
 
 ROOT = Path(__file__).resolve().parents[1]

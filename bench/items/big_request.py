@@ -5,9 +5,9 @@ from __future__ import annotations
 import time
 
 from otel_gpu import semconv
+from tests.support.counting_receiver import CountingReceiver
 
 from ..collector import Collector
-from ..receiver import CountingReceiver
 from ..target import Service
 
 LAUNCHES, BUDGET = 10_000, 256

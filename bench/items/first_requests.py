@@ -14,10 +14,10 @@ import time
 
 from otel_gpu.demo.cuda_work import find_cudart
 from tests.bpf.targets.first_requests import send_first_requests, start_server
+from tests.support.counting_receiver import CountingReceiver
 
 from ..collector import Collector
 from ..native import BUILD
-from ..receiver import CountingReceiver
 
 WINDOW_S = 1.0
 MAX_REQUESTS = 5000  # a bound only: about 300 one-at-a-time requests fit in WINDOW_S here

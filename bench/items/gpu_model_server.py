@@ -14,7 +14,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from tests.fakes.otlp_receiver import OtlpReceiver
+from tests.support.otlp_receiver import OtlpReceiver
 
 from ..collector import Collector
 from ..target import Service

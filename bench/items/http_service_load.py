@@ -12,9 +12,10 @@ import math
 import time
 from pathlib import Path
 
+from tests.support.counting_receiver import CountingReceiver
+
 from ..collector import Collector, known
 from ..profile import Profile
-from ..receiver import CountingReceiver
 from ..target import Service
 
 RATIOS = ("1", "0.1")             # OTEL_TRACES_SAMPLER_ARG of the traced phases, in run order

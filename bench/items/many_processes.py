@@ -15,10 +15,10 @@ from pathlib import Path
 
 from otel_gpu import semconv
 from otel_gpu.status.file import read_state
+from tests.support.counting_receiver import CountingReceiver
 
 from ..collector import Collector, known
 from ..native import LaunchLoop
-from ..receiver import CountingReceiver
 
 PROCS, RATE = 8, 30_000
 CPU_TARGET = 0.5  # cores

@@ -15,9 +15,9 @@ import time
 from pathlib import Path
 
 from otel_gpu.demo.runner import LineWatcher, stop_process
+from tests.support.counting_receiver import CountingReceiver
 
 from ..collector import Collector
-from ..receiver import CountingReceiver
 
 ROOT = Path(__file__).resolve().parents[2]
 SERVER = ROOT / "tests" / "bpf" / "targets" / "async_servers.py"

@@ -33,7 +33,7 @@ from urllib.parse import parse_qs
 import pytest
 
 from tests.bpf.load_client import fetch_all
-from tests.fakes.otlp_receiver import OtlpReceiver
+from tests.support.otlp_receiver import OtlpReceiver
 from tests.harness import ROOT, TARGETS, RunningCollector, Target, server_spans
 
 K = 3                  # launches per request (plus one cudaMemcpy)

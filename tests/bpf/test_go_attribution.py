@@ -25,7 +25,7 @@ import pytest
 from tests.bpf.load_client import fetch_all
 from tests.bpf.targets.go.build import build, toolchains
 from tests.bpf.test_async_attribution import ATTRIBUTION, LAUNCH, ROLLUP, Check, request_id, wait_for_ids
-from tests.fakes.otlp_receiver import OtlpReceiver
+from tests.support.otlp_receiver import OtlpReceiver
 from tests.harness import RunningCollector, Target, children_of, server_spans
 
 K = 3

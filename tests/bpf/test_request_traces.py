@@ -98,7 +98,7 @@ def test_span_budget_rolls_up_and_counts_add_up(receiver, start_collector, start
 def test_otlp_http_protobuf_exporter(start_target):
     """OTEL_EXPORTER_OTLP_PROTOCOL=http/protobuf: the SDK's HTTP exporter, to a real
     OTLP/HTTP receiver."""
-    from tests.fakes.otlp_receiver import OtlpHttpReceiver
+    from tests.support.otlp_receiver import OtlpHttpReceiver
     from tests.harness import RunningCollector
     http_receiver = OtlpHttpReceiver().start()
     collector = RunningCollector(http_receiver, [], {"OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf"})

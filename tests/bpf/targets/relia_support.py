@@ -80,7 +80,7 @@ def make_receiver_class():
     import grpc
     from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc
 
-    from tests.fakes.otlp_receiver import OtlpReceiver
+    from tests.support.otlp_receiver import OtlpReceiver
 
     class DetailReceiver(OtlpReceiver):
         def __init__(self, port: int = 0) -> None:  # OtlpReceiver.__init__ binds port 0

@@ -14,7 +14,7 @@ from otel_gpu.export.metrics import GpuMetrics
 from otel_gpu.pipeline.protocols.base import RequestHead
 from otel_gpu.pipeline.model import CallSink, Request
 from otel_gpu.ratelimit import Stats
-from tests.fakes.otlp_receiver import OtlpReceiver
+from tests.support.otlp_receiver import OtlpReceiver
 from tests.unit.pipeline.calls import cuda
 
 

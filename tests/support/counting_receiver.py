@@ -13,7 +13,7 @@ from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 from opentelemetry.proto.metrics.v1 import metrics_pb2
 
 from otel_gpu import semconv
-from tests.fakes.otlp_receiver import OtlpReceiver, _attrs
+from tests.support.otlp_receiver import OtlpReceiver, _attrs
 
 SERVER = 2  # SpanKind SERVER in OTLP
 REQUEST_DURATION = "http.server.request.duration"
