@@ -8,9 +8,9 @@ from __future__ import annotations
 import ctypes as ct
 import time
 
-from otel_gpu.pipeline.abi import EV_CUDA_LAUNCH, LaunchEvent
-from otel_gpu.pipeline.decode import decode
-from otel_gpu.pipeline.records import LaunchCall
+from otel_gpu.kernel_io.abi import EV_CUDA_LAUNCH, LaunchEvent
+from otel_gpu.kernel_io.decode import decode
+from otel_gpu.records import LaunchCall
 
 
 def via_ctypes(buf: bytes) -> LaunchCall:

@@ -35,7 +35,7 @@ class Profile:
 
 
 def _short(frame: str) -> str:
-    """'poll (otel_gpu/pipeline/reader.py:31)' -> 'poll (pipeline/reader.py:31)'."""
+    """'poll (otel_gpu/kernel_io/reader.py:31)' -> 'poll (kernel_io/reader.py:31)'."""
     name, _, where = frame.partition(" (")
     if "/" in where:
         parts = where.rstrip(")").split("/")

@@ -7,7 +7,7 @@ from __future__ import annotations
 import contextlib
 
 from otel_gpu.probes.source import kernel_headers_hint
-from otel_gpu.probes.table import HTTP_TRACEPOINTS
+from otel_gpu.cuda_calls import HTTP_TRACEPOINTS
 
 
 def noop_text() -> str:

@@ -205,7 +205,7 @@ static __always_inline void stream_out(struct cuda_header *c, u32 size, struct h
 
 /* The one way out for a CUDA call: while its process streams, the whole record within
  * the budget (or, past it or with the ring buffer full, a count in req_agg); else its
- * rollup (detail as probes/table.py ROLLUP_DETAIL says for the category). */
+ * rollup (detail as otel_gpu/cuda_calls.py ROLLUP_DETAIL says for the category). */
 static __always_inline void cuda_emit(struct cuda_header *c, u32 size, u32 tv, u64 detail, u64 bytes,
                                       u64 duration_ns)
 {

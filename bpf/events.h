@@ -2,7 +2,7 @@
  * space reads. The first byte of each record is its kind. Fields are naturally
  * aligned with explicit padding (the layout test compiles this with -Wpadded and
  * checks every sizeof/offsetof against otel_gpu/pipeline/abi.py). The CUDA call
- * ids (CALL_*) are generated from otel_gpu/probes/table.py and prepended to the
+ * ids (CALL_*) are generated from otel_gpu/cuda_calls.py and prepended to the
  * program text: no enum here can drift from the table. */
 #ifndef OTEL_GPU_EVENTS_H
 #define OTEL_GPU_EVENTS_H
@@ -100,7 +100,7 @@ struct close_event {
     u32 pad;
 };
 
-/* Every CUDA record: the shape follows the call's category (probes/table.py). */
+/* Every CUDA record: the shape follows the call's category (otel_gpu/cuda_calls.py). */
 struct cuda_header {
     struct event_header h;
     u32 call;          /* CALL_* id */
@@ -246,7 +246,7 @@ struct proc_exit_event {
 struct rollup_key {
     u32 tgid;
     u32 call;
-    u64 detail; /* by category, as probes/table.py ROLLUP_DETAIL says: kernel function,
+    u64 detail; /* by category, as otel_gpu/cuda_calls.py ROLLUP_DETAIL says: kernel function,
                  * graph exec, memcpy direction, pointer, device ordinal, or 0 */
 };
 

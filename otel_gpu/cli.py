@@ -8,7 +8,8 @@ import signal
 import sys
 import threading
 
-from .config import ConfigError, add_run_arguments, load_config
+from .config import ConfigError
+from .config_loader import add_run_arguments, load_config
 
 log = logging.getLogger("otel_gpu")
 LOG_FORMAT = "%(asctime)s otel-gpu %(levelname)s %(message)s"

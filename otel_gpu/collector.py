@@ -1,4 +1,4 @@
-"""The running collector: it owns the BPF program (probes/program.py), polls it for
+"""The running collector: it owns the BPF program (kernel_io/program.py), polls it for
 records and pushes them through the stages wiring.py builds, scans /proc for new CUDA
 processes (and the HTTP servers related to them, whose requests their GPU work may
 serve: pipeline/groups.py), and at each flush interval pushes the kernel's rollups and a
@@ -13,10 +13,10 @@ from typing import Optional
 
 from . import proc
 from .config import Config
-from .pipeline.records import Accept, ProcessGone, ProcessSeen, SockClose, Tick
-from .pipeline.sockets import existing_server_connections, open_sockets
 from .probes.discovery import Discovery
 from .ratelimit import Stats, split_drops
+from .records import Accept, ProcessGone, ProcessSeen, SockClose, Tick
+from .sockets import existing_server_connections, open_sockets
 from .status.writer import StatusWriter
 from .wiring import build_pipeline
 
@@ -66,7 +66,7 @@ class Collector:
         return False
 
     def start(self) -> None:
-        from .probes.program import BpfProgram
+        from .kernel_io.program import BpfProgram
         from .probes.source import ProgramOptions
         t0 = time.monotonic()
         self.program = BpfProgram(ProgramOptions.from_config(self.config), self.stats)
@@ -105,7 +105,7 @@ class Collector:
     def _scan(self, only: Optional[set] = None) -> set:
         """All of /proc, or only the processes `only` (they just loaded or opened a CUDA
         library); returns the CUDA processes found."""
-        from .probes.table import GO, PYTHON
+        from .cuda_calls import GO, PYTHON
         found = self.discovery.scan(only)
         python = found.python if self.config.python_context else {}
         go = found.go if self.config.go_goroutines else {}
@@ -175,7 +175,7 @@ class Collector:
         """A CUDA process related to traced HTTP servers (one or several) streams its
         calls while they have HTTP activity (one) or always (several): its calls are
         then per-call records the stitcher can cut into batch steps."""
-        from .probes.program import FOLLOW_ALL
+        from .kernel_io.program import FOLLOW_ALL
         listening = self._servers | found.listening
         for pid in found.cuda_pids:
             key = self.groups.key(pid)
@@ -192,7 +192,7 @@ class Collector:
     def _share_connections(self) -> None:
         """Each traced related server's share of the connection table (its own CUDA
         processes have none: they keep what the servers cannot take)."""
-        from .probes.program import related_server_share
+        from .kernel_io.program import related_server_share
         share = related_server_share(self.config.max_connections, len(self._servers))
         self.program.set_connection_shares({pid: share for pid in self._servers})
 

@@ -3,33 +3,66 @@
     probes (BpfProgram) -> graphs -> stitcher -> enrich -> cost -> export -> metrics
 
 (metrics also count requests as they finish, before the cost stage: two stages of one
-GpuMetrics). Records are the only channel between stages: no stage calls another, and
+GpuMetrics); the export stage's destinations (console, the local store, OTLP) are built
+here too, since export/ and store/ do not import each other. Records are the only channel between stages: no stage calls another, and
 nothing re-enters the middle of the pipeline. The Collector (collector.py) owns the
 program and pushes its records through."""
 from __future__ import annotations
 
+import logging
+import sys
 from dataclasses import dataclass
 from functools import partial
-from typing import Optional
+from typing import Optional, TextIO
 
 from .clock import BpfClock
 from .config import Config
-from .destinations import build_destinations
+from .enrich.resources import ProcessResources
+from .enrich.routes import RouteTemplater
+from .enrich.stage import Enrich
+from .enrich.symbols import KernelNames
+from .export.console import ConsoleTreeExporter
+from .export.destinations import Destinations, QueuedExporter, otlp_span_exporter
 from .export.spans import SpanBuilder
 from .export.stage import ExportStage
 from .gpu_devices import DeviceIdentities, gpu_model
 from .pipeline.cost import CostStage, Prices
-from .pipeline.enrich import Enrich
 from .pipeline.graphs import Graphs
 from .pipeline.groups import ProcessGroups
-from .pipeline.resources import ProcessResources
-from .pipeline.route_cap import ValueCap
-from .pipeline.routes import RouteTemplater
 from .pipeline.sampling import drops_roots, make as make_sampler
-from .pipeline.sockets import PortCache, open_sockets
 from .pipeline.stitcher import Stitcher
-from .pipeline.symbols import KernelNames
 from .ratelimit import Stats
+from .sockets import PortCache, open_sockets
+from .store.exporter import StoreExporter
+from .store.schema import StoreError
+from .value_cap import ValueCap
+
+log = logging.getLogger(__name__)
+
+
+def build_destinations(config: Config, stats: Stats, out: TextIO = sys.stdout) -> Destinations:
+    """console, store, otlp: each when configured, in that order. A store that cannot be
+    written (full disk, read-only, permission, a newer schema) is one error line and left
+    out (store_disabled), the others unaffected; when it is the only destination, the
+    StoreError is raised (`otel-gpu run` exits 2). An unknown protocol: ValueError."""
+    # Made first: a bad protocol fails before the store file is created.
+    otlp = otlp_span_exporter(config.otlp_protocol) if config.otlp_traces else None
+    exporters = []
+    if config.console:
+        exporters.append(("console", ConsoleTreeExporter(out)))
+    if config.store_path:
+        try:
+            exporters.append(("store", StoreExporter(config.store_path, stats=stats, group=config.store_group)))
+        except StoreError as e:
+            others = [name for name, _ in exporters] + (["otlp"] if otlp is not None else [])
+            if not others:
+                raise
+            stats.add("store_disabled")
+            log.error("%s; running on without it: spans still go to %s", e, " and ".join(others))
+    if otlp is not None:  # the batch worker thread starts only once nothing else can fail
+        exporters.append(("otlp", QueuedExporter(otlp, stats, config.queue_size, config.export_batch_size,
+                                                 config.schedule_delay_ms)))
+    return Destinations(exporters, stats)
 
 
 class Pipeline:

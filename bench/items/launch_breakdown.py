@@ -12,7 +12,7 @@ import time
 
 from otel_gpu.demo.cuda_work import find_cudart
 from otel_gpu.probes.source import ProgramOptions, bpf_dir, kernel_headers_hint
-from otel_gpu.probes.table import c_defines
+from otel_gpu.cuda_calls import c_defines
 
 from .. import bpfstats
 from ..native import HERE as NATIVE, LaunchLoop

@@ -4,7 +4,6 @@ the default one, `sudo` when the user who ran `sudo make demo` cannot read it)."
 from __future__ import annotations
 
 import contextlib
-import io
 import os
 import pwd
 import shlex
@@ -16,23 +15,12 @@ from typing import Mapping, Optional
 
 from ..store.paths import DB_NAME, SYSTEM_DIR
 
-# (arguments, what it shows); the first that parses of each group is offered.
+# (arguments, what it shows); tests/unit/demo checks that each parses.
 SUGGESTIONS = [
-    [(["report"], "GPU time, cost and latency per route")],
-    [(["traces", "--slowest", "3"], "the slowest requests; --trace-id ID draws one with its CUDA calls")],
-    [(["report", "--html", "report.html"], "one page of charts and waterfalls, for a browser"),
-     (["report", "--format", "json"], "the same report as JSON")],
+    (["report"], "GPU time, cost and latency per route"),
+    (["traces", "--slowest", "3"], "the slowest requests; --trace-id ID draws one with its CUDA calls"),
+    (["report", "--html", "report.html"], "one page of charts and waterfalls, for a browser"),
 ]
-
-
-def _parses(argv: list[str]) -> bool:
-    from ..cli import build_parser
-    with contextlib.redirect_stderr(io.StringIO()):
-        try:
-            build_parser().parse_args(argv)
-            return True
-        except SystemExit:
-            return False
 
 
 def cli_command(executable: str = sys.executable, cwd: Optional[str] = None) -> str:
@@ -83,8 +71,7 @@ def next_steps(store: str, keep: bool, service: str, env: Optional[Mapping[str, 
     prefix = ("sudo " if sudo else "") + (cli or cli_command())
     db = [] if store == str(SYSTEM_DIR / DB_NAME) else ["--db", store]
     commands = []
-    for group in SUGGESTIONS:
-        argv, what = next(((a, w) for a, w in group if _parses(a)), group[-1])
+    for argv, what in SUGGESTIONS:
         commands.append((f"{prefix} {shlex.join(argv[:1] + db + argv[1:])}", what))
     width = max(len(c) for c, _ in commands)
     lines = ["", f"The demo's traces and costs are in the local store {store}",
@@ -94,6 +81,5 @@ def next_steps(store: str, keep: bool, service: str, env: Optional[Mapping[str, 
     lines += [f"  {c:<{width}}  # {w}" for c, w in commands]
     if sudo:
         lines.append("(sudo: the store is readable by root only; `otel-gpu run --store-group GROUP` "
-                     "lets a group read it)" if _parses(["run", "--store-group", "0"]) else
-                     "(sudo: the store is readable by root only)")
+                     "lets a group read it)")
     return "\n".join(lines)

@@ -1,7 +1,7 @@
 """docs/configuration.md (`python -m otel_gpu.docgen.configuration > docs/configuration.md`).
 
 Flags and their help come from the `run` parser; each flag's variable and default, and
-every variable no flag sets, from a run of config.load_config that records what it reads.
+every variable no flag sets, from a run of config_loader.load_config that records what it reads.
 Documentation only: nothing here configures the collector."""
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import argparse
 import re
 from typing import Optional
 
-from .. import config
+from .. import config_loader
 
 # What the loader cannot tell about a variable no flag sets: its meaning, and its default
 # where the loader passes none (declare one only there: the test checks). Also the
@@ -81,7 +81,7 @@ def loader_reads() -> tuple[list[str], dict[str, tuple[Optional[str], object]]]:
     in order, and for each one read through _Sources, (its flag's dest or None, the
     default it falls back to, or NO_DEFAULT)."""
     seen: dict[str, tuple[Optional[str], object]] = {}
-    plain = config._Sources
+    plain = config_loader._Sources
 
     class Recording(plain):
         def raw(self, dest, var):
@@ -105,13 +105,13 @@ def loader_reads() -> tuple[list[str], dict[str, tuple[Optional[str], object]]]:
             return plain.names(self, dest, var)
 
     parser = argparse.ArgumentParser()
-    config.add_run_arguments(parser)
+    config_loader.add_run_arguments(parser)
     env = _Recorded()
-    config._Sources = Recording  # the loader builds its sources from this name at each call
+    config_loader._Sources = Recording  # the loader builds its sources from this name at each call
     try:
-        config.load_config(parser.parse_args([]), env)
+        config_loader.load_config(parser.parse_args([]), env)
     finally:
-        config._Sources = plain
+        config_loader._Sources = plain
     return env.names, seen
 
 
@@ -195,13 +195,13 @@ def markdown() -> str:
         "# Configuration",
         "",
         "Every setting of `otel-gpu run`; `otel-gpu compile` takes the same flags except `--ebpf`.",
-        "Generated from `otel_gpu/config.py` (`python -m otel_gpu.docgen.configuration > docs/configuration.md`;",
+        "Generated from `otel_gpu/config_loader.py` (`python -m otel_gpu.docgen.configuration > docs/configuration.md`;",
         "`tests/unit/test_docs.py` fails when this page and the code differ).",
         "",
         "A flag wins over its variable (a repeated flag such as `--route` replaces the variable's",
         "list). Every setting is checked at start: a bad one is one line naming it, and exit",
-        "status 2. The variable of an on/off flag takes `true` or `false`. `otel_gpu/config.py` is",
-        "the only reader of these settings. What they do in depth:",
+        "status 2. The variable of an on/off flag takes `true` or `false`. `otel_gpu/config_loader.py`",
+        "is the only reader of these settings (`otel_gpu/config.py` checks them). What they do in depth:",
         "[configuration notes](configuration-notes.md).",
         "",
         "## Flags",

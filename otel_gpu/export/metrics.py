@@ -19,13 +19,13 @@ from opentelemetry.sdk.resources import Resource
 
 from .. import __version__
 from .. import semconv as sc
+from ..cuda_calls import BY_ID, CUDA_PROBES, MEMCPY_DIRECTIONS, NCCL_STATE_PROBES, PYTHON_PROBES, Category
 from ..pipeline.model import ATTRIBUTIONS, ProcessWindow, Request
-from ..pipeline.records import ProcessGone, RequestCost
-from ..pipeline.route_cap import MAX_SERVICES
-from ..probes.attacher import ProbeCounts
 from ..probes import nccl
-from ..probes.table import BY_ID, CUDA_PROBES, MEMCPY_DIRECTIONS, NCCL_STATE_PROBES, PYTHON_PROBES, Category
+from ..probes.attacher import ProbeCounts
 from ..ratelimit import Stats, split_drops
+from ..records import ProcessGone, RequestCost
+from ..value_cap import MAX_SERVICES
 from .bounded import call_by, remaining_ms
 from .metric_values import INT64_MAX, CappedCounter, GuardedExporter, clamp_call_bytes
 

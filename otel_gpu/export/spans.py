@@ -9,13 +9,13 @@ from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode,
 
 from .. import __version__
 from .. import semconv as sc
-from ..probes import nccl
 from ..clock import BpfClock
+from ..cuda_calls import BY_ID, MEMCPY_DIRECTIONS, Category, call_name
+from ..pipeline import sampling
 from ..pipeline.model import CallSink, ProcessWindow, Request
 from ..pipeline.protocols.http2.grpc import SERVER_ERROR_CODES
-from ..pipeline.records import CudaCall
-from ..probes.table import BY_ID, MEMCPY_DIRECTIONS, Category, call_name
-from ..pipeline import sampling
+from ..probes import nccl
+from ..records import CudaCall
 
 SCOPE = InstrumentationScope("otel-gpu", __version__)
 SAMPLED, UNSAMPLED = TraceFlags(TraceFlags.SAMPLED), TraceFlags(TraceFlags.DEFAULT)
@@ -245,7 +245,7 @@ def _stream(stream: int) -> dict:
     return {sc.GPU_STREAM: hex(stream)} if stream else {}
 
 
-# What a call's span says, by category (probes/table.py): a new call of an existing
+# What a call's span says, by category (cuda_calls.py): a new call of an existing
 # category needs nothing here.
 # A call whose probe could not read an argument (c.unreadable) says so, and leaves out
 # what came from memory rather than exporting zeros as values.

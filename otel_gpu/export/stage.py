@@ -4,7 +4,7 @@ span left to those that keep summaries; passes every record on."""
 from __future__ import annotations
 
 from ..pipeline.model import ProcessWindow, Request
-from ..pipeline.records import RequestCost
+from ..records import RequestCost
 from .spans import SpanBuilder
 
 

@@ -17,12 +17,13 @@ reads: procs (Proc: open requests, windows, units, handler pairs), _serving (pro
 with open requests), _group_of, span_budget, attributed, by_rule and _proc()."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Optional
+from typing import Optional
 
-from .held import Outcome
+from ..records import CallAggregate, CudaCall, DeviceCall, KernelRollup, SyncCall
 from .handlers import HandlerPairs
+from .held import Outcome
 from .model import AMBIGUOUS, PROCESS, SHARED, TASK, THREAD, CallSink, ProcessWindow, RollupAgg
-from .records import CallAggregate, CudaCall, DeviceCall, KernelRollup, SyncCall
+from .process_state import Proc
 from .rules import HELD, Rule, rule, share
 
 THREAD_UNFOLLOWED, THREAD_ONE, THREAD_SEVERAL = (rule(n) for n in ("thread.unfollowed", "thread.one",
@@ -31,10 +32,6 @@ PROCESS_IDLE, PROCESS_ONE, PROCESS_SEVERAL, PROCESS_UNTRACKED = (
     rule(n) for n in ("process.idle", "process.one", "process.several", "process.untracked"))
 GROUP_BATCH, HANDLER_HELD_FULL, THREAD_HELD_FULL = (rule(n) for n in ("group.batch", "handler.held_full",
                                                                       "thread.held_full"))
-
-if TYPE_CHECKING:
-    from .stitcher import Proc
-
 
 class CallAttribution:
     def _on_cuda(self, ev: CudaCall, out: list) -> None:

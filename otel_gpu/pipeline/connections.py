@@ -7,44 +7,23 @@ requests to the Python contexts that serve them (pipeline/contexts.py,
 pipeline/handlers.py). Nothing here knows a protocol's bytes: the sessions
 (protocols/<name>/) turn them into request events.
 
-Connections reads and writes the Stitcher's state: procs (via _proc, _conn), _serving,
-stats, _log, _rng, _sampler, span_budget, _session_config, _port_of, _peer_of; and calls
-its _settle, _handler_pair and _note_quiet."""
+Connections reads and writes the Stitcher's state (pipeline/process_state.py: Proc,
+Conn): procs (via _proc, _conn), _serving, stats, _log, _rng, _sampler, span_budget,
+_session_config, _port_of, _peer_of; and calls its _settle, _handler_pair and _note_quiet."""
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Optional
+from typing import Optional
 
 from opentelemetry.trace import SpanKind
 
+from ..records import Accept, RequestOpened, SockIo
 from . import protocols, sampling
 from .model import CallSink, Request
+from .process_state import Conn, Proc
 from .protocols.base import (DETECT_MAX, Notice, ProtocolError, RequestFinished, RequestStarted, ResponseStatus,
-                             Session, StreamReset, SwitchProtocol)
-from .records import Accept, RequestOpened, SockIo
+                             StreamReset, SwitchProtocol)
 from .traceparent import parse_traceparent, traceparent_sampled
-
-if TYPE_CHECKING:
-    from .stitcher import Proc
-
-
-@dataclass
-class Conn:
-    fd: int
-    peer_addr: Optional[str] = None
-    peer_port: Optional[int] = None
-    listen_fd: int = -1
-    session: Optional[Session] = None  # chosen by the first bytes read (protocols.detect)
-    prefix: bytes = b""  # the first bytes while no protocol can tell yet (at most DETECT_MAX)
-    early: list = field(default_factory=list)  # their reads, replayed into the session
-    streams: dict = field(default_factory=dict)  # stream id -> open Request (HTTP/1: stream 0)
-    server_port: Optional[int] = None
-    tls: bool = False       # its bytes come from the SSL probes (HTTPS)
-    broken: bool = False    # no session can follow it: ignored until closed
-    tracked: bool = True    # False: accepted while the kernel's table was full; its I/O is not seen
-    inode: Optional[int] = None  # its socket, learnt at the first audit (a reused fd is another socket)
-
 
 
 class Connections:

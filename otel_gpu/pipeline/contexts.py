@@ -47,11 +47,11 @@ import logging
 from collections import OrderedDict
 from typing import Optional
 
+from ..kernel_io.abi import GO_UNIT
 from ..ratelimit import RateLimitedLog, Stats
-from .abi import GO_UNIT
+from ..records import CallAggregate, ContextCopy, CudaCall, UnitWake
 from .held import HeldCalls, Outcome
 from .model import Request
-from .records import CallAggregate, ContextCopy, CudaCall, UnitWake
 from .rules import HELD, MAX_HELD, rule, share
 
 UNIT_BOUND, UNIT_BOUND_LATER, UNIT_HELD_FULL, UNIT_UNBOUND, UNIT_HAND_OFF, UNIT_UNOWNED, PROCESS_IDLE = (

@@ -30,12 +30,13 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Optional
 
+from ..config import price_table
+from ..cuda_calls import BY_ID, Category
 from ..gpu_devices import gpu_model
-from ..probes.table import BY_ID, Category
+from ..records import ProcessGone, RequestCost, RequestOpened, Tick
 from ..semconv import SERVICE_NAME
+from ..value_cap import ValueCap
 from .model import CallSink, ProcessWindow, Request
-from .records import ProcessGone, RequestCost, RequestOpened, Tick
-from .route_cap import ValueCap
 
 UNKNOWN_FEATURE = "(unknown)"  # a candidate request the stage never saw finish
 MAX_FINISHED = 200_000         # finished requests remembered for windows' candidates
@@ -116,12 +117,7 @@ class Prices:
 
     def __init__(self, spec: str = "0", currency: str = "USD", model: Optional[str] = None) -> None:
         self.currency = currency
-        self.by_model: dict[str, float] = {}
-        for part in (p.strip() for p in spec.split(",") if p.strip()):
-            name, sep, value = part.rpartition("=")
-            self.by_model[name.strip().lower() if sep else "default"] = float(value)
-        if any(v < 0 for v in self.by_model.values()):
-            raise ValueError("prices must not be negative")
+        self.by_model = price_table(spec)  # config.py: parsed and checked once, there
         self.model = model if model is not None else gpu_model()
         self.per_hour = self._pick()
 

@@ -21,8 +21,8 @@ import logging
 from collections import OrderedDict
 from typing import Optional
 
-from ..probes.table import BY_NAME, Category, ids_in
-from .records import CallAggregate, GraphCall, GraphOp, KernelRollup, LaunchCall, ProcExit, Tick
+from ..cuda_calls import BY_NAME, Category, ids_in
+from ..records import CallAggregate, GraphCall, GraphOp, KernelRollup, LaunchCall, ProcExit, Tick
 
 log = logging.getLogger(__name__)
 

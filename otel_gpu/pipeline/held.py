@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
+from ..records import CallAggregate
 from .model import Request, RollupAgg, busy_end
-from .records import CallAggregate
 from .rules import Rule
 
 

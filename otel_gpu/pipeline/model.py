@@ -6,9 +6,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any, Optional
 
-from ..probes.table import BY_ID, MEMCPY_DIRECTIONS, Category
+from ..cuda_calls import BY_ID, MEMCPY_DIRECTIONS, Category
+from ..records import CudaCall, GraphCall
 from .protocols.base import RequestHead
-from .records import CudaCall, GraphCall
 
 # How a CUDA call was tied to a request.
 TASK = "task"            # made in the Python context the request bound to, or one derived from it
@@ -27,7 +27,7 @@ MAX_CHUNK_TIMES = 4096  # response-write times kept per request (a few seconds o
 @dataclass
 class RollupAgg:
     """Calls folded together, by (call, detail): counts always add up. The detail is
-    what probes/table.py ROLLUP_DETAIL says for the call's category."""
+    what cuda_calls.py ROLLUP_DETAIL says for the call's category."""
     call: int
     detail: int
     count: int = 0

@@ -16,32 +16,18 @@ from opentelemetry.sdk.trace.sampling import (ALWAYS_OFF, ALWAYS_ON, Decision, P
                                               ParentBasedTraceIdRatio, Sampler, TraceIdRatioBased)
 from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, TraceFlags, set_span_in_context
 
-NAMES = ("always_on", "always_off", "traceidratio", "parentbased_always_on", "parentbased_always_off",
-         "parentbased_traceidratio")
-DEFAULT = "parentbased_always_on"
-
-
-def _ratio(name: str, arg: Optional[str]) -> float:
-    """The ratio of a traceidratio sampler (1 for the others, or with no argument);
-    ValueError outside 0..1."""
-    if not name.endswith("traceidratio") or arg in (None, ""):
-        return 1.0
-    ratio = float(arg)
-    if not 0.0 <= ratio <= 1.0:
-        raise ValueError(f"ratio {arg!r} is not within 0..1")
-    return ratio
+from ..config import sampler_ratio
 
 
 def make(name: str, arg: Optional[str]) -> Sampler:
-    """The sampler named (NAMES); ValueError for an unknown name or a ratio outside 0..1."""
-    ratio = _ratio(name, arg)
+    """The sampler named (config.SAMPLERS); ValueError for an unknown name or a ratio
+    outside 0..1."""
+    ratio = sampler_ratio(name, arg)
     samplers = {"always_on": lambda: ALWAYS_ON, "always_off": lambda: ALWAYS_OFF,
                 "traceidratio": lambda: TraceIdRatioBased(ratio),
                 "parentbased_always_on": lambda: ParentBased(ALWAYS_ON),
                 "parentbased_always_off": lambda: ParentBased(ALWAYS_OFF),
                 "parentbased_traceidratio": lambda: ParentBasedTraceIdRatio(ratio)}
-    if name not in samplers:
-        raise ValueError(f"{name!r} is not one of {', '.join(NAMES)}")
     return samplers[name]()
 
 
@@ -50,7 +36,7 @@ def drops_roots(name: str, arg: Optional[str]) -> bool:
     sampled request open is quiet even when idle: the next request is more likely unsampled,
     and a sampled one has its first calls (before the collector reads its head) counted, not
     streamed one by one."""
-    return name in ("always_off", "parentbased_always_off") or _ratio(name, arg) < 1.0
+    return name in ("always_off", "parentbased_always_off") or sampler_ratio(name, arg) < 1.0
 
 
 def sampled(sampler: Sampler, trace_id: int, name: str, kind: SpanKind,

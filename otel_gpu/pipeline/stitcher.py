@@ -16,46 +16,24 @@ from __future__ import annotations
 
 import logging
 import random
-from dataclasses import dataclass, field
 from typing import Optional
 
 from ..ratelimit import RateLimitedLog, Stats
+from ..records import (Accept, CallAggregate, ContextCopy, CudaCall, EV_SOCK_READ, KernelRollup, ProcessGone,
+                       ProcessSeen, ProcExit, SockClose, SockIo, Tick, UnitWake)
 from .attribution import CallAttribution
-from .connections import Conn, Connections
+from .connections import Connections
 from .contexts import ProcessContexts
 from .handlers import HandlerPairs
-from .model import ATTRIBUTIONS, ProcessWindow
+from .model import ATTRIBUTIONS
+from .process_state import Conn, Proc
 from .protocols.base import SessionConfig
-from .records import (Accept, CallAggregate, ContextCopy, CudaCall, EV_SOCK_READ, KernelRollup, ProcessGone,
-                      ProcessSeen, ProcExit, SockClose, SockIo, Tick, UnitWake)
 from .rules import RULES
 from .steps import BatchSteps
 from .threads import ThreadProof
 
 log = logging.getLogger(__name__)
 AUDIT_ALL_NS = 60 * 10**9  # how often every connection is checked against /proc
-
-
-@dataclass
-class Proc:
-    tgid: int
-    conns: dict = field(default_factory=dict)   # fd -> Conn
-    open: list = field(default_factory=list)    # open Requests
-    ambiguous: Optional[ProcessWindow] = None
-    shared: Optional[ProcessWindow] = None  # the batch step in progress (cut at syncs)
-    outside: Optional[ProcessWindow] = None
-    device_by_tid: dict = field(default_factory=dict)
-    # Threads holding a half-read request head (fd): serving something we cannot see,
-    # so their calls are never handed to another request by "process" attribution.
-    partial_heads: dict = field(default_factory=dict)
-    # Threads that served a connection that is not HTTP/1.x (tid -> fds): nor "thread".
-    broken: dict = field(default_factory=dict)
-    contexts: Optional[ProcessContexts] = None
-    pairs: Optional[HandlerPairs] = None  # handler threads of multiplexed connections
-    threads: Optional[ThreadProof] = None  # threads' proof that they served one request alone
-    untracked: int = 0  # open connections the kernel does not track (Conn.tracked False)
-    sampled_open: int = 0  # open requests whose trace is sampled
-    quiet: bool = False    # all its open requests are unsampled (as the kernel was last told)
 
 
 class Stitcher(Connections, CallAttribution):
@@ -72,7 +50,7 @@ class Stitcher(Connections, CallAttribution):
         self._port_of = port_of  # (pid, listen_fd, conn_fd) -> server port, or None
         self._peer_of = peer_of  # (pid, conn_fd) -> (address, port) or None: accepts without one
         self._group_of = group_of  # pid -> group key or None (pipeline/groups.py): related processes
-        self._sockets_of = sockets_of  # pid -> {fd: socket inode} (pipeline/sockets.py): closes not seen
+        self._sockets_of = sockets_of  # pid -> {fd: socket inode} (sockets.py): closes not seen
         self._sampler = sampler  # pipeline/sampling.py; None: every trace sampled
         self.quiet_when_idle = quiet_when_idle  # sampling.drops_roots(): the collector marks new processes quiet
         self.quiet: dict[int, bool] = {}  # tgid -> whether all its open requests are unsampled, as changed

@@ -19,9 +19,9 @@ import logging
 from typing import Optional
 
 from ..ratelimit import RateLimitedLog, Stats
+from ..records import CallAggregate
 from .held import HeldCalls, Outcome
 from .model import Request
-from .records import CallAggregate
 from .rules import MAX_HELD, rule, share
 
 THREAD_ONE, THREAD_UNPROVEN = rule("thread.one"), rule("thread.unproven")

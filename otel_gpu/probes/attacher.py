@@ -17,10 +17,10 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
+from ..cuda_calls import CALLS, TLS, Category, UprobeRow, rows_for
 from .closer import ProbeCloser
 from .discovery import ProbeTarget
 from .elf_init import init_address
-from .table import CALLS, TLS, Category, UprobeRow, rows_for
 from .uprobe_links import LinkFd, PerfUprobes
 
 log = logging.getLogger(__name__)

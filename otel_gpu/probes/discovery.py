@@ -22,11 +22,11 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterable, Optional
 
 from .. import proc
-from ..pipeline import sockets
+from .. import sockets
+from ..cuda_calls import DRIVER, GO, GO_PROBES, NCCL, PYTHON, RUNTIME, TLS
 from . import go_functions, go_runtime, python
 from .elf_file import ElfFile
 from .runtime_text import runtime_ranges
-from .table import DRIVER, GO, GO_PROBES, NCCL, PYTHON, RUNTIME, TLS
 
 log = logging.getLogger(__name__)
 

@@ -1,12 +1,12 @@
 """What the codes in an NCCL record mean (nccl.h 2.32): the operation of each NCCL call
-of probes/table.py, datatype names and sizes (bpf/nccl_probes.c nccl_type_size has the
+of cuda_calls.py, datatype names and sizes (bpf/nccl_probes.c nccl_type_size has the
 same sizes; a unit test compares them), and reduction names. Every label is from these
 fixed sets, so metrics stay bounded whatever a process passes."""
 from __future__ import annotations
 
 from typing import Optional
 
-from .table import call_id
+from ..cuda_calls import call_id
 
 # Call -> the op a span and the metrics name it by.
 OPS = {call_id("ncclAllReduce"): "all_reduce", call_id("ncclAllGather"): "all_gather",

@@ -1,6 +1,6 @@
 """The BPF program's C text and how it is compiled and loaded with bcc.
 
-The program is the generated CALL_* ids (probes/table.py c_defines()) followed by the
+The program is the generated CALL_* ids (cuda_calls.py c_defines()) followed by the
 files of PROGRAM_FILES under bpf/, in that order (tls_probes.c sends OpenSSL plaintext
 through http_probes.c's emit path; call_out.c is the way out for every CUDA call).
 Tunables go in as -D cflags, never by editing the C text."""
@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from . import kernel_btf, launch_slots
+from ..cuda_calls import c_defines
+from . import kernel_btf, launch_slot_sizes
 from .pid_bits import pid_words
-from .table import c_defines
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +39,7 @@ class ProgramOptions:
     stream_rate: int = 5000     # CUDA calls streamed per second, host-wide (bpf/call_out.c STREAM_RATE_PER_CPU)
     bpf_cache: Optional[str] = None  # directory of compiled programs (probes/program_cache.py); None: compile
     pid_words: int = field(default_factory=pid_words)  # bpf/maps.h pid_bits: this host's pid_max / 32
-    cpus: int = field(default_factory=launch_slots.possible_cpus)  # bpf/launch_slots.c: a block of slots per CPU
+    cpus: int = field(default_factory=launch_slot_sizes.possible_cpus)  # bpf/launch_slots.c: a block of slots per CPU
     task_fsbase: int = field(default_factory=lambda: kernel_btf.task_fsbase_offset() or -1)  # bpf/go_probes.c
     uprobe_links: str = "auto"  # how uprobes are planted (probes/uprobe_links.py); not part of the program
 
@@ -64,7 +64,7 @@ class ProgramOptions:
             f"-DSTREAM_RATE_PER_CPU={-(-self.stream_rate // (os.cpu_count() or 1))}",
             f"-DPID_WORDS={self.pid_words}",
             f"-DLAUNCH_CPUS={self.cpus}",
-            f"-DLAUNCH_SLOTS_LOG2={launch_slots.SLOTS_LOG2}",
+            f"-DLAUNCH_SLOTS_LOG2={launch_slot_sizes.SLOTS_LOG2}",
             f"-DTASK_FSBASE_OFFSET={self.task_fsbase}",
         ]
 

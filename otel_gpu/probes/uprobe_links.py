@@ -12,13 +12,14 @@ from __future__ import annotations
 import logging
 from typing import Optional
 
+from ..config import UPROBE_LINKS
 from . import uprobe_multi
 
 log = logging.getLogger(__name__)
 
 # OTEL_GPU_UPROBE_LINKS / --uprobe-links: auto (links where the kernel has them), or one of these.
-MULTI, PERF = "multi", "perf"
-CHOICES = ("auto", MULTI, PERF)
+CHOICES = UPROBE_LINKS
+_, MULTI, PERF = CHOICES
 
 
 class LinkFd(int):

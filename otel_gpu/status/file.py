@@ -7,7 +7,8 @@ import json
 import os
 from typing import Mapping, Optional
 
-DEFAULT_PATH = "/run/otel-gpu/status.json"
+from ..config import DEFAULT_STATUS_FILE as DEFAULT_PATH
+
 INTERVAL_S = 2.0       # the collector rewrites the file this often
 STALE_INTERVALS = 5    # older than this many intervals: the collector is gone or stuck
 SCHEMA = 1

@@ -9,8 +9,8 @@ import select
 import subprocess
 
 from otel_gpu.config import DEFAULT_BPF_CACHE
-from otel_gpu.pipeline.decode import decode
-from otel_gpu.probes.table import rows_for
+from otel_gpu.kernel_io.decode import decode
+from otel_gpu.cuda_calls import rows_for
 from tests.harness import ROOT, TARGETS
 
 
@@ -81,8 +81,8 @@ class Probes:
     def __init__(self) -> None:
         from otel_gpu.probes.pid_bits import PidBits
         from otel_gpu.probes.source import ProgramOptions, load
-        from otel_gpu.pipeline.reader import RollupReader
-        from otel_gpu.probes import launch_slots
+        from otel_gpu.kernel_io.reader import RollupReader
+        from otel_gpu.kernel_io import launch_slots
         # From the collectors' own program cache: compiled once per host and source, as a
         # collector would be (tests/bpf/test_program_cache.py proves the two the same).
         options = ProgramOptions(bpf_cache=DEFAULT_BPF_CACHE)

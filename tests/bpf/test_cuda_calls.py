@@ -1,9 +1,9 @@
 """Each CUDA probe against the real libcudart (no GPU: every call returns 35, and the
 probes see the real arguments): the BPF program loaded directly, uprobes attached
-from probes/table.py to one child process, which makes the calls through ctypes.
+from cuda_calls.py to one child process, which makes the calls through ctypes.
 While the child counts as having HTTP activity each call arrives as its typed record
 with its arguments; otherwise it lands in the per-CPU `rollup` map under the detail
-probes/table.py ROLLUP_DETAIL names for its category."""
+cuda_calls.py ROLLUP_DETAIL names for its category."""
 from __future__ import annotations
 
 import ctypes as ct
@@ -13,9 +13,9 @@ import sys
 
 import pytest
 
-from otel_gpu.pipeline.abi import CNT_DRIVER_DEDUPED
-from otel_gpu.pipeline.records import DeviceCall, GraphCall, LaunchCall, MemcpyCall, MemoryCall, SyncCall
-from otel_gpu.probes.table import CALLS, DRIVER, RUNTIME, BY_NAME, Category
+from otel_gpu.kernel_io.abi import CNT_DRIVER_DEDUPED
+from otel_gpu.records import DeviceCall, GraphCall, LaunchCall, MemcpyCall, MemoryCall, SyncCall
+from otel_gpu.cuda_calls import CALLS, DRIVER, RUNTIME, BY_NAME, Category
 from tests.bpf.probe_harness import Child, Probes
 from tests.harness import TARGETS
 

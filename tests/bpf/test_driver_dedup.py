@@ -14,11 +14,11 @@ import sys
 import pytest
 
 from otel_gpu import proc
-from otel_gpu.pipeline.abi import CNT_DRIVER_CALLER_UNKNOWN, CNT_DRIVER_DEDUPED
-from otel_gpu.pipeline.records import LaunchCall
+from otel_gpu.kernel_io.abi import CNT_DRIVER_CALLER_UNKNOWN, CNT_DRIVER_DEDUPED
+from otel_gpu.records import LaunchCall
 from otel_gpu.probes import runtime_text
 from otel_gpu.probes.discovery import libraries_in_maps
-from otel_gpu.probes.table import DRIVER, RUNTIME, call_id
+from otel_gpu.cuda_calls import DRIVER, RUNTIME, call_id
 from tests.bpf.probe_harness import Child, Probes, build_stub
 
 # The child: the stub libcuda, a stub libcudart that reaches it, a library launching

@@ -12,11 +12,11 @@ from collections import defaultdict
 
 import pytest
 
-from otel_gpu.pipeline.abi import GoProc
-from otel_gpu.pipeline.records import LaunchCall
+from otel_gpu.kernel_io.abi import GoProc
+from otel_gpu.records import LaunchCall
 from otel_gpu.probes import go_runtime
 from otel_gpu.probes.kernel_btf import task_fsbase_offset
-from otel_gpu.probes.table import RUNTIME
+from otel_gpu.cuda_calls import RUNTIME
 from tests.bpf.targets.go.build import build, toolchains
 
 GO_UNIT = 1 << 63

@@ -21,11 +21,11 @@ import time
 import pytest
 
 from otel_gpu import proc
-from otel_gpu.pipeline.abi import CNT_DRIVER_DEDUPED
-from otel_gpu.pipeline.records import GraphCall, GraphOp
+from otel_gpu.kernel_io.abi import CNT_DRIVER_DEDUPED
+from otel_gpu.records import GraphCall, GraphOp
 from otel_gpu.probes import runtime_text
 from otel_gpu.probes.discovery import libraries_in_maps
-from otel_gpu.probes.table import CALLS, DRIVER, RUNTIME, Category, call_id
+from otel_gpu.cuda_calls import CALLS, DRIVER, RUNTIME, Category, call_id
 from tests.bpf.probe_harness import Child, Probes, build_stub
 
 EXEC, STREAM = 0x6A000, 0x5100

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from otel_gpu.pipeline.records import KernelHandle, LaunchCall
-from otel_gpu.pipeline.symbols import KernelNames
-from otel_gpu.probes.table import DRIVER, RUNTIME, call_id
+from otel_gpu.records import KernelHandle, LaunchCall
+from otel_gpu.enrich.symbols import KernelNames
+from otel_gpu.cuda_calls import DRIVER, RUNTIME, call_id
 from tests.bpf.probe_harness import Child, Probes, build_stub
 from tests.harness import TARGETS, Target, children_of, server_spans
 

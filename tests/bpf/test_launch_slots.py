@@ -8,10 +8,10 @@ import ctypes as ct
 import os
 import sys
 
-from otel_gpu.pipeline.abi import LaunchSlot
-from otel_gpu.probes import launch_slots
+from otel_gpu.kernel_io.abi import LaunchSlot
+from otel_gpu.kernel_io import launch_slots
 from otel_gpu.probes.pid_bits import TRACED
-from otel_gpu.probes.table import BY_NAME, RUNTIME
+from otel_gpu.cuda_calls import BY_NAME, RUNTIME
 from tests.bpf.probe_harness import LAUNCH_CHILD_HEAD, Child
 
 LAUNCH = BY_NAME["cudaLaunchKernel"].id

@@ -1,4 +1,4 @@
-"""probes/map_batch.py on a real BPF hash map in the kernel: the batch commands read
+"""kernel_io/map_batch.py on a real BPF hash map in the kernel: the batch commands read
 every entry and delete exactly the keys asked, a key already gone is reported so and
 does not stop the rest."""
 from __future__ import annotations
@@ -7,7 +7,7 @@ import ctypes as ct
 
 import pytest
 
-from otel_gpu.probes.map_batch import BatchMap
+from otel_gpu.kernel_io.map_batch import BatchMap
 
 PROGRAM = """
 struct k { u32 a; u32 b; u64 c; };

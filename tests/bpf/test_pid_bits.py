@@ -9,9 +9,9 @@ import socket
 import sys
 import time
 
-from otel_gpu.pipeline.records import LaunchCall
+from otel_gpu.records import LaunchCall
 from otel_gpu.probes.pid_bits import SLOW, TRACED
-from otel_gpu.probes.table import BY_NAME, RUNTIME
+from otel_gpu.cuda_calls import BY_NAME, RUNTIME
 from tests.bpf.probe_harness import LAUNCH_CHILD_HEAD, Child, Probes
 
 # Launches on demand; one HTTP request served on one connection, kept open until `close`.

@@ -6,7 +6,7 @@ import os
 import pytest
 
 from otel_gpu.config import DEFAULT_BPF_CACHE
-from otel_gpu.probes.table import CUDA_PROBES, HTTP_TRACEPOINTS, LIBRARY_TRACEPOINTS
+from otel_gpu.cuda_calls import CUDA_PROBES, HTTP_TRACEPOINTS, LIBRARY_TRACEPOINTS
 from tests.bpf.probe_harness import open_fds
 
 

@@ -13,11 +13,11 @@ import subprocess
 
 import pytest
 
-from otel_gpu.pipeline.abi import PyProc
-from otel_gpu.pipeline.records import ContextCopy, CudaCall, LaunchCall, MemcpyCall, SockIo
+from otel_gpu.kernel_io.abi import PyProc
+from otel_gpu.records import ContextCopy, CudaCall, LaunchCall, MemcpyCall, SockIo
 from otel_gpu.probes import python
 from otel_gpu.probes.discovery import Discovery
-from otel_gpu.probes.table import PYTHON, RUNTIME
+from otel_gpu.cuda_calls import PYTHON, RUNTIME
 from tests.bpf.probe_harness import Child
 
 # Each command runs on the main thread inside OUTER, a context whose id() is known;

@@ -3,9 +3,9 @@ are traced (once), the CUDA process follows the one server (or all of several), 
 everything is forgotten when the processes go. Discovery and the BPF program are fakes."""
 from otel_gpu.collector import Collector
 from otel_gpu.config import Config
-from otel_gpu.pipeline.records import ProcExit
+from otel_gpu.records import ProcExit
 from otel_gpu.probes.discovery import ScanResult
-from otel_gpu.probes.program import FOLLOW_ALL
+from otel_gpu.kernel_io.program import FOLLOW_ALL
 
 FRONT, WORKER, OTHER = 100, 200, 300
 
@@ -122,7 +122,7 @@ def test_load_probes_on_discovered_files_in_the_default_mode_only(tmp_path):
     """With --pid/--exe a file-wide load probe would outlive the selected processes
     (their probes must all go when they exit): only the default mode adds them at scans."""
     from otel_gpu.probes.discovery import ProbeTarget
-    from otel_gpu.probes.table import PYTHON, RUNTIME
+    from otel_gpu.cuda_calls import PYTHON, RUNTIME
     files = [ProbeTarget(RUNTIME, "/x/libcudart.so.12", (1, 2)), ProbeTarget(PYTHON, "/x/python3", (1, 3))]
     for exes, expected in (((), [("load probe", "/x/libcudart.so.12")]), (("server",), [])):
         c = collector(tmp_path)

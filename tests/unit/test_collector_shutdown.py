@@ -5,7 +5,7 @@ import time
 
 from otel_gpu.collector import Collector
 from otel_gpu.config import Config
-from otel_gpu.pipeline.records import ProcExit
+from otel_gpu.records import ProcExit
 
 
 class BatchesProgram:

@@ -4,7 +4,8 @@ import argparse
 
 import pytest
 
-from otel_gpu.config import Config, ConfigError, add_run_arguments, env_list, load_config, resource_attributes
+from otel_gpu.config import Config, ConfigError, env_list, resource_attributes
+from otel_gpu.config_loader import add_run_arguments, load_config
 from otel_gpu.store.paths import default_store_path
 
 ENDPOINT = {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4317"}
@@ -221,7 +222,7 @@ def test_pids_and_exes_come_from_flags_only():
 
 
 def test_python_context_is_on_unless_turned_off():
-    from otel_gpu.config import load_config
+    from otel_gpu.config_loader import load_config
     assert load_config(None, {}).python_context is True
     assert load_config(None, {"OTEL_GPU_PYTHON_CONTEXT": "false"}).python_context is False
 

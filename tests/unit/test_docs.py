@@ -1,5 +1,5 @@
 """The generated pages of docs/ are what the code generates, and the generators miss
-nothing: docs/configuration.md from otel_gpu/config.py (the `run` parser and the loader),
+nothing: docs/configuration.md from otel_gpu/config_loader.py (the `run` parser and the loader),
 docs/attributes.md from otel_gpu/semconv.py. docs/attribution.md has its own test
 (tests/unit/pipeline/test_rules.py)."""
 import argparse
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from otel_gpu import config
+from otel_gpu import config_loader as config
 from otel_gpu.docgen import attributes as attributes_doc
 from otel_gpu.docgen import configuration as configuration_doc
 
@@ -38,7 +38,7 @@ def test_the_generated_page_equals_the_code(page):
 # --- docs/configuration.md misses no setting ----------------------------------------------
 
 def _loader_source() -> str:
-    return (ROOT / "otel_gpu" / "config.py").read_text()
+    return (ROOT / "otel_gpu" / "config_loader.py").read_text()
 
 
 def test_every_variable_the_loader_names_is_documented():

@@ -1,7 +1,7 @@
 """bpf/events.h vs its ctypes mirror: a tiny C program compiled against the header
 (with -Wpadded -Werror, so implicit padding fails the build; the generated CALL_*
 ids prepended as the loader does) prints every sizeof, offsetof and constant; each
-must match otel_gpu/pipeline/abi.py, probes/table.py and the decoder's Structs."""
+must match otel_gpu/kernel_io/abi.py, cuda_calls.py and the decoder's Structs."""
 import ctypes as ct
 import re
 import shutil
@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from otel_gpu.pipeline import abi, decode, records
-from otel_gpu.probes import table
+from otel_gpu.kernel_io import abi, decode
+from otel_gpu import records
+from otel_gpu import cuda_calls as table
 
 ROOT = Path(__file__).resolve().parents[2]
 HEADER = ROOT / "bpf" / "events.h"
@@ -147,7 +148,7 @@ def test_every_table_handler_exists_in_cuda_probes():
     text = "".join(p.read_text() for p in sorted(HEADER.parent.glob("*.c")))  # nccl_probes.c too
     defined = set(re.findall(r"^int\s+(\w+)\s*\(\s*struct pt_regs \*ctx\s*\)", text, flags=re.M))
     named = {c.entry for c in table.CALLS} | {c.ret for c in table.CALLS if c.ret}
-    assert named <= defined, f"handlers named in probes/table.py but not in bpf/cuda_probes.c: {named - defined}"
+    assert named <= defined, f"handlers named in cuda_calls.py but not in bpf/cuda_probes.c: {named - defined}"
 
 
 @pytest.mark.parametrize("s,mirror", decode.STRUCT_MIRRORS, ids=lambda x: getattr(x, "__name__", ""))

@@ -96,10 +96,10 @@ def test_server_span_carries_what_is_certain(tmp_path):
     from otel_gpu import semconv as sc
     from otel_gpu.clock import BpfClock
     from otel_gpu.export.spans import SpanBuilder
-    from otel_gpu.pipeline.enrich import Enrich
+    from otel_gpu.enrich.stage import Enrich
     from otel_gpu.pipeline.model import CallSink, Request, RequestHead  # wherever the parser lives
-    from otel_gpu.pipeline.resources import ProcessResources
-    from otel_gpu.pipeline.routes import RouteTemplater
+    from otel_gpu.enrich.resources import ProcessResources
+    from otel_gpu.enrich.routes import RouteTemplater
 
     proc_root = fake_proc(tmp_path / "proc", 7, {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": "1"})
     fake_proc(tmp_path / "proc", 8, {})  # fastest-first on two different GPUs: nothing certain

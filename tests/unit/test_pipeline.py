@@ -13,12 +13,11 @@ from otel_gpu.clock import BpfClock
 from otel_gpu.wiring import build_pipeline
 from otel_gpu.config import Config
 from otel_gpu.export.destinations import Destinations
-from otel_gpu.pipeline.records import (EV_SOCK_READ, EV_SOCK_WRITE, Accept, KernelRollup, ProcExit,
-                                       SockIo, Tick)
-from otel_gpu.probes.table import call_id
+from otel_gpu.records import EV_SOCK_READ, EV_SOCK_WRITE, Accept, KernelRollup, ProcExit, SockIo, Tick
+from otel_gpu.cuda_calls import call_id
 from otel_gpu.ratelimit import Stats
 from tests.unit.pipeline.calls import cuda
-from tests.unit.pipeline.test_resources import fake_proc
+from tests.unit.enrich.test_resources import fake_proc
 
 PID = 4321
 OK = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"

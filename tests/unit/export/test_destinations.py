@@ -17,7 +17,7 @@ from opentelemetry.trace import SpanContext, SpanKind, TraceFlags
 import otel_gpu
 from otel_gpu import semconv as sc
 from otel_gpu.config import Config
-from otel_gpu.destinations import build_destinations
+from otel_gpu.wiring import build_destinations
 from otel_gpu.export.console import ConsoleTreeExporter
 from otel_gpu.export.destinations import Destinations, QueuedExporter
 from otel_gpu.ratelimit import Stats

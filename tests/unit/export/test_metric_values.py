@@ -118,7 +118,7 @@ def test_service_name_labels_are_bounded():
     """A traced process names its own service (OTEL_SERVICE_NAME): processes that churn
     through names fold into `other` past MAX_SERVICES, counted."""
     from otel_gpu.export.metrics import OTHER
-    from otel_gpu.pipeline.route_cap import MAX_SERVICES
+    from otel_gpu.value_cap import MAX_SERVICES
 
     reader, stats = InMemoryMetricReader(), Stats()
     m = GpuMetrics([reader], stats)

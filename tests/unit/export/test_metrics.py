@@ -5,8 +5,8 @@ ran (graph launches x the capture's counts), in requests and outside them; graph
 names are bounded like any."""
 from otel_gpu import semconv as sc
 from otel_gpu.export import metrics
-from otel_gpu.pipeline.records import KernelRollup, Tick
-from otel_gpu.probes.table import call_id
+from otel_gpu.records import KernelRollup, Tick
+from otel_gpu.cuda_calls import call_id
 from tests.unit.pipeline.test_graphs import EXEC, capture_events, request_with_graph_launches
 from tests.unit.test_pipeline import PID, _points, wired
 
@@ -51,7 +51,7 @@ def test_graph_kernel_names_share_the_name_bound(tmp_path):
 def test_response_chunks_are_counted_by_feature(tmp_path):
     """otel_gpu.response.chunks: a streamed response's body writes (an SSE token each), by
     feature, beside otel_gpu.cost.* for cost per token."""
-    from otel_gpu.pipeline.records import EV_SOCK_WRITE, SockIo
+    from otel_gpu.records import EV_SOCK_WRITE, SockIo
     from tests.unit.test_pipeline import request_events
     w, _, reader = wired(tmp_path)
     head = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"

@@ -10,8 +10,8 @@ from otel_gpu.clock import BpfClock
 from otel_gpu.export.spans import SpanBuilder
 from otel_gpu.pipeline.protocols.base import RequestHead
 from otel_gpu.pipeline.model import CallSink, ProcessWindow, Request
-from otel_gpu.pipeline.routes import RouteTemplater
-from otel_gpu.probes.table import call_id
+from otel_gpu.enrich.routes import RouteTemplater
+from otel_gpu.cuda_calls import call_id
 from tests.unit.pipeline.calls import cuda
 
 PID, TID = 321, 322

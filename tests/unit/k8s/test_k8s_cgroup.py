@@ -6,13 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from otel_gpu.k8s.cgroup import (
-    RUNTIME_CONTAINERD,
-    CgroupFormatError,
-    ContainerRef,
-    parse_cgroup,
-    parse_cgroup_path,
-)
+from otel_gpu.k8s.cgroup import (RUNTIME_CONTAINERD, CgroupFormatError, ContainerRef, parse_cgroup,
+                                 parse_cgroup_path)
 
 FIXTURES = Path(__file__).parent / "fixtures"
 EXPECTED = json.loads((FIXTURES / "cgroup_expected.json").read_text())

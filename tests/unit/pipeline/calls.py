@@ -1,7 +1,6 @@
 """Typed CUDA call records for unit tests, by API name: cuda("cudaMemcpy", nbytes=64, kind=1)."""
-from otel_gpu.pipeline.records import (DeviceCall, GraphCall, LaunchCall, MemcpyCall, MemoryCall,
-                                       NcclCall, SyncCall)
-from otel_gpu.probes.table import BY_NAME, Category
+from otel_gpu.records import DeviceCall, GraphCall, LaunchCall, MemcpyCall, MemoryCall, NcclCall, SyncCall
+from otel_gpu.cuda_calls import BY_NAME, Category
 
 
 def cuda(name="cudaLaunchKernel", tid=1, func=0x1000, nbytes=0, kind=0, pid=1, duration=0, ts=0,

@@ -8,8 +8,8 @@ import random
 
 from otel_gpu.pipeline.contexts import ProcessContexts
 from otel_gpu.pipeline.model import ProcessWindow, Request
-from otel_gpu.pipeline.records import (EV_SOCK_READ, EV_SOCK_WRITE, Accept, RequestOpened, ContextCopy,
-                                       ProcessGone, ProcExit, SockClose, SockIo, Tick)
+from otel_gpu.records import (EV_SOCK_READ, EV_SOCK_WRITE, Accept, RequestOpened, ContextCopy, ProcessGone,
+                              ProcExit, SockClose, SockIo, Tick)
 from otel_gpu.pipeline.stitcher import Stitcher
 from otel_gpu.ratelimit import RateLimitedLog, Stats
 from tests.unit.pipeline import calls

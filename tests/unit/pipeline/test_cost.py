@@ -10,9 +10,10 @@ from otel_gpu.pipeline.cost import (UNKNOWN_FEATURE, CostStage, Prices, remainde
                                     split_by_overlap, split_seconds)
 from otel_gpu.pipeline.protocols.base import RequestHead
 from otel_gpu.pipeline.model import CallSink, ProcessWindow, Request
-from otel_gpu.pipeline.records import EV_SOCK_READ, EV_SOCK_WRITE, Accept, RequestOpened, ProcessGone, RequestCost, SockIo, Tick
+from otel_gpu.records import (EV_SOCK_READ, EV_SOCK_WRITE, Accept, RequestOpened, ProcessGone, RequestCost, SockIo,
+                              Tick)
 from otel_gpu.pipeline.stitcher import Stitcher
-from otel_gpu.probes.table import call_id
+from otel_gpu.cuda_calls import call_id
 from tests.unit.pipeline.calls import cuda
 
 MS = 1_000_000

@@ -10,9 +10,9 @@ import random
 
 import pytest
 
-from otel_gpu.pipeline.abi import GO_UNIT
+from otel_gpu.kernel_io.abi import GO_UNIT
 from otel_gpu.pipeline.model import ProcessWindow, Request
-from otel_gpu.pipeline.records import EV_SOCK_READ, EV_SOCK_WRITE, Accept, ContextCopy, SockIo, Tick, UnitWake
+from otel_gpu.records import EV_SOCK_READ, EV_SOCK_WRITE, Accept, ContextCopy, SockIo, Tick, UnitWake
 from otel_gpu.pipeline.stitcher import Stitcher
 from tests.unit.pipeline import calls
 

@@ -6,9 +6,9 @@ import pytest
 from otel_gpu import semconv as sc
 from otel_gpu.pipeline import graphs
 from otel_gpu.pipeline.graphs import Graphs
-from otel_gpu.pipeline.records import (EV_SOCK_READ, EV_SOCK_WRITE, Accept, GraphOp, KernelRollup, LaunchCall,
-                                       ProcExit, SockIo, Tick)
-from otel_gpu.probes.table import call_id
+from otel_gpu.records import (EV_SOCK_READ, EV_SOCK_WRITE, Accept, GraphOp, KernelRollup, LaunchCall, ProcExit,
+                              SockIo, Tick)
+from otel_gpu.cuda_calls import call_id
 from tests.unit.pipeline.calls import cuda
 from tests.unit.test_pipeline import OK, PID, wired
 
@@ -140,7 +140,7 @@ def test_state_per_process_is_bounded(monkeypatch):
 def test_decode_reads_graph_ops_and_the_capture_flag():
     import ctypes as ct
 
-    from otel_gpu.pipeline import abi, decode
+    from otel_gpu.kernel_io import abi, decode
     e = abi.GraphOpEvent()
     e.c.h.kind, e.c.h.tgid, e.c.call, e.c.ret = abi.EV_GRAPH_OP, PID, call_id("cuStreamEndCapture"), 0
     e.stream, e.graph = S, GRAPH

@@ -3,7 +3,7 @@ gRPC pool threads, each in its own untracked context, several RPCs open on one H
 connection read by a poller thread. A call lands on an RPC only where provable; a
 context address reused by another RPC, a write carrying two streams, or a binding
 contradicted later leave the calls ambiguous, never on a wrong RPC."""
-from otel_gpu.pipeline.records import CudaCall, SockIo
+from otel_gpu.records import CudaCall, SockIo
 from tests.unit.pipeline.protocols.http2.test_h2_stitcher import (PID, POLLER, launch, new, read, requests,
                                                                    write)
 from tests.unit.pipeline.protocols.http2.h2_wire import PREFACE, Peer, data, grpc_message, grpc_request, settings

@@ -9,7 +9,8 @@ import pytest
 from opentelemetry.sdk.trace.export import SpanExportResult
 from opentelemetry.trace import SpanKind
 
-from otel_gpu.config import ConfigError, load_config
+from otel_gpu.config import ConfigError
+from otel_gpu.config_loader import load_config
 from otel_gpu.pipeline import sampling
 from otel_gpu.export.destinations import QueuedExporter
 from otel_gpu.export.spans import SpanBuilder

@@ -4,9 +4,9 @@ synchronising calls, linked to the requests in flight, never parented under one.
 import random
 
 from otel_gpu.pipeline.model import ProcessWindow, Request
-from otel_gpu.pipeline.records import KernelRollup, ProcExit, SyncCall, Tick
+from otel_gpu.records import KernelRollup, ProcExit, SyncCall, Tick
 from otel_gpu.pipeline.stitcher import Stitcher
-from otel_gpu.probes.table import call_id
+from otel_gpu.cuda_calls import call_id
 from tests.unit.pipeline.test_stitcher import OK, T, accept, cuda, get, read, write
 
 FRONT, WORKER, STRANGER = 100, 200, 300

@@ -6,7 +6,7 @@ front-end relaying an engine's tokens, the engine in a related process."""
 import random
 
 from otel_gpu.pipeline.model import ProcessWindow, Request
-from otel_gpu.pipeline.records import Tick
+from otel_gpu.records import Tick
 from otel_gpu.pipeline.stitcher import Stitcher
 from tests.unit.pipeline.test_shared import FRONT, GROUPS, WORKER, ids, open_requests, step
 from tests.unit.pipeline.test_stitcher import T, write

@@ -4,10 +4,10 @@ import random
 import pytest
 
 from otel_gpu.pipeline.model import ProcessWindow, Request
-from otel_gpu.pipeline.records import (EV_SOCK_READ, EV_SOCK_WRITE, Accept, KernelRollup, ProcessGone,
-                                       ProcessSeen, ProcExit, SockClose, SockIo, Tick)
+from otel_gpu.records import (EV_SOCK_READ, EV_SOCK_WRITE, Accept, KernelRollup, ProcessGone, ProcessSeen,
+                              ProcExit, SockClose, SockIo, Tick)
 from otel_gpu.pipeline.stitcher import Stitcher
-from otel_gpu.probes.table import call_id
+from otel_gpu.cuda_calls import call_id
 from tests.unit.pipeline import calls
 
 CALL_LAUNCH_KERNEL, CALL_MEMCPY, CALL_DEVICE_SYNC = (call_id("cudaLaunchKernel"), call_id("cudaMemcpy"),
@@ -343,7 +343,7 @@ def test_thread_serving_a_connection_that_is_not_http_gives_no_process_attributi
 def test_calls_without_a_python_context_keep_the_thread_rules_beside_tracked_contexts():
     """ctx == 0 (not Python, or an interpreter the probes cannot read): the thread and
     process rules hold even on a thread where contexts are copied."""
-    from otel_gpu.pipeline.records import ContextCopy
+    from otel_gpu.records import ContextCopy
     s = new()
     out = s.process([accept(), read(get("/a")), ContextCopy(PID, 1, T(), 0x77, 0x1), cuda(tid=1), cuda(tid=8),
                      write(OK)])

@@ -3,7 +3,7 @@ connections whose close was never seen (synthetic events; /proc given as a dict)
 import random
 
 from otel_gpu.pipeline.model import ProcessWindow, Request
-from otel_gpu.pipeline.records import Accept, ProcExit, Tick
+from otel_gpu.records import Accept, ProcExit, Tick
 from otel_gpu.pipeline.stitcher import AUDIT_ALL_NS, Stitcher
 from otel_gpu.ratelimit import Stats
 from tests.unit.pipeline.test_stitcher import FD, OK, PID, T, accept, cuda, get, read, write

@@ -2,7 +2,7 @@
 when they come a byte at a time; bytes that cannot be told are counted, never parsed."""
 from otel_gpu.pipeline.protocols.base import SessionConfig
 from otel_gpu.pipeline.protocols.http1 import PROTOCOL as HTTP1
-from otel_gpu.pipeline.records import EV_SOCK_READ, SockClose, SockIo
+from otel_gpu.records import EV_SOCK_READ, SockClose, SockIo
 from tests.unit.pipeline.test_stitcher import FD, OK, PID, T, accept, cuda, get, new, read, requests, write
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from otel_gpu.probes.attacher import RETRY_MAX_S, RETRY_TRIES, Attacher
 from otel_gpu.probes.discovery import ProbeTarget
-from otel_gpu.probes.table import RUNTIME, rows_for
+from otel_gpu.cuda_calls import RUNTIME, rows_for
 from otel_gpu.ratelimit import Stats
 
 

@@ -4,7 +4,7 @@ library (fake /proc tree from the groups tests)."""
 import os
 
 from otel_gpu.probes.discovery import Discovery, known_library_files
-from otel_gpu.probes.table import DRIVER, RUNTIME
+from otel_gpu.cuda_calls import DRIVER, RUNTIME
 from tests.unit.pipeline.test_groups import CUDA_MAPS, Tree
 
 

@@ -11,7 +11,7 @@ import pytest
 
 from otel_gpu.probes.elf_file import ElfFile
 from otel_gpu.probes.go_functions import addresses
-from otel_gpu.probes.table import GO_PROBES
+from otel_gpu.cuda_calls import GO_PROBES
 from tests.bpf.targets.go.build import build, toolchains
 
 TOOLCHAINS = toolchains()

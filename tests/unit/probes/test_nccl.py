@@ -10,13 +10,13 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from otel_gpu import semconv as sc
 from otel_gpu.export.metrics import GpuMetrics
 from otel_gpu.export.spans import call_attributes, summary_attributes
-from otel_gpu.pipeline import decode
-from otel_gpu.pipeline.abi import EV_FLAG_UNREADABLE, EV_NCCL, NCCL_NO_OP
+from otel_gpu.kernel_io import decode
+from otel_gpu.kernel_io.abi import EV_FLAG_UNREADABLE, EV_NCCL, NCCL_NO_OP
 from otel_gpu.pipeline.model import CallSink, ProcessWindow
-from otel_gpu.pipeline.records import NcclCall
+from otel_gpu.records import NcclCall
 from otel_gpu.probes import nccl
 from otel_gpu.probes.discovery import libraries_in_maps
-from otel_gpu.probes.table import NCCL, call_id
+from otel_gpu.cuda_calls import NCCL, call_id
 
 NCCL_C = Path(__file__).resolve().parents[3] / "bpf" / "nccl_probes.c"
 

@@ -6,7 +6,7 @@ import re
 
 from otel_gpu.probes.discovery import Discovery, known_library_files, libssl_in_maps
 from otel_gpu.probes.source import bpf_dir
-from otel_gpu.probes.table import TLS, rows_for
+from otel_gpu.cuda_calls import TLS, rows_for
 from tests.unit.pipeline.test_groups import CUDA_MAPS, Tree
 
 

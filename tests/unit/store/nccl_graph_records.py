@@ -10,8 +10,8 @@ from otel_gpu.clock import BpfClock
 from otel_gpu.export.spans import SpanBuilder
 from otel_gpu.pipeline.model import CallSink, Request
 from otel_gpu.pipeline.protocols.base import RequestHead
-from otel_gpu.pipeline.records import NcclCall
-from otel_gpu.probes.table import BY_NAME
+from otel_gpu.records import NcclCall
+from otel_gpu.cuda_calls import BY_NAME
 from tests.unit.pipeline.calls import cuda
 
 PID, TID = 4343, 4344

@@ -13,8 +13,8 @@ from otel_gpu.export.spans import SpanBuilder
 from otel_gpu.pipeline.cost import CostStage, Prices
 from otel_gpu.pipeline.protocols.base import RequestHead
 from otel_gpu.pipeline.model import CallSink, ProcessWindow, Request
-from otel_gpu.pipeline.records import RequestOpened, Tick
-from otel_gpu.probes.table import call_id
+from otel_gpu.records import RequestOpened, Tick
+from otel_gpu.cuda_calls import call_id
 from otel_gpu.store.report import build_report
 from store_helpers import run_cli
 from tests.unit.pipeline.calls import cuda

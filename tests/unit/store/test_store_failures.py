@@ -13,7 +13,7 @@ import pytest
 from opentelemetry.sdk.trace.export import SpanExportResult
 
 from otel_gpu.config import Config
-from otel_gpu.destinations import build_destinations
+from otel_gpu.wiring import build_destinations
 from otel_gpu.ratelimit import Stats
 from otel_gpu.store.exporter import StoreExporter
 from otel_gpu.store.schema import StoreError

@@ -25,8 +25,8 @@ from ..base import (Handover, Notice, ProtocolError, RequestFinished, RequestHea
                     Session, SessionConfig, StreamReset)
 from ..http1.framing import safe_target
 from . import grpc
-from .frames import (ACK, DEFAULT_MAX_FRAME, MAX_FRAME_LEN, DATA, END_STREAM, GOAWAY, HEADERS, PUSH_PROMISE, CONTINUATION, RST_STREAM, SETTINGS,
-                     FrameSplitter, H2FramingError)
+from .frames import (ACK, DEFAULT_MAX_FRAME, MAX_FRAME_LEN, DATA, END_STREAM, GOAWAY, HEADERS, PUSH_PROMISE,
+                     CONTINUATION, RST_STREAM, SETTINGS, FrameSplitter, H2FramingError)
 from .headers import MAX_BLOCK, HeaderBlocks, HpackLost
 
 SETTINGS_HEADER_TABLE_SIZE, SETTINGS_MAX_FRAME_SIZE = 0x1, 0x5

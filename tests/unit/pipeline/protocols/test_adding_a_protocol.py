@@ -13,7 +13,7 @@ from otel_gpu.pipeline import protocols
 from otel_gpu.pipeline.model import Request
 from otel_gpu.pipeline.protocols.base import (Notice, Protocol, ProtocolError, RequestFinished, RequestHead,
                                               RequestStarted, ResponseStatus, Session, StreamReset)
-from otel_gpu.pipeline.records import EV_SOCK_READ, EV_SOCK_WRITE, Accept, SockClose, SockIo
+from otel_gpu.records import EV_SOCK_READ, EV_SOCK_WRITE, Accept, SockClose, SockIo
 from otel_gpu.pipeline.stitcher import Stitcher
 from tests.unit.pipeline import calls
 

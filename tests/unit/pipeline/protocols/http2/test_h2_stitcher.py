@@ -6,7 +6,7 @@ import random
 import pytest
 
 from otel_gpu.pipeline.model import Request
-from otel_gpu.pipeline.records import EV_SOCK_READ, EV_SOCK_WRITE, Accept, ContextCopy, SockClose, SockIo
+from otel_gpu.records import EV_SOCK_READ, EV_SOCK_WRITE, Accept, ContextCopy, SockClose, SockIo
 from otel_gpu.pipeline.stitcher import Stitcher
 from tests.unit.pipeline import calls
 from tests.unit.pipeline.protocols.http2.h2_wire import (PREFACE, Peer, data, get, grpc_message, grpc_request, rst,

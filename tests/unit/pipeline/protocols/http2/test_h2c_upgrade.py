@@ -8,11 +8,11 @@ import h2.config
 import h2.connection
 
 from otel_gpu.pipeline.model import Request
-from otel_gpu.pipeline.protocols.base import (Handover, ProtocolError, RequestFinished, RequestHead, RequestStarted,
-                                              ResponseStatus, SessionConfig)
+from otel_gpu.pipeline.protocols.base import (Handover, ProtocolError, RequestFinished, RequestHead,
+                                              RequestStarted, ResponseStatus, SessionConfig)
 from otel_gpu.pipeline.protocols.http2 import PROTOCOL
 from otel_gpu.pipeline.protocols.http2.frames import DATA
-from otel_gpu.pipeline.records import EV_SOCK_READ, EV_SOCK_WRITE, Accept, SockIo
+from otel_gpu.records import EV_SOCK_READ, EV_SOCK_WRITE, Accept, SockIo
 from otel_gpu.pipeline.stitcher import Stitcher
 from tests.unit.pipeline.protocols.http1.test_session_switch import switching, upgrade_request
 from tests.unit.pipeline.protocols.http2.h2_wire import frame

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from ..ratelimit import Stats
-from .route_cap import ValueCap
+from ..value_cap import ValueCap
 
 # (name, segment regex): first match wins. Applied to whole path segments.
 DEFAULT_SEGMENT_RULES: tuple[tuple[str, str], ...] = (

@@ -1,13 +1,13 @@
 """The enrich stage: what it writes onto requests and windows, and when it forgets."""
 from otel_gpu import semconv as sc
-from otel_gpu.pipeline.enrich import Enrich
+from otel_gpu.enrich.stage import Enrich
 from otel_gpu.pipeline.protocols.base import RequestHead
 from otel_gpu.pipeline.model import OUTSIDE, THREAD, CallSink, ProcessWindow, Request
-from otel_gpu.pipeline.records import ProcessGone, ProcessSeen
-from otel_gpu.pipeline.resources import ProcessResources
-from otel_gpu.pipeline.routes import RouteTemplater
+from otel_gpu.records import ProcessGone, ProcessSeen
+from otel_gpu.enrich.resources import ProcessResources
+from otel_gpu.enrich.routes import RouteTemplater
 from tests.unit.pipeline.calls import cuda
-from tests.unit.pipeline.test_resources import fake_proc
+from tests.unit.enrich.test_resources import fake_proc
 
 
 class Names:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Optional, Union
 
-from ..probes.table import BY_ID, CallSpec, call_name
+from .cuda_calls import BY_ID, CallSpec, call_name
 
 EV_SOCK_READ, EV_SOCK_WRITE = 2, 3  # SockIo.kind (the event kinds of bpf/events.h)
 
@@ -59,7 +59,7 @@ class ProcExit:
     comm: str = ""
 
 
-# --- CUDA calls: one class per event shape; `call` is the table id (probes/table.py).
+# --- CUDA calls: one class per event shape; `call` is the table id (cuda_calls.py).
 @dataclass(slots=True)
 class CudaCall:
     tgid: int
@@ -84,7 +84,7 @@ class CudaCall:
 
     def amounts(self) -> tuple[int, int, int]:
         """(rollup detail, bytes, duration_ns): what a rollup of this call adds up.
-        The detail means what probes/table.py ROLLUP_DETAIL says for the category."""
+        The detail means what cuda_calls.py ROLLUP_DETAIL says for the category."""
         return 0, 0, 0
 
 
@@ -199,7 +199,7 @@ class UnitWake:
 
 @dataclass(slots=True)
 class KernelHandle:
-    """A call handed out a kernel handle (probes/table.py Category.NAME): later launches
+    """A call handed out a kernel handle (cuda_calls.py Category.NAME): later launches
     of `handle` run the kernel `name` (the mangled symbol asked for), or whatever
     `source` (a host stub or a CUkernel) names. Consumed by enrich, never a span."""
     tgid: int
@@ -217,7 +217,7 @@ class KernelHandle:
 @dataclass(slots=True)
 class GraphOp:
     """A CUDA graph's capture began or ended, a graph was instantiated, or a graph or
-    exec destroyed (probes/table.py Category.GRAPH_OP; the call says which). Consumed by
+    exec destroyed (cuda_calls.py Category.GRAPH_OP; the call says which). Consumed by
     pipeline/graphs.py, never a span."""
     tgid: int
     tid: int

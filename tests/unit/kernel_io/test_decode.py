@@ -6,11 +6,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from otel_gpu.pipeline import abi
-from otel_gpu.pipeline.decode import DecodeError, decode
-from otel_gpu.pipeline.records import (Accept, ContextCopy, CudaCall, DeviceCall, GraphCall, LaunchCall,
-                                       MemcpyCall, MemoryCall, ProcExit, SockClose, SockIo, SyncCall)
-from otel_gpu.probes.table import call_id
+from otel_gpu.kernel_io import abi
+from otel_gpu.kernel_io.decode import DecodeError, decode
+from otel_gpu.records import (Accept, ContextCopy, CudaCall, DeviceCall, GraphCall, LaunchCall, MemcpyCall,
+                              MemoryCall, ProcExit, SockClose, SockIo, SyncCall)
+from otel_gpu.cuda_calls import call_id
 
 HEAD = (100, 101, 123456789)  # tgid, tid, ts_ns
 

@@ -201,7 +201,7 @@ def ids_in(*categories: Category) -> frozenset[int]:
 def c_defines() -> str:
     """The call ids for the BPF program, generated from the table (prepended to the C
     text at load, and to bpf/events.h in the layout test)."""
-    lines = ["/* Generated from otel_gpu/probes/table.py: CUDA call ids. */"]
+    lines = ["/* Generated from otel_gpu/cuda_calls.py: CUDA call ids. */"]
     lines += [f"#define CALL_{c.const} {c.id}" for c in CALLS]
     lines.append(f"#define CALL_MAX {CALL_MAX}")
     return "\n".join(lines) + "\n"

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from ..proc import TCP_ESTABLISHED, TCP_LISTEN, local_port, socket_fds, socket_inode, tcp_sockets
+from .proc import TCP_ESTABLISHED, TCP_LISTEN, local_port, socket_fds, socket_inode, tcp_sockets
 
 
 class PortCache:

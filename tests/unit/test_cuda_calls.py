@@ -1,9 +1,9 @@
 """The CUDA call table: one row per call, everything else derived from it."""
 import re
 
-from otel_gpu.pipeline import records
-from otel_gpu.probes.table import (BY_ID, CALLS, CUDA_PROBES, DRIVER, NCCL, ROLLUP_DETAIL, RUNTIME, SHAPE_OF,
-                                   Category, c_defines, call_name, rows_for)
+from otel_gpu import records
+from otel_gpu.cuda_calls import (BY_ID, CALLS, CUDA_PROBES, DRIVER, NCCL, ROLLUP_DETAIL, RUNTIME, SHAPE_OF,
+                                 Category, c_defines, call_name, rows_for)
 
 RECORD_OF_SHAPE = {"launch": records.LaunchCall, "memcpy": records.MemcpyCall, "memory": records.MemoryCall,
                    "sync": records.SyncCall, "graph": records.GraphCall, "device": records.DeviceCall,

@@ -5,12 +5,11 @@ from __future__ import annotations
 import random
 from types import SimpleNamespace
 
-from otel_gpu.pipeline.reader import AggregateReader, epoch_after
-from otel_gpu.pipeline.records import (EV_SOCK_READ, EV_SOCK_WRITE, Accept, CallAggregate, ContextCopy,
-                                       ProcExit, SockIo)
+from otel_gpu.kernel_io.reader import AggregateReader, epoch_after
+from otel_gpu.records import EV_SOCK_READ, EV_SOCK_WRITE, Accept, CallAggregate, ContextCopy, ProcExit, SockIo
 from otel_gpu.pipeline.model import Request
 from otel_gpu.pipeline.stitcher import Stitcher
-from otel_gpu.probes.table import call_id
+from otel_gpu.cuda_calls import call_id
 from otel_gpu.ratelimit import Stats
 from tests.unit.pipeline import calls
 

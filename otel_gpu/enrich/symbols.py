@@ -11,7 +11,7 @@ import ctypes.util
 import logging
 from typing import Callable, Optional
 
-from .records import KernelHandle
+from ..records import KernelHandle
 
 log = logging.getLogger(__name__)
 MAX_HOPS = 4  # CUfunction -> CUkernel -> name: two; a cycle ends here

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import ctypes as ct
 
-from otel_gpu.pipeline.abi import LaunchSlot, RollupKey, RollupValue
-from otel_gpu.pipeline.launch_slots import LaunchSlots
-from otel_gpu.pipeline.reader import LAUNCH_KERNEL, RollupReader
+from otel_gpu.kernel_io.abi import LaunchSlot, RollupKey, RollupValue
+from otel_gpu.kernel_io.launch_slots import LaunchSlots
+from otel_gpu.kernel_io.reader import LAUNCH_KERNEL, RollupReader
 
 ENTRIES = 8
 

@@ -5,8 +5,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from otel_gpu.pipeline.route_cap import MAX_SERVICES, OTHER, ValueCap
-from otel_gpu.pipeline.routes import RouteTemplater
+from otel_gpu.value_cap import MAX_SERVICES, OTHER, ValueCap
+from otel_gpu.enrich.routes import RouteTemplater
 from otel_gpu.ratelimit import Stats
 
 

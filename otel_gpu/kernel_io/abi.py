@@ -1,7 +1,7 @@
 """The ctypes mirror of bpf/events.h: the records the probes send and the map keys
 and values user space reads. tests/unit/test_event_layout.py compiles the header
 with -Wpadded and checks every size, offset and constant here against it. The CUDA
-call ids are not here: they live in probes/table.py (the BPF side gets them as
+call ids are not here: they live in cuda_calls.py (the BPF side gets them as
 generated #defines)."""
 from __future__ import annotations
 
@@ -91,7 +91,7 @@ class ProcExitEvent(ct.Structure):
     _fields_ = [("h", EventHeader), ("comm", ct.c_char * 16)]
 
 
-# --- CUDA records: one shape per call category (probes/table.py Shape) -----------
+# --- CUDA records: one shape per call category (cuda_calls.py Shape) -----------
 class CudaHeader(ct.Structure):
     _fields_ = [("h", EventHeader), ("call", u32), ("ret", s32), ("ctx", u64)]
 

@@ -2,7 +2,7 @@
 import os
 import socket
 
-from otel_gpu.pipeline.sockets import PortCache, existing_server_connections
+from otel_gpu.sockets import PortCache, existing_server_connections
 
 
 def test_finds_the_server_side_of_keep_alive_connections_only():
@@ -45,7 +45,7 @@ def test_peer_of_an_accepted_connection():
 
 
 def test_open_sockets_maps_fds_to_inodes_and_a_gone_process_to_none(tmp_path):
-    from otel_gpu.pipeline.sockets import open_sockets
+    from otel_gpu.sockets import open_sockets
     srv = socket.socket()
     try:
         mine = open_sockets("/proc", os.getpid())

@@ -10,14 +10,15 @@ import logging
 import time
 from typing import Optional
 
-from ..pipeline.abi import COUNTER_NAMES, GoProc, PyProc
-from ..pipeline.reader import AggregateReader, RingReader, RollupReader
+from ..probes import compiler_memory, pid_bits, runtime_text, uprobe_links
+from ..probes.attacher import Attacher
+from ..probes.discovery import ProbeTarget
+from ..probes.source import ProgramOptions, load
 from ..ratelimit import Stats
-from . import compiler_memory, launch_slots, pid_bits, runtime_text, uprobe_links
-from .attacher import Attacher
-from .discovery import ProbeTarget
+from . import launch_slots
+from .abi import COUNTER_NAMES, GoProc, PyProc
 from .map_batch import BatchMap
-from .source import ProgramOptions, load
+from .reader import AggregateReader, RingReader, RollupReader
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +68,7 @@ class BpfProgram:
         self.bpf = load(options, stats)  # from the BPF cache when it holds this program
         self.load_s = time.monotonic() - t0  # the clang compile and the verifier: most of `ready`
         dropped_kb = compiler_memory.release()
-        from .cached_bpf import CachedBPF  # imports bcc, which load() already needed
+        from ..probes.cached_bpf import CachedBPF  # imports bcc, which load() already needed
         how = "from the cache" if isinstance(self.bpf, CachedBPF) else "compiled"
         log.info("BPF program loaded (%.1f s, %s); %d MB of compiler pages released", self.load_s, how,
                  dropped_kb // 1024)

@@ -7,8 +7,8 @@ import sys
 import pytest
 
 from otel_gpu import semconv as sc
-from otel_gpu.pipeline import resources
-from otel_gpu.pipeline.resources import ProcessResources, service_name_from
+from otel_gpu.enrich import resources
+from otel_gpu.enrich.resources import ProcessResources, service_name_from
 
 
 @pytest.mark.parametrize("argv,exe,name", [

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from ..ratelimit import Stats
+from .ratelimit import Stats
 
 OTHER = "{other}"
 PARAM = "{param}"

@@ -1,6 +1,7 @@
-"""The reader of bpf/launch_slots.c: launches the fast path counted per CPU slot, as
-deltas per (tgid, kernel) since the last read, for RollupReader to add to the
-`rollup` hash's counts (a launch is counted in one of the two, never both).
+"""bpf/launch_slots.c from user space: the array's memory mapping (its sizes are the
+program's: probes/launch_slot_sizes.py), and the reader of the launches the fast path counted per CPU slot, as deltas per (tgid, kernel)
+since the last read, for RollupReader to add to the `rollup` hash's counts (a launch is
+counted in one of the two, never both).
 
 The slots are read from the array's memory as the kernel writes them: each slot's
 tgid first, then its func and count (the order the kernel's claim is safe against).
@@ -10,9 +11,24 @@ counts were read before user space released it."""
 from __future__ import annotations
 
 import ctypes as ct
+import mmap
 from typing import Callable
 
+from ..probes.launch_slot_sizes import SLOTS_PER_CPU
 from .abi import LaunchSlot
+
+def map_memory(table, cpus: int) -> mmap.mmap:
+    """The launch_slots array's memory, shared with the kernel (BPF_F_MMAPABLE), read-only."""
+    size = cpus * SLOTS_PER_CPU * ct.sizeof(LaunchSlot)
+    size = -(-size // mmap.PAGESIZE) * mmap.PAGESIZE
+    return mmap.mmap(table.map_fd, size, mmap.MAP_SHARED, mmap.PROT_READ)
+
+
+def reader(bpf, cpus: int, traced) -> LaunchSlots:
+    """The pipeline's reader of the loaded program's slots; `traced(tgid)`: user space
+    traces tgid (pid_bits.PidBits.traced)."""
+    return LaunchSlots(map_memory(bpf["launch_slots"], cpus), cpus * SLOTS_PER_CPU, traced)
+
 
 WORDS = ct.sizeof(LaunchSlot) // 8  # u64 words per slot: tgid (and pad), func, count
 

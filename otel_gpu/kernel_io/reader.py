@@ -1,7 +1,7 @@
 """The source of the pipeline: drains the ring buffer into batches of decoded records,
 turns the in-kernel rollup map into KernelRollup records, and places the per-request
 counts of the req_agg map (CallAggregate) in the batches where their HTTP epoch ended. It is handed the maps
-by the program's owner (probes/program.py) and names none itself."""
+by the program's owner (kernel_io/program.py) and names none itself."""
 from __future__ import annotations
 
 import bisect
@@ -9,12 +9,12 @@ import ctypes as ct
 import logging
 from typing import Optional
 
-from ..probes.table import call_id
+from ..cuda_calls import call_id
 from ..ratelimit import RateLimitedLog, Stats
+from ..records import CallAggregate, ContextCopy, KernelRollup, ProcExit, SockClose, SockIo, UnitWake
 from .abi import RollupKey
 from .decode import DecodeError, decode
 from .launch_slots import LaunchSlots
-from .records import CallAggregate, ContextCopy, KernelRollup, ProcExit, SockClose, SockIo, UnitWake
 
 log = logging.getLogger(__name__)
 LAUNCH_KERNEL = call_id("cudaLaunchKernel")  # the call the launch slots count
@@ -116,7 +116,7 @@ class AggregateReader:
     `aggregates_late`). It goes just before that record, where its calls one by one would
     have been: the stitcher attributes it with the same open requests and contexts.
 
-    `table`: items() -> [(key, value)] and delete(keys) -> [deleted?] (probes/map_batch.py:
+    `table`: items() -> [(key, value)] and delete(keys) -> [deleted?] (kernel_io/map_batch.py:
     the kernel's batch commands). `counted()`: calls the kernel counted in req_agg so
     far (it bumps that counter after the entry is written): while it has not moved and no
     process with entries left has a new epoch, the map is not read at all."""

@@ -3,7 +3,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from otel_gpu.pipeline.routes import RouteTemplater
+from otel_gpu.enrich.routes import RouteTemplater
 
 UUID = "123e4567-e89b-12d3-a456-426614174000"
 

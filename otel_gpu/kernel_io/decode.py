@@ -1,8 +1,8 @@
-"""Ring-buffer bytes -> pipeline records (pipeline/records.py).
+"""Ring-buffer bytes -> pipeline records (records.py).
 
 Each CUDA shape is decoded by one precompiled struct.Struct (several times faster
 than ctypes from_buffer_copy; launches are the hot path); tests/unit/test_event_layout.py
-checks every Struct against its ctypes mirror in pipeline/abi.py. Socket records are
+checks every Struct against its ctypes mirror in kernel_io/abi.py. Socket records are
 variable-length and rarer: decoded through the mirror."""
 from __future__ import annotations
 
@@ -11,13 +11,13 @@ import ipaddress
 import struct
 from typing import Optional
 
+from ..records import (Accept, ContextCopy, DeviceCall, GraphCall, KernelHandle, LaunchCall, MemcpyCall, GraphOp,
+                       MemoryCall, NcclCall, ProcExit, SockClose, SockIo, SyncCall, UnitWake)
 from . import abi
-from .abi import (EV_ACCEPT, EV_CUDA_DEVICE, EV_CUDA_GRAPH, EV_CUDA_LAUNCH, EV_CUDA_MEMCPY,
-                  EV_CUDA_MEMORY, EV_CUDA_SYNC, EV_PROC_EXIT, EV_FLAG_UNREADABLE, EV_PY_CONTEXT, EV_SOCK_CLOSE,
-                  EV_SOCK_READ, EV_SOCK_WRITE, HTTP_DATA_CAP, HTTP_TAIL_CAP)
+from .abi import (EV_ACCEPT, EV_CUDA_DEVICE, EV_CUDA_GRAPH, EV_CUDA_LAUNCH, EV_CUDA_MEMCPY, EV_CUDA_MEMORY,
+                  EV_CUDA_SYNC, EV_PROC_EXIT, EV_FLAG_UNREADABLE, EV_PY_CONTEXT, EV_SOCK_CLOSE, EV_SOCK_READ,
+                  EV_SOCK_WRITE, HTTP_DATA_CAP, HTTP_TAIL_CAP)
 from .abi import EV_FLAG_CAPTURE, EV_FLAG_TLS, EV_GO_SPAWN, EV_GO_WAKE, EV_GRAPH_OP, EV_KERNEL_HANDLE, EV_NCCL
-from .records import (Accept, ContextCopy, DeviceCall, GraphCall, KernelHandle, LaunchCall, MemcpyCall,
-                      GraphOp, MemoryCall, NcclCall, ProcExit, SockClose, SockIo, SyncCall, UnitWake)
 
 
 class DecodeError(ValueError):

@@ -1,17 +1,17 @@
 """Kernel handles to names: the kernel_handle_event record, the per-process handle map
-(pipeline/symbols.py HandleMap), demangling, and the enrich stage learning from it."""
+(enrich/symbols.py HandleMap), demangling, and the enrich stage learning from it."""
 import pytest
 
-from otel_gpu.pipeline import abi
-from otel_gpu.pipeline.decode import KERNEL_HANDLE, DecodeError, decode
-from otel_gpu.pipeline.enrich import Enrich
-from otel_gpu.pipeline.records import KernelHandle, ProcessGone
-from otel_gpu.pipeline.resources import ProcessResources
-from otel_gpu.pipeline.routes import RouteTemplater
-from otel_gpu.pipeline.symbols import HandleMap, KernelNames, demangle
-from otel_gpu.probes.table import call_id
+from otel_gpu.kernel_io import abi
+from otel_gpu.kernel_io.decode import KERNEL_HANDLE, DecodeError, decode
+from otel_gpu.enrich.stage import Enrich
+from otel_gpu.records import KernelHandle, ProcessGone
+from otel_gpu.enrich.resources import ProcessResources
+from otel_gpu.enrich.routes import RouteTemplater
+from otel_gpu.enrich.symbols import HandleMap, KernelNames, demangle
+from otel_gpu.cuda_calls import call_id
 from tests.unit.pipeline.calls import cuda
-from tests.unit.pipeline.test_enrich import request
+from tests.unit.enrich.test_enrich import request
 
 GET_FUNCTION, GET_KERNEL = call_id("cuModuleGetFunction"), call_id("__cudaGetKernel")
 

@@ -9,8 +9,8 @@ from typing import Optional
 
 from .. import sanitize
 from .. import semconv as sc
-from .model import ProcessWindow, Request
-from .records import KernelHandle, ProcessGone, ProcessSeen
+from ..pipeline.model import ProcessWindow, Request
+from ..records import KernelHandle, ProcessGone, ProcessSeen
 from .resources import ProcessResources
 from .routes import RouteTemplater
 
