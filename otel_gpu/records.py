@@ -26,6 +26,7 @@ class Accept:
     peer_addr: Optional[str]
     peer_port: Optional[int]
     tracked: bool = True  # False: the kernel's connection table was full (its I/O is not seen)
+    server_port: Optional[int] = None  # the listening socket's port, from /proc (pipeline/proc_facts.py)
 
 
 @dataclass(slots=True)
@@ -295,6 +296,25 @@ class RequestCost:
 class ProcessSeen:
     """First event of a process: enrichment reads /proc while it still exists."""
     tgid: int
+
+
+@dataclass(slots=True)
+class ProcessGroup:
+    """The process's group of related processes (pipeline/groups.py key, None: none), from
+    /proc, before any other record of the process reaches the stitcher."""
+    tgid: int
+    key: Optional[str]
+
+
+@dataclass(slots=True)
+class OpenSockets:
+    """The sockets a process holds (fd -> socket inode; {} once it is gone), from /proc,
+    for the stitcher's audit of connections whose close was never seen: every process
+    with connections (`everyone`) now and then, those with untracked ones at each Tick."""
+    tgid: int
+    fds: dict
+    everyone: bool
+    now_ns: int  # the Tick's time
 
 
 @dataclass(slots=True)

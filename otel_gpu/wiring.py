@@ -1,6 +1,6 @@
 """The pipeline's stages, wired from configuration in the order a record passes them:
 
-    probes (BpfProgram) -> graphs -> stitcher -> enrich -> cost -> export -> metrics
+    probes (BpfProgram) -> graphs -> /proc facts -> stitcher -> enrich -> cost -> export -> metrics
 
 (metrics also count requests as they finish, before the cost stage: two stages of one
 GpuMetrics); the export stage's destinations (console, the local store, OTLP) are built
@@ -29,6 +29,7 @@ from .gpu_devices import DeviceIdentities, gpu_model
 from .pipeline.cost import CostStage, Prices
 from .pipeline.graphs import Graphs
 from .pipeline.groups import ProcessGroups
+from .pipeline.proc_facts import ProcFacts
 from .pipeline.sampling import drops_roots, make as make_sampler
 from .pipeline.stitcher import Stitcher
 from .ratelimit import Stats
@@ -111,10 +112,9 @@ def build_pipeline(config: Config, stats: Stats, k8s=None, destinations=None,
     groups = ProcessGroups(config.proc_root)
     kept_headers = config.export_headers | ({config.feature_header} if config.feature_header else set())
     sampler = make_sampler(config.traces_sampler, config.traces_sampler_arg)
-    stitcher = Stitcher(config.span_budget, frozenset(kept_headers), stats, port_of=ports.port,
-                        peer_of=ports.peer, group_of=groups,
-                        sockets_of=lambda pid: open_sockets(config.proc_root, pid),
-                        sampler=sampler, quiet_when_idle=drops_roots(config.traces_sampler, config.traces_sampler_arg))
+    facts = ProcFacts(ports.port, ports.peer, groups, lambda pid: open_sockets(config.proc_root, pid))
+    stitcher = Stitcher(config.span_budget, frozenset(kept_headers), stats, sampler=sampler,
+                        quiet_when_idle=drops_roots(config.traces_sampler, config.traces_sampler_arg))
     enrich = Enrich(ProcessResources(config.proc_root, k8s, config.resource_attributes, stats,
                                      config.export_command_line),
                     RouteTemplater(config.route_patterns, max_routes=config.max_routes, stats=stats),
@@ -132,6 +132,6 @@ def build_pipeline(config: Config, stats: Stats, k8s=None, destinations=None,
     if metric_readers:
         from .export.metrics import GpuMetrics
         metrics = GpuMetrics(metric_readers, stats, service_name=config.self_service_name)
-    stages = [Graphs(), stitcher, enrich, *([metrics] if metrics else []), cost,
+    stages = [Graphs(), facts, stitcher, enrich, *([metrics] if metrics else []), cost,
               *([metrics.costs()] if metrics else []), ExportStage(builder, destinations)]
     return Wiring(Pipeline(stages), stitcher, destinations, ports, groups)

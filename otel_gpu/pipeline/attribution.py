@@ -14,7 +14,7 @@ the same rules as the calls one by one.
 
 CallAttribution is the CUDA half of pipeline/stitcher.Stitcher, which keeps the state it
 reads: procs (Proc: open requests, windows, units, handler pairs), _serving (processes
-with open requests), _group_of, span_budget, attributed, by_rule and _proc()."""
+with open requests), groups (ProcessGroup records), span_budget, attributed, by_rule and _proc()."""
 from __future__ import annotations
 
 from typing import Optional
@@ -137,12 +137,12 @@ class CallAttribution:
 
     def _group_requests(self, p: Proc) -> list:
         """The open requests of the other processes in `p`'s group (pipeline/groups.py)."""
-        if self._group_of is None or not self._serving or list(self._serving) == [p.tgid]:
+        if not self._serving or list(self._serving) == [p.tgid]:
             return []
-        key = self._group_of(p.tgid)
+        key = self.groups.get(p.tgid)
         if key is None:
             return []
-        return [r for q in self._serving.values() if q is not p and self._group_of(q.tgid) == key
+        return [r for q in self._serving.values() if q is not p and self.groups.get(q.tgid) == key
                 for r in q.open]
 
     def _settle(self, p: Proc, outcomes: list[Outcome]) -> None:

@@ -9,7 +9,8 @@ pipeline/handlers.py). Nothing here knows a protocol's bytes: the sessions
 
 Connections reads and writes the Stitcher's state (pipeline/process_state.py: Proc,
 Conn): procs (via _proc, _conn), _serving, stats, _log, _rng, _sampler, span_budget,
-_session_config, _port_of, _peer_of; and calls its _settle, _handler_pair and _note_quiet."""
+_session_config; and calls its _settle, _handler_pair and _note_quiet. The /proc facts it
+needs come on the records (pipeline/proc_facts.py)."""
 from __future__ import annotations
 
 import logging
@@ -37,11 +38,8 @@ class Connections:
             p.conns[ev.fd] = Conn(ev.fd, tracked=False)
             p.untracked += 1
             return
-        peer = (ev.peer_addr, ev.peer_port)
-        if peer[0] is None and self._peer_of:  # accept(fd, NULL, NULL), as uvloop/libuv do
-            peer = self._peer_of(ev.tgid, ev.fd) or peer
-        c = p.conns[ev.fd] = Conn(ev.fd, *peer, ev.listen_fd)
-        c.server_port = self._port_of(ev.tgid, ev.listen_fd, ev.fd) if self._port_of else None
+        c = p.conns[ev.fd] = Conn(ev.fd, ev.peer_addr, ev.peer_port, ev.listen_fd)
+        c.server_port = ev.server_port
 
     def _on_read(self, ev: SockIo, out: list) -> None:
         p = self._proc(ev.tgid, out)

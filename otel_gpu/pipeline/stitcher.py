@@ -9,9 +9,11 @@ connection no session can follow gives no thread/process attribution, nor does a
 process with connections the kernel could not track (its table was full: their requests
 are not seen); such a process's spans carry how many it had.
 
-Time arrives as Tick records: at each, the ambiguous/shared/outside windows collected so
-far go out, and every connection is checked against /proc now and then; at the final
-one (collector stopping), every open request is closed too."""
+It reads nothing itself: the /proc facts it needs (ports, peers, groups of related
+processes, the sockets a process still holds) come as records from the stage before it
+(pipeline/proc_facts.py). Time arrives as Tick records: at each, the ambiguous/shared/
+outside windows collected so far go out; at the final one (collector stopping), every
+open request is closed too."""
 from __future__ import annotations
 
 import logging
@@ -19,8 +21,8 @@ import random
 from typing import Optional
 
 from ..ratelimit import RateLimitedLog, Stats
-from ..records import (Accept, CallAggregate, ContextCopy, CudaCall, EV_SOCK_READ, KernelRollup, ProcessGone,
-                       ProcessSeen, ProcExit, SockClose, SockIo, Tick, UnitWake)
+from ..records import (Accept, CallAggregate, ContextCopy, CudaCall, EV_SOCK_READ, KernelRollup, OpenSockets,
+                       ProcessGone, ProcessGroup, ProcessSeen, ProcExit, SockClose, SockIo, Tick, UnitWake)
 from .attribution import CallAttribution
 from .connections import Connections
 from .contexts import ProcessContexts
@@ -33,29 +35,23 @@ from .steps import BatchSteps
 from .threads import ThreadProof
 
 log = logging.getLogger(__name__)
-AUDIT_ALL_NS = 60 * 10**9  # how often every connection is checked against /proc
 
 
 class Stitcher(Connections, CallAttribution):
     def __init__(self, span_budget: int = 256, extra_headers: frozenset = frozenset(),
                  stats: Optional[Stats] = None, rng: Optional[random.Random] = None,
-                 port_of=None, peer_of=None, group_of=None, sockets_of=None, sampler=None,
-                 quiet_when_idle: bool = False) -> None:
+                 sampler=None, quiet_when_idle: bool = False) -> None:
         self.span_budget = span_budget
         self.extra_headers = extra_headers
         self._session_config = SessionConfig(extra_headers)
         self.stats = stats or Stats()
         self._log = RateLimitedLog(log, self.stats, interval_s=30.0)
         self._rng = rng or random.Random()
-        self._port_of = port_of  # (pid, listen_fd, conn_fd) -> server port, or None
-        self._peer_of = peer_of  # (pid, conn_fd) -> (address, port) or None: accepts without one
-        self._group_of = group_of  # pid -> group key or None (pipeline/groups.py): related processes
-        self._sockets_of = sockets_of  # pid -> {fd: socket inode} (sockets.py): closes not seen
         self._sampler = sampler  # pipeline/sampling.py; None: every trace sampled
         self.quiet_when_idle = quiet_when_idle  # sampling.drops_roots(): the collector marks new processes quiet
         self.quiet: dict[int, bool] = {}  # tgid -> whether all its open requests are unsampled, as changed
-        self._next_audit_ns = 0
         self.procs: dict[int, Proc] = {}
+        self.groups: dict[int, Optional[str]] = {}  # tgid -> its group of related processes (ProcessGroup)
         self._serving: dict[int, Proc] = {}  # processes with open requests
         self.attributed = dict.fromkeys(ATTRIBUTIONS, 0)
         self.by_rule = dict.fromkeys((r.name for r in RULES), 0)  # calls by the rule that decided them
@@ -78,6 +74,10 @@ class Stitcher(Connections, CallAttribution):
                 self._proc(ev.tgid, out).contexts.wake(ev)
             elif isinstance(ev, Accept):
                 self._on_accept(ev, out)
+            elif isinstance(ev, ProcessGroup):
+                self.groups[ev.tgid] = ev.key
+            elif isinstance(ev, OpenSockets):
+                self._audit(ev, out)
             elif isinstance(ev, SockClose):
                 self._on_close(ev.tgid, ev.fd, ev.ts_ns, out)
             elif isinstance(ev, CallAggregate):
@@ -91,7 +91,6 @@ class Stitcher(Connections, CallAttribution):
                     self._close_all(ev.now_ns, "collector stopped", out)
                 for p in self.procs.values():
                     p.contexts.sweep(ev.now_ns, min((r.start_ns for r in p.open), default=None))
-                self._audit_connections(ev.now_ns, out)
                 self._flush_windows(out)
                 self.steps.tick(ev.now_ns, out, ev.final)
                 out.append(ev)
@@ -132,8 +131,7 @@ class Stitcher(Connections, CallAttribution):
     def _conn(self, p: Proc, fd: int) -> Conn:
         c = p.conns.get(fd)
         if c is None:  # accepted before the collector saw it: peer unknown
-            c = p.conns[fd] = Conn(fd)
-            c.server_port = self._port_of(p.tgid, -1, fd) if self._port_of else None
+            c = p.conns[fd] = Conn(fd)  # (pipeline/proc_facts.py makes an Accept for it first)
         return c
 
     def _note_quiet(self, p: Proc) -> None:
@@ -150,6 +148,7 @@ class Stitcher(Connections, CallAttribution):
         # ProcessGone even for a process never seen here (its calls were only counted
         # in the kernel): the collector still has its BPF entries to drop.
         p = self.procs.pop(ev.tgid, None)
+        self.groups.pop(ev.tgid, None)
         if p is not None:
             for c in list(p.conns.values()):
                 self._drop_conn(p, c, ev.ts_ns, "process exited", out)
@@ -159,26 +158,19 @@ class Stitcher(Connections, CallAttribution):
         self.steps.gone(ev.tgid, ev.ts_ns, out)
         out.append(ProcessGone(ev.tgid, ev.comm))
 
-    def _audit_connections(self, now_ns: int, out: list) -> None:
-        """Releases connections whose close was never seen: untracked ones (their I/O is
-        not seen) at every Tick, every idle one each AUDIT_ALL_NS (a close lost with a
-        full ring buffer). A connection is gone when its fd is no longer the socket it was."""
-        if self._sockets_of is None:
-            return
-        everyone = now_ns >= self._next_audit_ns
-        if everyone:
-            self._next_audit_ns = now_ns + AUDIT_ALL_NS
-        for p in list(self.procs.values()):
-            if not p.conns or not (everyone or p.untracked):
+    def _audit(self, ev: OpenSockets, out: list) -> None:
+        """Releases connections whose close was never seen (pipeline/proc_facts.py says
+        when to look): untracked ones (their I/O is not seen), and, when `everyone`, idle
+        tracked ones too (a close lost with a full ring buffer). A connection is gone when
+        its fd is no longer the socket it was."""
+        p = self.procs.get(ev.tgid)
+        for c in list(p.conns.values()) if p is not None else ():
+            if c.streams or (c.tracked and not ev.everyone):
+                continue  # a request in flight: its close is on its way
+            inode = ev.fds.get(c.fd)
+            if inode is not None and c.inode in (None, inode):
+                c.inode = inode
                 continue
-            fds = self._sockets_of(p.tgid)
-            for c in list(p.conns.values()):
-                if c.streams or (c.tracked and not everyone):
-                    continue  # a request in flight: its close is on its way
-                inode = fds.get(c.fd)
-                if inode is not None and c.inode in (None, inode):
-                    c.inode = inode
-                    continue
-                if c.tracked:
-                    self.stats.add("connection_closes_unseen")
-                self._drop_conn(p, c, now_ns, "connection closed (close not seen)", out)
+            if c.tracked:
+                self.stats.add("connection_closes_unseen")
+            self._drop_conn(p, c, ev.now_ns, "connection closed (close not seen)", out)

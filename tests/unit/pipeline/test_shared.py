@@ -6,6 +6,7 @@ import random
 from otel_gpu.pipeline.model import ProcessWindow, Request
 from otel_gpu.records import KernelRollup, ProcExit, SyncCall, Tick
 from otel_gpu.pipeline.stitcher import Stitcher
+from tests.unit.pipeline.facts import WithFacts
 from otel_gpu.cuda_calls import call_id
 from tests.unit.pipeline.test_stitcher import OK, T, accept, cuda, get, read, write
 
@@ -14,7 +15,7 @@ GROUPS = {FRONT: "cgroup:/pod/a", WORKER: "cgroup:/pod/a", STRANGER: "cgroup:/po
 
 
 def new():
-    return Stitcher(span_budget=256, rng=random.Random(3), group_of=GROUPS.get)
+    return WithFacts(Stitcher(span_budget=256, rng=random.Random(3)), group_of=GROUPS.get)
 
 
 def ids(r: Request):

@@ -8,6 +8,7 @@ import random
 from otel_gpu.pipeline.model import ProcessWindow, Request
 from otel_gpu.records import Tick
 from otel_gpu.pipeline.stitcher import Stitcher
+from tests.unit.pipeline.facts import WithFacts
 from tests.unit.pipeline.test_shared import FRONT, GROUPS, WORKER, ids, open_requests, step
 from tests.unit.pipeline.test_stitcher import T, write
 
@@ -28,7 +29,7 @@ def steps_out(out):
 
 
 def test_queued_and_finished_streams_are_not_linked_to_steps_they_were_not_in():
-    s = Stitcher(span_budget=256, rng=random.Random(3), group_of=GROUPS.get)
+    s = WithFacts(Stitcher(span_budget=256, rng=random.Random(3)), group_of=GROUPS.get)
     reqs = open_requests(s, [10, 11, 12])
     s.process([sse(fd, SSE_HEAD) for fd in (10, 11, 12)])  # every stream's headers at once
     # Step 1: 10 and 11 (12 queued); 10's last token, then its end at once. Step 2: 11 and
@@ -45,7 +46,7 @@ def test_queued_and_finished_streams_are_not_linked_to_steps_they_were_not_in():
 
 
 def test_a_request_answered_in_one_write_is_linked_by_overlap_until_it_writes():
-    s = Stitcher(span_budget=256, rng=random.Random(3), group_of=GROUPS.get)
+    s = WithFacts(Stitcher(span_budget=256, rng=random.Random(3)), group_of=GROUPS.get)
     reqs = open_requests(s, [10])
     s.process(step(1, grid=1))
     s.process(step(1, grid=2))
@@ -56,7 +57,7 @@ def test_a_request_answered_in_one_write_is_linked_by_overlap_until_it_writes():
 
 
 def test_steps_wait_for_their_evidence_then_go_without_a_tick():
-    s = Stitcher(span_budget=256, rng=random.Random(3), group_of=GROUPS.get)
+    s = WithFacts(Stitcher(span_budget=256, rng=random.Random(3)), group_of=GROUPS.get)
     open_requests(s, [10])
     s.process([sse(10, SSE_HEAD)])
     assert steps_out(s.process(step(1, grid=1))) == []
@@ -71,7 +72,7 @@ def test_steps_wait_for_their_evidence_then_go_without_a_tick():
 def test_an_answer_whose_head_and_body_are_two_writes_is_its_step_member():
     """A response of declared length whose head goes out in one step's interval and its
     body in the next (a threaded server between its two writes): the head is its answer."""
-    s = Stitcher(span_budget=256, rng=random.Random(3), group_of=GROUPS.get)
+    s = WithFacts(Stitcher(span_budget=256, rng=random.Random(3)), group_of=GROUPS.get)
     reqs = open_requests(s, [10])
     s.process(step(1, grid=1) + [sse(10, b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n")])
     s.process(step(1, grid=2) + [sse(10, b"ok")])

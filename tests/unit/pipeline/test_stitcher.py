@@ -7,6 +7,7 @@ from otel_gpu.pipeline.model import ProcessWindow, Request
 from otel_gpu.records import (EV_SOCK_READ, EV_SOCK_WRITE, Accept, KernelRollup, ProcessGone, ProcessSeen,
                               ProcExit, SockClose, SockIo, Tick)
 from otel_gpu.pipeline.stitcher import Stitcher
+from tests.unit.pipeline.facts import WithFacts
 from otel_gpu.cuda_calls import call_id
 from tests.unit.pipeline import calls
 
@@ -264,7 +265,7 @@ def test_set_device_is_not_a_child_span():
 
 
 def test_connection_seen_without_its_accept():
-    s = Stitcher(rng=random.Random(2), port_of=lambda pid, lfd, fd: 8000)
+    s = WithFacts(Stitcher(rng=random.Random(2)), port_of=lambda pid, lfd, fd: 8000)
     (r,) = requests(s.process([read(get()), write(OK)]))
     assert r.peer_addr is None and r.server_port == 8000
 

@@ -4,7 +4,9 @@ import random
 
 from otel_gpu.pipeline.model import ProcessWindow, Request
 from otel_gpu.records import Accept, ProcExit, Tick
-from otel_gpu.pipeline.stitcher import AUDIT_ALL_NS, Stitcher
+from otel_gpu.pipeline.proc_facts import AUDIT_ALL_NS
+from otel_gpu.pipeline.stitcher import Stitcher
+from tests.unit.pipeline.facts import WithFacts
 from otel_gpu.ratelimit import Stats
 from tests.unit.pipeline.test_stitcher import FD, OK, PID, T, accept, cuda, get, read, write
 
@@ -26,7 +28,7 @@ class Sockets:
 
 
 def new(sockets=None):
-    return Stitcher(span_budget=256, rng=random.Random(7), stats=Stats(), sockets_of=sockets)
+    return WithFacts(Stitcher(span_budget=256, rng=random.Random(7), stats=Stats()), sockets_of=sockets)
 
 
 def tick(s, now):

@@ -1,0 +1,76 @@
+"""The /proc facts the stitcher needs, as records, so that it reads nothing itself: the
+stage just before it. For each server connection: the listening socket's port and, when
+the accept named none (uvloop's accept(fd, NULL, NULL)), the peer, on its Accept record;
+a connection first seen in a read (accepted before tracing, not seeded) gets an Accept
+made for it. For each process: its group of related processes (ProcessGroup) before its
+first record. At Ticks: the sockets each process with connections still holds
+(OpenSockets), for the audit of closes never seen: processes with untracked connections
+at every Tick (their I/O is not seen), every one each AUDIT_ALL_NS (a close lost with a
+full ring buffer)."""
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+from ..records import (EV_SOCK_READ, Accept, OpenSockets, ProcessGone, ProcessGroup, ProcExit, SockClose, SockIo,
+                       Tick)
+
+AUDIT_ALL_NS = 60 * 10**9  # how often every connection is checked against /proc
+
+
+class ProcFacts:
+    def __init__(self, port_of: Callable[[int, int, int], Optional[int]],
+                 peer_of: Callable[[int, int], Optional[tuple]],
+                 group_of: Callable[[int], Optional[str]],
+                 sockets_of: Callable[[int], dict]) -> None:
+        """port_of(pid, listen_fd, conn_fd), peer_of(pid, fd), group_of(pid) and
+        sockets_of(pid): the /proc readers (sockets.py, pipeline/groups.py)."""
+        self._port_of, self._peer_of, self._group_of, self._sockets_of = port_of, peer_of, group_of, sockets_of
+        self._grouped: set[int] = set()
+        self._conns: dict[int, dict[int, bool]] = {}  # tgid -> {fd: tracked}
+        self._next_audit_ns = 0
+
+    def process(self, batch: list) -> list:
+        out: list = []
+        for ev in batch:
+            cls = ev.__class__
+            if cls is Tick:
+                self._audit(ev.now_ns, out)
+                out.append(ev)
+                continue
+            tgid = getattr(ev, "tgid", None)
+            if tgid is not None and tgid not in self._grouped and cls is not ProcessGone and cls is not ProcExit:
+                self._grouped.add(tgid)
+                out.append(ProcessGroup(tgid, self._group_of(tgid)))
+            if cls is Accept:
+                self._accepted(ev)
+            elif cls is SockIo and ev.kind == EV_SOCK_READ and ev.fd not in self._conns.get(tgid, ()):
+                out.append(Accept(tgid, ev.tid, ev.ts_ns, ev.fd, -1, None, None,
+                                  server_port=self._port_of(tgid, -1, ev.fd)))  # peer unknown
+                self._conns.setdefault(tgid, {})[ev.fd] = True
+            elif cls is SockClose:
+                self._conns.get(tgid, {}).pop(ev.fd, None)
+            elif cls is ProcExit or cls is ProcessGone:
+                self._conns.pop(tgid, None)
+                self._grouped.discard(tgid)
+            out.append(ev)
+        return out
+
+    def _accepted(self, ev: Accept) -> None:
+        self._conns.setdefault(ev.tgid, {})[ev.fd] = ev.tracked
+        if not ev.tracked:
+            return
+        if ev.peer_addr is None:
+            ev.peer_addr, ev.peer_port = self._peer_of(ev.tgid, ev.fd) or (None, None)
+        ev.server_port = self._port_of(ev.tgid, ev.listen_fd, ev.fd)
+
+    def _audit(self, now_ns: int, out: list) -> None:
+        everyone = now_ns >= self._next_audit_ns
+        if everyone:
+            self._next_audit_ns = now_ns + AUDIT_ALL_NS
+        for tgid, conns in list(self._conns.items()):
+            if not conns or not (everyone or not all(conns.values())):
+                continue
+            fds = self._sockets_of(tgid)
+            for fd in [fd for fd, tracked in conns.items() if not tracked and fd not in fds]:
+                del conns[fd]  # an untracked one's close is never seen: gone, as the stitcher finds
+            out.append(OpenSockets(tgid, fds, everyone, now_ns))

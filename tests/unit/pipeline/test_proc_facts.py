@@ -1,0 +1,91 @@
+"""The /proc facts stage: what the stitcher needs from /proc arrives on records, read once
+where a record first needs it (tests' named fakes of the readers count their calls)."""
+from otel_gpu.pipeline.proc_facts import AUDIT_ALL_NS, ProcFacts
+from otel_gpu.records import (EV_SOCK_READ, EV_SOCK_WRITE, Accept, OpenSockets, ProcessGroup, ProcExit, SockClose,
+                              SockIo, Tick)
+
+PID = 41
+
+
+class FakeProc:
+    """Named fake of the /proc readers: fixed answers, every call recorded."""
+
+    def __init__(self) -> None:
+        self.calls: list = []
+        self.sockets = {10: 900, 11: 901}
+
+    def port(self, pid, listen_fd, fd):
+        self.calls.append(("port", pid, listen_fd, fd))
+        return 8000
+
+    def peer(self, pid, fd):
+        self.calls.append(("peer", pid, fd))
+        return ("10.0.0.9", 5555)
+
+    def group(self, pid):
+        self.calls.append(("group", pid))
+        return "cg:/pod"
+
+    def sockets_of(self, pid):
+        self.calls.append(("sockets", pid))
+        return dict(self.sockets)
+
+
+def facts():
+    f = FakeProc()
+    return f, ProcFacts(f.port, f.peer, f.group, f.sockets_of)
+
+
+def io(kind, fd, pid=PID):
+    return SockIo(kind, pid, 1, 5, fd, 4, b"GET ", b"", 0, 1)
+
+
+def test_an_accept_carries_its_port_and_the_peer_it_did_not_name():
+    f, stage = facts()
+    named = Accept(PID, 1, 1, 10, 3, "10.0.0.1", 4000)
+    unnamed = Accept(PID, 1, 2, 11, 3, None, None)  # accept(fd, NULL, NULL)
+    out = stage.process([named, unnamed])
+    assert out == [ProcessGroup(PID, "cg:/pod"), named, unnamed]
+    assert (named.server_port, named.peer_addr, named.peer_port) == (8000, "10.0.0.1", 4000)
+    assert (unnamed.server_port, unnamed.peer_addr, unnamed.peer_port) == (8000, "10.0.0.9", 5555)
+    assert f.calls.count(("peer", PID, 10)) == 0 and f.calls.count(("group", PID)) == 1
+
+
+def test_an_untracked_accept_reads_nothing_more():
+    f, stage = facts()
+    a = Accept(PID, 1, 1, 10, 3, None, None, tracked=False)
+    stage.process([a])
+    assert a.server_port is None and f.calls == [("group", PID)]
+
+
+def test_a_read_on_a_connection_never_accepted_gets_an_accept_first():
+    f, stage = facts()
+    read = io(EV_SOCK_READ, 12)
+    out = stage.process([read, io(EV_SOCK_READ, 12), io(EV_SOCK_WRITE, 13)])
+    made = out[1]
+    assert isinstance(made, Accept) and (made.fd, made.listen_fd, made.server_port, made.peer_addr) == (12, -1, 8000, None)
+    assert out[2] is read and sum(isinstance(o, Accept) for o in out) == 1  # once; a write makes none
+
+
+def test_groups_once_per_process_and_never_for_its_exit():
+    f, stage = facts()
+    out = stage.process([ProcExit(PID + 1, 3), io(EV_SOCK_WRITE, 10), io(EV_SOCK_WRITE, 10)])
+    assert [o for o in out if isinstance(o, ProcessGroup)] == [ProcessGroup(PID, "cg:/pod")]
+    stage.process([ProcExit(PID, 9)])
+    assert [o for o in stage.process([io(EV_SOCK_WRITE, 10)]) if isinstance(o, ProcessGroup)]  # a new process
+
+
+def test_sockets_are_read_for_untracked_connections_each_tick_and_for_all_each_audit_interval():
+    f, stage = facts()
+    stage.process([Accept(PID, 1, 1, 10, 3, "a", 1), Accept(PID + 1, 1, 1, 20, 3, None, None, tracked=False)])
+    first = [o for o in stage.process([Tick(1)]) if isinstance(o, OpenSockets)]
+    assert {(o.tgid, o.everyone) for o in first} == {(PID, True), (PID + 1, True)}  # the first Tick audits all
+    again = [o for o in stage.process([Tick(2)]) if isinstance(o, OpenSockets)]
+    assert [(o.tgid, o.everyone) for o in again] == []  # the untracked fd 20 was gone: released
+    stage.process([Accept(PID + 1, 1, 3, 11, 3, None, None, tracked=False)])  # its socket is there (901)
+    again = [o for o in stage.process([Tick(3)]) if isinstance(o, OpenSockets)]
+    assert [(o.tgid, o.everyone, o.fds) for o in again] == [(PID + 1, False, {10: 900, 11: 901})]
+    later = [o for o in stage.process([Tick(1 + AUDIT_ALL_NS)]) if isinstance(o, OpenSockets)]
+    assert {(o.tgid, o.everyone) for o in later} == {(PID, True), (PID + 1, True)}
+    stage.process([SockClose(PID, 1, 4, 10)])
+    assert all(o.tgid != PID for o in stage.process([Tick(2 + 2 * AUDIT_ALL_NS)]) if isinstance(o, OpenSockets))
