@@ -12,7 +12,9 @@ import time
 from pathlib import Path
 
 from . import machine
-from .items import (big_request, first_requests, go_goroutines, http_service_load, launch_breakdown, launch_overhead, many_processes, nccl_calls, probe_links, python_contexts, runtime_driver_dedup, start_and_footprint, sustained_launches, tls_requests, unselected_process, untraced_syscalls)
+from .items import (big_request, first_requests, go_goroutines, http_service_load, launch_breakdown, launch_overhead,
+                    many_processes, nccl_calls, probe_links, probe_prologue, python_contexts, runtime_driver_dedup,
+                    start_and_footprint, sustained_launches, tls_requests, unselected_process, untraced_syscalls)
 from .collector import Collector
 from .native import use_private_cudart
 from .report import profile_text, table, write_json
@@ -24,7 +26,7 @@ READY_TARGET_S = 1.5  # issue 13
 def main() -> int:
     ap = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
     ap.add_argument("--quick", action="store_true", help="short phases (10 s sustained) for development")
-    ap.add_argument("--items", default="1,1b,1c,2,3,5,6,7,8,9,10,11,12,13,14",
+    ap.add_argument("--items", default="1,1b,1c,2,3,5,6,7,8,9,10,11,12,13,14,15",
                     help="comma-separated items to run (4 comes with any)")
     ap.add_argument("--wait-quiet", type=float, default=120,
                     help="seconds to wait for other collectors/bpftrace to finish before each item")
@@ -45,6 +47,7 @@ def main() -> int:
              ("1b", "ablation", lambda: launch_breakdown.run(args.quick), launch_breakdown.rows),
              ("1c", "neighbour", lambda: unselected_process.run(args.quick, starts), unselected_process.rows),
              ("13", "probes", lambda: probe_links.run(args.quick, starts), probe_links.rows),
+             ("15", "prologue", lambda: probe_prologue.run(args.quick), probe_prologue.rows),
              ("3", "sustained", lambda: sustained_launches.run(args.quick, starts, RESULTS, stamp), sustained_launches.rows),
              ("2", "http", lambda: http_service_load.run(args.quick, starts, RESULTS, stamp), http_service_load.rows),
              ("12", "rates", lambda: many_processes.run(args.quick, starts), many_processes.rows),

@@ -112,6 +112,10 @@ cd "$ROOT"
   "$PY" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, "available", torch.cuda.is_available())
 torch.zeros(1, device="cuda")
 print(*sorted({l.split()[-1] for l in open("/proc/self/maps") if "libcud" in l or "libnvrtc" in l}), sep="\n")' 2>&1 || true
+  # The first bytes of every function the collector probes in a torch process: a
+  # single-stepped entry costs ~15x an emulated one (bench item 15).
+  "$PY" -c 'import os, subprocess, sys, torch; torch.zeros(1, device="cuda")
+print(subprocess.run([sys.executable, "scripts/probe_entries.py", str(os.getpid())], capture_output=True, text=True).stdout)' 2>&1 || true
 } | tee "$OUT/gpu-machine.log"
 log "pytest tests/gpu (results under $OUT)"
 set +e  # the bench runs after failed tests too; the exit status is the tests'

@@ -14,6 +14,7 @@ from typing import Optional
 
 from ..config import UPROBE_LINKS
 from . import uprobe_multi
+from .prologue import entry_skip
 
 log = logging.getLogger(__name__)
 
@@ -35,12 +36,21 @@ class PerfUprobes:
 
     def attach(self, path: str, fn_name: str, symbol: str = "", addr: Optional[int] = None,
                ret: bool = False, pid: Optional[int] = None) -> list:
-        """bcc's event names added for this probe (raises on failure)."""
+        """bcc's event names added for this probe (raises on failure). Past a leading
+        endbr64 (prologue.py), except a return probe named by its symbol: bcc takes no
+        offset for those (this backend is the fallback of kernels before 6.6)."""
+        from bcc import BPF
         before = set(self.bpf.uprobe_fds)
-        attach = self.bpf.attach_uretprobe if ret else self.bpf.attach_uprobe
-        kwargs = {"addr": addr} if addr is not None else {}
-        attach(name=path.encode(), sym=symbol.encode(), fn_name=fn_name.encode(),
-               pid=-1 if pid is None else pid, **kwargs)
+        _, offset = BPF._check_path_symbol(path.encode(), symbol.encode(), addr, -1)
+        skip = entry_skip(path, offset)
+        common = {"name": path.encode(), "sym": symbol.encode(), "fn_name": fn_name.encode(),
+                  "pid": -1 if pid is None else pid}
+        if addr is not None:  # a virtual address: the skip moves it within the function
+            common["addr"] = addr + skip
+        if ret:
+            self.bpf.attach_uretprobe(**common)
+        else:
+            self.bpf.attach_uprobe(**common, **({"sym_off": skip} if addr is None else {}))
         return [ev for ev in self.bpf.uprobe_fds if ev not in before]
 
 
@@ -55,8 +65,11 @@ class MultiLinks:
     def attach(self, path: str, fn_name: str, symbol: str = "", addr: Optional[int] = None,
                ret: bool = False, pid: Optional[int] = None) -> list:
         from bcc import BPF
-        # bcc resolves the symbol (or an address) to the file offset a uprobe takes.
+        # bcc resolves the symbol (or an address) to the file offset a uprobe takes; past a
+        # leading endbr64 when a push follows (prologue.py), for a return probe too (the
+        # return address is where it was).
         _, offset = BPF._check_path_symbol(path.encode(), symbol.encode(), addr, -1)
+        offset += entry_skip(path, offset)
         fn = self.bpf.load_func(fn_name.encode(), BPF.KPROBE, attach_type=uprobe_multi.BPF_TRACE_UPROBE_MULTI)
         return [LinkFd(uprobe_multi.attach(fn.fd, path, [offset], ret=ret, pid=pid))]
 
