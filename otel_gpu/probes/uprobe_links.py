@@ -39,10 +39,8 @@ class PerfUprobes:
         """bcc's event names added for this probe (raises on failure). Past a leading
         endbr64 (prologue.py), except a return probe named by its symbol: bcc takes no
         offset for those (this backend is the fallback of kernels before 6.6)."""
-        from bcc import BPF
         before = set(self.bpf.uprobe_fds)
-        _, offset = BPF._check_path_symbol(path.encode(), symbol.encode(), addr, -1)
-        skip = entry_skip(path, offset)
+        skip = _skip(path, symbol, addr)
         common = {"name": path.encode(), "sym": symbol.encode(), "fn_name": fn_name.encode(),
                   "pid": -1 if pid is None else pid}
         if addr is not None:  # a virtual address: the skip moves it within the function
@@ -50,8 +48,19 @@ class PerfUprobes:
         if ret:
             self.bpf.attach_uretprobe(**common)
         else:
-            self.bpf.attach_uprobe(**common, **({"sym_off": skip} if addr is None else {}))
+            self.bpf.attach_uprobe(**common, **({"sym_off": skip} if skip and addr is None else {}))
         return [ev for ev in self.bpf.uprobe_fds if ev not in before]
+
+
+def _skip(path: str, symbol: str, addr: Optional[int]) -> int:
+    """prologue.entry_skip for a symbol or an address; 0 where bcc cannot resolve it (the
+    attach then says why)."""
+    from bcc import BPF
+    try:
+        _, offset = BPF._check_path_symbol(path.encode(), symbol.encode(), addr, -1)
+    except Exception:
+        return 0
+    return entry_skip(path, offset)
 
 
 class MultiLinks:
