@@ -15,6 +15,7 @@ from ..records import (EV_SOCK_READ, Accept, OpenSockets, ProcessGone, ProcessGr
                        Tick)
 
 AUDIT_ALL_NS = 60 * 10**9  # how often every connection is checked against /proc
+_CONNECTION_RECORDS = frozenset((Accept, SockIo, SockClose, ProcExit, ProcessGone))
 
 
 class ProcFacts:
@@ -31,16 +32,20 @@ class ProcFacts:
 
     def process(self, batch: list) -> list:
         out: list = []
-        for ev in batch:
+        grouped = self._grouped
+        for ev in batch:  # every record of the ring passes here: the common case is one test
             cls = ev.__class__
             if cls is Tick:
                 self._audit(ev.now_ns, out)
                 out.append(ev)
                 continue
             tgid = getattr(ev, "tgid", None)
-            if tgid is not None and tgid not in self._grouped and cls is not ProcessGone and cls is not ProcExit:
-                self._grouped.add(tgid)
+            if tgid not in grouped and tgid is not None and cls is not ProcessGone and cls is not ProcExit:
+                grouped.add(tgid)
                 out.append(ProcessGroup(tgid, self._group_of(tgid)))
+            if cls not in _CONNECTION_RECORDS:
+                out.append(ev)
+                continue
             if cls is Accept:
                 self._accepted(ev)
             elif cls is SockIo and ev.kind == EV_SOCK_READ and ev.fd not in self._conns.get(tgid, ()):
