@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -27,6 +26,7 @@ import pytest
 
 from otel_gpu.demo.runner import free_port
 from tests.bpf.test_nccl_collectives import _stub as stub_libnccl
+from tests.bpf.test_reliability_bad_input import _send_and_close
 from tests.harness import ROOT, TARGETS, Target, server_spans
 
 DASHBOARD = json.loads((ROOT / "k8s/grafana/otel-gpu-dashboard.json").read_text())
@@ -87,15 +87,7 @@ def grafana(expr: str) -> str:
     return expr
 
 
-def _garbage(port: int) -> None:
-    """A connection that speaks no protocol the collector knows: dropped and counted."""
-    with socket.create_connection(("127.0.0.1", port)) as s:
-        s.sendall(bytes(range(1, 256)).replace(b"\n", b"\x00") * 8)
-        s.settimeout(0.3)
-        try:
-            s.recv(1024)
-        except OSError:
-            pass
+GARBAGE = bytes(range(1, 256)).replace(b"\n", b"\x00") * 8  # no protocol the collector knows: a counted drop
 
 
 @pytest.fixture
@@ -125,7 +117,7 @@ def test_every_dashboard_query_returns_series_with_its_legend_labels(tmp_path, r
             cuda.get("/cost?launches=1&hold_ms=30")
             stream.get(f"/infer?id={i + 1}&launches=3")
             nccl.get(f"/collect/{i + 1}")
-        _garbage(cuda.port)
+        _send_and_close(cuda.port, [GARBAGE])
         routes = {"/work", "/cost", "/infer", "/collect/{id}"}
         served = 3 * len(routes)
 
