@@ -294,6 +294,9 @@ struct http_seq {
 
 /* py_procs value: a traced Python process's interpreter layout (otel_gpu/probes/python.py). */
 struct py_proc {
+    u64 main_interp;    /* the address of _PyRuntime.interpreters.main */
+    u32 threads_head;   /* offsetof(PyInterpreterState, threads.head) */
+    u32 thread_id;      /* offsetof(PyThreadState, thread_id) */
     u32 context_offset; /* offsetof(PyThreadState, context) */
     u32 pad;
 };

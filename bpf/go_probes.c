@@ -4,15 +4,10 @@
  * Read from the thread itself at each record, no probe on the Go runtime: its TLS g
  * (FS base + tls_g), then g.m.curg. In Go code TLS g is the running goroutine (its
  * m.curg is itself); during a cgo call, where every CUDA call from Go is made, TLS g is
- * the thread's g0 and m.curg the goroutine that called. The FS base is the kernel's
- * task_struct.thread.fsbase, at TASK_FSBASE_OFFSET (from the running kernel's BTF:
- * probes/kernel_btf.py; -1 where there is none: no goroutines). Comes after
- * python_probes.c (exec_unit() asks it first) and before the HTTP and CUDA probes. */
+ * the thread's g0 and m.curg the goroutine that called (FS base: maps.h's
+ * thread_pointer()). Comes after python_probes.c (exec_unit() asks it first) and
+ * before the HTTP and CUDA probes. */
 #include "maps.h"
-
-#ifndef TASK_FSBASE_OFFSET
-#define TASK_FSBASE_OFFSET -1
-#endif
 
 /* tgid -> runtime layout; set by user space for a recognised Go executable. */
 BPF_HASH(go_procs, u32, struct go_proc, MAX_PROCS);
@@ -21,11 +16,7 @@ BPF_HASH(go_procs, u32, struct go_proc, MAX_PROCS);
  * thread, or a thread between goroutines). */
 static __always_inline u64 go_goroutine(struct go_proc *p)
 {
-    if (TASK_FSBASE_OFFSET < 0)
-        return 0;
-    u64 fsbase = 0, g = 0, m = 0, curg = 0, goid = 0;
-    void *task = (void *)bpf_get_current_task();
-    bpf_probe_read_kernel(&fsbase, sizeof(fsbase), task + TASK_FSBASE_OFFSET);
+    u64 fsbase = thread_pointer(), g = 0, m = 0, curg = 0, goid = 0;
     if (!fsbase || bpf_probe_read_user(&g, sizeof(g), (void *)(fsbase + p->tls_g)) || !g)
         return 0;
     if (bpf_probe_read_user(&m, sizeof(m), (void *)(g + p->g_m)) || !m)

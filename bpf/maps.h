@@ -34,7 +34,25 @@
 #define TRACE_ALL 1
 #endif
 
+/* offsetof(struct task_struct, thread.fsbase), from the running kernel's BTF
+ * (probes/kernel_btf.py); -1 where there is none: no goroutines, no Python contexts. */
+#ifndef TASK_FSBASE_OFFSET
+#define TASK_FSBASE_OFFSET -1
+#endif
+
 BPF_RINGBUF_OUTPUT(events, RINGBUF_PAGES);
+
+/* The current thread's FS base: its thread pointer (glibc's and musl's pthread_self(),
+ * where Go keeps TLS g); 0 when not known. */
+static __always_inline u64 thread_pointer(void)
+{
+    u64 fsbase = 0;
+    if (TASK_FSBASE_OFFSET < 0)
+        return 0;
+    void *task = (void *)bpf_get_current_task();
+    bpf_probe_read_kernel(&fsbase, sizeof(fsbase), task + TASK_FSBASE_OFFSET);
+    return fsbase;
+}
 
 /* Unread bytes in `events`. bcc rewrites only the map methods it knows, and
  * ringbuf_query is not one: a ringbuf_output call with this flag becomes the query

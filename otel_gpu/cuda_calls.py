@@ -231,12 +231,10 @@ HTTP_TRACEPOINTS: tuple[str, ...] = tuple(
 LIBRARY_TRACEPOINTS: tuple[str, ...] = ("syscalls:sys_enter_openat", "syscalls:sys_enter_open")
 
 
-# The Python execution-context probes (bpf/python_probes.c), exported symbols only:
-# the thread's PyThreadState* (first argument) where a thread takes the GIL, and each
-# contextvars.Context copy (the return value).
+# The Python execution-context probe (bpf/python_probes.c), an exported symbol: each
+# contextvars.Context copy (the return value). A thread's running context is read at
+# the CUDA or socket call, with no probe.
 PYTHON_PROBES: tuple[UprobeRow, ...] = (
-    UprobeRow(PYTHON, "PyEval_RestoreThread", "py_thread_state"),
-    UprobeRow(PYTHON, "PyEval_AcquireThread", "py_thread_state"),
     UprobeRow(PYTHON, "PyContext_CopyCurrent", "py_copy_context_enter", "py_copy_context_return"),
 )
 

@@ -8,7 +8,8 @@
 #                                 collector's real one, then pytest tests/gpu (which skips
 #                                 without a GPU): scripts/gpu_bundle_check.sh runs this here
 #   scripts/gpu-tier.sh --bench   install, pytest tests/gpu, then bench/items/gpu_model_server.py (the
-#                                 throughput of a PyTorch model server traced and not)
+#                                 throughput of a PyTorch model server traced and not) and
+#                                 bench/items/gpu_launch_cost.py (what a launch in a request costs)
 # Settings (env): OTEL_GPU_BUNDLE (build/gpu-bundle), OTEL_GPU_PREFIX (/opt/otel-gpu-bundle),
 # OTEL_GPU_PYTHON (python3: the one with torch), OUT (build/gpu-tier-out), PYTEST_ARGS,
 # OTEL_GPU_KEEP_LIBS=1 (use every bundled library, even where the machine has its own).
@@ -115,7 +116,8 @@ print(*sorted({l.split()[-1] for l in open("/proc/self/maps") if "libcud" in l o
   # The first bytes of every function the collector probes in a torch process: a
   # single-stepped entry costs ~15x an emulated one (bench item 15).
   "$PY" -c 'import os, subprocess, sys, torch; torch.zeros(1, device="cuda")
-print(subprocess.run([sys.executable, "scripts/probe_entries.py", str(os.getpid())], capture_output=True, text=True).stdout)' 2>&1 || true
+r = subprocess.run([sys.executable, "scripts/probe_entries.py", str(os.getpid())], capture_output=True, text=True)
+print(r.stdout, r.stderr)' 2>&1 || true
 } | tee "$OUT/gpu-machine.log"
 log "pytest tests/gpu (results under $OUT)"
 set +e  # the bench runs after failed tests too; the exit status is the tests'
@@ -124,6 +126,9 @@ rc=${PIPESTATUS[0]}
 if [ "${1:-}" = --bench ]; then
   log "bench/items/gpu_model_server.py (results under $OUT)"
   PYTHONUNBUFFERED=1 "$PY" -m bench.items.gpu_model_server --json "$OUT/gpu-http.json" 2>&1 | tee "$OUT/gpu-http.log"
+  [ "${PIPESTATUS[0]}" = 0 ] || rc=1
+  log "bench/items/gpu_launch_cost.py (results under $OUT)"
+  PYTHONUNBUFFERED=1 "$PY" -m bench.items.gpu_launch_cost --json "$OUT/gpu-launch-cost.json" 2>&1 | tee "$OUT/gpu-launch-cost.log"
   [ "${PIPESTATUS[0]}" = 0 ] || rc=1
 fi
 exit "$rc"

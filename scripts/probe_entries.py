@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import re
 import sys
+from pathlib import Path
 
 from bcc import BPF
 
-from otel_gpu.cuda_calls import DRIVER, NCCL, PYTHON, RUNTIME, TLS, rows_for
-from otel_gpu.probes.prologue import entry_skip
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file, from any venv
+from otel_gpu.cuda_calls import DRIVER, NCCL, PYTHON, RUNTIME, TLS, rows_for  # noqa: E402
+from otel_gpu.probes.prologue import entry_skip  # noqa: E402
 
 KINDS = ((r"libcudart\.so", RUNTIME), (r"libcuda\.so", DRIVER), (r"libnccl\.so", NCCL),
          (r"libpython3\.\d+\.so|/python3\.\d+$", PYTHON), (r"libssl\.so", TLS))

@@ -160,8 +160,16 @@ class UserLaunchConfig(ct.Structure):
 
 # --- maps ---------------------------------------------------------------------------
 class PyProc(ct.Structure):
-    """py_procs value: where the interpreter keeps PyThreadState.context."""
-    _fields_ = [("context_offset", u32), ("pad", u32)]
+    """py_procs value: where the interpreter keeps its threads' states (probes/python.py)."""
+    _fields_ = [("main_interp", u64), ("threads_head", u32), ("thread_id", u32), ("context_offset", u32),
+                ("pad", u32)]
+
+    @classmethod
+    def of(cls, found) -> "PyProc":
+        """From a probes/python.PythonProcess."""
+        lay = found.layout
+        return cls(main_interp=found.main_interp, threads_head=lay.threads_head, thread_id=lay.thread_id,
+                   context_offset=lay.context)
 
 
 class GoProc(ct.Structure):

@@ -252,10 +252,10 @@ class BpfProgram:
         self._prune_suspects = suspects
         return dropped
 
-    def trace_python(self, pid: int, context_offset: int) -> None:
-        """The process runs a CPython whose PyThreadState keeps its context at this
-        offset (probes/python.py): its CUDA and socket records carry `ctx` from now on."""
-        self.bpf["py_procs"][ct.c_uint32(pid)] = PyProc(context_offset=context_offset)
+    def trace_python(self, pid: int, found) -> None:
+        """The process runs a known CPython (probes/python.PythonProcess): its CUDA and
+        socket records carry `ctx` from now on."""
+        self.bpf["py_procs"][ct.c_uint32(pid)] = PyProc.of(found)
 
     def trace_go(self, pid: int, binary) -> None:
         """The process is a Go executable (probes/go_runtime.GoBinary): its CUDA and socket

@@ -52,7 +52,7 @@ class ScanResult:
     targets: list      # each file once (the first process's path to it)
     # pid -> its files, each through its own /proc/<pid>/root: per-process probes
     by_pid: dict = field(default_factory=dict)
-    # CUDA processes running a recognised CPython: pid -> offsetof(PyThreadState, context)
+    # CUDA processes running a recognised CPython: pid -> python.PythonProcess
     python: dict = field(default_factory=dict)
     # CUDA processes that are Go executables whose goroutines can be read: pid -> GoBinary
     go: dict = field(default_factory=dict)
@@ -103,7 +103,7 @@ class Discovery:
         self.pid_filter = pid_filter
         self._has_static = has_static_cudart or _elf_defines_cuda_launch
         self._static_cache: dict[tuple, bool] = {}
-        self._python_cache: dict[tuple, Optional[int]] = {}  # exe (dev, ino) -> context offset
+        self._python_cache: dict[tuple, Optional[python.Interpreter]] = {}  # file (dev, ino) -> facts
         self._go_cache: dict[tuple, Optional[tuple]] = {}  # exe (dev, ino) -> (GoBinary, addresses)
         self._known: dict[int, int] = {}  # pid -> start time, once found to use CUDA
         self.self_pid = os.getpid()
@@ -170,21 +170,25 @@ class Discovery:
             paths.add(exe[0].removesuffix(proc.DELETED))  # cudart linked into the executable
         return runtime_ranges(maps, paths)
 
-    def _python(self, pid: int, maps: str, exe: Optional[tuple]) -> Optional[tuple[ProbeTarget, int]]:
-        """The interpreter file to probe and its context offset, or None (not Python,
-        or a CPython whose layout is not known)."""
+    def _python(self, pid: int, maps: str, exe: Optional[tuple]) -> Optional[tuple[ProbeTarget, python.PythonProcess]]:
+        """The interpreter file to probe and where the process keeps its threads' states,
+        or None (not Python, or a CPython whose layout is not known)."""
         lib = python.libpython_in_maps(maps)
         if lib:
-            offset = python.context_offset(python.version_of_name(lib))
-            target = self._target(pid, PYTHON, lib) if offset is not None else None
-            return (target, offset) if target else None
+            target = self._target(pid, PYTHON, lib)
+            if target is None:
+                return None
+            if target.key not in self._python_cache:
+                self._python_cache[target.key] = python.interpreter(target.path, python.version_of_name(lib))
+            found = python.process(self._python_cache[target.key], maps, lib)
+            return (target, found) if found else None
         if exe is None:
             return None
         link, path, key = exe
         if key not in self._python_cache:
-            self._python_cache[key] = python.context_offset(python.exe_version(link, path))
-        offset = self._python_cache[key]
-        return None if offset is None else (ProbeTarget(PYTHON, path, key), offset)
+            self._python_cache[key] = python.interpreter(path, python.exe_version(link, path))
+        found = python.process(self._python_cache[key], maps, link.removesuffix(proc.DELETED))
+        return None if found is None else (ProbeTarget(PYTHON, path, key), found)
 
     def _go(self, exe: Optional[tuple]) -> Optional[tuple[ProbeTarget, go_runtime.GoBinary]]:
         """The Go executable to probe and where its goroutines are, or None (not Go, or

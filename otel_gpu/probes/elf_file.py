@@ -1,8 +1,9 @@
 """Just enough of an ELF64 little-endian file (x86-64 executables and libraries) for the
-probes' questions: its entry point, program headers, section headers and static
-symbols, each read from the open file as asked. Used for DT_INIT (elf_init.py), the
-entry point the uprobe_multi check links to (uprobe_multi.py) and Go's build info and
-TLS slot (go_runtime.py). Anything else raises ValueError at construction."""
+probes' questions: its entry point, program headers, section headers and symbols,
+each read from the open file as asked. Used for DT_INIT (elf_init.py), the entry point
+the uprobe_multi check links to (uprobe_multi.py), Go's build info and TLS slot
+(go_runtime.py) and CPython's version and runtime state (python.py). Anything else
+raises ValueError at construction."""
 from __future__ import annotations
 
 import struct
@@ -84,8 +85,16 @@ class ElfFile:
         return out
 
     def symbol(self, name: str) -> Optional[int]:
-        """The value of a static symbol (.symtab), or None (stripped, or not there)."""
-        symtab, strtab = self.sections.get(".symtab"), self.sections.get(".strtab")
+        """The value of a symbol: static (.symtab) first, else exported (.dynsym: what a
+        stripped file keeps); None when neither has it."""
+        for table, names in ((".symtab", ".strtab"), (".dynsym", ".dynstr")):
+            value = self._symbol_in(table, names, name)
+            if value is not None:
+                return value
+        return None
+
+    def _symbol_in(self, table: str, names: str, name: str) -> Optional[int]:
+        symtab, strtab = self.sections.get(table), self.sections.get(names)
         if symtab is None or strtab is None or symtab.entsize < 24:
             return None
         strings = self.read(strtab.offset, strtab.size)
@@ -93,6 +102,13 @@ class ElfFile:
         want = name.encode() + b"\0"
         for i in range(0, len(raw) - 23, symtab.entsize):
             name_off, = struct.unpack_from("<I", raw, i)
-            if strings[name_off:name_off + len(want)] == want:
-                return struct.unpack_from("<Q", raw, i + 8)[0]
+            shndx, value = struct.unpack_from("<HQ", raw, i + 6)
+            if shndx and strings[name_off:name_off + len(want)] == want:  # defined here, not imported
+                return value
         return None
+
+    def load_vaddr(self) -> Optional[int]:
+        """The address the first loadable segment asks for, less its file offset: the
+        process maps the file's offset 0 at this address plus the load bias."""
+        loads = [s for s in self.segments if s.type == PT_LOAD]
+        return loads[0].vaddr - loads[0].offset if loads else None

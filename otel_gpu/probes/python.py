@@ -1,25 +1,61 @@
-"""Which CPython a process runs, and where its thread state keeps the running
-contextvars.Context (bpf/python_probes.c reads PyThreadState + that offset).
+"""Which CPython a process runs, and where it keeps each thread's running
+contextvars.Context: bpf/python_probes.c finds a thread's PyThreadState in the main
+interpreter's thread list (by its thread_id, the thread's pthread_self()) and reads its
+context, at the CUDA or socket call itself. No probe on the GIL: taking it back after
+every blocking section (each PyTorch op) would cost a trap.
 
 Recognition, from /proc/<pid>/maps and the exe link:
 - a mapped `libpython3.X.so*` (or `3.Xd`, a debug build: same PyThreadState);
 - else the executable, when its name is `python3.X` (or `3.Xd`);
 - else the executable's exported `Py_Version` (3.11+), read from the ELF file.
-Anything else is not taken for Python: a renamed 3.9/3.10 executable (no Py_Version),
+Anything else is not taken for Python: a renamed 3.7-3.10 executable (no Py_Version),
 free-threaded builds by name (`3.13t`: no build here to check its layout against),
-versions not in the table. Their calls keep ctx 0: today's attribution rules apply."""
+versions not in the table, a file without the exported `_PyRuntime`. Their calls keep
+ctx 0: today's attribution rules apply."""
 from __future__ import annotations
 
 import os
 import re
 import struct
-from typing import Optional
+from typing import NamedTuple, Optional
 
-# offsetof(PyThreadState, context) on x86-64 release builds. Checked by
-# tests/unit/probes/test_python.py against every interpreter's headers found here.
-CONTEXT_OFFSET: dict[tuple[int, int], int] = {
-    (3, 7): 256, (3, 8): 240, (3, 9): 240, (3, 10): 240, (3, 11): 224, (3, 12): 208, (3, 13): 208,
+from .elf_file import ElfFile
+
+
+class Layout(NamedTuple):
+    """Offsets in a CPython's runtime structures (x86-64 release builds)."""
+    main_interp: int   # offsetof(_PyRuntimeState, interpreters.main)
+    threads_head: int  # offsetof(PyInterpreterState, threads.head) (tstate_head before 3.11)
+    thread_id: int     # offsetof(PyThreadState, thread_id): pthread_self() of its thread
+    context: int       # offsetof(PyThreadState, context)
+
+
+# Checked by tests/unit/probes/test_python.py against every CPython's headers found here
+# and against each of those interpreters' own memory, through the C API.
+LAYOUTS: dict[tuple[int, int], Layout] = {
+    (3, 7): Layout(32, 8, 176, 256), (3, 8): Layout(40, 8, 176, 240), (3, 9): Layout(40, 8, 176, 240),
+    (3, 10): Layout(40, 8, 176, 240), (3, 11): Layout(48, 16, 152, 224), (3, 12): Layout(48, 72, 136, 208),
+    (3, 13): Layout(640, 7344, 152, 208),
 }
+
+
+class Interpreter(NamedTuple):
+    """An interpreter file's facts: its layout, and where its `_PyRuntime` is."""
+    layout: Layout
+    runtime: int     # _PyRuntime's address in the file (its exported symbol)
+    load_vaddr: int  # the address the file's offset 0 asks for (elf_file.load_vaddr)
+
+    def main_interp_at(self, mapped_at: int) -> int:
+        """The address of the pointer to the main interpreter, in a process that maps
+        the file's offset 0 at `mapped_at`."""
+        return mapped_at - self.load_vaddr + self.runtime + self.layout.main_interp
+
+
+class PythonProcess(NamedTuple):
+    """What bpf/python_probes.c needs of one process (its py_procs entry)."""
+    layout: Layout
+    main_interp: int  # the address of its pointer to the main interpreter
+
 
 # ABI flags: d (debug: same PyThreadState), m (3.7's pymalloc); never t (free-threaded).
 LIBPYTHON_RE = re.compile(r"/libpython3\.(\d+)d?m?\.so(?:\.\d+)*$")
@@ -44,13 +80,19 @@ def version_of_name(path: str) -> Optional[tuple[int, int]]:
     return (3, int(m.group(1))) if m else None
 
 
-def context_offset(version: Optional[tuple[int, int]]) -> Optional[int]:
-    return CONTEXT_OFFSET.get(version) if version else None
-
-
-_SHDR = struct.Struct("<IIQQQQIIQQ")  # Elf64_Shdr
-_SYM = struct.Struct("<IBBHQQ")       # Elf64_Sym
-SHT_SYMTAB, SHT_DYNSYM = 2, 11
+def interpreter(path: str, version: Optional[tuple[int, int]]) -> Optional[Interpreter]:
+    """The facts of the interpreter file at `path` (openable from here) of that version;
+    None for a version not in LAYOUTS, or a file without an exported _PyRuntime."""
+    layout = LAYOUTS.get(version) if version else None
+    if layout is None:
+        return None
+    try:
+        with open(path, "rb") as f:
+            elf = ElfFile(f)
+            runtime, load_vaddr = elf.symbol("_PyRuntime"), elf.load_vaddr()
+    except (OSError, ValueError, struct.error):
+        return None
+    return None if runtime is None or load_vaddr is None else Interpreter(layout, runtime, load_vaddr)
 
 
 def exported_version(path: str) -> Optional[tuple[int, int]]:
@@ -58,45 +100,33 @@ def exported_version(path: str) -> Optional[tuple[int, int]]:
     PY_VERSION_HEX); None when it has none, or is not a little-endian ELF64 file."""
     try:
         with open(path, "rb") as f:
-            return _py_version(f)
-    except (OSError, struct.error, IndexError):
+            elf = ElfFile(f)
+            at = elf.symbol("Py_Version")
+            offset = elf.file_offset(at) if at is not None else None
+            raw = elf.read(offset, 8) if offset is not None else b""
+    except (OSError, ValueError, struct.error):
         return None
+    if len(raw) != 8:
+        return None
+    (hexversion,) = struct.unpack("<Q", raw)
+    major, minor = hexversion >> 24 & 0xFF, hexversion >> 16 & 0xFF
+    return (3, minor) if major == 3 else None
 
 
-def _py_version(f) -> Optional[tuple[int, int]]:
-    ehdr = f.read(64)
-    if ehdr[:6] != b"\x7fELF\x02\x01":
-        return None
-    (shoff,) = struct.unpack_from("<Q", ehdr, 0x28)
-    shentsize, shnum = struct.unpack_from("<HH", ehdr, 0x3A)
-    f.seek(shoff)
-    raw = f.read(shentsize * shnum)
-    secs = [_SHDR.unpack_from(raw, i * shentsize) for i in range(shnum)]
-    for type_ in (SHT_DYNSYM, SHT_SYMTAB):
-        for sec in secs:
-            if sec[1] != type_:
-                continue
-            strtab = secs[sec[6]]
-            names = _read(f, strtab[4], strtab[5])
-            # Every place the name could start (linkers share string tails).
-            at = {m.start() for m in re.finditer(rb"Py_Version\0", names)}
-            if not at:
-                continue
-            for st_name, _, _, shndx, value, _ in _SYM.iter_unpack(_read(f, sec[4], sec[5] - sec[5] % 24)):
-                if st_name in at and 0 < shndx < len(secs):
-                    holder = secs[shndx]  # file offset = section offset + (address - section address)
-                    (hexversion,) = struct.unpack("<Q", _read(f, holder[4] + value - holder[3], 8))
-                    major, minor = hexversion >> 24 & 0xFF, hexversion >> 16 & 0xFF
-                    return (3, minor) if major == 3 else None
+def process(interp: Optional[Interpreter], maps_text: str, path: str) -> Optional[PythonProcess]:
+    """The process's facts, from the interpreter file it maps at `path` (as its maps
+    text names it), or None (not a known interpreter, or not mapped there)."""
+    at = mapped_at(maps_text, path) if interp else None
+    return None if at is None else PythonProcess(interp.layout, interp.main_interp_at(at))
+
+
+def mapped_at(maps_text: str, path: str) -> Optional[int]:
+    """Where /proc/<pid>/maps text shows `path`'s file offset 0 mapped, or None."""
+    for line in maps_text.splitlines():
+        parts = line.split(None, 5)
+        if len(parts) == 6 and parts[5].removesuffix(" (deleted)") == path and int(parts[2], 16) == 0:
+            return int(parts[0].partition("-")[0], 16)
     return None
-
-
-def _read(f, offset: int, size: int) -> bytes:
-    f.seek(offset)
-    data = f.read(size)
-    if len(data) != size:
-        raise IndexError("short read")
-    return data
 
 
 def exe_version(link: str, openable: str) -> Optional[tuple[int, int]]:

@@ -1,23 +1,25 @@
-"""The interpreter's context probes are planted per CUDA process, even in the default mode
+"""The interpreter's context probe is planted per CUDA process, even in the default mode
 (where the CUDA libraries are probed file-wide): a Python program that maps the same
-interpreter and makes no CUDA call never traps on them. Counted by the kernel
-(kernel.bpf_stats_enabled): the collector's py_thread_state program runs for the CUDA
-service's GIL re-takes, not for the neighbour's."""
+interpreter and makes no CUDA call never traps on it. Counted by the kernel
+(kernel.bpf_stats_enabled): the collector's context-copy program runs for the CUDA
+service's copies (its asyncio tasks), not for the neighbour's."""
 from __future__ import annotations
 
 import subprocess
 import sys
 
 from bench import bpfstats
+from otel_gpu.cuda_calls import PYTHON_PROBES
 from tests.harness import traced
 
-RETAKES = 20_000  # time.sleep(0) releases and re-takes the GIL each time
-NEIGHBOUR = f"import time\nfor _ in range({RETAKES}): time.sleep(0)"
+COPIES = 20_000  # each copy_context() is a PyContext_CopyCurrent
+NEIGHBOUR = f"import contextvars\nfor _ in range({COPIES}): contextvars.copy_context()"
+PROGRAMS = {r.ret[:15] for r in PYTHON_PROBES if r.ret}  # the kernel cuts names
 
 
 def _runs(collector_pid: int, before: dict) -> int:
     return sum(runs for name, runs, _ in bpfstats.delta(before, bpfstats.snapshot(collector_pid))
-               if name == "py_thread_state")
+               if name in PROGRAMS)
 
 
 def test_a_python_neighbour_without_cuda_never_runs_the_context_probes(receiver, start_collector, start_target):
@@ -34,6 +36,6 @@ def test_a_python_neighbour_without_cuda_never_runs_the_context_probes(receiver,
         for _ in range(20):
             service.get("/work?launches=1")
         mine = _runs(collector.proc.pid, before)
-    # The service's loop and threads wake now and then meanwhile: far fewer than the neighbour's re-takes.
-    assert neighbour < RETAKES // 20, neighbour
+    # The service's loop makes a task now and then meanwhile: far fewer than the neighbour's copies.
+    assert neighbour < COPIES // 20, neighbour
     assert mine > 0  # the probes work, and are counted, for the process that needs them

@@ -24,7 +24,7 @@ from tests.bpf.targets.relia_support import cudart_path, lines_with, state, wait
 from tests.bpf.test_probe_lifecycle import _our_uprobes, _probe_fds
 
 # argv: libcudart path, the name to take (prctl PR_SET_NAME: what --exe matches).
-# Hello: pid and where cudaLaunchKernel and PyEval_RestoreThread are in its memory.
+# Hello: pid and where cudaLaunchKernel and PyContext_CopyCurrent are in its memory.
 # Each line N: N launches on a worker thread, then N on the main thread.
 CHILD = r'''
 import ctypes as ct, json, os, sys, threading
@@ -38,7 +38,7 @@ def launch(n):
         rt.cudaLaunchKernel(None, Dim3(3, 1, 1), Dim3(32, 1, 1), None, 0, None)
 addr = lambda f: ct.cast(f, ct.c_void_p).value
 print(json.dumps({"pid": os.getpid(), "launch_at": addr(rt.cudaLaunchKernel),
-                  "restore_at": addr(ct.pythonapi.PyEval_RestoreThread)}), flush=True)
+                  "copy_at": addr(ct.pythonapi.PyContext_CopyCurrent)}), flush=True)
 for line in sys.stdin:
     t = threading.Thread(target=launch, args=(int(line),))
     t.start()
@@ -94,10 +94,10 @@ def test_pid_probes_the_selected_process_only(tmp_path, receiver, start_collecto
     try:
         collector = start_collector("--pid", str(selected.pid))
         collector.wait_traced(selected.pid)
-        assert _breakpoint(selected, "launch_at") and _breakpoint(selected, "restore_at"), collector.log.lines
+        assert _breakpoint(selected, "launch_at") and _breakpoint(selected, "copy_at"), collector.log.lines
         others = _trace_everything_tracers()
         assert not _breakpoint(neighbour, "launch_at"), f"neighbour probed; other tracers running: {others}"
-        assert not _breakpoint(neighbour, "restore_at"), f"neighbour's interpreter probed; other tracers: {others}"
+        assert not _breakpoint(neighbour, "copy_at"), f"neighbour's interpreter probed; other tracers: {others}"
 
         with bpfstats.enabled():  # per-program run counts of this collector's programs
             before = bpfstats.snapshot(collector.proc.pid)
@@ -114,7 +114,7 @@ def test_pid_probes_the_selected_process_only(tmp_path, receiver, start_collecto
         assert not lines_with(collector, "cannot attach")
 
         assert collector.stop() == 0
-        assert not _breakpoint(selected, "launch_at") and not _breakpoint(selected, "restore_at"), \
+        assert not _breakpoint(selected, "launch_at") and not _breakpoint(selected, "copy_at"), \
             f"breakpoints left after SIGTERM; other tracers: {_trace_everything_tracers()}"
         assert _our_uprobes(collector.proc.pid) == []
     finally:

@@ -58,6 +58,18 @@ def copy_in(n: int) -> None:
     torch.cuda.synchronize()
 
 
+def tiny_launches(n: int) -> float:
+    """n one-element additions (one kernel launch each, nothing else), then a synchronize:
+    wall seconds of a loop bound by the host's launch path, where a probe's cost shows whole."""
+    x = torch.zeros(1, device="cuda")
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(max(1, min(n, 200_000))):
+        x.add_(1)
+    torch.cuda.synchronize()
+    return time.perf_counter() - start
+
+
 MODES = {"eager": eager, "compiled": compiled, "graph": graph}
 
 

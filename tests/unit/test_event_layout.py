@@ -169,7 +169,8 @@ def test_python_context_fields(c_layout):
     assert fields["cuda_header.ctx"] == [32, 8]
     assert fields["sock_io_event.ctx"][1] == 8
     assert fields["py_context_event.ctx"] == [24, 8] and fields["py_context_event.parent"] == [32, 8]
-    assert fields["py_proc.context_offset"] == [0, 4]
+    assert [fields[f"py_proc.{name}"] for name in ("main_interp", "threads_head", "thread_id", "context_offset")] \
+        == [[0, 8], [8, 4], [12, 4], [16, 4]]
 
 
 def test_caps_match(c_layout):

@@ -1,60 +1,115 @@
-"""probes/python.py: the PyThreadState.context offsets (recompiled against every
-CPython header set found here), interpreter recognition from maps text and names,
-Py_Version read from an ELF file, and discovery reporting a CUDA process's interpreter."""
+"""probes/python.py: the runtime layouts (recompiled against every CPython header set
+found here, and read back from each of those interpreters' own memory through the C
+API), interpreter recognition from maps text and names, Py_Version and _PyRuntime read
+from ELF files, and discovery reporting a CUDA process's interpreter."""
 import glob
 import os
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from otel_gpu.probes import python
+from otel_gpu.probes.elf_file import ElfFile
 from otel_gpu.probes.discovery import Discovery
 from otel_gpu.cuda_calls import BY_ID, CUDA_PROBES, PYTHON, PYTHON_PROBES, RUNTIME, rows_for
 
 GCC = shutil.which("gcc")
 HEADER_DIRS = sorted(glob.glob("/root/.pyenv/versions/3.*/include/python3.*") + glob.glob("/usr/include/python3.*"))
-OFFSET_C = r"""
+INTERPRETERS = sorted(glob.glob("/root/.pyenv/versions/3.*/bin/python3") + ["/usr/bin/python3", sys.executable])
+# The runtime structures are internal: their headers, by version (3.7: internal/pystate.h).
+LAYOUT_C = r"""
+#define Py_BUILD_CORE 1
 #include <Python.h>
 #include <stddef.h>
 #include <stdio.h>
+#if PY_MINOR_VERSION == 7
+#include "internal/pystate.h"
+#elif PY_MINOR_VERSION == 8
+#include "internal/pycore_pystate.h"
+#else
+#include "internal/pycore_runtime.h"
+#include "internal/pycore_interp.h"
+#endif
+#if PY_MINOR_VERSION >= 11
+#define THREADS_HEAD threads.head
+#else
+#define THREADS_HEAD tstate_head
+#endif
 int main(void)
 {
 #ifdef Py_DEBUG
     return 3;
 #endif
-    printf("%d %d %zu\n", PY_MAJOR_VERSION, PY_MINOR_VERSION, offsetof(PyThreadState, context));
+    printf("%d %d %zu %zu %zu %zu %zu\n", PY_MAJOR_VERSION, PY_MINOR_VERSION,
+           offsetof(_PyRuntimeState, interpreters.main), offsetof(PyInterpreterState, THREADS_HEAD),
+           offsetof(PyThreadState, thread_id), offsetof(PyThreadState, context), offsetof(PyThreadState, next));
     return 0;
 }
 """
+# Run by each interpreter: its own layout read back through the C API (ctypes).
+LAYOUT_PY = r"""
+import ctypes as ct, sys, threading
+main_interp, threads_head, thread_id, context = map(int, sys.argv[1:])
+api, read = ct.pythonapi, lambda at: ct.c_uint64.from_address(at).value
+runtime = ct.addressof(ct.c_char.in_dll(api, "_PyRuntime"))
+main = getattr(api, "PyInterpreterState_Main", None) or api.PyInterpreterState_Head  # 3.8+ / 3.7
+for f in (main, api.PyInterpreterState_ThreadHead, api.PyThreadState_Get, api.PyThreadState_Next):
+    f.restype = ct.c_void_p
+api.PyInterpreterState_ThreadHead.argtypes = api.PyThreadState_Next.argtypes = [ct.c_void_p]
+interp, me = main(), api.PyThreadState_Get()
+assert read(runtime + main_interp) == interp, "interpreters.main"
+assert read(interp + threads_head) == api.PyInterpreterState_ThreadHead(interp), "threads.head"
+assert read(me + thread_id) == threading.get_ident(), "thread_id"
+assert read(me + 8) == (api.PyThreadState_Next(me) or 0), "next"
+import contextvars
+ctx = contextvars.copy_context()
+assert ctx.run(lambda: read(api.PyThreadState_Get() + context)) == id(ctx), "context"
+print("ok")
+"""
 
 
-def _has_context(include: str) -> bool:
-    """contextvars exist since 3.7: older headers have no PyThreadState.context."""
+def _internal_headers(include: str) -> bool:
     m = re.search(r"python3\.(\d+)", include)
-    return bool(m) and int(m.group(1)) >= 7 and os.path.exists(os.path.join(include, "Python.h"))
+    return bool(m) and int(m.group(1)) >= 7 and os.path.isdir(os.path.join(include, "internal"))
 
 
 @pytest.mark.parametrize("include", HEADER_DIRS)
-def test_context_offset_matches_the_headers(include, tmp_path):
+def test_layout_matches_the_headers(include, tmp_path):
     if GCC is None:
         pytest.skip("gcc is not installed: cannot compile against the CPython headers")
-    if not _has_context(include):
-        pytest.skip(f"{include}: before 3.7 or incomplete, no PyThreadState.context")
-    (tmp_path / "off.c").write_text(OFFSET_C)
+    if not _internal_headers(include):
+        pytest.skip(f"{include}: before 3.7, or without the internal headers")
+    (tmp_path / "off.c").write_text(LAYOUT_C)
     build = subprocess.run([GCC, f"-I{include}", "-o", str(tmp_path / "off"), str(tmp_path / "off.c")],
                            capture_output=True, text=True)
     assert build.returncode == 0, build.stderr
-    major, minor, offset = map(int, subprocess.run([str(tmp_path / "off")], capture_output=True, text=True,
-                                                   check=True).stdout.split())
-    assert python.CONTEXT_OFFSET.get((major, minor)) == offset, f"add 3.{minor}: {offset} to CONTEXT_OFFSET"
+    major, minor, *offsets, tstate_next = map(int, subprocess.run(
+        [str(tmp_path / "off")], capture_output=True, text=True, check=True).stdout.split())
+    assert python.LAYOUTS.get((major, minor)) == python.Layout(*offsets), f"3.{minor}: {offsets}"
+    assert tstate_next == 8  # PY_TSTATE_NEXT in bpf/python_probes.c
 
 
-def test_the_table_covers_3_9_to_3_13():
-    assert {(3, m) for m in range(9, 14)} <= set(python.CONTEXT_OFFSET)
-    if not [d for d in HEADER_DIRS if _has_context(d)]:
+@pytest.mark.parametrize("interpreter", INTERPRETERS)
+def test_layout_matches_the_running_interpreter(interpreter):
+    if not os.path.exists(interpreter):
+        pytest.skip(f"no {interpreter} here")
+    version = tuple(int(x) for x in subprocess.run(
+        [interpreter, "-c", "import sys; print(*sys.version_info[:2])"], capture_output=True, text=True,
+        check=True).stdout.split())
+    if version not in python.LAYOUTS:
+        pytest.skip(f"{interpreter}: {version} is not in the table")
+    out = subprocess.run([interpreter, "-c", LAYOUT_PY, *map(str, python.LAYOUTS[version])],
+                         capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip() == "ok", out.stderr
+
+
+def test_the_table_covers_3_7_to_3_13():
+    assert {(3, m) for m in range(7, 14)} <= set(python.LAYOUTS)
+    if not [d for d in HEADER_DIRS if _internal_headers(d)]:
         pytest.skip("no CPython headers here: the offsets are unchecked")
 
 
@@ -85,11 +140,6 @@ def test_libpython_in_maps():
 ])
 def test_version_of_name(name, version):
     assert python.version_of_name(name) == version
-
-
-def test_unknown_versions_have_no_offset():
-    assert python.context_offset((3, 99)) is None and python.context_offset(None) is None
-    assert python.context_offset((3, 12)) == python.CONTEXT_OFFSET[(3, 12)]
 
 
 def _shared(tmp_path: Path, body: str, name: str = "libv.so") -> str:
@@ -139,32 +189,63 @@ def _fake_proc(tmp_path: Path, pid: int, maps: str, exe: str) -> None:
 
 
 def test_discovery_reports_the_interpreter_of_cuda_processes(tmp_path):
+    runtime_lib = _shared(tmp_path, "char _PyRuntime[8192];\n", "libruntime.so")  # exports _PyRuntime
     files = {n: tmp_path / "f" / n for n in ("libcudart.so.12", "libpython3.12.so.1.0", "python3.12",
-                                             "python3.11", "python3.99", "tool")}
-    for p in files.values():
+                                             "python3.11", "python3.99", "tool", "python3.10")}
+    for name, p in files.items():
         p.parent.mkdir(exist_ok=True)
-        p.write_bytes(b"x")
-    line = "7f00-7f01 r-xp 0 fe:00 1 {}\n".format
-    cudart = line(files["libcudart.so.12"])
-    _fake_proc(tmp_path, 10, cudart + line(files["libpython3.12.so.1.0"]), str(files["python3.12"]))
-    _fake_proc(tmp_path, 11, cudart, str(files["python3.11"]))  # a stripped static interpreter
+        p.write_bytes(b"x" if name in ("libcudart.so.12", "tool", "python3.10") else Path(runtime_lib).read_bytes())
+    line = "{:x}-{:x} r-xp 0 fe:00 1 {}\n".format
+    cudart = line(0x7e00, 0x7e01, files["libcudart.so.12"])
+    _fake_proc(tmp_path, 10, cudart + line(0x7f00, 0x7f01, files["libpython3.12.so.1.0"]), str(files["python3.12"]))
+    # a stripped static interpreter, mapped at its own address
+    _fake_proc(tmp_path, 11, cudart + line(0x5500, 0x5501, files["python3.11"]), str(files["python3.11"]))
     _fake_proc(tmp_path, 12, cudart, str(files["python3.99"]))  # a version not in the table
     _fake_proc(tmp_path, 13, cudart, str(files["tool"]))        # not Python
-    _fake_proc(tmp_path, 14, line(files["libpython3.12.so.1.0"]), str(files["python3.12"]))  # no CUDA
+    _fake_proc(tmp_path, 14, line(0x7f00, 0x7f01, files["libpython3.12.so.1.0"]), str(files["python3.12"]))  # no CUDA
+    _fake_proc(tmp_path, 15, cudart, str(files["python3.10"]))  # named so, without _PyRuntime
     found = Discovery(str(tmp_path / "proc"), has_static_cudart=lambda p: False).scan()
-    assert found.cuda_pids == {10, 11, 12, 13}
-    assert found.python == {10: python.CONTEXT_OFFSET[(3, 12)], 11: python.CONTEXT_OFFSET[(3, 11)]}
+    assert found.cuda_pids == {10, 11, 12, 13, 15}
+    with open(runtime_lib, "rb") as f:
+        elf = ElfFile(f)
+        runtime = elf.symbol("_PyRuntime") - elf.load_vaddr()
+    assert runtime > 0
+    assert found.python == {
+        10: python.PythonProcess(python.LAYOUTS[(3, 12)], 0x7f00 + runtime + python.LAYOUTS[(3, 12)].main_interp),
+        11: python.PythonProcess(python.LAYOUTS[(3, 11)], 0x5500 + runtime + python.LAYOUTS[(3, 11)].main_interp)}
     interpreters = sorted(os.path.basename(t.path) for t in found.targets if t.kind == PYTHON)
     assert interpreters == ["libpython3.12.so.1.0", "python3.11"]
     assert [t.kind for t in found.targets].count(RUNTIME) == 1  # one file, probed once
+
+
+def test_interpreter_found_in_real_files():
+    """_PyRuntime is exported by every CPython 3.7+, stripped ones too (Debian's)."""
+    checked = 0
+    for path in ["/usr/bin/python3.11"] + glob.glob("/root/.pyenv/versions/3.*/lib/libpython3.*.so.1.0"):
+        version = python.version_of_name(path)
+        if os.path.exists(path) and version in python.LAYOUTS:
+            found = python.interpreter(path, version)
+            assert found is not None and found.runtime > 0 and found.layout == python.LAYOUTS[version], path
+            checked += 1
+    assert python.interpreter("/usr/bin/python3.11", (3, 99)) is None
+    if not checked:
+        pytest.skip("no CPython interpreter here")
+
+
+def test_mapped_at_takes_the_file_offset_0_mapping():
+    maps = ("5500-5600 r--p 00000000 fe:00 1 /usr/bin/python3.11\n"
+            "5600-5700 r-xp 00100000 fe:00 1 /usr/bin/python3.11\n"
+            "7f00-7f01 r-xp 00000000 fe:00 2 /usr/lib/libpython3.12.so.1.0 (deleted)\n")
+    assert python.mapped_at(maps, "/usr/bin/python3.11") == 0x5500
+    assert python.mapped_at(maps, "/usr/lib/libpython3.12.so.1.0") == 0x7f00
+    assert python.mapped_at(maps, "/usr/bin/python3.12") is None
 
 
 def test_python_rows_are_not_cuda_calls():
     assert rows_for(PYTHON) == list(PYTHON_PROBES)
     assert not set(PYTHON_PROBES) & set(CUDA_PROBES)
     assert all(r.library == PYTHON for r in PYTHON_PROBES)
-    assert {r.symbol for r in PYTHON_PROBES} == {"PyEval_RestoreThread", "PyEval_AcquireThread",
-                                                  "PyContext_CopyCurrent"}
+    assert {r.symbol for r in PYTHON_PROBES} == {"PyContext_CopyCurrent"}  # no probe on the GIL
     assert not any(c.name.startswith("Py") for c in BY_ID.values())
 
 

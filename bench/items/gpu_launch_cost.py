@@ -1,0 +1,98 @@
+"""`python -m bench.items.gpu_launch_cost [--rounds R] [--json FILE]`: on a GPU host, what
+the collector adds to a CUDA launch made inside a request, and why. One PyTorch server
+(tests/gpu/torch_server.py) timed with no collector, traced, and traced without the
+Python context probes, the three phases interleaved over R rounds (sequential phases drift
+on a GPU host). Each phase: GET /launches/N (N one-launch additions: bound by the host's
+launch path) and GET /decode/S (eager forwards, each synchronised). Also printed: the
+first bytes of every probed function in that process (scripts/probe_entries.py: where a
+probe is single-stepped) and, where gcc is present, item 15's trap costs on this host.
+Needs root, a GPU, PyTorch, bcc (scripts/gpu-tier.sh --bench runs it on a bare GPU machine)."""
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import sys
+import urllib.request
+from pathlib import Path
+
+from tests.support.otlp_receiver import OtlpReceiver
+
+from ..collector import Collector
+from ..target import Service
+from . import probe_prologue
+
+ROOT = Path(__file__).resolve().parents[2]
+SERVER = ROOT / "tests" / "gpu" / "torch_server.py"
+LAUNCHES, DECODE_STEPS, REPS = 20_000, 200, 3
+PHASES = (("untraced", None), ("traced", ()), ("no contexts", ("--no-python-context",)))
+
+
+def _seconds(svc: Service, path: str) -> float:
+    with urllib.request.urlopen(f"http://127.0.0.1:{svc.port}{path}", timeout=120) as r:
+        return json.loads(r.read())["seconds"]
+
+
+def measure(rounds: int) -> dict:
+    svc, rx = Service(argv=[sys.executable, str(SERVER)]), OtlpReceiver().start()
+    times: dict = {name: {"launches": [], "decode": []} for name, _ in PHASES}
+    out: dict = {"launches": LAUNCHES, "decode_steps": DECODE_STEPS, "reps": REPS, "rounds": rounds}
+    try:
+        for path in (f"/launches/{LAUNCHES}", f"/decode/{DECODE_STEPS}"):  # warm-up: lazy loads
+            _seconds(svc, path)
+        for _ in range(rounds):
+            for name, args in PHASES:
+                col = None if args is None else Collector(otlp_endpoint=rx.endpoint, args=args)
+                try:
+                    if col is not None:
+                        col.wait_traced(svc.pid)
+                    _seconds(svc, f"/launches/{LAUNCHES // 10}")  # the first request after a start
+                    times[name]["launches"] += [_seconds(svc, f"/launches/{LAUNCHES}") for _ in range(REPS)]
+                    times[name]["decode"] += [_seconds(svc, f"/decode/{DECODE_STEPS}") for _ in range(REPS)]
+                finally:
+                    if col is not None:
+                        col.stop()
+                rx.clear()
+    finally:
+        svc.stop()
+        rx.stop()
+    out["seconds"] = times
+    base = {k: statistics.median(v) for k, v in times["untraced"].items()}
+    out["added_us_per_launch"] = {
+        name: {"launches": (statistics.median(t["launches"]) - base["launches"]) / LAUNCHES * 1e6,
+               "decode_pct": 100 * (statistics.median(t["decode"]) / base["decode"] - 1)}
+        for name, t in times.items() if name != "untraced"}
+    out["untraced_us_per_launch"] = base["launches"] / LAUNCHES * 1e6
+    out["trap"] = probe_prologue.run(quick=True) if shutil.which("gcc") else "no gcc on this host"
+    return out
+
+
+def report(r: dict) -> str:
+    lines = [f"gpu_launch_cost: {r['launches']} one-launch additions per request, untraced "
+             f"{r['untraced_us_per_launch']:.2f} us per launch; median of {r['rounds']}x{r['reps']} interleaved"]
+    for name, a in r["added_us_per_launch"].items():
+        lines.append(f"  {name}: +{a['launches']:.2f} us per launch; decode loop ({r['decode_steps']} "
+                     f"forwards) {a['decode_pct']:+.1f} %")
+    lines.append("  all (ms): " + "; ".join(f"{n} {k} {[round(x * 1e3, 1) for x in v]}"
+                                           for n, t in r["seconds"].items() for k, v in t.items()))
+    trap = r["trap"]
+    lines.append("  trap (item 15, an empty program, ns per call): " + (
+        trap if isinstance(trap, str) else ", ".join(f"{k} +{v:.0f}" for k, v in trap["added_ns"].items())))
+    return "\n".join(lines)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.items.gpu_launch_cost", description=__doc__)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--json", type=Path, help="also write the figures here")
+    a = ap.parse_args()
+    r = measure(a.rounds)
+    print(report(r), flush=True)
+    if a.json:
+        a.json.write_text(json.dumps(r, indent=1, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
