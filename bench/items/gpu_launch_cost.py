@@ -3,13 +3,12 @@ the collector adds to a CUDA launch made inside a request, and why. One PyTorch 
 (tests/gpu/torch_server.py) timed with no collector, traced, and traced without the
 Python context probes, the three phases interleaved over R rounds (sequential phases drift
 on a GPU host). Each phase: GET /launches/N (N one-launch additions: bound by the host's
-launch path) and GET /decode/S (eager forwards, each synchronised). Also printed: the
-first bytes of every probed function in that process (scripts/probe_entries.py: where a
-probe is single-stepped) and, where gcc is present, item 15's trap costs on this host.
+launch path) and GET /decode/S (eager forwards, each synchronised). Also printed, where
+gcc is present: item 15's trap costs on this host (the first bytes of the probed
+functions are in scripts/gpu-tier.sh's machine log).
 Needs root, a GPU, PyTorch, bcc (scripts/gpu-tier.sh --bench runs it on a bare GPU machine)."""
 from __future__ import annotations
 
-import argparse
 import json
 import shutil
 import statistics
@@ -21,7 +20,7 @@ from tests.support.otlp_receiver import OtlpReceiver
 
 from ..collector import Collector
 from ..target import Service
-from . import probe_prologue
+from . import probe_prologue, standalone
 
 ROOT = Path(__file__).resolve().parents[2]
 SERVER = ROOT / "tests" / "gpu" / "torch_server.py"
@@ -82,17 +81,5 @@ def report(r: dict) -> str:
     return "\n".join(lines)
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(prog="python -m bench.items.gpu_launch_cost", description=__doc__)
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--json", type=Path, help="also write the figures here")
-    a = ap.parse_args()
-    r = measure(a.rounds)
-    print(report(r), flush=True)
-    if a.json:
-        a.json.write_text(json.dumps(r, indent=1, default=str))
-    return 0
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(standalone.main("bench.items.gpu_launch_cost", __doc__, "--rounds", int, 3, measure, report))

@@ -7,8 +7,6 @@ issue's throughput target (<= 2 % on a GPU) is the row. Needs root, a GPU, PyTor
 (scripts/gpu-tier.sh --bench runs it on a bare GPU machine)."""
 from __future__ import annotations
 
-import argparse
-import json
 import sys
 import time
 from collections import Counter
@@ -18,6 +16,7 @@ from tests.support.otlp_receiver import OtlpReceiver
 
 from ..collector import Collector
 from ..target import Service
+from . import standalone
 
 ROOT = Path(__file__).resolve().parents[2]
 SERVER = ROOT / "tests" / "gpu" / "fastapi_server.py"
@@ -96,17 +95,5 @@ def report(r: dict) -> str:
     return "\n".join(lines)
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(prog="python -m bench.items.gpu_model_server", description=__doc__)
-    ap.add_argument("--seconds", type=float, default=10)
-    ap.add_argument("--json", type=Path, help="also write the figures here")
-    a = ap.parse_args()
-    r = measure(a.seconds)
-    print(report(r), flush=True)
-    if a.json:
-        a.json.write_text(json.dumps(r, indent=1, default=str))
-    return 0
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(standalone.main("bench.items.gpu_model_server", __doc__, "--seconds", float, 10, measure, report))
