@@ -301,6 +301,14 @@ struct py_proc {
     u32 pad;
 };
 
+/* py_threads key: a thread of a traced Python process, by its pthread_self() (its FS
+ * base: what PyThreadState.thread_id holds). */
+struct py_thread_key {
+    u32 tgid;
+    u32 pad;
+    u64 thread;
+};
+
 /* go_procs value: where a traced Go process keeps its running goroutine
  * (otel_gpu/probes/go_runtime.py): TLS g at FS base + tls_g, then g.m.curg.goid. */
 struct go_proc {

@@ -1,24 +1,33 @@
 /* CPython execution context: which contextvars.Context each thread of a traced
  * Python process is running, for the CUDA and socket records (their `ctx`), and
  * the copies it makes (EV_PY_CONTEXT), from exported symbols only, so stripped
- * interpreters work too. A thread's context is PyThreadState.context. Its
- * PyThreadState is found, at the record itself, in the main interpreter's thread
- * list: the one whose thread_id is the thread's pthread_self() (its FS base). The
- * list is walked once per thread and the state kept; every read checks it still
- * belongs to the thread (a state freed and made again is found again). No probe on
- * the GIL: taking it back after each blocking section (every PyTorch op) would
- * cost a trap. Offsets come from user space (otel_gpu/probes/python.py). Comes
- * before the HTTP and CUDA probes: they call py_context(). */
+ * interpreters work too. A thread's context is PyThreadState.context; its state is
+ * the one in the main interpreter's thread list whose thread_id is the thread's
+ * pthread_self() (its FS base). Found at the record itself, once per thread, and kept
+ * (checked at every read: a state freed and made again is found again):
+ * - among the newest PY_THREADS_WALKED states, walked from the list's head (a thread
+ *   made since user space last read the list is near the head);
+ * - else in py_threads, the whole list as user space read it at the process's start
+ *   of tracing and at each /proc scan (otel_gpu/probes/python.py thread_states).
+ * The walk stays short: a loop is verified once per step in every program that reads
+ * contexts, and programs are verified as a process's probes attach (its first
+ * requests wait on it). No probe on the GIL: taking it back after each blocking
+ * section (every PyTorch op) would cost a trap. Offsets come from user space
+ * (probes/python.py). Comes before the HTTP and CUDA probes: they call py_context(). */
 #include "maps.h"
 
 #define PY_TSTATE_NEXT 8        /* offsetof(PyThreadState, next): 3.7 to 3.13 */
-#define PY_THREADS_WALKED 64    /* a walk stops here: threads past it keep ctx 0 */
-#define PY_REWALK_NS 100000000  /* a thread not in the list is looked for again after this */
+#define PY_THREADS_WALKED 16    /* states walked from the list's head */
+#define PY_REWALK_NS 100000000  /* a thread found nowhere is looked for again after this */
 
 /* tgid -> interpreter layout; set by user space once the interpreter is recognised. */
 BPF_HASH(py_procs, u32, struct py_proc, MAX_PROCS);
 
-/* pid_tgid -> the thread's PyThreadState* (0: not in the list when last walked, at
+/* (tgid, pthread_self()) -> its PyThreadState*: every state of each traced process's
+ * main interpreter, written by user space. */
+BPF_HASH(py_threads, struct py_thread_key, u64, 65536);
+
+/* pid_tgid -> the thread's PyThreadState* (0: found nowhere when last looked for, at
  * walked_ns). LRU: threads end unannounced. */
 struct py_thread {
     u64 tstate;
@@ -26,23 +35,29 @@ struct py_thread {
 };
 BPF_TABLE("lru_hash", u64, struct py_thread, py_tstate, 65536);
 
-/* The main interpreter's PyThreadState whose thread_id is `self`, or 0. */
-static __always_inline u64 py_walk(struct py_proc *p, u64 self)
+/* 1 when the state at `ts` is the thread `self`'s. */
+static __always_inline int py_state_of(struct py_proc *p, u64 ts, u64 self)
 {
-    u64 interp = 0, ts = 0, id = 0;
-    if (bpf_probe_read_user(&interp, sizeof(interp), (void *)p->main_interp) || !interp)
-        return 0;
-    if (bpf_probe_read_user(&ts, sizeof(ts), (void *)(interp + p->threads_head)))
-        return 0;
-    for (int i = 0; i < PY_THREADS_WALKED && ts; i++) {
-        if (bpf_probe_read_user(&id, sizeof(id), (void *)(ts + p->thread_id)))
-            return 0;
-        if (id == self)
-            return ts;
-        if (bpf_probe_read_user(&ts, sizeof(ts), (void *)(ts + PY_TSTATE_NEXT)))
-            return 0;
+    u64 id = 0;
+    return ts && !bpf_probe_read_user(&id, sizeof(id), (void *)(ts + p->thread_id)) && id == self;
+}
+
+/* The thread's state among the newest of the list, else as user space listed it; 0. */
+static __always_inline u64 py_find(struct py_proc *p, u32 tgid, u64 self)
+{
+    u64 interp = 0, ts = 0;
+    if (!bpf_probe_read_user(&interp, sizeof(interp), (void *)p->main_interp) && interp
+        && !bpf_probe_read_user(&ts, sizeof(ts), (void *)(interp + p->threads_head))) {
+        for (int i = 0; i < PY_THREADS_WALKED && ts; i++) {
+            if (py_state_of(p, ts, self))
+                return ts;
+            if (bpf_probe_read_user(&ts, sizeof(ts), (void *)(ts + PY_TSTATE_NEXT)))
+                break;
+        }
     }
-    return 0;
+    struct py_thread_key k = {.tgid = tgid, .thread = self};
+    u64 *listed = py_threads.lookup(&k);
+    return listed && py_state_of(p, *listed, self) ? *listed : 0;
 }
 
 /* id() of the context running on the thread; 0 when not a traced Python thread, not
@@ -55,16 +70,15 @@ static __always_inline u64 py_context(u32 tgid, u32 tid)
     u64 self = thread_pointer();
     if (!self)
         return 0;
-    u64 key = (u64)tgid << 32 | tid, ts = 0, id = 0;
+    u64 key = (u64)tgid << 32 | tid, ts = 0;
     struct py_thread *known = py_tstate.lookup(&key);
-    if (known && known->tstate && !bpf_probe_read_user(&id, sizeof(id), (void *)(known->tstate + p->thread_id))
-        && id == self) {
+    if (known && py_state_of(p, known->tstate, self)) {
         ts = known->tstate;
     } else {
         u64 now = bpf_ktime_get_ns();
         if (known && !known->tstate && now - known->walked_ns < PY_REWALK_NS)
             return 0;
-        struct py_thread found = {.tstate = py_walk(p, self), .walked_ns = now};
+        struct py_thread found = {.tstate = py_find(p, tgid, self), .walked_ns = now};
         py_tstate.update(&key, &found);
         ts = found.tstate;
     }

@@ -14,6 +14,7 @@ from typing import Optional
 from . import proc
 from .config import Config
 from .probes.discovery import Discovery
+from .probes.python import thread_states
 from .ratelimit import Stats, split_drops
 from .records import Accept, ProcessGone, ProcessSeen, SockClose, Tick
 from .sockets import existing_server_connections, open_sockets
@@ -102,6 +103,13 @@ class Collector:
                 self.program.attach(target)
         log.info("%d CUDA library files probed ahead of any process (%.2f s)", len(files), time.monotonic() - t0)
 
+    def _python_threads(self, pid: int, found, new: bool = False) -> dict:
+        threads = thread_states(proc.path(self.config.proc_root, pid, "mem"), found)
+        if threads is None and new:
+            log.info("pid %d: its interpreter's thread list cannot be read; the Python contexts of "
+                     "threads older than the newest 16 stay unknown", pid)
+        return threads or {}
+
     def _scan(self, only: Optional[set] = None) -> set:
         """All of /proc, or only the processes `only` (they just loaded or opened a CUDA
         library); returns the CUDA processes found."""
@@ -129,11 +137,13 @@ class Collector:
         for pid in self.program.probed_pids() - found.cuda_pids if only is None else ():
             self.program.detach(pid, "exited, or no longer selected or mapping CUDA")
         new = found.cuda_pids - self._traced_pids
+        for pid in python.keys() - new:  # threads made since: bpf/python_probes.c py_threads
+            self.program.list_python_threads(pid, self._python_threads(pid, python[pid]))
         for pid in new:
             self._trace(pid)
             self._follows.pop(pid, None)  # trace() reset it
             if pid in python:
-                self.program.trace_python(pid, python[pid])
+                self.program.trace_python(pid, python[pid], self._python_threads(pid, python[pid], new=True))
             if pid in go:
                 self.program.trace_go(pid, go[pid])
             units = " (Python contexts)" if pid in python else f" (goroutines, {go[pid].version})" if pid in go else ""

@@ -172,6 +172,11 @@ class PyProc(ct.Structure):
                    context_offset=lay.context)
 
 
+class PyThreadKey(ct.Structure):
+    """py_threads key: a traced Python process's thread, by its pthread_self()."""
+    _fields_ = [("tgid", u32), ("pad", u32), ("thread", u64)]
+
+
 class GoProc(ct.Structure):
     """go_procs value: where a Go process keeps its running goroutine (probes/go_runtime.py)."""
     _fields_ = [("tls_g", s64), ("g_m", u32), ("m_curg", u32), ("g_goid", u32), ("g_parent_goid", u32)]
@@ -212,6 +217,6 @@ STRUCTS: dict[str, type] = {
     "memcpy_event": MemcpyEvent, "memory_event": MemoryEvent, "sync_event": SyncEvent,
     "graph_event": GraphEvent, "device_event": DeviceEvent, "graph_op_event": GraphOpEvent, "nccl_event": NcclEvent,
     "nccl_comm_key": NcclCommKey, "nccl_comm": NcclComm, "user_launch_config": UserLaunchConfig,
-    "py_proc": PyProc, "go_proc": GoProc, "rollup_key": RollupKey, "rollup_value": RollupValue, "launch_slot": LaunchSlot,
+    "py_proc": PyProc, "py_thread_key": PyThreadKey, "go_proc": GoProc, "rollup_key": RollupKey, "rollup_value": RollupValue, "launch_slot": LaunchSlot,
     "agg_key": AggKey, "agg_value": AggValue, "http_seq": HttpSeq,
 }

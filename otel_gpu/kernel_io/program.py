@@ -16,7 +16,7 @@ from ..probes.discovery import ProbeTarget
 from ..probes.source import ProgramOptions, load
 from ..ratelimit import Stats
 from . import launch_slots
-from .abi import COUNTER_NAMES, GoProc, PyProc
+from .abi import COUNTER_NAMES, GoProc, PyProc, PyThreadKey
 from .map_batch import BatchMap
 from .reader import AggregateReader, RingReader, RollupReader
 
@@ -40,7 +40,8 @@ def related_server_share(max_connections: int, servers: int) -> int:
     return max(MIN_SHARE, max_connections // (2 * max(1, servers)))
 
 
-_STATE_TABLES = ("traced", "http_active", "conns", "rollup", "req_agg", "in_call", "py_procs", "py_tstate")
+_STATE_TABLES = ("traced", "http_active", "conns", "rollup", "req_agg", "in_call", "py_procs", "py_tstate",
+                 "py_threads")
 # Kernel counters (bpf/events.h) of what was lost or left out -> (stat, warning with the total).
 _LOSSES = {
     "ringbuf_full": ("lost_events", "ring buffer full: %d events lost so far"),
@@ -83,6 +84,7 @@ class BpfProgram:
         self._seen: dict[str, int] = {}  # each kernel counter's value when last read
         self._prune_suspects: set = set()  # (tgid, fd) found without a socket once
         self._runtime_text: dict = {}  # pid -> its runtime code ranges, as written to `runtime_text`
+        self._py_threads: dict = {}  # pid -> the threads written to `py_threads`
 
     # --- records for the pipeline ---------------------------------------------------
     def poll(self, timeout_ms: int) -> list:
@@ -252,10 +254,25 @@ class BpfProgram:
         self._prune_suspects = suspects
         return dropped
 
-    def trace_python(self, pid: int, found) -> None:
+    def trace_python(self, pid: int, found, threads: dict) -> None:
         """The process runs a known CPython (probes/python.PythonProcess): its CUDA and
-        socket records carry `ctx` from now on."""
+        socket records carry `ctx` from now on. threads: its thread states now
+        (python.thread_states), for list_python_threads."""
         self.bpf["py_procs"][ct.c_uint32(pid)] = PyProc.of(found)
+        self.list_python_threads(pid, threads)
+
+    def list_python_threads(self, pid: int, threads: dict) -> None:
+        """pthread_self() -> PyThreadState* of each of the process's threads, as user space
+        read them (bpf/python_probes.c py_threads): the entries of threads gone go."""
+        table, before = self.bpf["py_threads"], self._py_threads.get(pid, set())
+        for thread in before - threads.keys():
+            try:
+                del table[PyThreadKey(pid, 0, thread)]
+            except KeyError:
+                pass
+        for thread, state in threads.items():
+            table[PyThreadKey(pid, 0, thread)] = ct.c_uint64(state)
+        self._py_threads[pid] = set(threads)
 
     def trace_go(self, pid: int, binary) -> None:
         """The process is a Go executable (probes/go_runtime.GoBinary): its CUDA and socket
@@ -300,7 +317,10 @@ class BpfProgram:
         for tgid in tgids:
             self.pid_bits.set(tgid, 0)
         # One pass per table whatever the number of exits: reading a map key by key is slow.
+        for tgid in tgids:
+            self._py_threads.pop(tgid, None)
         for name, tgid_of in [("conns", lambda k: k.tgid), ("req_agg", lambda k: k.tgid), ("ssl_fds", lambda k: k.tgid),
+                              ("py_threads", lambda k: k.tgid),
                               ("stream_budget", lambda k: k.pid_tgid >> 32)] + [(n, lambda k: k.value >> 32) for n in _BY_PID_TGID]:
             table = self.bpf[name]
             for k in [k for k in table.keys() if tgid_of(k) in tgids]:

@@ -120,6 +120,34 @@ def process(interp: Optional[Interpreter], maps_text: str, path: str) -> Optiona
     return None if at is None else PythonProcess(interp.layout, interp.main_interp_at(at))
 
 
+TSTATE_NEXT = 8        # offsetof(PyThreadState, next), 3.7 to 3.13 (bpf/python_probes.c)
+MAX_THREAD_STATES = 4096  # a longer list is read this far: a loop, or not a list
+
+
+def thread_states(mem_path: str, found: PythonProcess) -> Optional[dict[int, int]]:
+    """pthread_self() -> PyThreadState* of every thread of the process's main interpreter,
+    read from its memory (`mem_path`: /proc/<pid>/mem); None where it cannot be read (the
+    probes then find only the threads near the list's head)."""
+    out: dict[int, int] = {}
+    try:
+        with open(mem_path, "rb", buffering=0) as mem:
+            def word(at: int) -> int:
+                mem.seek(at)
+                raw = mem.read(8)
+                if len(raw) != 8:
+                    raise OSError(f"short read at {at:#x}")
+                return struct.unpack("<Q", raw)[0]
+            interp = word(found.main_interp)
+            ts, seen = (word(interp + found.layout.threads_head) if interp else 0), set()
+            while ts and ts not in seen and len(seen) < MAX_THREAD_STATES:
+                seen.add(ts)
+                out[word(ts + found.layout.thread_id)] = ts
+                ts = word(ts + TSTATE_NEXT)
+    except (OSError, ValueError, OverflowError):
+        return None
+    return out
+
+
 def mapped_at(maps_text: str, path: str) -> Optional[int]:
     """Where /proc/<pid>/maps text shows `path`'s file offset 0 mapped, or None."""
     for line in maps_text.splitlines():

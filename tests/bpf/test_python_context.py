@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import ctypes as ct
 import glob
+import json
+import os
 import socket
 import subprocess
 
 import pytest
 
-from otel_gpu.kernel_io.abi import PyProc
+from otel_gpu.kernel_io.abi import PyProc, PyThreadKey
 from otel_gpu.records import ContextCopy, CudaCall, LaunchCall, MemcpyCall, SockIo
 from otel_gpu.probes import python
 from otel_gpu.probes.discovery import Discovery
@@ -77,6 +79,21 @@ def tasks():
         loop.close()
     r["main_ctx"] = id(main_ctx)
     return r
+
+def crowd():
+    """run() on the main thread once 100 more threads exist: the main thread's state is
+    the oldest, the last of the interpreter's thread list, past the probes' walk from
+    its head (they find it where user space listed it)."""
+    go = threading.Event()
+    workers = [threading.Thread(target=go.wait) for _ in range(100)]
+    for w in workers:
+        w.start()
+    try:
+        return run()
+    finally:
+        go.set()
+        for w in workers:
+            w.join()
 
 def serve():
     conn, _ = LISTENER.accept()
@@ -154,6 +171,8 @@ def start(probes, cudart):
         probes.set("traced", c.pid, ct.c_uint32(1))
         if python_on:
             probes.set("py_procs", c.pid, PyProc.of(found.python[c.pid]))
+            for thread, state in python.thread_states(f"/proc/{c.pid}/mem", found.python[c.pid]).items():
+                probes.bpf["py_threads"][PyThreadKey(c.pid, 0, thread)] = ct.c_uint64(state)
         if streaming:
             probes.set("http_active", c.pid, ct.c_int64(1))
         c.python = found.python[c.pid]
@@ -203,6 +222,14 @@ def test_calls_carry_the_context_they_run_in(interpreter, start, probes):
     assert all(x.ctx == r["ctx"] for x in tagged(recs, 2))
     made = copy_of(recs, r["ctx"])
     assert (made.tid, made.parent) == (c.pid, outer)
+
+
+def test_a_thread_behind_a_hundred_newer_ones_is_found(interpreter, start, probes):
+    c = start(interpreter)
+    r = c.run("crowd")
+    recs = probes.of(c.pid)
+    assert all(x.ctx == c.hello["outer"] for x in tagged(recs, 1))
+    assert all(x.ctx == r["ctx"] for x in tagged(recs, 2))
 
 
 def test_asyncio_task_and_to_thread(interpreter, start, probes):
@@ -271,3 +298,42 @@ def test_a_process_without_python_gets_no_context(probes, cudart, tmp_path):
         assert type(rec) is LaunchCall and rec.grid == (7, 1, 1) and rec.ctx == 0
     finally:
         c.stop()
+
+
+THREADS_CHILD = r'''
+import ctypes as ct, json, threading
+ct.pythonapi.PyThreadState_Get.restype = ct.c_void_p
+states, go, ready = {}, threading.Event(), threading.Barrier(9)
+def note():
+    states[threading.get_ident()] = ct.pythonapi.PyThreadState_Get()
+def worker():
+    note()
+    ready.wait()
+    go.wait()
+workers = [threading.Thread(target=worker) for _ in range(8)]
+for w in workers:
+    w.start()
+ready.wait()
+note()
+print(json.dumps(states), flush=True)
+input()
+go.set()
+'''
+
+
+def test_thread_states_lists_every_thread_of_the_interpreter(interpreter, tmp_path):
+    """probes/python.py thread_states, what py_threads is filled from: read from another
+    process's memory, the same states its threads get from the C API."""
+    child = subprocess.Popen([interpreter, "-c", THREADS_CHILD], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             text=True)
+    try:
+        states = {int(k): v for k, v in json.loads(child.stdout.readline()).items()}
+        maps = open(f"/proc/{child.pid}/maps").read()
+        path = python.libpython_in_maps(maps) or os.readlink(f"/proc/{child.pid}/exe")
+        version = python.version_of_name(path) or python.exe_version(path, path)
+        found = python.process(python.interpreter(path, version), maps, path)
+        assert found is not None
+        assert python.thread_states(f"/proc/{child.pid}/mem", found) == states  # 9 threads, all of them
+        assert python.thread_states(f"/proc/{child.pid}/mem", found._replace(main_interp=8)) is None
+    finally:
+        child.communicate("\n", timeout=30)
