@@ -90,7 +90,7 @@ def test_layout_matches_the_headers(include, tmp_path):
     major, minor, *offsets, tstate_next = map(int, subprocess.run(
         [str(tmp_path / "off")], capture_output=True, text=True, check=True).stdout.split())
     assert python.LAYOUTS.get((major, minor)) == python.Layout(*offsets), f"3.{minor}: {offsets}"
-    assert tstate_next == 8  # PY_TSTATE_NEXT in bpf/python_probes.c
+    assert tstate_next == python.TSTATE_NEXT  # PY_TSTATE_NEXT in bpf/python_probes.c
 
 
 @pytest.mark.parametrize("interpreter", INTERPRETERS)
