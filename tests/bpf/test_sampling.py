@@ -36,8 +36,11 @@ def test_a_tenth_of_the_traces_go_out_and_every_request_is_counted(tmp_path, rec
             break
         time.sleep(0.3)
     assert _value(text, "http_server_request_duration_seconds_count", http_route="/work") == N
-    assert _value(text, "gpu_cuda_kernel_launch_calls_total", http_route="/work") == 2 * N
+    launches = _value(text, "gpu_cuda_kernel_launch_calls_total", http_route="/work")
     assert collector.stop() == 0
+    # Once seen in CI and not since (16 of 400: no call counted in the kernel reached its
+    # request): the run's counts, aggregates_late among them, say where they went.
+    assert launches == 2 * N, f"{launches} launches counted; the collector's counts: {collector.counts()}"
     sent = _work(receiver.spans, target.pid)
     rows = sqlite3.connect(db).execute("SELECT COUNT(*) FROM requests WHERE route = '/work'").fetchone()[0]
     print(f"traceidratio 0.1: {len(sent)} of {N} traces sent over OTLP; {rows} requests in the store")
