@@ -16,8 +16,11 @@
  * (probes/python.py). Comes before the HTTP and CUDA probes: they call py_context(). */
 #include "maps.h"
 
-#define PY_TSTATE_NEXT 8        /* offsetof(PyThreadState, next): 3.7 to 3.13 */
-#define PY_THREADS_WALKED 16    /* states walked from the list's head */
+/* PY_TSTATE_NEXT (offsetof(PyThreadState, next)) and PY_THREADS_WALKED (states walked
+ * from the list's head) come from probes/python.py, as -D cflags (probes/source.py). */
+#if !defined(PY_TSTATE_NEXT) || !defined(PY_THREADS_WALKED)
+#error "PY_TSTATE_NEXT/PY_THREADS_WALKED missing: compose the program with otel_gpu.probes.source"
+#endif
 #define PY_REWALK_NS 100000000  /* a thread found nowhere is looked for again after this */
 
 /* tgid -> interpreter layout; set by user space once the interpreter is recognised. */

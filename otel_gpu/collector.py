@@ -14,7 +14,7 @@ from typing import Optional
 from . import proc
 from .config import Config
 from .probes.discovery import Discovery
-from .probes.python import thread_states
+from .probes.python import THREADS_WALKED, thread_states
 from .ratelimit import Stats, split_drops
 from .records import Accept, ProcessGone, ProcessSeen, SockClose, Tick
 from .sockets import existing_server_connections, open_sockets
@@ -107,7 +107,7 @@ class Collector:
         threads = thread_states(proc.path(self.config.proc_root, pid, "mem"), found)
         if threads is None and new:
             log.info("pid %d: its interpreter's thread list cannot be read; the Python contexts of "
-                     "threads older than the newest 16 stay unknown", pid)
+                     "threads older than the newest %d stay unknown", pid, THREADS_WALKED)
         return threads or {}
 
     def _scan(self, only: Optional[set] = None) -> set:

@@ -84,7 +84,7 @@ class BpfProgram:
         self._seen: dict[str, int] = {}  # each kernel counter's value when last read
         self._prune_suspects: set = set()  # (tgid, fd) found without a socket once
         self._runtime_text: dict = {}  # pid -> its runtime code ranges, as written to `runtime_text`
-        self._py_threads: dict = {}  # pid -> the threads written to `py_threads`
+        self._py_threads: dict = {}  # pid -> {thread: state} as written to `py_threads`
 
     # --- records for the pipeline ---------------------------------------------------
     def poll(self, timeout_ms: int) -> list:
@@ -263,16 +263,18 @@ class BpfProgram:
 
     def list_python_threads(self, pid: int, threads: dict) -> None:
         """pthread_self() -> PyThreadState* of each of the process's threads, as user space
-        read them (bpf/python_probes.c py_threads): the entries of threads gone go."""
-        table, before = self.bpf["py_threads"], self._py_threads.get(pid, set())
-        for thread in before - threads.keys():
+        read them (bpf/python_probes.c py_threads): only what changed since the last list
+        is written; the entries of threads gone go."""
+        table, before = self.bpf["py_threads"], self._py_threads.get(pid, {})
+        for thread in before.keys() - threads.keys():
             try:
                 del table[PyThreadKey(pid, 0, thread)]
             except KeyError:
                 pass
         for thread, state in threads.items():
-            table[PyThreadKey(pid, 0, thread)] = ct.c_uint64(state)
-        self._py_threads[pid] = set(threads)
+            if before.get(thread) != state:
+                table[PyThreadKey(pid, 0, thread)] = ct.c_uint64(state)
+        self._py_threads[pid] = dict(threads)
 
     def trace_go(self, pid: int, binary) -> None:
         """The process is a Go executable (probes/go_runtime.GoBinary): its CUDA and socket

@@ -19,6 +19,7 @@ import re
 import struct
 from typing import NamedTuple, Optional
 
+from ..proc import DELETED
 from .elf_file import ElfFile
 
 
@@ -67,7 +68,7 @@ def libpython_in_maps(maps_text: str) -> Optional[str]:
     for line in maps_text.splitlines():
         parts = line.split(None, 5)
         if len(parts) == 6 and parts[5].startswith("/"):
-            path = parts[5].removesuffix(" (deleted)")
+            path = parts[5].removesuffix(DELETED)
             if LIBPYTHON_RE.search(path):
                 return path
     return None
@@ -75,7 +76,7 @@ def libpython_in_maps(maps_text: str) -> Optional[str]:
 
 def version_of_name(path: str) -> Optional[tuple[int, int]]:
     """(3, minor) from a libpython or executable name."""
-    path = path.removesuffix(" (deleted)")
+    path = path.removesuffix(DELETED)
     m = LIBPYTHON_RE.search(path) or EXE_RE.search(path)
     return (3, int(m.group(1))) if m else None
 
@@ -120,7 +121,11 @@ def process(interp: Optional[Interpreter], maps_text: str, path: str) -> Optiona
     return None if at is None else PythonProcess(interp.layout, interp.main_interp_at(at))
 
 
-TSTATE_NEXT = 8        # offsetof(PyThreadState, next), 3.7 to 3.13 (bpf/python_probes.c)
+TSTATE_NEXT = 8        # offsetof(PyThreadState, next), 3.7 to 3.13
+# States the probes walk from the list's head (bpf/python_probes.c: each step is verified
+# in every program that reads contexts, as a process's probes attach); older threads are
+# found where thread_states listed them.
+THREADS_WALKED = 16
 MAX_THREAD_STATES = 4096  # a longer list is read this far: a loop, or not a list
 
 
@@ -152,7 +157,7 @@ def mapped_at(maps_text: str, path: str) -> Optional[int]:
     """Where /proc/<pid>/maps text shows `path`'s file offset 0 mapped, or None."""
     for line in maps_text.splitlines():
         parts = line.split(None, 5)
-        if len(parts) == 6 and parts[5].removesuffix(" (deleted)") == path and int(parts[2], 16) == 0:
+        if len(parts) == 6 and parts[5].removesuffix(DELETED) == path and int(parts[2], 16) == 0:
             return int(parts[0].partition("-")[0], 16)
     return None
 

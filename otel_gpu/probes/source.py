@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Optional
 
 from ..cuda_calls import c_defines
-from . import kernel_btf, launch_slot_sizes
+from . import kernel_btf, launch_slot_sizes, python
 from .pid_bits import pid_words
 
 log = logging.getLogger(__name__)
@@ -66,6 +66,8 @@ class ProgramOptions:
             f"-DLAUNCH_CPUS={self.cpus}",
             f"-DLAUNCH_SLOTS_LOG2={launch_slot_sizes.SLOTS_LOG2}",
             f"-DTASK_FSBASE_OFFSET={self.task_fsbase}",
+            f"-DPY_TSTATE_NEXT={python.TSTATE_NEXT}",
+            f"-DPY_THREADS_WALKED={python.THREADS_WALKED}",
         ]
 
 
