@@ -20,6 +20,7 @@ from .config import Config
 from .enrich.resources import ProcessResources
 from .enrich.routes import RouteTemplater
 from .enrich.stage import Enrich
+from .enrich.code_symbols import CodeSymbols
 from .enrich.symbols import KernelNames
 from .export.console import ConsoleTreeExporter
 from .export.destinations import Destinations, QueuedExporter, otlp_span_exporter
@@ -118,7 +119,8 @@ def build_pipeline(config: Config, stats: Stats, k8s=None, destinations=None,
     enrich = Enrich(ProcessResources(config.proc_root, k8s, config.resource_attributes, stats,
                                      config.export_command_line),
                     RouteTemplater(config.route_patterns, max_routes=config.max_routes, stats=stats),
-                    kernel_names or KernelNames(), DeviceIdentities(stats, config.proc_root, config.nvidia_procfs))
+                    kernel_names or KernelNames(symbols=CodeSymbols(config.proc_root)),
+                    DeviceIdentities(stats, config.proc_root, config.nvidia_procfs))
     cost = CostStage(Prices(config.gpu_price, config.currency, gpu_model(config.nvidia_procfs)), config.feature_header,
                      feature_cap=ValueCap(config.max_routes, stats, "features_folded"))
     destinations = destinations if destinations is not None else build_destinations(config, stats)

@@ -1,6 +1,6 @@
 """Kernel names. A runtime launch's function pointer is a host stub in some mapped
-module (executable, libtorch_cuda.so, ...): bcc's symbolizer finds the module through
-/proc/<pid>/maps, looks the offset up in its ELF symbol tables and demangles. A
+module (executable, libtorch_cuda.so, ...), named from that file's ELF symbol tables
+(code_symbols.py) and demangled. A
 driver launch (cuBLAS, Triton, NCCL) and a CUDA 13 `<<<>>>` launch on a GPU pass an
 opaque handle instead: what it names was learned when a probed call handed it out
 (records.KernelHandle: a mangled name, or the host stub / CUkernel it stands for)."""
@@ -12,6 +12,7 @@ import logging
 from typing import Callable, Optional
 
 from ..records import KernelHandle
+from .code_symbols import CodeSymbols
 
 log = logging.getLogger(__name__)
 MAX_HOPS = 4  # CUfunction -> CUkernel -> name: two; a cycle ends here
@@ -105,11 +106,12 @@ def demangle(name: str) -> str:
 
 
 class KernelNames:
-    def __init__(self, max_entries: int = 65536, handles: Optional[HandleMap] = None) -> None:
+    def __init__(self, max_entries: int = 65536, handles: Optional[HandleMap] = None,
+                 symbols: Optional[CodeSymbols] = None) -> None:
         self._names: dict[tuple[int, int], Optional[str]] = {}
-        self._refreshed: set[int] = set()
         self.max_entries = max_entries
         self.handles = handles or HandleMap()
+        self.symbols = symbols or CodeSymbols()
 
     def learn(self, r: KernelHandle) -> bool:
         if not self.handles.learn(r):
@@ -122,36 +124,16 @@ class KernelNames:
         if key in self._names:
             return self._names[key]
         name, addr = self.handles.resolve(pid, func)
+        if name is None and addr:
+            name = self.symbols.name(pid, addr)
         if name is not None:
             name = demangle(name)
-        else:
-            name = self._resolve(pid, addr)
-            if name is None and pid not in self._refreshed:
-                # The module may have been loaded after bcc cached this process's maps.
-                self._refreshed.add(pid)
-                self._drop_bcc_cache(pid)
-                name = self._resolve(pid, addr)
         if len(self._names) < self.max_entries:
             self._names[key] = name
         return name
 
-    @staticmethod
-    def _resolve(pid: int, func: int) -> Optional[str]:
-        if not func:
-            return None
-        from bcc import BPF
-        sym = BPF.sym(func, pid, show_module=False, show_offset=False, demangle=True)
-        text = sym.decode(errors="replace") if isinstance(sym, bytes) else str(sym)
-        return None if text.startswith("[unknown]") else text
-
-    @staticmethod
-    def _drop_bcc_cache(pid: int) -> None:
-        from bcc import BPF
-        BPF._sym_caches.pop(pid, None)
-
     def forget(self, pid: int) -> None:
         for key in [k for k in self._names if k[0] == pid]:
             del self._names[key]
-        self._refreshed.discard(pid)
         self.handles.forget(pid)
-        self._drop_bcc_cache(pid)
+        self.symbols.forget(pid)

@@ -98,19 +98,22 @@ def test_mangled_names_are_demangled_others_kept():
     assert demangle("_Z9my_ker") == "_Z9my_ker"  # cut at the cap: kept as it came
 
 
-class SymbolTable(KernelNames):
-    """KernelNames with a fake symbolizer (bcc needs a live process): host stubs only."""
+class StubSymbols:
+    """CodeSymbols answering from a table of host stubs (real files:
+    test_code_symbols.py)."""
 
-    def __init__(self, stubs, **kw):
-        super().__init__(**kw)
+    def __init__(self, stubs):
         self.stubs = stubs
 
-    def _resolve(self, pid, func):
-        return self.stubs.get(func)
+    def name(self, pid, addr):
+        return self.stubs.get(addr)
 
-    @staticmethod
-    def _drop_bcc_cache(pid):
+    def forget(self, pid):
         pass
+
+
+def SymbolTable(stubs, **kw):
+    return KernelNames(symbols=StubSymbols(stubs), **kw)
 
 
 def test_names_come_from_the_map_and_a_later_handle_replaces_an_unnamed_lookup():
