@@ -149,7 +149,8 @@ static __always_inline void agg_add(struct cuda_header *c, struct http_seq *s, u
                                     u64 duration_ns)
 {
     struct agg_key k = {.tgid = c->h.tgid, .tid = c->h.tid, .epoch = s ? s->epoch : 0,
-                        .call = c->call, .detail = detail, .ctx = c->ctx};
+                        .call = c->call | (c->h.flags & EV_FLAG_HTTP_UNSEEN ? AGG_HTTP_UNSEEN : 0),
+                        .detail = detail, .ctx = c->ctx};
     u64 end = c->h.ts_ns + duration_ns;
     struct agg_value *v = req_agg.lookup(&k);
     if (v) {
@@ -180,6 +181,8 @@ static __always_inline int stream_admit(struct cuda_header *c, u32 tv, struct ht
     u64 id = (u64)tgid << 32 | c->h.tid;
     struct http_seq *s = http_seq.lookup(&tgid);
     *sp = s;
+    if (s && s->unseen)
+        c->h.flags |= EV_FLAG_HTTP_UNSEEN;
     c->ctx = exec_unit(tgid, c->h.tid);
     if (stream_this(id, c->ctx, tgid, tv, s))
         return 1;

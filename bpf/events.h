@@ -55,6 +55,29 @@ enum event_flag {
      * HTTP state, so user space can tell a launch recorded into a graph (on the capturing
      * stream: it does not run) from one that runs (bpf/graph_probes.c). */
     EV_FLAG_CAPTURE = 4,
+    /* A socket read that starts the connection's next HTTP/1 request as the kernel
+     * delimits them (its first read, or a read after a write): where user space may
+     * parse again after records of the connection were lost (`lost`). */
+    EV_FLAG_REQ_START = 8,
+    /* A CUDA call made while HTTP records of its process were lost and user space has not
+     * yet heard so from their connections (http_seq.unseen): a request it cannot see may
+     * own the call. In req_agg the same bit is AGG_HTTP_UNSEEN in the key's call. */
+    EV_FLAG_HTTP_UNSEEN = 16,
+};
+#define AGG_HTTP_UNSEEN 0x80000000u
+
+/* req_summaries value: the HTTP/1 requests of a process that the kernel summarised
+ * because a record of theirs was lost (ring buffer full), by duration bucket: bucket i
+ * holds durations in (bound i-1, bound i] (SUMMARY_BOUND_LIST, set by
+ * otel_gpu/kernel_io/request_summaries.py; the last bucket is unbounded). Counts and
+ * sums only grow: user space reads the differences. */
+#ifndef SUMMARY_BOUNDS
+#define SUMMARY_BOUNDS 1
+#define SUMMARY_BOUND_LIST X(1000000000ull)
+#endif
+struct req_summary {
+    u64 count[SUMMARY_BOUNDS + 1];
+    u64 sum_ns[SUMMARY_BOUNDS + 1];
 };
 
 struct event_header {
@@ -89,7 +112,7 @@ struct sock_io_event {
     s64 ret;          /* bytes transferred by the syscall */
     u64 ctx;          /* Python context of the thread (struct py_context_event); 0: none */
     u32 tail_len;     /* bytes copied into tail (writes only) */
-    u32 pad;
+    u32 lost;         /* this connection's records lost just before this one (ring buffer full) */
     u8 tail[HTTP_TAIL_CAP];
     u8 data[HTTP_DATA_CAP]; /* only data_len bytes are sent */
 };
@@ -97,7 +120,7 @@ struct sock_io_event {
 struct close_event {
     struct event_header h;
     s32 fd;
-    u32 pad;
+    u32 lost;         /* as in sock_io_event */
 };
 
 /* Every CUDA record: the shape follows the call's category (otel_gpu/cuda_calls.py). */
@@ -290,6 +313,8 @@ struct agg_value {
 struct http_seq {
     u32 epoch; /* +1 at every HTTP record the process sends (read, write, close) */
     u32 reads; /* +1 at every read of an HTTP connection: resets the threads' budgets */
+    u32 unseen;/* its connections with records lost that no later record has told of yet */
+    u32 pad;
 };
 
 /* py_procs value: a traced Python process's interpreter layout (otel_gpu/probes/python.py). */

@@ -215,10 +215,14 @@ static __always_inline int is_traced_now(u32 tgid)
     return maybe_traced(tgid) && is_traced(tgid);
 }
 
-static __always_inline void submit(void *data, u32 size)
+/* 0, or -1 when the ring buffer had no room (counted). */
+static __always_inline int submit(void *data, u32 size)
 {
-    if (events.ringbuf_output(data, size, 0) != 0)
+    if (events.ringbuf_output(data, size, 0) != 0) {
         count(CNT_RINGBUF_FULL);
+        return -1;
+    }
+    return 0;
 }
 
 /* A record that changes what a call would be attributed to (an HTTP record; a context
@@ -227,7 +231,7 @@ static __always_inline void submit(void *data, u32 size)
  * counts of older epochs before it, where the bindings they were made under still hold
  * (a context's id is its address: a freed one comes back for the next request). `read`:
  * a read of an HTTP connection, which also starts new budgets for the process's threads. */
-static __always_inline void epoch_submit(void *data, u32 size, struct event_header *h, int read)
+static __always_inline int epoch_submit(void *data, u32 size, struct event_header *h, int read)
 {
     u32 tgid = h->tgid;
     struct http_seq zero = {};
@@ -241,7 +245,7 @@ static __always_inline void epoch_submit(void *data, u32 size, struct event_head
         h->epoch = s->epoch + 1;
         s->epoch = h->epoch;
     }
-    submit(data, size);
+    return submit(data, size);
 }
 
 #endif

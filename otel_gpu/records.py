@@ -42,6 +42,10 @@ class SockIo:
     ctx: int = 0  # the execution unit running on the thread (a Python context, a goroutine), 0: none/unknown
     epoch: int = 0  # the process's HTTP epoch after this record (bpf/maps.h epoch_submit)
     tls: bool = False  # TLS plaintext from the SSL probes (bpf/tls_probes.c), not the syscall's bytes
+    # The connection's records lost just before this one (ring buffer full): the kernel
+    # summarised the requests they belonged to (RequestSummary).
+    lost: int = 0
+    req_start: bool = False  # a read that starts an HTTP/1 request as the kernel delimits them
 
 
 @dataclass(slots=True)
@@ -51,6 +55,7 @@ class SockClose:
     ts_ns: int
     fd: int
     epoch: int = 0  # as SockIo.epoch
+    lost: int = 0   # as SockIo.lost
 
 
 @dataclass(slots=True)
@@ -74,6 +79,9 @@ class CudaCall:
     # The probe could not read an argument from the process's memory (bpf/events.h
     # EV_FLAG_UNREADABLE): the fields that come from memory are 0, not real values.
     unreadable: bool = field(default=False, kw_only=True)
+    # Made while HTTP records of its process were lost and their connections had not yet
+    # told so (bpf/events.h EV_FLAG_HTTP_UNSEEN): a request not seen may own it.
+    http_unseen: bool = field(default=False, kw_only=True)
 
     @property
     def spec(self) -> Optional[CallSpec]:
@@ -250,6 +258,7 @@ class CallAggregate:
     last_ts: int      # entry of the last
     last_end_ts: int  # latest end (a synchronising call's return)
     kernels: Optional[tuple] = None  # a graph launch's kernels (GraphCall.kernels)
+    http_unseen: bool = False  # as CudaCall.http_unseen
 
 
 # --- records that say something about time or processes -----------------------------
@@ -290,6 +299,17 @@ class RequestCost:
     """A request's GPU cost, settled after its span left (pipeline/cost.py): from the
     cost stage to the cost metrics and the local store. `request` carries it, priced."""
     request: Any
+
+
+@dataclass(slots=True)
+class RequestSummary:
+    """HTTP/1 requests of a process that the kernel summarised because records of theirs
+    were lost (ring buffer full), since the last summary: (count, summed duration ns) by
+    duration bucket (kernel_io/request_summaries.py BOUNDS_S). Their spans and routes are
+    gone; their number and durations are not."""
+    tgid: int
+    buckets: list  # [(count, sum_ns)], one per bucket
+    resource: Any = None  # set by enrich
 
 
 @dataclass(slots=True)

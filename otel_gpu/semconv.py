@@ -96,6 +96,13 @@ GPU_RESPONSE_CHUNKS = "otel_gpu.response.chunks"
 # Connections of the process the kernel could not track (its table was full) while this
 # span's calls were made: requests on them were not seen, so these calls may be theirs.
 GPU_CONNECTIONS_UNTRACKED = "otel_gpu.connections.untracked"
+# Records of the process's connections lost while this request was open (the ring buffer
+# was full): those requests have no span (the kernel counted them in
+# http.server.request.duration, with otel_gpu.request.summarised), so these calls may be theirs.
+GPU_RECORDS_LOST = "otel_gpu.records_lost"
+# On http.server.request.duration: requests the kernel summarised because records of
+# theirs were lost (count and duration only: no route, method or status).
+GPU_REQUEST_SUMMARISED = "otel_gpu.request.summarised"
 
 # GPU summary on the server span (ours).
 GPU_LAUNCHES = "gpu.launches"

@@ -10,7 +10,7 @@ from typing import Optional
 from .. import sanitize
 from .. import semconv as sc
 from ..pipeline.model import ProcessWindow, Request
-from ..records import KernelHandle, ProcessGone, ProcessSeen
+from ..records import KernelHandle, ProcessGone, ProcessSeen, RequestSummary
 from .resources import ProcessResources
 from .routes import RouteTemplater
 
@@ -35,6 +35,8 @@ class Enrich:
         for r in records:
             if isinstance(r, (Request, ProcessWindow)):
                 self._enrich(r, exiting.get(r.tgid))
+            elif isinstance(r, RequestSummary):
+                r.resource = self.resources.resource(r.tgid, exiting.get(r.tgid))
             elif isinstance(r, ProcessSeen):
                 if r.tgid in exiting:
                     continue

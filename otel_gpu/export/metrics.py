@@ -24,7 +24,7 @@ from ..pipeline.model import ATTRIBUTIONS, ProcessWindow, Request
 from ..probes import nccl
 from ..probes.attacher import ProbeCounts
 from ..ratelimit import Stats, split_drops
-from ..records import ProcessGone, RequestCost
+from ..records import ProcessGone, RequestCost, RequestSummary
 from ..value_cap import MAX_SERVICES
 from .bounded import call_by, remaining_ms
 from .metric_values import INT64_MAX, CappedCounter, GuardedExporter, clamp_call_bytes
@@ -148,6 +148,8 @@ class GpuMetrics:
                 self._request(r)
             elif isinstance(r, ProcessWindow):
                 self._calls(r, {sc.SERVICE_NAME: self.services.of(r)})
+            elif isinstance(r, RequestSummary):
+                self._summarised(r)
             elif isinstance(r, ProcessGone):
                 self._live.pop(r.tgid, None)
                 self._services.pop(r.tgid, None)
@@ -163,9 +165,18 @@ class GpuMetrics:
         http_attrs = {**base, sc.HTTP_REQUEST_METHOD: r.head.method}
         if r.status is not None:
             http_attrs[sc.HTTP_RESPONSE_STATUS_CODE] = r.status
-        self.http.record(max(0, r.end_ns - r.start_ns) / 1e9, http_attrs)
+        if not r.records_lost:  # partial: the kernel's summary counts it
+            self.http.record(max(0, r.end_ns - r.start_ns) / 1e9, http_attrs)
         # The physical GPU where certain: bounded by the GPUs the driver lists (read once at start).
         self._calls(r, {**base, **device_labels(r)})
+
+    def _summarised(self, r: RequestSummary) -> None:
+        """Each request at its kernel bucket's mean: in the histogram bucket its own
+        duration falls in (probes/summary_buckets.py), and the sum exact."""
+        attrs = {sc.SERVICE_NAME: self.services.of(r), sc.GPU_REQUEST_SUMMARISED: True}
+        for count, sum_ns in r.buckets:
+            for _ in range(count):
+                self.http.record(sum_ns / count / 1e9, attrs)
 
     def costs(self) -> "CostMetrics":
         """The stage after the cost stage that counts cost on these instruments."""

@@ -15,7 +15,10 @@ class ExportStage:
 
     def process(self, records: list) -> list:
         for r in records:
-            if isinstance(r, Request) and not r.sampled and not self.destinations.keep_unsampled:
+            if isinstance(r, Request) and r.records_lost:  # partial: the kernel counted it (RequestSummary)
+                if self.builder.stats is not None:
+                    self.builder.stats.add("spans_records_lost")
+            elif isinstance(r, Request) and not r.sampled and not self.destinations.keep_unsampled:
                 self.builder.counted(False)  # no destination would keep its spans: not built
             elif isinstance(r, (Request, ProcessWindow)):
                 self.destinations.export(self.builder.build(r))

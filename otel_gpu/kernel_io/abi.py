@@ -35,6 +35,9 @@ GO_UNIT = 1 << 63  # a record's ctx names a goroutine (GO_UNIT | goid), not a Py
 EV_FLAG_UNREADABLE = 1  # a value read from the traced process's memory failed: its fields are 0
 EV_FLAG_TLS = 2  # a socket read/write record of TLS plaintext (bpf/tls_probes.c)
 EV_FLAG_CAPTURE = 4  # a launch of a process with a stream capture open (recorded into a graph, or run)
+EV_FLAG_REQ_START = 8  # a socket read that starts an HTTP/1 request as the kernel delimits them
+EV_FLAG_HTTP_UNSEEN = 16  # a CUDA call made while HTTP records of its process went unseen (lost)
+AGG_HTTP_UNSEEN = 0x80000000  # the same, in a req_agg key's call
 
 # enum counter: indices of the per-CPU `counters` array
 CNT_RINGBUF_FULL = 0
@@ -70,12 +73,12 @@ class AcceptEvent(ct.Structure):
 
 class SockIoEvent(ct.Structure):
     _fields_ = [("h", EventHeader), ("fd", s32), ("data_len", u32), ("ret", s64), ("ctx", u64),
-                ("tail_len", u32), ("pad", u32), ("tail", u8 * HTTP_TAIL_CAP),
+                ("tail_len", u32), ("lost", u32), ("tail", u8 * HTTP_TAIL_CAP),
                 ("data", u8 * HTTP_DATA_CAP)]
 
 
 class CloseEvent(ct.Structure):
-    _fields_ = [("h", EventHeader), ("fd", s32), ("pad", u32)]
+    _fields_ = [("h", EventHeader), ("fd", s32), ("lost", u32)]
 
 
 class PyContextEvent(ct.Structure):
@@ -205,7 +208,7 @@ class AggValue(ct.Structure):
 
 
 class HttpSeq(ct.Structure):
-    _fields_ = [("epoch", u32), ("reads", u32)]
+    _fields_ = [("epoch", u32), ("reads", u32), ("unseen", u32), ("pad", u32)]
 
 
 # C struct name -> mirror (the layout test walks this).

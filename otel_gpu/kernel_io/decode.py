@@ -11,13 +11,17 @@ import ipaddress
 import struct
 from typing import Optional
 
-from ..records import (Accept, ContextCopy, DeviceCall, GraphCall, KernelHandle, LaunchCall, MemcpyCall, GraphOp,
-                       MemoryCall, NcclCall, ProcExit, SockClose, SockIo, SyncCall, UnitWake)
+from ..records import (Accept, ContextCopy, CudaCall, DeviceCall, GraphCall, KernelHandle, LaunchCall, MemcpyCall,
+                       GraphOp, MemoryCall, NcclCall, ProcExit, SockClose, SockIo, SyncCall, UnitWake)
 from . import abi
 from .abi import (EV_ACCEPT, EV_CUDA_DEVICE, EV_CUDA_GRAPH, EV_CUDA_LAUNCH, EV_CUDA_MEMCPY, EV_CUDA_MEMORY,
                   EV_CUDA_SYNC, EV_PROC_EXIT, EV_FLAG_UNREADABLE, EV_PY_CONTEXT, EV_SOCK_CLOSE, EV_SOCK_READ,
                   EV_SOCK_WRITE, HTTP_DATA_CAP, HTTP_TAIL_CAP)
-from .abi import EV_FLAG_CAPTURE, EV_FLAG_TLS, EV_GO_SPAWN, EV_GO_WAKE, EV_GRAPH_OP, EV_KERNEL_HANDLE, EV_NCCL
+from .abi import (EV_FLAG_CAPTURE, EV_FLAG_HTTP_UNSEEN, EV_FLAG_REQ_START, EV_FLAG_TLS, EV_GO_SPAWN, EV_GO_WAKE,
+                  EV_GRAPH_OP, EV_KERNEL_HANDLE, EV_NCCL)
+
+
+_FLAGS = struct.Struct("<B")  # event_header.flags, at offset 1
 
 
 class DecodeError(ValueError):
@@ -147,7 +151,7 @@ def _sock_io(buf, size):
         raise DecodeError(f"socket record claims {e.data_len} data bytes in {size}")
     data = buf[_IO_FIXED:_IO_FIXED + e.data_len]
     return SockIo(e.h.kind, e.h.tgid, e.h.tid, e.h.ts_ns, e.fd, e.ret, data, bytes(e.tail[:e.tail_len]), e.ctx,
-                  e.h.epoch, bool(e.h.flags & EV_FLAG_TLS))
+                  e.h.epoch, bool(e.h.flags & EV_FLAG_TLS), e.lost, bool(e.h.flags & EV_FLAG_REQ_START))
 
 
 def _accept(buf, size):
@@ -161,7 +165,7 @@ def _accept(buf, size):
 def _close(buf, size):
     _need(buf, size, abi.CloseEvent)
     e = abi.CloseEvent.from_buffer_copy(bytes(buf))
-    return SockClose(e.h.tgid, e.h.tid, e.h.ts_ns, e.fd, e.h.epoch)
+    return SockClose(e.h.tgid, e.h.tid, e.h.ts_ns, e.fd, e.h.epoch, e.lost)
 
 
 def _proc_exit(buf, size):
@@ -198,8 +202,12 @@ def decode(buf):
         if flags:
             r.unreadable = bool(flags & EV_FLAG_UNREADABLE)  # the launch config or a stack argument
             r.capture = bool(flags & EV_FLAG_CAPTURE)  # its process had a stream capture open
+            r.http_unseen = bool(flags & EV_FLAG_HTTP_UNSEEN)
         return r
     fn = _BY_KIND.get(kind)
     if fn is None:
         raise DecodeError(f"unknown event kind {kind!r}")
-    return fn(buf, size)
+    r = fn(buf, size)
+    if isinstance(r, CudaCall) and _FLAGS.unpack_from(buf, 1)[0] & EV_FLAG_HTTP_UNSEEN:
+        r.http_unseen = True
+    return r

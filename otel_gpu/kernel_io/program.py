@@ -19,13 +19,14 @@ from . import launch_slots
 from .abi import COUNTER_NAMES, GoProc, PyProc, PyThreadKey
 from .map_batch import BatchMap
 from .reader import AggregateReader, RingReader, RollupReader
+from .request_summaries import SummaryReader
 
 log = logging.getLogger(__name__)
 
 # Maps keyed by tgid, and maps keyed by pid_tgid (tgid in the high 32 bits) or by a
 # struct with a tgid field: every entry of an exited process goes.
 _BY_TGID = ("traced", "http_active", "http_seq", "py_procs", "go_procs", "runtime_text", "capture_procs",
-            "quiet_procs", "conn_shares")
+            "quiet_procs", "conn_shares", "req_summaries")
 _BY_PID_TGID = ("in_call", "reading", "writing", "accepting", "py_tstate", "tls_calls", "tls_last_read")
 # Connections seeded from /proc per process and scan: a listener holding tens of
 # thousands is seeded over several flushes, and the collector answers in between.
@@ -77,6 +78,8 @@ class BpfProgram:
         self.pid_bits = pid_bits.PidBits(self.bpf["pid_bits"], options.pid_words)
         self.rollups = RollupReader(self.bpf["rollup"],
                                     launch_slots.reader(self.bpf, options.cpus, self.pid_bits.traced.__contains__))
+        self.summaries = SummaryReader(self.bpf["req_summaries"])
+        self._late_summaries: list = []  # read at a process's exit, before its entry went
         counters, aggregated = self.bpf["counters"], ct.c_int(COUNTER_NAMES.index("aggregated"))
         self.aggregates = AggregateReader(BatchMap(self.bpf["req_agg"]), stats,
                                           counted=lambda: sum(counters[aggregated]))
@@ -97,10 +100,12 @@ class BpfProgram:
         return self.aggregates.merge(batch)
 
     def read_rollups(self, final: bool = False) -> list:
-        """What the kernel counted since the last read; also takes in lost events.
+        """What the kernel counted since the last read (calls, and requests it summarised);
+        also takes in lost events.
         `final` (the collector stops): every per-request count too."""
         self._account_lost()
-        rollups = self.rollups.read(time.monotonic_ns())
+        rollups = self.rollups.read(time.monotonic_ns()) + self._late_summaries + self.summaries.read()
+        self._late_summaries = []
         return self.aggregates.merge([], final=True) + rollups if final else rollups
 
     def _account_lost(self) -> None:
@@ -309,6 +314,8 @@ class BpfProgram:
         for tgid in tgids:
             self._runtime_text.pop(tgid, None)
         self.aggregates.forget(tgids)
+        self._late_summaries += self.summaries.read()
+        self.summaries.forget(tgids)
         for name in _BY_TGID:
             table = self.bpf[name]
             for tgid in tgids:

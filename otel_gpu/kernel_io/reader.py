@@ -12,7 +12,7 @@ from typing import Optional
 from ..cuda_calls import call_id
 from ..ratelimit import RateLimitedLog, Stats
 from ..records import CallAggregate, ContextCopy, KernelRollup, ProcExit, SockClose, SockIo, UnitWake
-from .abi import RollupKey
+from .abi import AGG_HTTP_UNSEEN, RollupKey
 from .decode import DecodeError, decode
 from .launch_slots import LaunchSlots
 
@@ -185,8 +185,9 @@ class AggregateReader:
             keys.append(k)
             values.append(v)
         self._counted_seen, self._waiting = counted, waiting
-        return [CallAggregate(k.tgid, k.tid, k.epoch, k.call, k.detail, k.ctx, v.count, v.bytes,
-                              v.duration_ns, v.first_ts, v.last_ts, v.last_end_ts)
+        return [CallAggregate(k.tgid, k.tid, k.epoch, k.call & ~AGG_HTTP_UNSEEN, k.detail, k.ctx, v.count,
+                              v.bytes, v.duration_ns, v.first_ts, v.last_ts, v.last_end_ts,
+                              http_unseen=bool(k.call & AGG_HTTP_UNSEEN))
                 for k, v, gone in zip(keys, values, self.table.delete(keys)) if gone]
 
     def forget(self, tgids: set) -> None:

@@ -28,8 +28,8 @@ from .rules import HELD, Rule, rule, share
 
 THREAD_UNFOLLOWED, THREAD_ONE, THREAD_SEVERAL = (rule(n) for n in ("thread.unfollowed", "thread.one",
                                                                    "thread.several"))
-PROCESS_IDLE, PROCESS_ONE, PROCESS_SEVERAL, PROCESS_UNTRACKED = (
-    rule(n) for n in ("process.idle", "process.one", "process.several", "process.untracked"))
+PROCESS_IDLE, PROCESS_ONE, PROCESS_SEVERAL, PROCESS_UNTRACKED, PROCESS_UNSEEN = (
+    rule(n) for n in ("process.idle", "process.one", "process.several", "process.untracked", "process.unseen"))
 GROUP_BATCH, HANDLER_HELD_FULL, THREAD_HELD_FULL = (rule(n) for n in ("group.batch", "handler.held_full",
                                                                       "thread.held_full"))
 
@@ -114,8 +114,8 @@ class CallAttribution:
         if verdict is HELD:  # counted when it settles
             return HELD
         decided, target = verdict or attribute(p.open, ev.tid, p.partial_heads, p.broken)
-        if p.untracked and (decided.attribution is THREAD or decided.attribution is PROCESS):
-            return PROCESS_UNTRACKED, list(p.open)
+        if (p.untracked or ev.http_unseen) and (decided.attribution is THREAD or decided.attribution is PROCESS):
+            return (PROCESS_UNTRACKED if p.untracked else PROCESS_UNSEEN), list(p.open)
         if decided is THREAD_ONE:  # counted once its thread is proven, or not (pipeline/threads.py)
             return HELD if p.threads.hold(target, ev, device, p.open) else (THREAD_HELD_FULL, list(p.open))
         if decided is PROCESS_IDLE:

@@ -18,7 +18,7 @@ from typing import Optional
 
 from opentelemetry.trace import SpanKind
 
-from ..records import Accept, RequestOpened, SockIo
+from ..records import EV_SOCK_READ, Accept, RequestOpened, SockClose, SockIo
 from . import protocols, sampling
 from .model import CallSink, Request
 from .process_state import Conn, Proc
@@ -48,6 +48,8 @@ class Connections:
         c.tls = c.tls or ev.tls
         if ev.ctx:
             p.contexts.seen(ev.tid, ev.ctx, ev.ts_ns)
+        if (ev.lost or c.resync) and not c.broken and self._resync(p, c, ev, out):
+            return
         if c.broken:
             p.broken.setdefault(ev.tid, set()).add(ev.fd)
             return
@@ -155,7 +157,8 @@ class Connections:
                       trace_id=self._rng.getrandbits(128) or 1,
                       span_id=self._rng.getrandbits(64) or 1,
                       sink=CallSink(self.span_budget), peer_addr=c.peer_addr,
-                      peer_port=c.peer_port, listen_fd=c.listen_fd, server_port=c.server_port, tls=c.tls)
+                      peer_port=c.peer_port, listen_fd=c.listen_fd, server_port=c.server_port, tls=c.tls,
+                      lost_before=p.records_lost)
         parent = parse_traceparent(head.headers.get("traceparent"))
         if parent:
             req.trace_id, req.parent_span_id = parent
@@ -181,6 +184,8 @@ class Connections:
         c = p.conns.get(ev.fd)
         p.threads.io(ev.tid, ev.fd, c.streams.values() if c is not None else ())
         if c is None or c.broken:
+            return
+        if (ev.lost or c.resync) and self._resync(p, c, ev, out):
             return
         if c.session is None:
             self.stats.add("writes_without_request")
@@ -249,18 +254,55 @@ class Connections:
             return None
         return req if any(type(e) is ResponseStatus and e.stream == stream for e in events) else None
 
-    def _on_close(self, tgid: int, fd: int, ts: int, out: list) -> None:
+    def _on_close(self, ev: SockClose, out: list) -> None:
+        tgid, fd, ts = ev.tgid, ev.fd, ev.ts_ns
         p = self.procs.get(tgid)
         c = p.conns.get(fd) if p else None
         if c is None:
             return
-        if c.session is not None and not c.broken:
+        if ev.lost and not c.broken:
+            self._records_lost(p, c, ev.lost, ev.tid, ts, out)
+        elif c.session is not None and not c.broken and not c.resync:
             self._apply(p, c, c.session.on_close(ts), 0, ts, out)
         elif c.prefix and not c.broken:
             self._log.event("connections_unknown_protocol", logging.INFO,
                             "pid %d fd %d: connection closed after %d bytes, too few to tell its protocol",
                             tgid, fd, len(c.prefix))
         self._drop_conn(p, c, ts, "connection closed before the response completed", out)
+
+    def _resync(self, p: Proc, c: Conn, ev: SockIo, out: list) -> bool:
+        """After records of `c` were lost (ev.lost; the kernel summarised their requests):
+        HTTP/1 is parsed again from the next read that starts a request as the kernel
+        delimits them (this one, if it does), by a new session; every record before it
+        is ignored. True: ignore `ev`."""
+        if ev.lost:
+            self._records_lost(p, c, ev.lost, ev.tid, ev.ts_ns, out)
+            if c.broken:
+                return True
+        if not (ev.req_start and ev.kind == EV_SOCK_READ):
+            return True
+        c.resync, c.session, c.prefix, c.early = False, None, b"", []
+        return False
+
+    def _records_lost(self, p: Proc, c: Conn, lost: int, tid: int, ts: int, out: list) -> None:
+        """`lost` records of `c` went missing (ring buffer full). Its open requests end
+        as records_lost (the kernel counted them: RequestSummary). A multiplexed session
+        (HTTP/2: its header compression state went with the records) cannot go on."""
+        self.stats.add("connection_records_lost", lost)
+        p.records_lost += lost
+        for req in list(c.streams.values()):
+            req.records_lost = True
+            self.stats.add("requests_records_lost")
+            self._finish(p, c, req, ts, "records lost", out)
+        for tid in [t for t, fd in p.partial_heads.items() if fd == c.fd]:
+            del p.partial_heads[tid]
+        if c.session is not None and not c.session.serial:
+            self._log.event("connections_records_lost", logging.WARNING,
+                            "pid %d fd %d: %d records lost (ring buffer full): this multiplexed connection "
+                            "is followed no more", p.tgid, c.fd, lost)
+            self._break(p, c, tid)
+            return
+        c.resync = True
 
     def _drop_conn(self, p: Proc, c: Conn, ts: int, reason: str, out: list) -> None:
         self._drop_requests(p, c, ts, reason, out)
@@ -294,5 +336,6 @@ class Connections:
         self._settle(p, p.contexts.finished(req) + p.pairs.finished(req) + p.threads.finished(req))
         if p.untracked:
             req.untracked_connections = p.untracked
+        req.lost_while_open = p.records_lost - req.lost_before
         self.stats.add("requests_finished")
         out.append(req)

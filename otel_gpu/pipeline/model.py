@@ -218,6 +218,12 @@ class Request:
     end_ns: int = 0
     status: Optional[int] = None
     error: Optional[str] = None   # why the request did not complete normally
+    # Records of its connection were lost while it was open (ring buffer full): what is
+    # known of it is partial, so it has no span and no request metric; the kernel
+    # summarised it (RequestSummary). Its calls still count.
+    records_lost: bool = False
+    lost_before: int = 0  # its process's connection records known lost when it opened (Proc.records_lost)
+    lost_while_open: int = 0  # ... and learnt of while it was open: its span says so
     parent_trace_id: Optional[int] = None
     parent_span_id: Optional[int] = None
     parent_sampled: Optional[bool] = None  # the incoming traceparent's sampled flag

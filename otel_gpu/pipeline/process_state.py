@@ -25,6 +25,7 @@ class Conn:
     server_port: Optional[int] = None
     tls: bool = False       # its bytes come from the SSL probes (HTTPS)
     broken: bool = False    # no session can follow it: ignored until closed
+    resync: bool = False    # records of it were lost: ignored until a read starts a request (HTTP/1)
     tracked: bool = True    # False: accepted while the kernel's table was full; its I/O is not seen
     inode: Optional[int] = None  # its socket, learnt at the first audit (a reused fd is another socket)
 
@@ -33,6 +34,7 @@ class Conn:
 class Proc:
     tgid: int
     conns: dict = field(default_factory=dict)   # fd -> Conn
+    records_lost: int = 0  # connection records lost (ring buffer full), as the next records told
     open: list = field(default_factory=list)    # open Requests
     ambiguous: Optional[ProcessWindow] = None
     shared: Optional[ProcessWindow] = None  # the batch step in progress (cut at syncs)

@@ -68,6 +68,9 @@ RULES: tuple[Rule, ...] = (
     Rule("process.several", AMBIGUOUS, "several requests open, none read by this thread"),
     Rule("process.untracked", AMBIGUOUS, "thread.one or process.one would decide, but the process has connections "
          "the kernel could not track: a request not seen may own the call"),
+    Rule("process.unseen", AMBIGUOUS, "thread.one or process.one would decide, but the call was made while HTTP "
+         "records of the process were lost (ring buffer full) and their connections had not told so yet: a "
+         "request not seen may own the call"),
 )
 BY_NAME = {r.name: r for r in RULES}
 

@@ -79,7 +79,7 @@ class Stitcher(Connections, CallAttribution):
             elif isinstance(ev, OpenSockets):
                 self._audit(ev, out)
             elif isinstance(ev, SockClose):
-                self._on_close(ev.tgid, ev.fd, ev.ts_ns, out)
+                self._on_close(ev, out)
             elif isinstance(ev, CallAggregate):
                 self._on_aggregate(ev, out)
             elif isinstance(ev, KernelRollup):

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Optional
 
 from ..cuda_calls import c_defines
-from . import kernel_btf, launch_slot_sizes, python
+from . import kernel_btf, launch_slot_sizes, python, summary_buckets
 from .pid_bits import pid_words
 
 log = logging.getLogger(__name__)
@@ -68,6 +68,7 @@ class ProgramOptions:
             f"-DTASK_FSBASE_OFFSET={self.task_fsbase}",
             f"-DPY_TSTATE_NEXT={python.TSTATE_NEXT}",
             f"-DPY_THREADS_WALKED={python.THREADS_WALKED}",
+            *summary_buckets.cflags(),
         ]
 
 

@@ -21,6 +21,8 @@ PINNED = {
     "GPU_CALLS_AMBIGUOUS": "otel_gpu.calls.ambiguous",
     "GPU_CANDIDATE_REQUESTS": "otel_gpu.candidate_requests",
     "GPU_CONNECTIONS_UNTRACKED": "otel_gpu.connections.untracked",
+    "GPU_RECORDS_LOST": "otel_gpu.records_lost",
+    "GPU_REQUEST_SUMMARISED": "otel_gpu.request.summarised",
     "GPU_CUDA_CALL": "gpu.cuda.call",
     "GPU_CUDA_RETURN_CODE": "gpu.cuda.return_code",
     "GPU_DISTINCT_KERNELS": "gpu.kernels.distinct",
