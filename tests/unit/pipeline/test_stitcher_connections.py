@@ -122,3 +122,55 @@ def test_audit_leaves_a_connection_with_a_request_in_flight():
     s.process([accept(), read(get())])
     tick(s, T())
     assert s.state()["conns"] == 1 and s.state()["open_requests"] == 1
+
+
+# --- records lost (ring buffer full): the kernel counted those requests (RequestSummary)
+def lost_read(raw: bytes, lost: int, fd=FD, tid=1, req_start=True):
+    ev = read(raw, fd, tid)
+    ev.lost, ev.req_start = lost, req_start
+    return ev
+
+
+def test_a_request_whose_response_records_were_lost_has_no_span_and_the_next_one_is_exact():
+    """Its head was read, its response lost; the next request's read says so (lost=2)
+    and starts a request: the first ends as records_lost, the second is parsed anew."""
+    s = new(Sockets())
+    out = s.process([accept(), read(get("/a")), cuda(), lost_read(get("/b"), 2), cuda(), cuda(), write(OK)])
+    a, b = [r for r in out if isinstance(r, Request)]
+    assert (a.head.path, a.records_lost) == ("/a", True)
+    assert (b.head.path, b.records_lost, b.status, b.sink.summary.launches) == ("/b", False, 200, 2)
+    assert s.stats.snapshot()["requests_records_lost"] == 1
+
+
+def test_records_after_a_loss_are_ignored_until_a_read_starts_a_request():
+    """A write that tells of a loss (its request's head was lost) and the reads that do
+    not start a request are not parsed: no request is made of the middle of another."""
+    s = new(Sockets())
+    mid = write(OK)
+    mid.lost = 1
+    body = lost_read(b'{"x": 1}', 0, req_start=False)
+    out = s.process([accept(), mid, body, lost_read(get("/c"), 0), write(OK)])
+    (c,) = [r for r in out if isinstance(r, Request)]
+    assert (c.head.path, c.records_lost, c.status) == ("/c", False, 200)
+
+
+def test_a_span_open_while_its_process_lost_records_says_so():
+    s = new(Sockets())
+    out = s.process([accept(), accept(OTHER_FD), read(get("/a")), lost_read(get("/b"), 3, fd=OTHER_FD, tid=2),
+                     write(OK)])
+    a = next(r for r in out if isinstance(r, Request) and r.head.path == "/a")
+    assert a.lost_while_open == 3 and not a.records_lost
+
+
+def test_calls_made_while_records_went_unseen_are_ambiguous():
+    """The kernel flags calls made while a connection's losses are untold: a request not
+    seen may own them, so neither the thread nor the process rule decides."""
+    s = new(Sockets())
+    s.process([accept(), read(get())])
+    flagged = cuda(tid=2)
+    flagged.http_unseen = True
+    s.process([flagged, cuda(tid=2)])
+    out = s.process([write(OK), Tick(T())])
+    (req,) = [r for r in out if isinstance(r, Request)]
+    assert (req.sink.summary.launches, req.sink.summary.ambiguous) == (1, 1)
+    assert s.by_rule["process.unseen"] == 1 and s.by_rule["process.one"] == 1
