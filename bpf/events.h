@@ -68,9 +68,9 @@ enum event_flag {
 
 /* req_summaries value: the HTTP/1 requests of a process that the kernel summarised
  * because a record of theirs was lost (ring buffer full), by duration bucket: bucket i
- * holds durations in (bound i-1, bound i] (SUMMARY_BOUND_LIST, set by
- * otel_gpu/kernel_io/request_summaries.py; the last bucket is unbounded). Counts and
- * sums only grow: user space reads the differences. */
+ * holds durations in (bound i-1, bound i] (SUMMARY_BOUND_LIST: http.server.request.duration's
+ * boundaries, set by otel_gpu/probes/summary_buckets.py; the last bucket is unbounded).
+ * Counts and sums only grow: user space reads the differences. */
 #ifndef SUMMARY_BOUNDS
 #define SUMMARY_BOUNDS 1
 #define SUMMARY_BOUND_LIST X(1000000000ull)
