@@ -28,7 +28,8 @@ struct conn_state {
     u8 req_lost;   /* a record of the current request was lost */
     u8 head_sent;  /* its first read reached user space */
     u8 told;       /* a record sent after its loss told user space (`lost`): it dropped the request */
-    u8 h2;         /* HTTP/2 (its prior-knowledge preface): no request boundaries here */
+    u8 unframed;   /* not HTTP/1 requests (any more): HTTP/2 by its prior-knowledge preface, or
+                    * anything after a 101 Switching Protocols (h2c, WebSocket): no boundaries */
     u8 pad[7];
     u64 req_start; /* the current request's first read (ns) */
     u64 last_write;/* its last write (ns) */
@@ -85,7 +86,7 @@ static __always_inline void request_done(u32 tgid, struct conn_state *st, u64 du
  * Returns EV_FLAG_REQ_START when this read starts a request. */
 static __always_inline u8 request_boundary(u32 tgid, struct conn_state *st, u8 kind, u64 now)
 {
-    if (st->h2)
+    if (st->unframed)
         return 0;
     if (kind == EV_SOCK_WRITE) {
         st->phase = PHASE_WRITE;
@@ -117,7 +118,7 @@ static __always_inline void record_sent(u32 tgid, struct conn_state *st, int ret
         if (!st->lost)
             unseen_add(tgid, 1);
         st->lost += 1;
-        st->req_lost = 1;
+        st->req_lost = !st->unframed;
         return;
     }
     if (st->lost)
@@ -321,7 +322,8 @@ static __always_inline void emit_sock_io(u8 kind, u64 id, struct conn_key *key, 
         } else {
             st->state = CONN_HTTP;
             st->requests = 1;
-            st->h2 = len >= 4 && e->data[0] == 'P' && e->data[1] == 'R' && e->data[2] == 'I' && e->data[3] == ' ';
+            st->unframed = len >= 4 && e->data[0] == 'P' && e->data[1] == 'R' && e->data[2] == 'I' &&
+                           e->data[3] == ' ';
             u32 tgid = key->tgid;
             pid_mark(tgid, PID_SLOW); /* before the count: the launch probe's fast path reads it */
             s64 one = 1, *n = http_active.lookup(&tgid);
@@ -348,7 +350,12 @@ static __always_inline void emit_sock_io(u8 kind, u64 id, struct conn_key *key, 
     u32 size = offsetof(struct sock_io_event, data) + len;
     if (size > sizeof(*e))
         return;
+    /* A response "HTTP/1.x 101": what follows on the connection is another protocol. */
+    int switching = kind == EV_SOCK_WRITE && len >= 12 && e->data[0] == 'H' && e->data[1] == 'T' &&
+                    e->data[5] == '1' && e->data[9] == '1' && e->data[10] == '0' && e->data[11] == '1';
     record_sent(key->tgid, st, epoch_submit(e, size, &e->h, kind == EV_SOCK_READ), e->h.flags, e->lost);
+    if (switching)
+        st->unframed = 1; /* after record_sent: a lost 101 is its request's loss */
 }
 
 /* Copies the first bytes of a readv/writev/recvmsg/sendmsg into the scratch event's data,
