@@ -21,7 +21,8 @@ REQUEST_DURATION = "http.server.request.duration"
 
 class MetricExports(list):
     """Takes the base receiver's place for every ExportMetricsServiceRequest (it calls
-    append): keeps (arrival wall time, requests counted so far on `route`) only."""
+    append): keeps (arrival wall time, requests counted so far on `route`, and those the
+    kernel summarised: no route) only."""
 
     def __init__(self, route: str = "/work") -> None:
         super().__init__()
@@ -34,7 +35,7 @@ class MetricExports(list):
                 for m in sm.metrics:
                     if m.name == REQUEST_DURATION:
                         n = sum(p.count for p in m.histogram.data_points
-                                if _attrs(p.attributes).get(semconv.HTTP_ROUTE) == self.route)
+                                if _counts(_attrs(p.attributes), self.route))
                         if m.histogram.aggregation_temporality == metrics_pb2.AGGREGATION_TEMPORALITY_DELTA:
                             self.delta_total += n
                             n = self.delta_total
@@ -42,10 +43,16 @@ class MetricExports(list):
         super().append((arrived, count))
 
 
+def _counts(attrs: dict, route: str) -> bool:
+    return attrs.get(semconv.HTTP_ROUTE) == route or attrs.get(semconv.GPU_REQUEST_SUMMARISED) is True
+
+
 class CountingReceiver(OtlpReceiver):
-    def __init__(self) -> None:
+    def __init__(self, route: str = "/work") -> None:
+        """`route`: the requests the metrics count (requests_counted)."""
         super().__init__()
         self.lock = threading.Lock()
+        self.route = route
         self.reset()
 
     def reset(self, since_ns: int = 0) -> None:
@@ -60,7 +67,7 @@ class CountingReceiver(OtlpReceiver):
             self.server_delays: list[float] = []   # arrival - end, seconds, per server span
             self.child_names: Counter = Counter()  # (parent span_id, is rollup) -> children
         with self._cond:
-            self.metric_requests = MetricExports()  # (arrival, requests counted), per metrics export
+            self.metric_requests = MetricExports(self.route)  # (arrival, requests counted), per metrics export
 
     def Export(self, request, context):
         size, arrived_ns = request.ByteSize(), time.time_ns()
