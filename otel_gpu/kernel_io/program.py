@@ -104,8 +104,10 @@ class BpfProgram:
         also takes in lost events.
         `final` (the collector stops): every per-request count too."""
         self._account_lost()
-        rollups = self.rollups.read(time.monotonic_ns()) + self._late_summaries + self.summaries.read()
-        self._late_summaries = []
+        summaries, self._late_summaries = self._late_summaries + self.summaries.read(), []
+        if summaries:  # requests whose records were lost: counted, not dropped
+            self.stats.add("requests_summarised", sum(c for s in summaries for c, _ in s.buckets))
+        rollups = self.rollups.read(time.monotonic_ns()) + summaries
         return self.aggregates.merge([], final=True) + rollups if final else rollups
 
     def _account_lost(self) -> None:

@@ -294,8 +294,8 @@ class Connections:
             req.records_lost = True
             self.stats.add("requests_records_lost")
             self._finish(p, c, req, ts, "records lost", out)
-        for tid in [t for t, fd in p.partial_heads.items() if fd == c.fd]:
-            del p.partial_heads[tid]
+        for t in [t for t, fd in p.partial_heads.items() if fd == c.fd]:
+            del p.partial_heads[t]
         if c.session is not None and not c.session.serial:
             self._log.event("connections_records_lost", logging.WARNING,
                             "pid %d fd %d: %d records lost (ring buffer full): this multiplexed connection "
