@@ -19,121 +19,8 @@ struct conn_state {
     u32 tls;       /* its bytes are TLS records: the syscalls' ciphertext is never sent */
     u32 counted;   /* counted in its process's conn_shares entry */
     u64 ssl;       /* the SSL* tied to it (bpf/tls_probes.c); 0: none yet */
-    /* HTTP/1 requests as the kernel delimits them (a read after a write starts the
-     * next), for those whose records the ring buffer could not all take. Such a request
-     * is counted once: here (summarise), or by user space where it saw the request's
-     * head and never heard of the loss (it ends that request itself). */
-    u32 lost;      /* records lost since the last one sent (sent on the next: sock_io_event.lost) */
-    u8 phase;      /* PHASE_*: the last transfer */
-    u8 req_lost;   /* a record of the current request was lost */
-    u8 head_sent;  /* its first read reached user space */
-    u8 told;       /* a record sent after its loss told user space (`lost`): it dropped the request */
-    u8 unframed;   /* not HTTP/1 requests (any more): HTTP/2 by its prior-knowledge preface, or
-                    * anything after a 101 Switching Protocols (h2c, WebSocket): no boundaries */
-    u8 pad[7];
-    u64 req_start; /* the current request's first read (ns) */
-    u64 last_write;/* its last write (ns) */
-    u64 pending;   /* a finished request with a lost record whose head user space saw, and
-                    * that user space has not yet heard of: duration + 1, summarised once
-                    * it has (the next record sent), dropped if it never does (the
-                    * connection's close lost too: user space ends it). 0: none */
+    struct req_bounds req; /* its HTTP/1 requests, for those whose records were lost (http_requests.c) */
 };
-#define PHASE_NONE 0
-#define PHASE_READ 1
-#define PHASE_WRITE 2
-
-/* By tgid: the requests summarised here (struct req_summary). */
-BPF_HASH(req_summaries, u32, struct req_summary, MAX_PROCS);
-/* All zeros, never written: a new entry's value (too large for the BPF stack). */
-BPF_ARRAY(summary_zero, struct req_summary, 1);
-
-/* A request with a lost record ended (its next request's first read, or the
- * connection's close): counted with its duration in its process's summary. */
-static __always_inline void summarise(u32 tgid, u64 duration)
-{
-    u32 b = 0;
-#define X(bound) b += duration > (bound);
-    SUMMARY_BOUND_LIST
-#undef X
-    if (b > SUMMARY_BOUNDS)
-        return;
-    struct req_summary *s = req_summaries.lookup(&tgid);
-    if (!s) {
-        u32 first = 0;
-        struct req_summary *zero = summary_zero.lookup(&first);
-        if (!zero)
-            return;
-        req_summaries.insert(&tgid, zero);
-        s = req_summaries.lookup(&tgid);
-        if (!s)
-            return;
-    }
-    __sync_fetch_and_add(&s->count[b], 1);
-    __sync_fetch_and_add(&s->sum_ns[b], duration);
-}
-
-/* A finished request with a lost record: counted here now when user space never
- * opened it (its head was lost) or already dropped it (told); else once it is told. */
-static __always_inline void request_done(u32 tgid, struct conn_state *st, u64 duration)
-{
-    if (!st->head_sent || st->told)
-        summarise(tgid, duration);
-    else
-        st->pending = duration + 1;
-}
-
-/* Before a record of an HTTP/1 connection goes out: the kernel's request boundary.
- * Returns EV_FLAG_REQ_START when this read starts a request. */
-static __always_inline u8 request_boundary(u32 tgid, struct conn_state *st, u8 kind, u64 now)
-{
-    if (st->unframed)
-        return 0;
-    if (kind == EV_SOCK_WRITE) {
-        st->phase = PHASE_WRITE;
-        st->last_write = now;
-        return 0;
-    }
-    if (st->phase == PHASE_READ)
-        return 0;
-    if (st->phase == PHASE_WRITE && st->req_lost)
-        request_done(tgid, st, st->last_write - st->req_start);
-    st->req_lost = st->head_sent = st->told = 0;
-    st->req_start = now;
-    st->phase = PHASE_READ;
-    return EV_FLAG_REQ_START;
-}
-
-/* The process's connections with untold losses (http_seq.unseen) go up or down by one. */
-static __always_inline void unseen_add(u32 tgid, s32 delta)
-{
-    struct http_seq *s = http_seq.lookup(&tgid);
-    if (s)
-        __sync_fetch_and_add(&s->unseen, delta);
-}
-
-/* After a record went out (ret 0, carrying `told_lost` earlier losses), or did not. */
-static __always_inline void record_sent(u32 tgid, struct conn_state *st, int ret, u8 flags, u32 told_lost)
-{
-    if (ret != 0) {
-        if (!st->lost)
-            unseen_add(tgid, 1);
-        st->lost += 1;
-        st->req_lost = !st->unframed;
-        return;
-    }
-    if (st->lost)
-        unseen_add(tgid, -1);
-    st->lost = 0;
-    if (flags & EV_FLAG_REQ_START)
-        st->head_sent = 1;
-    if (told_lost) { /* user space drops what it had open on the connection */
-        if (st->req_lost)
-            st->told = 1;
-        if (st->pending)
-            summarise(tgid, st->pending - 1);
-        st->pending = 0;
-    }
-}
 
 /* Accepted TCP connections of traced processes only, so no neighbour can fill it
  * (connections a process held before it was traced are seeded from /proc by user
@@ -181,7 +68,7 @@ BPF_PERCPU_ARRAY(io_scratch, struct sock_io_scratch, 1);
 /* Drops a connection's entry, and its SSL* tie if it still names this fd. */
 static __always_inline void forget_conn(struct conn_key *key, struct conn_state *st)
 {
-    if (st->lost) /* no record of it will tell of them now: whatever it served is over */
+    if (st->req.lost) /* no record of it will tell of them now: whatever it served is over */
         unseen_add(key->tgid, -1);
     if (st->requests) {
         s64 *n = http_active.lookup(&key->tgid);
@@ -322,7 +209,7 @@ static __always_inline void emit_sock_io(u8 kind, u64 id, struct conn_key *key, 
         } else {
             st->state = CONN_HTTP;
             st->requests = 1;
-            st->unframed = len >= 4 && e->data[0] == 'P' && e->data[1] == 'R' && e->data[2] == 'I' &&
+            st->req.unframed = len >= 4 && e->data[0] == 'P' && e->data[1] == 'R' && e->data[2] == 'I' &&
                            e->data[3] == ' ';
             u32 tgid = key->tgid;
             pid_mark(tgid, PID_SLOW); /* before the count: the launch probe's fast path reads it */
@@ -336,8 +223,8 @@ static __always_inline void emit_sock_io(u8 kind, u64 id, struct conn_key *key, 
         return;
     }
     fill_header(&e->h, kind, id);
-    e->h.flags = flags | request_boundary(key->tgid, st, kind, e->h.ts_ns);
-    e->lost = st->lost;
+    e->h.flags = flags | request_boundary(key->tgid, &st->req, kind, e->h.ts_ns);
+    e->lost = st->req.lost;
     e->fd = key->fd;
     e->ret = ret;
     e->data_len = len;
@@ -353,9 +240,9 @@ static __always_inline void emit_sock_io(u8 kind, u64 id, struct conn_key *key, 
     /* A response "HTTP/1.x 101": what follows on the connection is another protocol. */
     int switching = kind == EV_SOCK_WRITE && len >= 12 && e->data[0] == 'H' && e->data[1] == 'T' &&
                     e->data[5] == '1' && e->data[9] == '1' && e->data[10] == '0' && e->data[11] == '1';
-    record_sent(key->tgid, st, epoch_submit(e, size, &e->h, kind == EV_SOCK_READ), e->h.flags, e->lost);
+    record_sent(key->tgid, &st->req, epoch_submit(e, size, &e->h, kind == EV_SOCK_READ), e->h.flags, e->lost);
     if (switching)
-        st->unframed = 1; /* after record_sent: a lost 101 is its request's loss */
+        st->req.unframed = 1; /* after record_sent: a lost 101 is its request's loss */
 }
 
 /* Copies the first bytes of a readv/writev/recvmsg/sendmsg into the scratch event's data,

@@ -58,17 +58,9 @@ TRACEPOINT_PROBE(syscalls, sys_enter_close)
     struct close_event e = {};
     fill_header(&e.h, EV_SOCK_CLOSE, id);
     e.fd = key.fd;
-    e.lost = st->lost;
-    /* The requests with a lost record still to count (http_probes.c): with this record
-     * sent, user space drops what it had open, so the kernel counts them all; without
-     * it, user space ends the one it saw the head of and was never told about. */
-    struct conn_state last = *st;
+    e.lost = st->req.lost;
+    request_closed(key.tgid, &st->req, report ? epoch_submit(&e, sizeof(e), &e.h, 0) : -1, e.lost, e.h.ts_ns);
     forget_conn(&key, st);
-    int sent = report && epoch_submit(&e, sizeof(e), &e.h, 0) == 0;
-    if (sent && last.pending)
-        summarise(key.tgid, last.pending - 1);
-    if (last.req_lost && last.phase != PHASE_NONE && (sent || !last.head_sent || last.told))
-        summarise(key.tgid, (last.phase == PHASE_WRITE ? last.last_write : e.h.ts_ns) - last.req_start);
     return 0;
 }
 

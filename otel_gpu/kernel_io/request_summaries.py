@@ -1,4 +1,4 @@
-"""The requests the kernel summarised (bpf/http_probes.c summarise): HTTP/1 requests of
+"""The requests the kernel summarised (bpf/http_requests.c summarise): HTTP/1 requests of
 which a record was lost because the ring buffer was full. User space then drops what
 it had of them (pipeline/connections.py), and counts them from here: per process, by
 duration bucket (probes/summary_buckets.py), as RequestSummary records for the request metric."""

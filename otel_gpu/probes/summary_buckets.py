@@ -1,6 +1,6 @@
 """The bucket boundaries of http.server.request.duration (seconds): the OpenTelemetry HTTP
 semantic conventions' advisory ones, which the metric is created with
-(export/metrics.py), and which bpf/http_probes.c counts the requests it summarises by
+(export/metrics.py), and which bpf/http_requests.c counts the requests it summarises by
 (struct req_summary). Recorded at its kernel bucket's mean duration, a summarised request
 lands in the histogram bucket its own duration would have, and the sum is exact."""
 from __future__ import annotations
