@@ -17,7 +17,7 @@ from array import array
 from collections import OrderedDict
 from typing import BinaryIO, Optional
 
-from ..probes.elf_file import PT_LOAD, ElfFile
+from ..probes.elf_file import PT_LOAD, SYMBOL_TABLES, ElfFile
 
 log = logging.getLogger(__name__)
 
@@ -25,9 +25,6 @@ MAX_FILES = 32        # symbol tables kept (least recently used dropped): a proc
 MAX_NAME = 4096       # bytes read for one name (mangled C++ templates run long)
 WALK_BACK = 8         # symbols stepped back over from the nearest start (nested or zero-sized ones)
 STT_FUNC, STT_GNU_IFUNC = 2, 10
-_SYM = struct.Struct("<IBBHQQ")  # Elf64_Sym: name, info, other, shndx, value, size
-# (symbol table, its string table): both read; a stripped file keeps only the second.
-TABLES = ((".symtab", ".strtab"), (".dynsym", ".dynstr"))
 
 
 class FileSymbols:
@@ -38,14 +35,14 @@ class FileSymbols:
         self.loads = [(s.offset, s.filesz, s.vaddr) for s in elf.segments if s.type == PT_LOAD]
         self.strtabs: list[int] = []  # file offset of each table's strings
         starts, sizes, names = array("Q"), array("Q"), array("Q")  # names: table << 32 | offset
-        for symtab_name, strtab_name in TABLES:
-            symtab, strtab = elf.sections.get(symtab_name), elf.sections.get(strtab_name)
-            if symtab is None or strtab is None or symtab.entsize != _SYM.size:
+        for symtab_name, strtab_name in SYMBOL_TABLES:  # both read: names from either
+            found = elf.symbol_entries(symtab_name, strtab_name)
+            if found is None:
                 continue
             table = len(self.strtabs) << 32
-            self.strtabs.append(strtab.offset)
-            raw = elf.read(symtab.offset, symtab.size)
-            for name, info, _, shndx, value, size in _SYM.iter_unpack(raw[:len(raw) - len(raw) % _SYM.size]):
+            strings_at, entries = found
+            self.strtabs.append(strings_at)
+            for name, info, _, shndx, value, size in entries:
                 if shndx and value and name and info & 0xF in (STT_FUNC, STT_GNU_IFUNC):
                     starts.append(value)
                     sizes.append(size)

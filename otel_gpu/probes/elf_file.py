@@ -13,6 +13,9 @@ from typing import BinaryIO, Optional
 PT_LOAD, PT_DYNAMIC, PT_TLS = 1, 2, 7
 PF_W = 2
 MAX_PHNUM = 256  # a real file has a dozen
+# (symbol table, its string table): static first; a stripped file keeps only the exported.
+SYMBOL_TABLES = ((".symtab", ".strtab"), (".dynsym", ".dynstr"))
+_SYM = struct.Struct("<IBBHQQ")  # Elf64_Sym: name, info, other, shndx, value, size
 
 
 @dataclass(frozen=True)
@@ -87,25 +90,26 @@ class ElfFile:
     def symbol(self, name: str) -> Optional[int]:
         """The value of a symbol: static (.symtab) first, else exported (.dynsym: what a
         stripped file keeps); None when neither has it."""
-        for table, names in ((".symtab", ".strtab"), (".dynsym", ".dynstr")):
-            value = self._symbol_in(table, names, name)
-            if value is not None:
-                return value
+        want = name.encode() + b"\0"
+        for table, names in SYMBOL_TABLES:
+            found = self.symbol_entries(table, names)
+            if found is None:
+                continue
+            strings_at, entries = found
+            strings = self.read(strings_at, self.sections[names].size)
+            for name_off, _, _, shndx, value, _ in entries:
+                if shndx and strings[name_off:name_off + len(want)] == want:  # defined here, not imported
+                    return value
         return None
 
-    def _symbol_in(self, table: str, names: str, name: str) -> Optional[int]:
+    def symbol_entries(self, table: str, names: str) -> Optional[tuple]:
+        """(file offset of `names`, the string table, and the entries of `table` as
+        (name offset, info, other, shndx, value, size)); None where the file lacks either."""
         symtab, strtab = self.sections.get(table), self.sections.get(names)
-        if symtab is None or strtab is None or symtab.entsize < 24:
+        if symtab is None or strtab is None or symtab.entsize != _SYM.size:
             return None
-        strings = self.read(strtab.offset, strtab.size)
         raw = self.read(symtab.offset, symtab.size)
-        want = name.encode() + b"\0"
-        for i in range(0, len(raw) - 23, symtab.entsize):
-            name_off, = struct.unpack_from("<I", raw, i)
-            shndx, value = struct.unpack_from("<HQ", raw, i + 6)
-            if shndx and strings[name_off:name_off + len(want)] == want:  # defined here, not imported
-                return value
-        return None
+        return strtab.offset, _SYM.iter_unpack(raw[:len(raw) - len(raw) % _SYM.size])
 
     def load_vaddr(self) -> Optional[int]:
         """The address the first loadable segment asks for, less its file offset: the
