@@ -71,8 +71,6 @@ struct thread_budget {
     u32 streamed;
 };
 BPF_TABLE("lru_hash", struct budget_key, struct thread_budget, stream_budget, 16384);
-/* Not streamed calls of processes with HTTP activity (events.h struct agg_key). */
-BPF_HASH(req_agg, struct agg_key, struct agg_value, AGG_ENTRIES);
 
 /* Host-wide bound on calls streamed one by one: STREAM_RATE_PER_CPU a second on each CPU
  * (user space splits --stream-rate), in bursts of up to one second's share (a short burst of
@@ -113,62 +111,44 @@ static __always_inline int stream_token(void)
     return 1;
 }
 
-/* 1: this call of a streaming process goes out one by one; 0: it is counted in req_agg.
- * A follower (tv != TRACED) streams while it has no HTTP activity of its own: its calls
- * then belong to another process's requests, whose epochs are not its own. */
-static __always_inline int stream_this(u64 id, u64 ctx, u32 tgid, u32 tv, struct http_seq *s)
+/* What becomes of a call of a streaming process. */
+enum stream_verdict {
+    COUNT_NOW,    /* counted in req_agg: the ring buffer or the stream rate is short now */
+    COUNT_UNTIL,  /* counted, and so are the thread's next calls until the basis changes
+                   * (request_counts.c): its budget is spent, or its process is quiet */
+    STREAM,       /* goes out one by one */
+};
+
+/* A follower (tv != TRACED) streams while it has no HTTP activity of its own: its calls
+ * then belong to another process's requests, whose epochs are not its own. `reads`:
+ * the process's HTTP reads as the basis has them. */
+static __always_inline enum stream_verdict stream_this(u64 id, u64 ctx, u32 tgid, u32 tv, struct http_seq *s,
+                                                      u32 reads)
 {
     if (tv != TRACED) {
         s64 *own = http_active.lookup(&tgid);
         if (!s || !own || *own <= 0)
-            return 1;
+            return STREAM;
     }
     u8 *quiet = quiet_procs.lookup(&tgid);
     if (quiet && *quiet)
-        return 0; /* no sampled request open: counted, its summaries exact all the same */
-    if (ring_unread() >= CUDA_HIGH_WATER)
-        return 0; /* the rest of the ring is kept for HTTP records */
-    u32 reads = s ? s->reads : 0;
+        return COUNT_UNTIL; /* no sampled request open: counted, its summaries exact all the same */
     struct budget_key key = {.pid_tgid = id, .ctx = ctx};
     struct thread_budget *b = stream_budget.lookup(&key);
-    if (b && b->reads == reads) {
-        if (b->streamed >= STREAM_BUDGET || !stream_token())
-            return 0;
-        b->streamed++;
-        return 1;
-    }
+    int mine = b && b->reads == reads;
+    if (mine && b->streamed >= STREAM_BUDGET)
+        return COUNT_UNTIL;
+    if (ring_unread() >= CUDA_HIGH_WATER)
+        return COUNT_NOW; /* the rest of the ring is kept for HTTP records */
     if (!stream_token())
-        return 0;
-    struct thread_budget nb = {.reads = reads, .streamed = 1};
-    stream_budget.update(&key, &nb);
-    return 1;
-}
-
-/* One more call in req_agg. Only the calling thread writes its keys: no atomics. */
-static __always_inline void agg_add(struct cuda_header *c, struct http_seq *s, u64 detail, u64 bytes,
-                                    u64 duration_ns)
-{
-    struct agg_key k = {.tgid = c->h.tgid, .tid = c->h.tid, .epoch = s ? s->epoch : 0,
-                        .call = c->call | (c->h.flags & EV_FLAG_HTTP_UNSEEN ? AGG_HTTP_UNSEEN : 0),
-                        .detail = detail, .ctx = c->ctx};
-    u64 end = c->h.ts_ns + duration_ns;
-    struct agg_value *v = req_agg.lookup(&k);
-    if (v) {
-        v->count++;
-        v->bytes += bytes;
-        v->duration_ns += duration_ns;
-        v->last_ts = c->h.ts_ns;
-        if (end > v->last_end_ts)
-            v->last_end_ts = end;
+        return COUNT_NOW;
+    if (mine) {
+        b->streamed++;
     } else {
-        struct agg_value nv = {.count = 1, .bytes = bytes, .duration_ns = duration_ns,
-                               .first_ts = c->h.ts_ns, .last_ts = c->h.ts_ns, .last_end_ts = end};
-        if (req_agg.update(&k, &nv) != 0) {
-            count(CNT_AGG_FULL);
-            return;
-        }
+        struct thread_budget nb = {.reads = reads, .streamed = 1};
+        stream_budget.update(&key, &nb);
     }
-    count(CNT_AGGREGATED);
+    return STREAM;
 }
 
 /* A call of a streaming process, its header filled: 1 when it goes out one by one (the
@@ -180,12 +160,16 @@ static __always_inline int stream_admit(struct cuda_header *c, u32 tv, struct ht
     u32 tgid = c->h.tgid;
     u64 id = (u64)tgid << 32 | c->h.tid;
     struct http_seq *s = http_seq.lookup(&tgid);
+    struct verdict_basis basis = verdict_basis_now(s);
     *sp = s;
     if (s && s->unseen)
         c->h.flags |= EV_FLAG_HTTP_UNSEEN;
     c->ctx = exec_unit(tgid, c->h.tid);
-    if (stream_this(id, c->ctx, tgid, tv, s))
+    enum stream_verdict verdict = stream_this(id, c->ctx, tgid, tv, s, basis.reads);
+    if (verdict == STREAM)
         return 1;
+    if (verdict == COUNT_UNTIL && s && tv == TRACED)
+        remember_counted(tgid, id, c->ctx, basis);
     agg_add(c, s, detail, bytes, duration_ns);
     return 0;
 }
@@ -215,6 +199,14 @@ static __always_inline void cuda_emit(struct cuda_header *c, u32 size, u32 tv, u
     if (c->h.kind == EV_CUDA_LAUNCH && capturing(c->h.tgid)) {
         capture_emit(c, size);  /* recorded into a graph, or run: user space decides */
         return;
+    }
+    if (tv == TRACED && (pid_flags(c->h.tgid) & PID_SLOW)) {
+        u64 unit, id = (u64)c->h.tgid << 32 | c->h.tid;
+        struct http_seq *s = standing_verdict(c->h.tgid, id, &unit);
+        if (s) {
+            counted_add(c, s, unit, detail, bytes, duration_ns);
+            return;
+        }
     }
     if (streaming(c->h.tgid, tv)) {
         struct http_seq *s;

@@ -59,10 +59,24 @@ int cuda_launch_kernel(struct pt_regs *ctx)
     /* The common case, a traced process that has never had HTTP activity and follows no
      * server, with nothing capturing: told from three inlined array reads (maps.h
      * pid_bits) and counted in its launch slot, with no hash lookup while it has one. */
-    if (pid_flags(tgid) == PID_TRACED && !captures_any()) {
+    u64 flags = pid_flags(tgid);
+    int any_capture = captures_any();
+    if (flags == PID_TRACED && !any_capture) {
         if (!launch_slot_add(tgid, PT_REGS_PARM1(ctx)))
             rollup_add(tgid, CALL_LAUNCH_KERNEL, PT_REGS_PARM1(ctx), 0, 0);
         return 0;
+    }
+    /* Inside a request, a thread past its budget (a decode loop's steady state): counted
+     * under its standing verdict (bpf/request_counts.c), with two lookups. */
+    if (flags == (PID_TRACED | PID_SLOW) && !any_capture) {
+        u64 unit;
+        struct http_seq *s = standing_verdict(tgid, id, &unit);
+        if (s) {
+            struct cuda_header c = {.call = CALL_LAUNCH_KERNEL, .ret = -1};
+            fill_header(&c.h, EV_CUDA_LAUNCH, id);
+            counted_add(&c, s, unit, PT_REGS_PARM1(ctx), 0, 0);
+            return 0;
+        }
     }
     u32 tv = cuda_admit(tgid);
     if (!tv)

@@ -74,6 +74,7 @@ static __always_inline void forget_conn(struct conn_key *key, struct conn_state 
         s64 *n = http_active.lookup(&key->tgid);
         if (n)
             __sync_fetch_and_add(n, -1);
+        epoch_bump(key->tgid); /* its HTTP activity changed: threads' standing verdicts go */
     }
     if (st->counted) {
         struct conn_share *share = conn_shares.lookup(&key->tgid);

@@ -248,4 +248,13 @@ static __always_inline int epoch_submit(void *data, u32 size, struct event_heade
     return submit(data, size);
 }
 
+/* A change that bumps no record's epoch but ends what was decided under the current
+ * one (bpf/request_counts.c). The next record carries a later epoch all the same. */
+static __always_inline void epoch_bump(u32 tgid)
+{
+    struct http_seq *s = http_seq.lookup(&tgid);
+    if (s)
+        s->epoch++;
+}
+
 #endif

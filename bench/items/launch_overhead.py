@@ -147,6 +147,11 @@ def run(quick: bool, starts: list) -> dict:
     return out
 
 
+def inside_ratio(r: dict) -> float:
+    """What a launch inside a request adds, in units of the bare uprobe trap's cost."""
+    return r["otel_inside"]["added_ns"] / r["empty"]["added_ns"]
+
+
 def rows(r: dict) -> list:
     o, i, b = r["otel_outside"], r["otel_inside"], r["bpftrace"]
     n = len(r["rounds"])
@@ -167,6 +172,7 @@ def rows(r: dict) -> list:
         ("1", "  isolation: bpftrace @n / its processes' launches",
          f"{b['counted']} / {b['expected']}", "equal", b["counted"] == b["expected"]),
         ("1", "otel-gpu inside a request: added ns/launch CPU (wall)", cell(i), "<= 600", i["added_ns"] <= 600),
+        ("1", "  inside / the trap alone (#26 item 7)", f"{inside_ratio(r):.2f}x", "<= 1.2x", inside_ratio(r) <= 1.2),
         ("1", "  inside: events lost / launched", f"{i['lost']} / {i['launched']}", "0", i["lost"] == 0),
         ("1", "BPF program run time per launch: outside / inside / bpftrace (ns)",
          f"{o['bpf']['launch_prog_ns']:.0f} / {i['bpf']['launch_prog_ns']:.0f} / {b['bpf']['launch_prog_ns']:.0f}",

@@ -6,6 +6,7 @@ only."""
 from __future__ import annotations
 
 import ctypes as ct
+import itertools
 import logging
 import time
 from typing import Optional
@@ -27,7 +28,8 @@ log = logging.getLogger(__name__)
 # struct with a tgid field: every entry of an exited process goes.
 _BY_TGID = ("traced", "http_active", "http_seq", "py_procs", "go_procs", "runtime_text", "capture_procs",
             "quiet_procs", "conn_shares", "req_summaries")
-_BY_PID_TGID = ("in_call", "reading", "writing", "accepting", "py_tstate", "tls_calls", "tls_last_read")
+_BY_PID_TGID = ("in_call", "reading", "writing", "accepting", "py_tstate", "tls_calls", "tls_last_read",
+                "counted_threads")
 # Connections seeded from /proc per process and scan: a listener holding tens of
 # thousands is seeded over several flushes, and the collector answers in between.
 SEED_PER_SCAN = 1024
@@ -88,6 +90,13 @@ class BpfProgram:
         self._prune_suspects: set = set()  # (tgid, fd) found without a socket once
         self._runtime_text: dict = {}  # pid -> its runtime code ranges, as written to `runtime_text`
         self._py_threads: dict = {}  # pid -> {thread: state} as written to `py_threads`
+        self._verdict_gens = itertools.count(1)  # next() is atomic: callers on several threads
+
+    def _verdicts_changed(self) -> None:
+        """After a change of `traced`, py_procs, go_procs or quiet_procs: each thread's
+        standing verdict (bpf/request_counts.c) is decided again at its next call. Each
+        value is written once, so no verdict can take an older one for its own."""
+        self.bpf["verdict_gen"][ct.c_int(0)] = ct.c_uint32(next(self._verdict_gens) & 0xFFFFFFFF)
 
     # --- records for the pipeline ---------------------------------------------------
     def poll(self, timeout_ms: int) -> list:
@@ -176,6 +185,7 @@ class BpfProgram:
     def trace(self, pid: int) -> None:
         self.bpf["traced"][ct.c_uint32(pid)] = ct.c_uint32(TRACED)
         self.pid_bits.set(pid, pid_bits.TRACED)  # after the entry, clearing any SLOW
+        self._verdicts_changed()
 
     def follow(self, pid: int, server: Optional[int]) -> None:
         """Traced process `pid` streams its CUDA calls while `server` (a related
@@ -188,6 +198,7 @@ class BpfProgram:
         self.bpf["traced"][ct.c_uint32(pid)] = ct.c_uint32(value)
         if value == TRACED:  # and cleared only after
             self.pid_bits.set(pid, pid_bits.TRACED)
+        self._verdicts_changed()
 
     def seed_connections(self, tgid: int, fds: list) -> tuple[list, Optional[str]]:
         """Server connections the process held before we traced it (their accept was never
@@ -266,6 +277,7 @@ class BpfProgram:
         socket records carry `ctx` from now on. threads: its thread states now
         (python.thread_states), for list_python_threads."""
         self.bpf["py_procs"][ct.c_uint32(pid)] = PyProc.of(found)
+        self._verdicts_changed()
         self.list_python_threads(pid, threads)
 
     def list_python_threads(self, pid: int, threads: dict) -> None:
@@ -289,19 +301,23 @@ class BpfProgram:
         lay = binary.layout
         self.bpf["go_procs"][ct.c_uint32(pid)] = GoProc(binary.tls_g, lay.g_m, lay.m_curg, lay.g_goid,
                                                         lay.g_parent_goid)
+        self._verdicts_changed()
 
     def set_quiet(self, by_pid: dict) -> None:
         """pid -> True while every request it has open is unsampled (pipeline/sampling.py):
         the kernel then counts its calls instead of streaming them."""
-        table = self.bpf["quiet_procs"]
+        table, woken = self.bpf["quiet_procs"], False
         for pid, quiet in by_pid.items():
             if quiet:
                 table[ct.c_uint32(pid)] = ct.c_uint8(1)
                 continue
             try:
                 del table[ct.c_uint32(pid)]
+                woken = True
             except KeyError:
                 pass
+        if woken:  # its threads counting while it was quiet stream again
+            self._verdicts_changed()
 
     def traced_count(self) -> int:
         return len(self.bpf["traced"])
@@ -327,6 +343,7 @@ class BpfProgram:
                     pass
         for tgid in tgids:
             self.pid_bits.set(tgid, 0)
+        self._verdicts_changed()  # a pid used again starts afresh
         # One pass per table whatever the number of exits: reading a map key by key is slow.
         for tgid in tgids:
             self._py_threads.pop(tgid, None)

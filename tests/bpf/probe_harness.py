@@ -98,6 +98,7 @@ class Probes:
         from otel_gpu.probes.uprobe_links import choose
         self.uprobes = choose(self.bpf)  # as the collector plants them: links on this kernel
         self.handles: list = []
+        self._verdict_gen = 0
 
     def _on_record(self, _ctx, data, size) -> int:
         self.records.append(decode((ct.c_char * size).from_address(data)))
@@ -121,6 +122,7 @@ class Probes:
         self.bpf[table][ct.c_uint32(pid)] = value
         if table in ("traced", "http_active"):
             self._mark(pid, table, value.value)
+        self._verdicts_changed()
 
     def unset(self, table: str, pid: int) -> None:
         try:
@@ -129,6 +131,14 @@ class Probes:
             pass
         if table in ("traced", "http_active"):
             self._mark(pid, table, 0)
+        self._verdicts_changed()
+
+    def _verdicts_changed(self) -> None:
+        """As the collector does after its own writes (kernel_io/program.py); here for
+        http_active too, which these tests write in place of the HTTP probes (whose
+        changes bump the process's epoch)."""
+        self._verdict_gen += 1
+        self.bpf["verdict_gen"][ct.c_int(0)] = ct.c_uint32(self._verdict_gen)
 
     def _mark(self, pid: int, table: str, value: int) -> None:
         """pid_bits as the collector and kernel keep them (bpf/maps.h): `traced` sets

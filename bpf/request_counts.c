@@ -1,0 +1,139 @@
+/* Calls counted per request (req_agg), and the verdict that sends them there: the
+ * CUDA calls of a process with HTTP activity that are not streamed one by one
+ * (bpf/call_out.c decides) are counted by (thread, execution unit, HTTP epoch, call,
+ * detail); user space places each count before the first record of a later epoch.
+ *
+ * A thread past its budget (an LLM decode loop inside one request) stays past it
+ * until its process's next HTTP read, and a process with no sampled request open
+ * stays quiet until user space says otherwise. Deciding that again at every call cost
+ * six lookups (traced, http_active, the execution unit, quiet_procs, the budget, the
+ * ring's fill level): the verdict is kept per thread in `counted_threads` instead,
+ * and holds while nothing it was decided from has changed:
+ *  - the process's http_seq (epoch, reads): every HTTP record, context copy and
+ *    goroutine binding bumps the epoch, and so does a change of its HTTP activity;
+ *  - `verdict_gen`, which user space bumps after each change of `traced`, py_procs,
+ *    go_procs or quiet_procs (otel_gpu/kernel_io/program.py);
+ *  - the thread's Python context, read again at each call from its PyThreadState
+ *    (whose owner is checked: a freed state can come back for another thread).
+ * A Go process's calls are decided at each call: goroutines move between threads. */
+#include "maps.h"
+
+BPF_HASH(req_agg, struct agg_key, struct agg_value, AGG_ENTRIES);
+
+/* One more call in req_agg. Only the calling thread writes its keys: no atomics. */
+static __always_inline void agg_add(struct cuda_header *c, struct http_seq *s, u64 detail, u64 bytes,
+                                    u64 duration_ns)
+{
+    struct agg_key k = {.tgid = c->h.tgid, .tid = c->h.tid, .epoch = s ? s->epoch : 0,
+                        .call = c->call | (c->h.flags & EV_FLAG_HTTP_UNSEEN ? AGG_HTTP_UNSEEN : 0),
+                        .detail = detail, .ctx = c->ctx};
+    u64 end = c->h.ts_ns + duration_ns;
+    struct agg_value *v = req_agg.lookup(&k);
+    if (v) {
+        v->count++;
+        v->bytes += bytes;
+        v->duration_ns += duration_ns;
+        v->last_ts = c->h.ts_ns;
+        if (end > v->last_end_ts)
+            v->last_end_ts = end;
+    } else {
+        struct agg_value nv = {.count = 1, .bytes = bytes, .duration_ns = duration_ns,
+                               .first_ts = c->h.ts_ns, .last_ts = c->h.ts_ns, .last_end_ts = end};
+        if (req_agg.update(&k, &nv) != 0) {
+            count(CNT_AGG_FULL);
+            return;
+        }
+    }
+    count(CNT_AGGREGATED);
+}
+
+BPF_ARRAY(verdict_gen, u32, 1);
+
+static __always_inline u32 verdict_gen_now(void)
+{
+    u32 zero = 0, *g = verdict_gen.lookup(&zero);
+    return g ? *g : 0;
+}
+
+/* What a thread's verdict was decided from (http_seq and verdict_gen are read before
+ * the decision: a change during it shows as a difference at the next call). */
+struct verdict_basis {
+    u32 epoch;
+    u32 reads;
+    u32 gen;
+};
+
+/* pid_tgid -> its standing verdict: count its calls in req_agg. LRU: threads end
+ * unannounced. */
+struct counted_thread {
+    struct verdict_basis basis;
+    u32 ctx_offset;  /* Python: offsetof(PyThreadState, context) */
+    u64 unit;        /* the execution unit it was decided for: its Python context, or 0 */
+    u64 tstate;      /* Python: the thread's PyThreadState*; 0: a plain thread */
+    u64 self;        /* Python: the thread's pthread_self(), the state's thread_id */
+    u32 id_offset;   /* Python: offsetof(PyThreadState, thread_id) */
+    u32 pad;
+};
+BPF_TABLE("lru_hash", u64, struct counted_thread, counted_threads, 16384);
+
+/* Before a decision: what it is made from. */
+static __always_inline struct verdict_basis verdict_basis_now(struct http_seq *s)
+{
+    struct verdict_basis b = {.gen = verdict_gen_now()};
+    if (s) {
+        b.epoch = s->epoch;
+        b.reads = s->reads;
+    }
+    return b;
+}
+
+/* The thread's calls go to req_agg until its basis changes (call_out.c, after a verdict
+ * that stands: the budget spent, or the process quiet). */
+static __always_inline void remember_counted(u32 tgid, u64 id, u64 unit, struct verdict_basis basis)
+{
+    if (go_procs.lookup(&tgid))
+        return;
+    struct counted_thread t = {.basis = basis, .unit = unit};
+    struct py_proc *p = py_procs.lookup(&tgid);
+    if (p) {
+        struct py_thread *known = py_tstate.lookup(&id);
+        if (!known || !known->tstate)
+            return; /* not a Python thread yet: its context is looked for at each call */
+        t.tstate = known->tstate;
+        t.self = thread_pointer();
+        t.ctx_offset = p->context_offset;
+        t.id_offset = p->thread_id;
+    }
+    counted_threads.update(&id, &t);
+}
+
+/* The calling thread's process's http_seq when the thread's standing verdict holds
+ * (the caller then counts the call: counted_add), else NULL. *unit: the execution unit
+ * it holds for. */
+static __always_inline struct http_seq *standing_verdict(u32 tgid, u64 id, u64 *unit)
+{
+    struct counted_thread *t = counted_threads.lookup(&id);
+    if (!t)
+        return NULL;
+    struct http_seq *s = http_seq.lookup(&tgid);
+    if (!s || s->epoch != t->basis.epoch || s->reads != t->basis.reads || verdict_gen_now() != t->basis.gen)
+        return NULL;
+    *unit = 0;
+    if (t->tstate) {
+        u64 owner = 0;
+        if (bpf_probe_read_user(&owner, sizeof(owner), (void *)(t->tstate + t->id_offset)) || owner != t->self
+            || bpf_probe_read_user(unit, sizeof(*unit), (void *)(t->tstate + t->ctx_offset)))
+            return NULL;
+    }
+    return *unit == t->unit ? s : NULL;
+}
+
+/* A call (its header filled) counted under its thread's standing verdict. */
+static __always_inline void counted_add(struct cuda_header *c, struct http_seq *s, u64 unit, u64 detail, u64 bytes,
+                                        u64 duration_ns)
+{
+    c->ctx = unit;
+    if (s->unseen)
+        c->h.flags |= EV_FLAG_HTTP_UNSEEN;
+    agg_add(c, s, detail, bytes, duration_ns);
+}
