@@ -4,7 +4,12 @@ FastAPI `async def` on uvicorn (tests/bpf/targets/async_servers.py fastapi-async
 under a fixed load (bench/load.py: 8 keep-alive connections), on one service process:
 untraced, then the collector with --no-python-context and with --python-context in
 alternating phases (a fresh collector per phase, exporting OTLP/gRPC to the counting
-receiver), then untraced again. Loss = 1 - mean(--python-context) / mean(--no-python-context)."""
+receiver), then untraced again. Loss = 1 - mean(--python-context) / mean(--no-python-context).
+Beside it, the service's own CPU per request (utime + stime of its process over the timed
+load / requests): the probes' traps run on its threads, while req/s on this 2-core VM
+also pays for the collector's work, which differs between the modes (with contexts each
+call is attributed to its task and exported as a span of its own; without, most are
+ambiguous and exported as none)."""
 from __future__ import annotations
 
 import json
@@ -15,6 +20,7 @@ import time
 from pathlib import Path
 
 from otel_gpu.demo.runner import LineWatcher, stop_process
+from tests.support.collector_process import cpu_seconds
 from tests.support.counting_receiver import CountingReceiver
 
 from ..collector import Collector
@@ -26,7 +32,7 @@ ROUTE = PATH.split("?")[0]
 CATCH_UP_S = 60  # for the metrics to count every request of a phase
 CAUGHT_UP_TARGET_S = 5.0  # issue 26: a finished request's metrics leave the collector within 5 s
 CONNS = 8
-TARGET_LOSS_PCT = 3.0
+TARGET_LOSS_PCT = 5.0  # issue 26 item 4
 MODES = ("--no-python-context", "--python-context")
 
 
@@ -89,14 +95,16 @@ def _phase(svc: AsyncService, rx: CountingReceiver, mode: str, seconds: float, s
         warm = svc.load(2)  # warm-up with the probes on
         _settle(rx, 5)
         rx.reset(time.time_ns())  # a warm-up span still on its way ends before: not counted
-        cpu0, t0 = col.cpu_seconds(), time.monotonic()
+        cpu0, svc0, t0 = col.cpu_seconds(), cpu_seconds(svc.pid), time.monotonic()
         res = svc.load(seconds)
         res["collector_cores"] = (col.cpu_seconds() - cpu0) / (time.monotonic() - t0)
+        res["service_us_per_request"] = 1e6 * (cpu_seconds(svc.pid) - svc0) / max(1, res["ok"])
         res["summaries"], res["caught_up_s"] = _summaries(rx, warm["ok"], res["ok"])
     finally:
         res_summary = col.stop()
         stopped = next((l.strip() for l in reversed(col.log.lines) if "stopped:" in l), "")
     _settle(rx, 10)
+    res["spans_per_request"] = rx.span_count / max(1, res["ok"])
     return {"mode": mode, **res, "python_context_probes": "Python contexts" in traced_line,
             "traced_line": traced_line, "server_spans": len(rx.servers), "stopped": stopped,
             "collector": res_summary}
@@ -109,7 +117,9 @@ def run(quick: bool, starts: list) -> dict:
     svc, rx = AsyncService(), CountingReceiver(ROUTE).start()
     try:
         svc.load(2)  # warm-up
+        svc0 = cpu_seconds(svc.pid)
         out["untraced"] = svc.load(seconds)
+        out["untraced"]["service_us_per_request"] = 1e6 * (cpu_seconds(svc.pid) - svc0) / max(1, out["untraced"]["ok"])
         for r in range(rounds):  # alternate which mode goes first: drift hits both alike
             for mode in (MODES if r % 2 == 0 else tuple(reversed(MODES))):
                 out["phases"].append(_phase(svc, rx, mode, seconds, starts))
@@ -123,6 +133,9 @@ def run(quick: bool, starts: list) -> dict:
         out[key] = {"rps": statistics.mean(p["rps"] for p in phases),
                     "rps_each": [round(p["rps"]) for p in phases],
                     "collector_cores": statistics.mean(p["collector_cores"] for p in phases),
+                    "service_us": statistics.mean(p["service_us_per_request"] for p in phases),
+                    "service_us_each": [round(p["service_us_per_request"], 1) for p in phases],
+                    "spans_per_request": statistics.mean(p["spans_per_request"] for p in phases),
                     "server_spans": sum(p["server_spans"] for p in phases),
                     "summaries": sum(p["summaries"] for p in phases),
                     "caught_up_s": [p["caught_up_s"] for p in phases],
@@ -132,6 +145,8 @@ def run(quick: bool, starts: list) -> dict:
     out["base_rps"] = base
     on, off = out["python_context"]["rps"], out["no_python_context"]["rps"]
     out["loss_vs_no_context_pct"] = 100 * (1 - on / off) if off else None
+    cpu_on, cpu_off = out["python_context"]["service_us"], out["no_python_context"]["service_us"]
+    out["service_cpu_added_pct"] = 100 * (cpu_on / cpu_off - 1) if cpu_off else None
     out["loss_vs_untraced_pct"] = {"python_context": 100 * (1 - on / base) if base else None,
                                    "no_python_context": 100 * (1 - off / base) if base else None}
     return out
@@ -154,6 +169,16 @@ def rows(r: dict) -> list:
         ("6", "  throughput loss of the Python-context probes",
          "n/a" if loss is None else f"{loss:.1f}%", f"<= {TARGET_LOSS_PCT:.0f}% loss vs --no-python-context",
          None if loss is None else loss <= TARGET_LOSS_PCT),
+        ("6", "  service CPU per request (µs): untraced; --no-python-context; --python-context (each phase)",
+         f"{r['untraced']['service_us_per_request']:.1f}; {off['service_us']:.1f} "
+         f"({', '.join(map(str, off['service_us_each']))}); {on['service_us']:.1f} "
+         f"({', '.join(map(str, on['service_us_each']))})", "", None),
+        ("6", "  service CPU added per request by the Python-context probes",
+         "n/a" if r["service_cpu_added_pct"] is None else f"{r['service_cpu_added_pct']:+.1f}%",
+         f"<= {TARGET_LOSS_PCT:.0f}%", None if r["service_cpu_added_pct"] is None
+         else r["service_cpu_added_pct"] <= TARGET_LOSS_PCT),
+        ("6", "  spans exported per request: --python-context; --no-python-context",
+         f"{on['spans_per_request']:.2f}; {off['spans_per_request']:.2f}", "", None),
         ("6", "  Python-context probes attached in every --python-context phase",
          "yes" if on["probes_attached"] else "NO", "yes", on["probes_attached"]),
         ("6", "  server spans / requests served (--python-context; --no-python-context)",

@@ -3,6 +3,7 @@ in req_agg instead of streaming them; the server span's aggregates still equal e
 the calls the request made, and its children (one by one plus rollup counts) add up."""
 from __future__ import annotations
 
+import http.client
 import threading
 
 import pytest
@@ -59,6 +60,25 @@ def test_calls_on_another_thread_right_before_the_reply(budgeted, start_target):
     spans = _spans(receiver, target.pid, "/handoff", 3)
     for s in spans:
         assert s.attributes["gpu.launches"] == PAST
+        _children_add_up(receiver, s, PAST)
+
+
+def test_each_keep_alive_request_streams_its_own_budget(budgeted, start_target):
+    """One connection, so one server thread serves every request: past its budget the
+    thread counts under a standing verdict (bpf/request_counts.c), which the next
+    request's read ends. Each request streams its first BUDGET launches again."""
+    receiver, target = budgeted.receiver, traced(budgeted, start_target)
+    conn = http.client.HTTPConnection("127.0.0.1", target.port, timeout=20)
+    for i in range(4):
+        conn.request("GET", f"/work?launches={PAST}&n={i}")
+        reply = conn.getresponse()
+        reply.read()
+        assert reply.status == 200
+    conn.close()
+    spans = _spans(receiver, target.pid, "/work", 4)
+    for s in spans:
+        kids = children_of(receiver.spans, s)
+        assert len([c for c in kids if "gpu.rollup.count" not in c.attributes]) == BUDGET
         _children_add_up(receiver, s, PAST)
 
 

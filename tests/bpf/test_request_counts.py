@@ -1,0 +1,131 @@
+"""A thread's standing verdict (bpf/request_counts.c), on the real libcudart: once its
+streaming budget is spent, or while its process is quiet, a thread's launches are
+counted in req_agg without deciding again, until what the verdict was made from
+changes: the process's HTTP reads and epoch (http_seq), or user space's verdict_gen.
+The loaded program and the maps are the collector's; http_active and http_seq are
+written here in place of the HTTP probes, as a request's read would leave them."""
+from __future__ import annotations
+
+import ctypes as ct
+import sys
+
+import pytest
+
+from otel_gpu.cuda_calls import RUNTIME
+from otel_gpu.kernel_io.abi import HttpSeq
+from otel_gpu.probes.source import ProgramOptions
+from otel_gpu.records import LaunchCall
+from tests.bpf.probe_harness import Child, Probes
+
+BUDGET = ProgramOptions().stream_budget
+CHILD = r'''
+import ctypes as ct, json, sys
+from otel_gpu.demo.cuda_work import find_cudart
+path = find_cudart()
+rt = ct.CDLL(path)
+vp, u = ct.c_void_p, ct.c_uint
+class Dim3(ct.Structure):
+    _fields_ = [("x", u), ("y", u), ("z", u)]
+rt.cudaLaunchKernel.argtypes = [vp, Dim3, Dim3, vp, ct.c_size_t, vp]
+f = ct.cast(ct.CDLL(None).getpid, vp).value  # stands for a kernel: nothing runs without a driver
+print(json.dumps({"cudart": path, "func": f}), flush=True)
+for line in sys.stdin:
+    for _ in range(int(line)):
+        rt.cudaLaunchKernel(f, Dim3(1, 1, 1), Dim3(32, 1, 1), None, 0, 0)
+    print("{}", flush=True)
+'''
+
+
+@pytest.fixture(scope="module")
+def probes():
+    p = Probes()
+    yield p
+    p.close()
+
+
+@pytest.fixture
+def child(probes):
+    c = Child([sys.executable, "-c", CHILD])
+    probes.attach(RUNTIME, c.hello["cudart"], c.pid)
+    probes.set("traced", c.pid, ct.c_uint32(1))
+    probes.set("http_active", c.pid, ct.c_int64(1))  # inside a request
+    yield c
+    c.stop()
+
+
+def _read(probes, pid: int, epoch: int, reads: int) -> None:
+    """What an HTTP read of the process leaves in http_seq (bpf/maps.h epoch_submit)."""
+    probes.bpf["http_seq"][ct.c_uint32(pid)] = HttpSeq(epoch=epoch, reads=reads)
+
+
+def _launches(probes, c: Child, n: int) -> tuple[int, int]:
+    """n launches by the child: (streamed one by one, counted in req_agg) of them."""
+    def counted():
+        return sum(v.count for k, v in probes.bpf["req_agg"].items() if k.tgid == c.pid)
+    streamed, before = len([r for r in probes.of(c.pid) if isinstance(r, LaunchCall)]), counted()
+    c.run(str(n))
+    return len([r for r in probes.of(c.pid) if isinstance(r, LaunchCall)]) - streamed, counted() - before
+
+
+def _has_verdict(probes, pid: int) -> bool:
+    return any(k.value >> 32 == pid for k in probes.bpf["counted_threads"].keys())
+
+
+def test_a_spent_budget_counts_until_the_next_read(probes, child):
+    _read(probes, child.pid, epoch=1, reads=1)
+    assert _launches(probes, child, BUDGET + 30) == (BUDGET, 30)
+    assert _has_verdict(probes, child.pid)
+    assert _launches(probes, child, 50) == (0, 50)  # under the verdict
+    _read(probes, child.pid, epoch=2, reads=2)  # the next request: a budget of its own
+    assert _launches(probes, child, BUDGET + 5) == (BUDGET, 5)
+    _read(probes, child.pid, epoch=3, reads=2)  # a write: the budget stays spent
+    assert _launches(probes, child, 7) == (0, 7)
+
+
+def test_a_quiet_process_streams_again_once_user_space_wakes_it(probes, child):
+    """quiet_procs set (no sampled request open): counted, and the verdict stands with no
+    HTTP record; user space clearing it bumps verdict_gen, and the next launch streams."""
+    _read(probes, child.pid, epoch=1, reads=1)
+    probes.set("quiet_procs", child.pid, ct.c_uint8(1))
+    assert _launches(probes, child, 20) == (0, 20)
+    assert _has_verdict(probes, child.pid)
+    probes.unset("quiet_procs", child.pid)
+    assert _launches(probes, child, 20) == (20, 0)
+
+
+def test_an_unchanged_generation_keeps_the_verdict(probes, child):
+    """The other way round: without the bump a cleared quiet_procs is not seen (which is
+    why user space bumps it after every change: kernel_io/program.py)."""
+    _read(probes, child.pid, epoch=1, reads=1)
+    probes.set("quiet_procs", child.pid, ct.c_uint8(1))
+    assert _launches(probes, child, 10) == (0, 10)
+    del probes.bpf["quiet_procs"][ct.c_uint32(child.pid)]  # no bump
+    assert _launches(probes, child, 10) == (0, 10)
+    _read(probes, child.pid, epoch=2, reads=2)
+    assert _launches(probes, child, 10) == (10, 0)
+
+
+def test_the_collector_bumps_the_generation_after_each_change():
+    """kernel_io/program.py's writes to the tables a verdict is decided from: each one
+    that can undo a verdict bumps verdict_gen to a value it never had (making a process
+    quiet undoes none: its threads then count, as a standing verdict does)."""
+    from otel_gpu.config import DEFAULT_BPF_CACHE
+    from otel_gpu.kernel_io.program import BpfProgram
+    from otel_gpu.ratelimit import Stats
+    program = BpfProgram(ProgramOptions(bpf_cache=DEFAULT_BPF_CACHE), Stats())
+    gen = lambda: program.bpf["verdict_gen"][ct.c_int(0)].value  # noqa: E731
+    pid = 4_000_000 - 7  # no such process: only the maps are written
+    try:
+        seen = [gen()]
+        for what, change, bumps in [("trace", lambda: program.trace(pid), True),
+                                    ("follow", lambda: program.follow(pid, 1234), True),
+                                    ("unfollow", lambda: program.follow(pid, None), True),
+                                    ("quiet", lambda: program.set_quiet({pid: True}), False),
+                                    ("woken", lambda: program.set_quiet({pid: False}), True),
+                                    ("exited", lambda: program.forget({pid}), True)]:
+            change()
+            now = gen()
+            assert (now not in seen) if bumps else (now == seen[-1]), (what, seen, now)
+            seen.append(now)
+    finally:
+        program.close()
