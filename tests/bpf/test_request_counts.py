@@ -15,18 +15,10 @@ from otel_gpu.cuda_calls import RUNTIME
 from otel_gpu.kernel_io.abi import HttpSeq
 from otel_gpu.probes.source import ProgramOptions
 from otel_gpu.records import LaunchCall
-from tests.bpf.probe_harness import Child, Probes
+from tests.bpf.probe_harness import LAUNCH_CHILD_HEAD, Child, Probes
 
 BUDGET = ProgramOptions().stream_budget
-CHILD = r'''
-import ctypes as ct, json, sys
-from otel_gpu.demo.cuda_work import find_cudart
-path = find_cudart()
-rt = ct.CDLL(path)
-vp, u = ct.c_void_p, ct.c_uint
-class Dim3(ct.Structure):
-    _fields_ = [("x", u), ("y", u), ("z", u)]
-rt.cudaLaunchKernel.argtypes = [vp, Dim3, Dim3, vp, ct.c_size_t, vp]
+CHILD = LAUNCH_CHILD_HEAD + r'''
 f = ct.cast(ct.CDLL(None).getpid, vp).value  # stands for a kernel: nothing runs without a driver
 print(json.dumps({"cudart": path, "func": f}), flush=True)
 for line in sys.stdin:
