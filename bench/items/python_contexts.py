@@ -23,6 +23,7 @@ from otel_gpu.demo.runner import LineWatcher, stop_process
 from tests.support.collector_process import cpu_seconds
 from tests.support.counting_receiver import CountingReceiver
 
+from .. import bpfstats
 from ..collector import Collector
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -86,6 +87,21 @@ def _summaries(rx: CountingReceiver, warm: int, served: int, timeout: float = CA
     return counted, None
 
 
+def _bpf_per_request(svc: AsyncService, collector_pid: int) -> tuple[dict, int]:
+    """(program -> (runs, ns) per request, requests) over a short extra load with
+    kernel.bpf_stats_enabled (never during the timed load: the stats cost ~20-50 ns a
+    run). Runs count the probe hits (traps) the service pays on top of the programs' time."""
+    with bpfstats.enabled():
+        before = bpfstats.snapshot(collector_pid)
+        n = max(1, svc.load(2)["ok"])
+        ran = bpfstats.delta(before, bpfstats.snapshot(collector_pid))
+    out: dict = {}
+    for name, runs, ns in ran:  # names are cut at 15 characters: the copy probe's two are one
+        r, t = out.get(name, (0.0, 0.0))
+        out[name] = (r + runs / n, t + ns / n)
+    return out, n
+
+
 def _phase(svc: AsyncService, rx: CountingReceiver, mode: str, seconds: float, starts: list) -> dict:
     col = Collector(otlp_endpoint=rx.endpoint, args=(mode,))
     starts.append(col.ready_s)
@@ -93,13 +109,15 @@ def _phase(svc: AsyncService, rx: CountingReceiver, mode: str, seconds: float, s
         col.wait_traced(svc.pid)
         traced_line = next((l.strip() for l in col.log.lines if f"tracing pid {svc.pid}" in l), "")
         warm = svc.load(2)  # warm-up with the probes on
+        bpf, extra = _bpf_per_request(svc, col.pid)  # before the reset: its requests are not the phase's
         _settle(rx, 5)
         rx.reset(time.time_ns())  # a warm-up span still on its way ends before: not counted
         cpu0, svc0, t0 = col.cpu_seconds(), cpu_seconds(svc.pid), time.monotonic()
         res = svc.load(seconds)
         res["collector_cores"] = (col.cpu_seconds() - cpu0) / (time.monotonic() - t0)
         res["service_us_per_request"] = 1e6 * (cpu_seconds(svc.pid) - svc0) / max(1, res["ok"])
-        res["summaries"], res["caught_up_s"] = _summaries(rx, warm["ok"], res["ok"])
+        res["summaries"], res["caught_up_s"] = _summaries(rx, warm["ok"] + extra, res["ok"])
+        res["bpf_per_request"] = bpf
     finally:
         res_summary = col.stop()
         stopped = next((l.strip() for l in reversed(col.log.lines) if "stopped:" in l), "")
@@ -108,6 +126,23 @@ def _phase(svc: AsyncService, rx: CountingReceiver, mode: str, seconds: float, s
     return {"mode": mode, **res, "python_context_probes": "Python contexts" in traced_line,
             "traced_line": traced_line, "server_spans": len(rx.servers), "stopped": stopped,
             "collector": res_summary}
+
+
+def _mean_programs(phases: list) -> dict:
+    names = {n for p in phases for n in p}
+    return {n: tuple(statistics.mean(p.get(n, (0, 0))[i] for p in phases) for i in (0, 1)) for n in names}
+
+
+def _bpf_cell(programs: dict) -> str:
+    runs = sum(r for r, _ in programs.values())
+    ns = sum(t for _, t in programs.values())
+    return f"{runs:.1f} runs, {ns / 1000:.1f} µs"
+
+
+def _bpf_added(off: dict, on: dict) -> str:
+    runs = sum(r for r, _ in on.values()) - sum(r for r, _ in off.values())
+    ns = sum(t for _, t in on.values()) - sum(t for _, t in off.values())
+    return f"{runs:+.1f} runs, {ns / 1000:+.1f} µs"
 
 
 def run(quick: bool, starts: list) -> dict:
@@ -136,6 +171,7 @@ def run(quick: bool, starts: list) -> dict:
                     "service_us": statistics.mean(p["service_us_per_request"] for p in phases),
                     "service_us_each": [round(p["service_us_per_request"], 1) for p in phases],
                     "spans_per_request": statistics.mean(p["spans_per_request"] for p in phases),
+                    "bpf_per_request": _mean_programs([p["bpf_per_request"] for p in phases]),
                     "server_spans": sum(p["server_spans"] for p in phases),
                     "summaries": sum(p["summaries"] for p in phases),
                     "caught_up_s": [p["caught_up_s"] for p in phases],
@@ -177,6 +213,12 @@ def rows(r: dict) -> list:
          "n/a" if r["service_cpu_added_pct"] is None else f"{r['service_cpu_added_pct']:+.1f}%",
          f"<= {TARGET_LOSS_PCT:.0f}%", None if r["service_cpu_added_pct"] is None
          else r["service_cpu_added_pct"] <= TARGET_LOSS_PCT),
+        ("6", "  BPF programs per request (probe hits, run time): --no-python-context; --python-context",
+         f"{_bpf_cell(off['bpf_per_request'])}; {_bpf_cell(on['bpf_per_request'])}", "", None),
+        ("6", "  added by contexts per request (probe hits, BPF run time; each hit also costs a trap: item 1)",
+         _bpf_added(off["bpf_per_request"], on["bpf_per_request"]), "", None),
+        ("6", "  of which the context-copy probes (--python-context)",
+         _bpf_cell({n: v for n, v in on["bpf_per_request"].items() if n.startswith("py_copy")}), "", None),
         ("6", "  spans exported per request: --python-context; --no-python-context",
          f"{on['spans_per_request']:.2f}; {off['spans_per_request']:.2f}", "", None),
         ("6", "  Python-context probes attached in every --python-context phase",
