@@ -25,6 +25,7 @@ window's busy interval: `w.split`, labelled split, on the window (the requests' 
 may be out already)."""
 from __future__ import annotations
 
+import bisect
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -62,6 +63,10 @@ def remainder_seconds(window: tuple[int, int], taken, peers) -> float:
             prev = t
         covering[kind] += delta
     return total / 1e9
+
+
+def _end(window: tuple[int, int]) -> int:
+    return window[1]
 
 
 def split_seconds(window: tuple[int, int], others: list[tuple[int, int]]) -> float:
@@ -170,7 +175,9 @@ class CostStage:
         self.clock = clock
         self._held: list[tuple[float, Request]] = []
         self._open: dict[int, list[Request]] = {}  # pid -> open requests
-        self._recent: dict[tuple[int, int], list[tuple[int, int]]] = {}  # (pid, device) -> windows
+        # (pid, device) -> requests' busy windows, by end: a request's overlap with them is
+        # found by bisection (an O(n) scan per request was 10 % of the collector's CPU).
+        self._recent: dict[tuple[int, int], list[tuple[int, int]]] = {}
         # (pid, device) -> (start, end, Tick generation): time already charged, to a
         # request or a priced window, kept for the windows still to come.
         self._charged: dict[tuple[int, int], list[tuple[int, int, int]]] = {}
@@ -190,7 +197,7 @@ class CostStage:
                 r.feature = self._feature(r)
                 if not r.busy.empty:
                     key, busy = (r.tgid, r.busy.device), (r.busy.start_ns, r.busy.end_ns)
-                    self._recent.setdefault(key, []).append(busy)
+                    bisect.insort(self._recent.setdefault(key, []), busy, key=_end)  # mostly at the end
                     self._charged.setdefault(key, []).append((*busy, self._gen))
                 self._finished[(r.trace_id, r.span_id)] = (r.start_ns, r.end_ns, r.feature, self._gen)
                 self._held.append((self.clock(), r))
@@ -252,8 +259,10 @@ class CostStage:
             r.gpu_seconds = 0.0
         else:
             mine = (r.busy.start_ns, r.busy.end_ns)
-            others = list(self._recent.get((r.tgid, r.busy.device), []))
-            others.remove(mine)
+            windows = self._recent.get((r.tgid, r.busy.device), [])
+            others = [w for w in windows[bisect.bisect_right(windows, mine[0], key=_end):] if w[0] < mine[1]]
+            if mine in others:  # itself (absent only when empty: no seconds)
+                others.remove(mine)
             r.gpu_seconds = split_seconds(mine, others)
         r.cost = r.gpu_seconds * self.prices.per_hour / 3600.0
 
@@ -311,7 +320,8 @@ class CostStage:
             starts += [o.start_ns if o.busy.empty else o.busy.start_ns for o in self._open.get(pid, ())]
         horizon = min(starts, default=None)
         for key in list(self._recent):
-            kept = [w for w in self._recent[key] if horizon is not None and w[1] > horizon]
+            windows = self._recent[key]
+            kept = windows[bisect.bisect_right(windows, horizon, key=_end):] if horizon is not None else []
             if kept:
                 self._recent[key] = kept
             else:
