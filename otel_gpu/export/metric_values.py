@@ -56,6 +56,24 @@ class CappedCounter:
             self.counter.add(n, attributes)
 
 
+class BatchedAdds:
+    """A pipeline batch's counter adds, summed per (counter, attributes) and made at its
+    end: one SDK add per series and batch instead of one per request (each SDK add hashes
+    its attributes under a lock: ~8 % of the collector's CPU at 2,000 requests/s)."""
+
+    def __init__(self) -> None:
+        self._sums: dict = {}
+
+    def add(self, counter, n, attributes: dict) -> None:
+        key = (counter, frozenset(attributes.items()))
+        self._sums[key] = self._sums.get(key, 0) + n
+
+    def flush(self) -> None:
+        sums, self._sums = self._sums, {}
+        for (counter, attributes), n in sums.items():
+            counter.add(n, dict(attributes))
+
+
 def _clamped(point, stats: Stats):
     """The point with int fields outside int64 clamped, or the point itself."""
     changes = {}

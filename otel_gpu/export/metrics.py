@@ -28,7 +28,7 @@ from ..ratelimit import Stats, split_drops
 from ..records import ProcessGone, RequestCost, RequestSummary
 from ..value_cap import MAX_SERVICES
 from .bounded import call_by, remaining_ms
-from .metric_values import INT64_MAX, CappedCounter, GuardedExporter, clamp_call_bytes
+from .metric_values import INT64_MAX, BatchedAdds, CappedCounter, GuardedExporter, clamp_call_bytes
 
 log = logging.getLogger(__name__)
 OTHER = "other"
@@ -86,6 +86,7 @@ class GpuMetrics:
         self._attributed = dict.fromkeys(ATTRIBUTIONS, 0)
         self._probes = ProbeCounts({}, {})  # the latest, from the collector at each flush
         self._probe_symbols: set[str] = set()  # every one seen: a failure that heals reports 0
+        self._adds = BatchedAdds()
         self.provider = MeterProvider(metric_readers=readers, resource=Resource.create(
             {sc.SERVICE_NAME: service_name}))
         m = self.provider.get_meter("otel-gpu", __version__)
@@ -161,6 +162,7 @@ class GpuMetrics:
                 self._probes = r
                 # rebound, not updated: the readers' thread iterates it
                 self._probe_symbols = self._probe_symbols | ((r.attached.keys() | r.failed.keys()) & PROBE_SYMBOLS)
+        self._adds.flush()
         return records
 
     def _request(self, r: Request) -> None:
@@ -242,20 +244,20 @@ class GpuMetrics:
         for agg in sink.rollups.values():
             tally(agg.call, agg.detail, agg.count, agg.bytes, kernels=agg.kernels)
         for name, n in launches.items():
-            self.launches.add(n, {**base, sc.GPU_KERNEL_NAME: name})
+            self._adds.add(self.launches, n, {**base, sc.GPU_KERNEL_NAME: name})
         for name, n in graph_kernels.items():
-            self.graph_kernels.add(n, {**base, sc.GPU_KERNEL_NAME: name})
+            self._adds.add(self.graph_kernels, n, {**base, sc.GPU_KERNEL_NAME: name})
         if graphs:
-            self.graph_launches.add(graphs, base)
+            self._adds.add(self.graph_launches, graphs, base)
         if allocated:
-            self.allocations.add(allocated, base)
+            self._adds.add(self.allocations, allocated, base)
         for kind, size, n in copies:
             labels = {**base, sc.CUDA_MEMCPY_KIND: kind}
             for _ in range(n):  # a histogram takes one value at a time
                 self.copies.record(size, labels)
         for op, (n, nbytes) in collectives.items():
-            self.nccl_calls.add(n, {**base, sc.GPU_NCCL_OP: op})
-            self.nccl_bytes.add(nbytes, {**base, sc.GPU_NCCL_OP: op})
+            self._adds.add(self.nccl_calls, n, {**base, sc.GPU_NCCL_OP: op})
+            self._adds.add(self.nccl_bytes, nbytes, {**base, sc.GPU_NCCL_OP: op})
 
     def _bounded(self, name: Optional[str]) -> str:
         name = name or "unknown"
@@ -324,17 +326,20 @@ class CostMetrics:
 
     def __init__(self, gpu_seconds, cost, chunks, services: ServiceNames) -> None:
         self.gpu_seconds, self.cost, self.chunks, self.services = gpu_seconds, cost, chunks, services
+        self._adds = BatchedAdds()
 
     def process(self, records: list) -> list:
         for r in records:
             if isinstance(r, Request):
                 self._cost(r)  # none yet when it is pending: a RequestCost follows
                 if r.chunks:
-                    self.chunks.add(r.chunks, {sc.SERVICE_NAME: self.services.of(r), sc.GPU_FEATURE: _feature(r)})
+                    self._adds.add(self.chunks, r.chunks,
+                                   {sc.SERVICE_NAME: self.services.of(r), sc.GPU_FEATURE: _feature(r)})
             elif isinstance(r, RequestCost):
                 self._cost(r.request)
             elif isinstance(r, ProcessWindow):
                 self._window(r)
+        self._adds.flush()
         return records
 
     def _cost(self, r: Request) -> None:
@@ -358,5 +363,5 @@ class CostMetrics:
     def _add(self, service: str, feature: str, share: str, seconds: float, amount: float,
              device: Optional[dict] = None) -> None:
         labels = {sc.SERVICE_NAME: service, sc.GPU_FEATURE: feature, sc.GPU_COST_SHARE: share, **(device or {})}
-        self.gpu_seconds.add(seconds, labels)
-        self.cost.add(amount, labels)
+        self._adds.add(self.gpu_seconds, seconds, labels)
+        self._adds.add(self.cost, amount, labels)
