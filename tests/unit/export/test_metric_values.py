@@ -9,7 +9,7 @@ from opentelemetry.sdk.metrics.export import (InMemoryMetricReader, MetricExport
 from opentelemetry.sdk.resources import Resource
 
 from otel_gpu import semconv as sc
-from otel_gpu.export.metric_values import INT64_MAX, MAX_CALL_BYTES, GuardedExporter, encodable
+from otel_gpu.export.metric_values import INT64_MAX, MAX_CALL_BYTES, BatchedAdds, GuardedExporter, encodable
 from otel_gpu.export.metrics import GpuMetrics
 from otel_gpu.pipeline.protocols.base import RequestHead
 from otel_gpu.pipeline.model import CallSink, Request
@@ -131,3 +131,25 @@ def test_service_name_labels_are_bounded():
              for mt in sm.metrics if mt.name == "gpu.cuda.memory.copies" for p in mt.data.data_points}
     assert len(names) == MAX_SERVICES + 1 and OTHER in names
     assert stats.snapshot()["services_folded"] >= 40
+
+
+def test_batched_adds_make_one_add_per_series_and_batch():
+    class Counter:
+        def __init__(self):
+            self.adds = []
+
+        def add(self, n, attributes):
+            self.adds.append((n, attributes))
+
+    a, b, adds = Counter(), Counter(), BatchedAdds()
+    for route in ("/x", "/y", "/x"):
+        adds.add(a, 2, {"http.route": route, "service.name": "s"})
+    adds.add(b, 0.5, {"http.route": "/x"})
+    adds.add(b, 0.25, {"http.route": "/x"})
+    assert a.adds == [] and b.adds == []  # nothing before the batch ends
+    adds.flush()
+    assert sorted(a.adds, key=lambda x: x[1]["http.route"]) == [(4, {"http.route": "/x", "service.name": "s"}),
+                                                                (2, {"http.route": "/y", "service.name": "s"})]
+    assert b.adds == [(0.75, {"http.route": "/x"})]
+    adds.flush()  # emptied by the flush
+    assert len(a.adds) == 2 and len(b.adds) == 1
