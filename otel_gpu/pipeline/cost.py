@@ -178,6 +178,7 @@ class CostStage:
         # (pid, device) -> requests' busy windows, by end: a request's overlap with them is
         # found by bisection (an O(n) scan per request was 10 % of the collector's CPU).
         self._recent: dict[tuple[int, int], list[tuple[int, int]]] = {}
+        self._longest: dict[tuple[int, int], int] = {}  # the longest of them: no later end can overlap
         # (pid, device) -> (start, end, Tick generation): time already charged, to a
         # request or a priced window, kept for the windows still to come.
         self._charged: dict[tuple[int, int], list[tuple[int, int, int]]] = {}
@@ -198,6 +199,7 @@ class CostStage:
                 if not r.busy.empty:
                     key, busy = (r.tgid, r.busy.device), (r.busy.start_ns, r.busy.end_ns)
                     bisect.insort(self._recent.setdefault(key, []), busy, key=_end)  # mostly at the end
+                    self._longest[key] = max(self._longest.get(key, 0), busy[1] - busy[0])
                     self._charged.setdefault(key, []).append((*busy, self._gen))
                 self._finished[(r.trace_id, r.span_id)] = (r.start_ns, r.end_ns, r.feature, self._gen)
                 self._held.append((self.clock(), r))
@@ -259,8 +261,13 @@ class CostStage:
             r.gpu_seconds = 0.0
         else:
             mine = (r.busy.start_ns, r.busy.end_ns)
-            windows = self._recent.get((r.tgid, r.busy.device), [])
-            others = [w for w in windows[bisect.bisect_right(windows, mine[0], key=_end):] if w[0] < mine[1]]
+            key = (r.tgid, r.busy.device)
+            windows = self._recent.get(key, [])
+            # Those ending after it starts and starting before it ends (so ending before
+            # its end plus the longest window's length).
+            first = bisect.bisect_right(windows, mine[0], key=_end)
+            last = bisect.bisect_left(windows, mine[1] + self._longest.get(key, 0), key=_end)
+            others = [w for w in windows[first:last] if w[0] < mine[1]]
             if mine in others:  # itself (absent only when empty: no seconds)
                 others.remove(mine)
             r.gpu_seconds = split_seconds(mine, others)
@@ -326,6 +333,7 @@ class CostStage:
                 self._recent[key] = kept
             else:
                 del self._recent[key]
+                self._longest.pop(key, None)
 
     def _trim_for_windows(self) -> None:
         """At each Tick: keep what this and the last Tick brought (a window comes at the
