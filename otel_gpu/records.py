@@ -305,7 +305,7 @@ class RequestCost:
 class RequestSummary:
     """HTTP/1 requests of a process that the kernel summarised because records of theirs
     were lost (ring buffer full), since the last summary: (count, summed duration ns) by
-    duration bucket (kernel_io/request_summaries.py BOUNDS_S). Their spans and routes are
+    duration bucket (probes/summary_buckets.py BOUNDS_NS). Their spans and routes are
     gone; their number and durations are not."""
     tgid: int
     buckets: list  # [(count, sum_ns)], one per bucket

@@ -54,10 +54,15 @@ class AsyncService:
         time.sleep(0.5)
 
     def load(self, seconds: float, max_requests: int = 2_000_000) -> dict:
+        """The load's result (bench/load.py), with the service's own CPU per request
+        over it (service_us_per_request)."""
+        cpu0 = cpu_seconds(self.pid)
         out = subprocess.run([sys.executable, "-m", "bench.load", "--port", str(self.port), "--path", PATH,
                               "--conns", str(CONNS), "--seconds", str(seconds), "--max", str(max_requests)],
                              capture_output=True, text=True, timeout=seconds + 120, check=True, cwd=ROOT)
-        return json.loads(out.stdout)
+        res = json.loads(out.stdout)
+        res["service_us_per_request"] = 1e6 * (cpu_seconds(self.pid) - cpu0) / max(1, res["ok"])
+        return res
 
     def stop(self) -> None:
         stop_process(self.proc, timeout=10)
@@ -112,10 +117,9 @@ def _phase(svc: AsyncService, rx: CountingReceiver, mode: str, seconds: float, s
         bpf, extra = _bpf_per_request(svc, col.pid)  # before the reset: its requests are not the phase's
         _settle(rx, 5)
         rx.reset(time.time_ns())  # a warm-up span still on its way ends before: not counted
-        cpu0, svc0, t0 = col.cpu_seconds(), cpu_seconds(svc.pid), time.monotonic()
+        cpu0, t0 = col.cpu_seconds(), time.monotonic()
         res = svc.load(seconds)
         res["collector_cores"] = (col.cpu_seconds() - cpu0) / (time.monotonic() - t0)
-        res["service_us_per_request"] = 1e6 * (cpu_seconds(svc.pid) - svc0) / max(1, res["ok"])
         res["summaries"], res["caught_up_s"] = _summaries(rx, warm["ok"] + extra, res["ok"])
         res["bpf_per_request"] = bpf
     finally:
@@ -133,16 +137,19 @@ def _mean_programs(phases: list) -> dict:
     return {n: tuple(statistics.mean(p.get(n, (0, 0))[i] for p in phases) for i in (0, 1)) for n in names}
 
 
+def _bpf_totals(programs: dict) -> tuple[float, float]:
+    """(runs, ns) per request, summed over the programs."""
+    return sum(r for r, _ in programs.values()), sum(t for _, t in programs.values())
+
+
 def _bpf_cell(programs: dict) -> str:
-    runs = sum(r for r, _ in programs.values())
-    ns = sum(t for _, t in programs.values())
+    runs, ns = _bpf_totals(programs)
     return f"{runs:.1f} runs, {ns / 1000:.1f} µs"
 
 
 def _bpf_added(off: dict, on: dict) -> str:
-    runs = sum(r for r, _ in on.values()) - sum(r for r, _ in off.values())
-    ns = sum(t for _, t in on.values()) - sum(t for _, t in off.values())
-    return f"{runs:+.1f} runs, {ns / 1000:+.1f} µs"
+    (runs_off, ns_off), (runs_on, ns_on) = _bpf_totals(off), _bpf_totals(on)
+    return f"{runs_on - runs_off:+.1f} runs, {(ns_on - ns_off) / 1000:+.1f} µs"
 
 
 def run(quick: bool, starts: list) -> dict:
@@ -152,9 +159,7 @@ def run(quick: bool, starts: list) -> dict:
     svc, rx = AsyncService(), CountingReceiver(ROUTE).start()
     try:
         svc.load(2)  # warm-up
-        svc0 = cpu_seconds(svc.pid)
         out["untraced"] = svc.load(seconds)
-        out["untraced"]["service_us_per_request"] = 1e6 * (cpu_seconds(svc.pid) - svc0) / max(1, out["untraced"]["ok"])
         for r in range(rounds):  # alternate which mode goes first: drift hits both alike
             for mode in (MODES if r % 2 == 0 else tuple(reversed(MODES))):
                 out["phases"].append(_phase(svc, rx, mode, seconds, starts))

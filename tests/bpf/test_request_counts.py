@@ -2,8 +2,9 @@
 streaming budget is spent, or while its process is quiet, a thread's launches are
 counted in req_agg without deciding again, until what the verdict was made from
 changes: the process's HTTP reads and epoch (http_seq), or user space's verdict_gen.
-The loaded program and the maps are the collector's; http_active and http_seq are
-written here in place of the HTTP probes, as a request's read would leave them."""
+The loaded program (conftest's `probes`) and the maps are the collector's; http_active
+and http_seq are written here in place of the HTTP probes, as a request's read would
+leave them."""
 from __future__ import annotations
 
 import ctypes as ct
@@ -15,7 +16,7 @@ from otel_gpu.cuda_calls import RUNTIME
 from otel_gpu.kernel_io.abi import HttpSeq
 from otel_gpu.probes.source import ProgramOptions
 from otel_gpu.records import LaunchCall
-from tests.bpf.probe_harness import LAUNCH_CHILD_HEAD, Child, Probes
+from tests.bpf.probe_harness import LAUNCH_CHILD_HEAD, Child
 
 BUDGET = ProgramOptions().stream_budget
 CHILD = LAUNCH_CHILD_HEAD + r'''
@@ -26,13 +27,6 @@ for line in sys.stdin:
         rt.cudaLaunchKernel(f, Dim3(1, 1, 1), Dim3(32, 1, 1), None, 0, 0)
     print("{}", flush=True)
 '''
-
-
-@pytest.fixture(scope="module")
-def probes():
-    p = Probes()
-    yield p
-    p.close()
 
 
 @pytest.fixture
