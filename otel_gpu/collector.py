@@ -126,6 +126,10 @@ class Collector:
                   if not self.config.trace_all or t.kind in optional]
         wanted += [(None, t) for t in found.targets if t.kind not in optional] if self.config.trace_all else []
         self.program.set_runtime_text(found.runtime_text)  # before any new pid is traced: exact from its first scan
+        new = found.cuda_pids - self._traced_pids
+        for pid in new:  # before its probes attach (~0.3 s): its HTTP is seen from now
+            self._trace(pid)
+            self._follows.pop(pid, None)  # trace() reset it
         for pid, target in wanted:
             if optional.get(target.kind, True):
                 self.program.attach(target, pid)
@@ -136,12 +140,9 @@ class Collector:
                 self.program.attach_load_probe(target)
         for pid in self.program.probed_pids() - found.cuda_pids if only is None else ():
             self.program.detach(pid, "exited, or no longer selected or mapping CUDA")
-        new = found.cuda_pids - self._traced_pids
         for pid in python.keys() - new:  # threads made since: bpf/python_probes.c py_threads
             self.program.list_python_threads(pid, self._python_threads(pid, python[pid]))
         for pid in new:
-            self._trace(pid)
-            self._follows.pop(pid, None)  # trace() reset it
             if pid in python:
                 self.program.trace_python(pid, python[pid], self._python_threads(pid, python[pid], new=True))
             if pid in go:
