@@ -184,7 +184,8 @@ class CallAttribution:
         shared = window.attribution == SHARED  # a batch step: its members are read later (steps.py)
         for r in requests:
             ids = (r.trace_id, r.span_id)
-            if ids not in window.candidates:
+            if ids not in window.candidate_ids:
+                window.candidate_ids.add(ids)
                 window.candidates.append(ids)
                 window.links_sampled = window.links_sampled or r.sampled
                 if shared:

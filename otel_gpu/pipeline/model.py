@@ -265,6 +265,8 @@ class ProcessWindow:
     end_ns: int
     sink: CallSink
     candidates: list = field(default_factory=list)  # (trace_id, span_id) of candidate requests
+    # The same, to look up: a busy process's window links thousands of requests in one flush.
+    candidate_ids: set = field(default_factory=set, repr=False)
     device: Optional[int] = None         # current device of the thread of its first call
     untracked_connections: int = 0       # most connections of the process left untracked meanwhile
     resource: Any = None                 # set by enrich

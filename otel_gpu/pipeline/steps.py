@@ -86,6 +86,6 @@ def _link_members(w: ProcessWindow, until: int) -> None:
             rules[ids] = BATCH_MEMBER
         elif not r.headers_ts or r.headers_ts > until:
             rules[ids] = OVERLAP
-    w.candidates = list(rules)
+    w.candidates, w.candidate_ids = list(rules), set(rules)
     w.link_rules = rules
     w.linked = {}
