@@ -113,7 +113,8 @@ class Collector:
     def _scan(self, only: Optional[set] = None) -> set:
         """All of /proc, or only the processes `only` (they just loaded or opened a CUDA
         library); returns the CUDA processes found."""
-        from .cuda_calls import GO, PYTHON
+        from .cuda_calls import DRIVER, GO, NCCL, PYTHON, RUNTIME
+        CALLS = (RUNTIME, DRIVER, NCCL)  # the files whose probes see CUDA calls
         found = self.discovery.scan(only)
         python = found.python if self.config.python_context else {}
         go = found.go if self.config.go_goroutines else {}
@@ -130,8 +131,14 @@ class Collector:
         for pid in new:  # before its probes attach (~0.3 s): its HTTP is seen from now
             self._trace(pid)
             self._follows.pop(pid, None)  # trace() reset it
+        late = set()  # new processes whose CUDA probes attach only now
         for pid, target in wanted:
-            if optional.get(target.kind, True):
+            if target.kind not in optional and self.program.attach(target, pid) and target.kind in CALLS:
+                late |= {pid} & new if pid is not None else \
+                    {p for p in new if any(t.key == target.key for t in found.by_pid.get(p, ()))}
+        probes_from_ns = time.monotonic_ns()  # the BPF clock: their calls before this were not seen
+        for pid, target in wanted:  # the interpreter and Go runtime probes: after the CUDA ones
+            if target.kind in optional and optional[target.kind]:
                 self.program.attach(target, pid)
         # Default mode: the next process loading a file seen here is traced at once. Not
         # with --pid/--exe: a file-wide probe would outlive the processes that brought it.
@@ -160,7 +167,8 @@ class Collector:
         if only is None:  # following needs every listening process: full scans only
             self._follow(found)
         new |= servers
-        self._push([ProcessSeen(pid) for pid in sorted(new)]  # read /proc while they surely live
+        self._push([ProcessSeen(pid, probes_from_ns if pid in late else 0)  # read /proc while they surely live
+                    for pid in sorted(new)]
                    + self._seed_connections(new))
         self._traced_pids = found.cuda_pids if only is None else self._traced_pids | found.cuda_pids
         return found.cuda_pids

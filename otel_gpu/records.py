@@ -316,6 +316,9 @@ class RequestSummary:
 class ProcessSeen:
     """First event of a process: enrichment reads /proc while it still exists."""
     tgid: int
+    # Traced as it was found, before its CUDA probes were attached (they attach then):
+    # its calls before this time (BPF clock) were not seen. 0: probed before it ran.
+    probes_from_ns: int = 0
 
 
 @dataclass(slots=True)

@@ -100,6 +100,11 @@ GPU_CONNECTIONS_UNTRACKED = "otel_gpu.connections.untracked"
 # was full): those requests have no span (the kernel counted them in
 # http.server.request.duration, with otel_gpu.request.summarised), so these calls may be theirs.
 GPU_RECORDS_LOST = "otel_gpu.records_lost"
+# The request began before its process's CUDA probes were attached (they attach when the
+# collector finds the process: within a second of it loading CUDA, or of the collector
+# starting): its CUDA calls before then were not seen, so its GPU summary and children
+# may fall short of what it did.
+GPU_CALLS_BEFORE_PROBES = "otel_gpu.calls.before_probes"
 # On http.server.request.duration: requests the kernel summarised because records of
 # theirs were lost (count and duration only: no route, method or status).
 GPU_REQUEST_SUMMARISED = "otel_gpu.request.summarised"

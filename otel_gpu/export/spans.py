@@ -82,6 +82,8 @@ class SpanBuilder:
             attrs[sc.GPU_CONNECTIONS_UNTRACKED] = r.untracked_connections
         if r.lost_while_open:
             attrs[sc.GPU_RECORDS_LOST] = r.lost_while_open
+        if r.before_probes:
+            attrs[sc.GPU_CALLS_BEFORE_PROBES] = True
         if r.gpu_seconds is not None:  # host-side estimate, see pipeline/cost.py
             attrs[sc.GPU_COST_SECONDS] = r.gpu_seconds
             attrs[sc.GPU_COST_AMOUNT] = r.cost

@@ -337,5 +337,8 @@ class Connections:
         if p.untracked:
             req.untracked_connections = p.untracked
         req.lost_while_open = p.records_lost - req.lost_before
+        if req.start_ns < p.probes_from_ns:
+            req.before_probes = True
+            self.stats.add("requests_before_probes")
         self.stats.add("requests_finished")
         out.append(req)

@@ -224,6 +224,9 @@ class Request:
     records_lost: bool = False
     lost_before: int = 0  # its process's connection records known lost when it opened (Proc.records_lost)
     lost_while_open: int = 0  # ... and learnt of while it was open: its span says so
+    # It began before its process's CUDA probes were attached (Proc.probes_from_ns): its
+    # calls before then were not seen, and its span says so.
+    before_probes: bool = False
     parent_trace_id: Optional[int] = None
     parent_span_id: Optional[int] = None
     parent_sampled: Optional[bool] = None  # the incoming traceparent's sampled flag

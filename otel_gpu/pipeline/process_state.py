@@ -35,6 +35,7 @@ class Proc:
     tgid: int
     conns: dict = field(default_factory=dict)   # fd -> Conn
     records_lost: int = 0  # connection records lost (ring buffer full), as the next records told
+    probes_from_ns: int = 0  # its CUDA calls are seen from then on (records.ProcessSeen)
     open: list = field(default_factory=list)    # open Requests
     ambiguous: Optional[ProcessWindow] = None
     shared: Optional[ProcessWindow] = None  # the batch step in progress (cut at syncs)

@@ -94,7 +94,12 @@ class Stitcher(Connections, CallAttribution):
                 self._flush_windows(out)
                 self.steps.tick(ev.now_ns, out, ev.final)
                 out.append(ev)
-            else:  # not for this stage (e.g. ProcessSeen from discovery): pass it on
+            elif isinstance(ev, ProcessSeen):  # from discovery
+                if ev.probes_from_ns:
+                    p = self.procs.get(ev.tgid) or self._proc(ev.tgid, [])  # `ev` is its ProcessSeen
+                    p.probes_from_ns = ev.probes_from_ns
+                out.append(ev)
+            else:  # not for this stage: pass it on
                 out.append(ev)
         return out
 

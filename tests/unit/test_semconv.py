@@ -22,6 +22,7 @@ PINNED = {
     "GPU_CANDIDATE_REQUESTS": "otel_gpu.candidate_requests",
     "GPU_CONNECTIONS_UNTRACKED": "otel_gpu.connections.untracked",
     "GPU_RECORDS_LOST": "otel_gpu.records_lost",
+    "GPU_CALLS_BEFORE_PROBES": "otel_gpu.calls.before_probes",
     "GPU_REQUEST_SUMMARISED": "otel_gpu.request.summarised",
     "GPU_CUDA_CALL": "gpu.cuda.call",
     "GPU_CUDA_RETURN_CODE": "gpu.cuda.return_code",

@@ -207,3 +207,10 @@ def test_url_scheme_is_https_for_a_request_read_through_the_ssl_probes():
     secure.tls = True
     assert builder().build(plain)[0].attributes[sc.URL_SCHEME] == "http"
     assert builder().build(secure)[0].attributes[sc.URL_SCHEME] == "https"
+
+
+def test_a_request_begun_before_its_probes_says_so_and_others_do_not():
+    late = request()
+    late.before_probes = True
+    assert builder().build(late)[0].attributes[sc.GPU_CALLS_BEFORE_PROBES] is True
+    assert sc.GPU_CALLS_BEFORE_PROBES not in builder().build(request())[0].attributes

@@ -360,3 +360,19 @@ def test_a_connection_read_through_the_ssl_probes_gives_https_requests():
                      read(get("/plain"), fd=FD + 1), write(OK, fd=FD + 1)])
     done = {r.head.path: r for r in out if isinstance(r, Request)}
     assert done["/secure"].tls is True and done["/plain"].tls is False
+
+
+def test_requests_begun_before_the_process_s_probes_attached_say_so():
+    """Discovery traces a process it finds at once and attaches its CUDA probes after
+    (--exe: ~0.3 s): a request begun before they were attached may have made calls
+    nobody saw, and is marked; one begun after is not. The ProcessSeen passes on once."""
+    s = new()
+    begun = [accept(), read(get("/infer/early"))]  # in the ring buffer while the probes attached
+    probes_from = T()
+    out = s.process([ProcessSeen(PID, probes_from)] + begun
+                    + [cuda(), write(OK), read(get("/infer/late")), cuda(), write(OK)])
+    early, late = requests(out)
+    assert early.before_probes and not late.before_probes
+    assert (early.head.path, late.head.path) == ("/infer/early", "/infer/late")
+    assert [type(r) for r in out].count(ProcessSeen) == 1
+    assert s.stats.snapshot().get("requests_before_probes") == 1
