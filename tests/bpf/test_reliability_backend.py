@@ -17,8 +17,8 @@ from otel_gpu.demo.runner import LineWatcher, free_port
 from tests.bpf.targets.relia_support import TARGETS, make_receiver_class, rss_kb, stopped_counters
 from tests.harness import ROOT, Target, server_spans
 
-OUTAGE_S = 10
-RATE = 60  # requests per second while the backend is down: 600 in all, the queue holds 256
+OUTAGE_S = 6
+RATE = 60  # requests per second while the backend is down: 360 in all (3 spans each), the queue holds 256
 
 
 @pytest.fixture
