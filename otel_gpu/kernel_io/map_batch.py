@@ -8,6 +8,8 @@ from __future__ import annotations
 import ctypes as ct
 import errno
 import logging
+import struct
+from typing import Optional
 
 from bcc.libbcc import lib
 
@@ -15,7 +17,7 @@ log = logging.getLogger(__name__)
 
 
 class BatchMap:
-    """items() and delete(keys) of one bcc hash table; falls back to bcc's per-entry
+    """items(), rows() and delete(keys) of one bcc hash table; falls back to bcc's per-entry
     calls where the kernel refuses the batch commands (logged once)."""
 
     def __init__(self, table) -> None:
@@ -25,22 +27,43 @@ class BatchMap:
         self._keys = (table.Key * self._n)()
         self._values = (table.Leaf * self._n)()
         self._batched = True
+        self._key_fmt, self._value_fmt = scalar_format(self.Key), scalar_format(self.Leaf)
+
+    def rows(self) -> list[tuple[tuple, tuple]]:
+        """items() as tuples of the fields' values, unpacked by `struct` in C rather than
+        read field by field through ctypes: for a map of integer fields read at every
+        poll whose entries mostly stay (req_agg). delete() takes these key tuples too."""
+        if self._key_fmt is None or self._value_fmt is None:
+            raise TypeError(f"{self.table.name}: rows() needs keys and values of integer fields")
+        total = self._read()
+        if total is None:
+            return [(self._key_fmt.unpack(bytes(k)), self._value_fmt.unpack(bytes(v))) for k, v in self.table.items()]
+        keys = ct.string_at(self._keys, total * self._key_fmt.size)
+        values = ct.string_at(self._values, total * self._value_fmt.size)
+        return list(zip(self._key_fmt.iter_unpack(keys), self._value_fmt.iter_unpack(values)))
 
     def items(self) -> list:
         """(key, value) of every entry, copies (the buffers are reused)."""
-        if self._batched:
-            try:
-                total = self._lookup_all()
-            except OSError as e:
-                log.warning("%s: batch lookup refused (%s): reading entry by entry", self.table.name, e)
-                self._batched = False
-            else:
-                # One copy of what was read: its elements are views into it, and the
-                # buffers are overwritten by the next read.
-                keys = (self.Key * total).from_buffer_copy(self._keys)
-                values = (self.Leaf * total).from_buffer_copy(self._values)
-                return list(zip(keys, values))
-        return list(self.table.items())
+        total = self._read()
+        if total is None:
+            return list(self.table.items())
+        # One copy of what was read: its elements are views into it, and the buffers are
+        # overwritten by the next read.
+        keys = (self.Key * total).from_buffer_copy(self._keys)
+        values = (self.Leaf * total).from_buffer_copy(self._values)
+        return list(zip(keys, values))
+
+    def _read(self) -> Optional[int]:
+        """Entries read into the buffers by the batch command; None where the kernel
+        refuses it (then entry by entry from now on, logged once)."""
+        if not self._batched:
+            return None
+        try:
+            return self._lookup_all()
+        except OSError as e:
+            log.warning("%s: batch lookup refused (%s): reading entry by entry", self.table.name, e)
+            self._batched = False
+            return None
 
     def _lookup_all(self) -> int:
         token, count, total = ct.c_uint32(0), ct.c_uint32(0), 0
@@ -64,6 +87,8 @@ class BatchMap:
         """Deletes `keys`; for each, whether it was there (another reader may have taken it)."""
         n = len(keys)
         done, i = [False] * n, 0
+        if n and type(keys[0]) is tuple:  # from rows()
+            keys = [self.Key(*k) for k in keys]
         if self._batched and n:
             arr, ksz = (self.Key * n)(*keys), ct.sizeof(self.Key)
             while i < n:
@@ -89,3 +114,14 @@ class BatchMap:
             except KeyError:
                 pass
         return done
+
+
+def scalar_format(ctype) -> Optional[struct.Struct]:
+    """The `struct` layout of a ctypes Structure of integer fields (a ctypes integer's
+    `_type_` is its struct code), native alignment as ctypes lays it out; None for any
+    other field (rows() then reads through ctypes)."""
+    codes = [getattr(t, "_type_", None) for _name, t in getattr(ctype, "_fields_", ())]
+    if not codes or not all(isinstance(c, str) and c in "bBhHiIlLqQ" for c in codes):
+        return None
+    layout = struct.Struct("@" + "".join(codes))
+    return layout if layout.size == ct.sizeof(ctype) else None

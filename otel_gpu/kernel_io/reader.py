@@ -116,8 +116,8 @@ class AggregateReader:
     `aggregates_late`). It goes just before that record, where its calls one by one would
     have been: the stitcher attributes it with the same open requests and contexts.
 
-    `table`: items() -> [(key, value)] and delete(keys) -> [deleted?] (kernel_io/map_batch.py:
-    the kernel's batch commands). `counted()`: calls the kernel counted in req_agg so
+    `table`: rows() -> [(key, value)] as tuples of abi.AggKey's and AggValue's fields, and
+    delete(keys) -> [deleted?] (kernel_io/map_batch.py: the kernel's batch commands). `counted()`: calls the kernel counted in req_agg so
     far (it bumps that counter after the entry is written): while it has not moved and no
     process with entries left has a new epoch, the map is not read at all."""
 
@@ -177,17 +177,18 @@ class AggregateReader:
                 and self._waiting.isdisjoint(bounds)):
             return []  # nothing new counted, and no entry left behind has seen its epoch end
         epochs, waiting, keys, values = self.epochs, set(), [], []
-        for k, v in self.table.items():
-            last = epochs.get(k.tgid)
-            if not (final or k.tgid in exits or (last is not None and epoch_after(last, k.epoch))):
-                waiting.add(k.tgid)  # its epoch is still running: calls may still be counting in it
+        for k, v in self.table.rows():  # k: tgid, tid, epoch, call, detail, ctx (abi.AggKey)
+            tgid = k[0]
+            last = epochs.get(tgid)
+            if not (final or tgid in exits or (last is not None and epoch_after(last, k[2]))):
+                waiting.add(tgid)  # its epoch is still running: calls may still be counting in it
                 continue
             keys.append(k)
             values.append(v)
         self._counted_seen, self._waiting = counted, waiting
-        return [CallAggregate(k.tgid, k.tid, k.epoch, k.call & ~AGG_HTTP_UNSEEN, k.detail, k.ctx, v.count,
-                              v.bytes, v.duration_ns, v.first_ts, v.last_ts, v.last_end_ts,
-                              http_unseen=bool(k.call & AGG_HTTP_UNSEEN))
+        # v: count, bytes, duration_ns, first_ts, last_ts, last_end_ts (abi.AggValue)
+        return [CallAggregate(k[0], k[1], k[2], k[3] & ~AGG_HTTP_UNSEEN, k[4], k[5], *v,
+                              http_unseen=bool(k[3] & AGG_HTTP_UNSEEN))
                 for k, v, gone in zip(keys, values, self.table.delete(keys)) if gone]
 
     def forget(self, tgids: set) -> None:

@@ -3,8 +3,6 @@ every entry and delete exactly the keys asked, a key already gone is reported so
 does not stop the rest."""
 from __future__ import annotations
 
-import ctypes as ct
-
 import pytest
 
 from otel_gpu.kernel_io.map_batch import BatchMap
@@ -39,6 +37,19 @@ def test_items_reads_every_entry_exactly(table, n):
     fill(table, n)
     got = {(k.a, k.b, k.c): (v.n, v.m) for k, v in BatchMap(table).items()}
     assert got == {(i, i * 7, i << 33): (i + 1, 2 * i) for i in range(n)}
+
+
+@pytest.mark.parametrize("batched", [True, False])
+def test_rows_are_the_fields_as_tuples_and_delete_takes_them(table, batched):
+    """rows() unpacks with `struct` (the key has padding-free u32, u32, u64; the value
+    two u64), batched or entry by entry; its key tuples delete as ctypes keys do."""
+    fill(table, 300)
+    bm = BatchMap(table)
+    bm._batched = batched
+    rows = bm.rows()
+    assert sorted(rows) == [((i, i * 7, i << 33), (i + 1, 2 * i)) for i in range(300)]
+    assert bm.delete([k for k, _ in rows if k[0] < 100]) == [True] * 100
+    assert sorted(k.a for k in table.keys()) == list(range(100, 300))
 
 
 def test_delete_removes_the_keys_asked_and_reports_one_already_gone(table):

@@ -115,3 +115,13 @@ def test_the_collector_bumps_the_generation_after_each_change():
             seen.append(now)
     finally:
         program.close()
+
+
+def test_the_per_request_counts_are_read_as_struct_rows(probes):
+    """The reader takes req_agg at every poll: its key and value must unpack with
+    `struct` (kernel_io/map_batch.py rows()), not fall back to ctypes field reads."""
+    from otel_gpu.kernel_io.abi import AggKey, AggValue
+    from otel_gpu.kernel_io.map_batch import BatchMap
+    table = BatchMap(probes.bpf["req_agg"])
+    assert table._key_fmt is not None and table._key_fmt.size == ct.sizeof(AggKey)
+    assert table._value_fmt is not None and table._value_fmt.size == ct.sizeof(AggValue)

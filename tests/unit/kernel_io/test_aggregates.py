@@ -3,7 +3,6 @@ each where its HTTP epoch ended, and the stitcher attributes it as the calls one
 from __future__ import annotations
 
 import random
-from types import SimpleNamespace
 
 from otel_gpu.kernel_io.reader import AggregateReader, epoch_after
 from otel_gpu.records import EV_SOCK_READ, EV_SOCK_WRITE, Accept, CallAggregate, ContextCopy, ProcExit, SockIo
@@ -18,24 +17,28 @@ LAUNCH, MEMCPY, SYNC = call_id("cudaLaunchKernel"), call_id("cudaMemcpy"), call_
 OK = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
 
 
+class _Entry(tuple):
+    """A key tuple that is its own entry: two puts of equal keys stay two (as aggregates
+    of separate reads would be), each deleted once."""
+    __hash__, __eq__ = object.__hash__, object.__eq__
+
+
 class FakeReqAgg(dict):
     """Stands in for the bcc hash (the real one is exercised by tests/bpf/test_request_aggregates.py):
-    AggKey-like keys to AggValue-like values."""
+    AggKey field tuples to AggValue field tuples, as kernel_io/map_batch.BatchMap.rows() gives them."""
 
     def put(self, tgid, tid, epoch, call, detail=0x1000, ctx=0, count=1, nbytes=0, duration=0, ts=1):
-        k = SimpleNamespace(tgid=tgid, tid=tid, epoch=epoch, call=call, detail=detail, ctx=ctx)
-        self[id(k)] = (k, SimpleNamespace(count=count, bytes=nbytes, duration_ns=duration, first_ts=ts,
-                                          last_ts=ts, last_end_ts=ts + duration))
+        self[_Entry((tgid, tid, epoch, call, detail, ctx))] = (count, nbytes, duration, ts, ts, ts + duration)
 
     def delete(self, keys):
-        """As probes/map_batch.BatchMap.delete: whether each key was still there."""
-        return [dict.pop(self, id(k), None) is not None for k in keys]
+        """As BatchMap.delete: whether each key was still there."""
+        return [dict.pop(self, k, None) is not None for k in keys]
 
     reads = 0
 
-    def items(self):
+    def rows(self):
         self.reads += 1
-        return list(dict.values(self))
+        return list(dict.items(self))
 
 
 def read(epoch, ts=0, pid=PID, raw=b"GET /r HTTP/1.1\r\nHost: x\r\n\r\n", tid=LOOP, ctx=0, fd=FD):
@@ -61,7 +64,7 @@ def test_an_aggregate_goes_before_the_first_record_that_ends_its_epoch():
     out = r.merge(batch)
     assert out[:2] == batch[:2] and out[3] is batch[2]
     assert out[2].__class__ is CallAggregate and (out[2].epoch, out[2].count) == (1, 40)
-    assert sorted(a.count for k, a in table.items()) == [3, 7]  # not taken: their epochs run on
+    assert sorted(v[0] for v in table.values()) == [3, 7]  # not taken: their epochs run on
 
 
 def test_exit_takes_everything_of_the_process_and_final_takes_all():
