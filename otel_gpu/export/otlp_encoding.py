@@ -98,6 +98,7 @@ class SpanEncoder:
     def __init__(self) -> None:
         self._pairs: dict = {}
         self._resources: dict = {}
+        self._unencodable: set = set()  # attribute keys warned of (once each)
 
     def request(self, spans) -> ExportTraceServiceRequest:
         return ExportTraceServiceRequest.FromString(self.encode(spans))
@@ -187,7 +188,9 @@ class SpanEncoder:
             try:
                 encoded = _field(tag, key_value(key, value))
             except Exception as e:  # an attribute the SDK would not encode either
-                log.warning("span attribute %s not encoded: %s", key, e)
+                if key not in self._unencodable and len(self._unencodable) < 256:
+                    self._unencodable.add(key)
+                    log.warning("span attribute %s not encoded, left out (said once per name): %s", key, e)
                 continue
             if kept is not None:
                 if len(pairs) >= PAIR_CACHE_MAX:
