@@ -119,7 +119,7 @@ class BatchMap:
 def scalar_format(ctype) -> Optional[struct.Struct]:
     """The `struct` layout of a ctypes Structure of integer fields (a ctypes integer's
     `_type_` is its struct code), native alignment as ctypes lays it out; None for any
-    other field (rows() then reads through ctypes)."""
+    other field (then rows() refuses the map)."""
     codes = [getattr(t, "_type_", None) for _name, t in getattr(ctype, "_fields_", ())]
     if not codes or not all(isinstance(c, str) and c in "bBhHiIlLqQ" for c in codes):
         return None

@@ -117,9 +117,10 @@ class AggregateReader:
     have been: the stitcher attributes it with the same open requests and contexts.
 
     `table`: rows() -> [(key, value)] as tuples of abi.AggKey's and AggValue's fields, and
-    delete(keys) -> [deleted?] (kernel_io/map_batch.py: the kernel's batch commands). `counted()`: calls the kernel counted in req_agg so
-    far (it bumps that counter after the entry is written): while it has not moved and no
-    process with entries left has a new epoch, the map is not read at all."""
+    delete(keys) -> [deleted?] (kernel_io/map_batch.py: the kernel's batch commands).
+    `counted()`: calls the kernel counted in req_agg so far (it bumps that counter after
+    the entry is written): while it has not moved and no process with entries left has a
+    new epoch, the map is not read at all."""
 
     def __init__(self, table, stats: Stats, counted=None) -> None:
         self.table = table
