@@ -113,8 +113,7 @@ class Collector:
     def _scan(self, only: Optional[set] = None) -> set:
         """All of /proc, or only the processes `only` (they just loaded or opened a CUDA
         library); returns the CUDA processes found."""
-        from .cuda_calls import DRIVER, GO, NCCL, PYTHON, RUNTIME
-        CALLS = (RUNTIME, DRIVER, NCCL)  # the files whose probes see CUDA calls
+        from .cuda_calls import CALL_LIBRARIES, GO, PYTHON
         found = self.discovery.scan(only)
         python = found.python if self.config.python_context else {}
         go = found.go if self.config.go_goroutines else {}
@@ -133,7 +132,7 @@ class Collector:
             self._follows.pop(pid, None)  # trace() reset it
         late = set()  # new processes whose CUDA probes attach only now
         for pid, target in wanted:
-            if target.kind not in optional and self.program.attach(target, pid) and target.kind in CALLS:
+            if target.kind not in optional and self.program.attach(target, pid) and target.kind in CALL_LIBRARIES:
                 late |= {pid} & new if pid is not None else \
                     {p for p in new if any(t.key == target.key for t in found.by_pid.get(p, ()))}
         probes_from_ns = time.monotonic_ns()  # the BPF clock: their calls before this were not seen

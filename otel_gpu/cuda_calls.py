@@ -217,6 +217,7 @@ class UprobeRow:
 
 CUDA_PROBES: tuple[UprobeRow, ...] = tuple(
     UprobeRow(c.library, sym, c.entry, c.ret) for c in CALLS for sym in c.symbols)
+CALL_LIBRARIES = frozenset(c.library for c in CALLS)  # the files whose probes see CUDA calls
 
 # Syscall tracepoints of the HTTP probes (bcc attaches TRACEPOINT_PROBE functions
 # by itself; this list is what `otel-gpu run` reports and the detach test checks).

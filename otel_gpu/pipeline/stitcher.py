@@ -95,9 +95,8 @@ class Stitcher(Connections, CallAttribution):
                 self.steps.tick(ev.now_ns, out, ev.final)
                 out.append(ev)
             elif isinstance(ev, ProcessSeen):  # from discovery
-                if ev.probes_from_ns:
-                    p = self.procs.get(ev.tgid) or self._proc(ev.tgid, [])  # `ev` is its ProcessSeen
-                    p.probes_from_ns = ev.probes_from_ns
+                if ev.probes_from_ns:  # `ev` passes on as the process's ProcessSeen
+                    self._proc(ev.tgid, []).probes_from_ns = ev.probes_from_ns
                 out.append(ev)
             else:  # not for this stage: pass it on
                 out.append(ev)
