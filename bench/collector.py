@@ -9,6 +9,10 @@ import signal
 
 from tests.support.collector_process import CollectorProcess
 
+# OTEL_METRIC_EXPORT_INTERVAL where an item measures how soon the metrics count a request
+# (the collector's default, 10 s, would put the export timer's phase into that figure).
+METRIC_INTERVAL_MS = 1000
+
 
 class Collector(CollectorProcess):
     loads: list = []  # load_s of every collector this run started (item 4's split of `ready`)

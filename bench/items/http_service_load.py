@@ -14,13 +14,12 @@ from pathlib import Path
 
 from tests.support.counting_receiver import CountingReceiver
 
-from ..collector import Collector, known
+from ..collector import METRIC_INTERVAL_MS, Collector, known
 from ..profile import Profile
 from ..target import Service
 
 RATIOS = ("1", "0.1")             # OTEL_TRACES_SAMPLER_ARG of the traced phases, in run order
 BSP_DELAY_S = 1.0                 # OTEL_BSP_SCHEDULE_DELAY left unset: the collector's default, 1000 ms
-METRIC_INTERVAL_MS = 1000         # OTEL_METRIC_EXPORT_INTERVAL in these phases (the collector's default: 10,000)
 CORES_PER_KRPS = {"1": 0.3, "0.1": 0.1}  # issue 26 targets, cores per 1,000 req/s
 DELAY_P99_S = 5.0                 # issue 26: request end to its span, and to its metrics
 
