@@ -2,8 +2,9 @@
 
 Each CUDA shape is decoded by one precompiled struct.Struct (several times faster
 than ctypes from_buffer_copy; launches are the hot path); tests/unit/test_event_layout.py
-checks every Struct against its ctypes mirror in kernel_io/abi.py. Socket records are
-variable-length and rarer: decoded through the mirror."""
+checks every Struct against its ctypes mirror in kernel_io/abi.py. Socket reads and writes
+(two a request) are variable-length: a Struct decodes their fixed part. The rarer shapes
+go through the mirror."""
 from __future__ import annotations
 
 import ctypes as ct
@@ -42,6 +43,9 @@ NCCL = struct.Struct(_CUDA_HEADER + "QQQQQIIiIi4x")
 PY_CONTEXT = struct.Struct("<B3xIIIQQQ")          # header (epoch kept), ctx, parent (and the Go unit records)
 # kernel_handle_event up to its name: header, call, ret, handle, source, name_len, pad
 KERNEL_HANDLE = struct.Struct("<BBxxII4xQIiQQI4x")
+# A socket record's fixed part (header, fd, data_len, ret, ctx, tail_len, lost, tail);
+# its data follows, data_len bytes of it.
+SOCK_IO = struct.Struct("<BBxxIIIQiIqQII%ds" % HTTP_TAIL_CAP)
 
 # Each Struct beside the ctypes mirror it must match (checked by the layout test).
 STRUCT_MIRRORS = ((LAUNCH, abi.LaunchEvent), (MEMCPY, abi.MemcpyEvent), (MEMORY, abi.MemoryEvent),
@@ -145,13 +149,11 @@ def _need(buf, size: int, mirror) -> None:
 def _sock_io(buf, size):
     if size < _IO_FIXED or size > _IO_SIZE:
         raise DecodeError(f"socket record of {size} bytes")
-    buf = bytes(buf)
-    e = abi.SockIoEvent.from_buffer_copy(buf + bytes(_IO_SIZE - size))
-    if e.data_len > HTTP_DATA_CAP or _IO_FIXED + e.data_len > size or e.tail_len > HTTP_TAIL_CAP:
-        raise DecodeError(f"socket record claims {e.data_len} data bytes in {size}")
-    data = buf[_IO_FIXED:_IO_FIXED + e.data_len]
-    return SockIo(e.h.kind, e.h.tgid, e.h.tid, e.h.ts_ns, e.fd, e.ret, data, bytes(e.tail[:e.tail_len]), e.ctx,
-                  e.h.epoch, bool(e.h.flags & EV_FLAG_TLS), e.lost, bool(e.h.flags & EV_FLAG_REQ_START))
+    kind, flags, tgid, tid, epoch, ts, fd, data_len, ret, ctx, tail_len, lost, tail = SOCK_IO.unpack_from(buf)
+    if data_len > HTTP_DATA_CAP or _IO_FIXED + data_len > size or tail_len > HTTP_TAIL_CAP:
+        raise DecodeError(f"socket record claims {data_len} data bytes in {size}")
+    return SockIo(kind, tgid, tid, ts, fd, ret, bytes(buf[_IO_FIXED:_IO_FIXED + data_len]), tail[:tail_len], ctx,
+                  epoch, bool(flags & EV_FLAG_TLS), lost, bool(flags & EV_FLAG_REQ_START))
 
 
 def _accept(buf, size):

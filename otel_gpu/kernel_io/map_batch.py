@@ -20,8 +20,10 @@ class BatchMap:
     """items(), rows() and delete(keys) of one bcc hash table; falls back to bcc's per-entry
     calls where the kernel refuses the batch commands (logged once)."""
 
-    def __init__(self, table) -> None:
+    def __init__(self, table, name: str) -> None:
+        """`name`: the map's, for log lines (bcc's hash tables do not keep it)."""
         self.table = table
+        self.name = name
         self.Key, self.Leaf = table.Key, table.Leaf
         self._n = table.max_entries
         self._keys = (table.Key * self._n)()
@@ -34,7 +36,7 @@ class BatchMap:
         read field by field through ctypes: for a map of integer fields read at every
         poll whose entries mostly stay (req_agg). delete() takes these key tuples too."""
         if self._key_fmt is None or self._value_fmt is None:
-            raise TypeError(f"{self.table.name}: rows() needs keys and values of integer fields")
+            raise TypeError(f"{self.name}: rows() needs keys and values of integer fields")
         total = self._read()
         if total is None:
             return [(self._key_fmt.unpack(bytes(k)), self._value_fmt.unpack(bytes(v))) for k, v in self.table.items()]
@@ -61,7 +63,7 @@ class BatchMap:
         try:
             return self._lookup_all()
         except OSError as e:
-            log.warning("%s: batch lookup refused (%s): reading entry by entry", self.table.name, e)
+            log.warning("%s: batch lookup refused (%s): reading entry by entry", self.name, e)
             self._batched = False
             return None
 
@@ -87,26 +89,30 @@ class BatchMap:
         """Deletes `keys`; for each, whether it was there (another reader may have taken it)."""
         n = len(keys)
         done, i = [False] * n, 0
-        if n and type(keys[0]) is tuple:  # from rows()
-            keys = [self.Key(*k) for k in keys]
+        packed = n and type(keys[0]) is tuple  # from rows(): packed by `struct`, no ctypes object each
         if self._batched and n:
-            arr, ksz = (self.Key * n)(*keys), ct.sizeof(self.Key)
+            ksz = ct.sizeof(self.Key)
+            pack = self._key_fmt.pack
+            arr = (ct.create_string_buffer(b"".join([pack(*k) for k in keys]), n * ksz) if packed
+                   else (self.Key * n)(*keys))
             while i < n:
                 count = ct.c_uint32(n - i)
                 res = lib.bpf_delete_batch(self.table.map_fd, ct.byref(arr, ksz * i), ct.byref(count))
                 err = ct.get_errno()
+                if res != 0 and err != errno.ENOENT:  # refused: `count` is left as it was asked
+                    log.warning("%s: batch delete refused (%s): deleting entry by entry", self.name,
+                                errno.errorcode.get(err, err))
+                    self._batched = False
+                    break
                 done[i:i + count.value] = [True] * count.value
                 i += count.value
                 if res == 0:
                     return done
-                if err != errno.ENOENT:
-                    log.warning("%s: batch delete refused (%s): deleting entry by entry", self.table.name,
-                                errno.errorcode.get(err, err))
-                    self._batched = False
-                    break
                 i += 1  # the kernel stops at a key that is gone: skip it
             else:
                 return done
+        if packed:
+            keys = [self.Key(*k) for k in keys]
         for j in range(i, n):
             try:
                 del self.table[keys[j]]

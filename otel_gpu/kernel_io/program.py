@@ -83,7 +83,7 @@ class BpfProgram:
         self.summaries = SummaryReader(self.bpf["req_summaries"])
         self._late_summaries: list = []  # read at a process's exit, before its entry went
         counters, aggregated = self.bpf["counters"], ct.c_int(COUNTER_NAMES.index("aggregated"))
-        self.aggregates = AggregateReader(BatchMap(self.bpf["req_agg"]), stats,
+        self.aggregates = AggregateReader(BatchMap(self.bpf["req_agg"], "req_agg"), stats,
                                           counted=lambda: sum(counters[aggregated]))
         self.attacher = Attacher(self.bpf, stats, uprobes=uprobe_links.choose(self.bpf, options.uprobe_links))
         self._seen: dict[str, int] = {}  # each kernel counter's value when last read

@@ -3,7 +3,7 @@ calls that belong to no single request. Cost and enrich fill in their fields; ex
 builds spans from them."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from ..cuda_calls import BY_ID, MEMCPY_DIRECTIONS, Category
@@ -46,6 +46,11 @@ class RollupAgg:
         self.duration_ns += duration_ns
         self.last_ts = c.ts_ns
         self.last_end_ts = max(self.last_end_ts, c.ts_ns + duration_ns)
+
+    def copy(self) -> "RollupAgg":
+        """dataclasses.replace without its field-by-field introspection: once per request."""
+        return RollupAgg(self.call, self.detail, self.count, self.bytes, self.duration_ns, self.first_ts,
+                         self.last_ts, self.last_end_ts, self.kernels)
 
 
 # Call id -> the category a request summary counts it by (None: only in `calls`).
@@ -132,7 +137,7 @@ class CallSink:
         self.attributed[attribution] = self.attributed.get(attribution, 0) + agg.count
         mine = self.rollups.get((agg.call, agg.detail))
         if mine is None:
-            self.rollups[(agg.call, agg.detail)] = replace(agg)
+            self.rollups[(agg.call, agg.detail)] = agg.copy()
             return
         mine.first_ts = min(mine.first_ts, agg.first_ts) if mine.count else agg.first_ts
         mine.count += agg.count

@@ -3,8 +3,13 @@ every entry and delete exactly the keys asked, a key already gone is reported so
 does not stop the rest."""
 from __future__ import annotations
 
+import ctypes as ct
+import errno
+import logging
+
 import pytest
 
+from otel_gpu.kernel_io import map_batch
 from otel_gpu.kernel_io.map_batch import BatchMap
 
 PROGRAM = """
@@ -35,7 +40,7 @@ def fill(table, n):
 @pytest.mark.parametrize("n", [0, 1, 3000, 4096])
 def test_items_reads_every_entry_exactly(table, n):
     fill(table, n)
-    got = {(k.a, k.b, k.c): (v.n, v.m) for k, v in BatchMap(table).items()}
+    got = {(k.a, k.b, k.c): (v.n, v.m) for k, v in BatchMap(table, "m").items()}
     assert got == {(i, i * 7, i << 33): (i + 1, 2 * i) for i in range(n)}
 
 
@@ -44,7 +49,7 @@ def test_rows_are_the_fields_as_tuples_and_delete_takes_them(table, batched):
     """rows() unpacks with `struct` (the key has padding-free u32, u32, u64; the value
     two u64), batched or entry by entry; its key tuples delete as ctypes keys do."""
     fill(table, 300)
-    bm = BatchMap(table)
+    bm = BatchMap(table, "m")
     bm._batched = batched
     rows = bm.rows()
     assert sorted(rows) == [((i, i * 7, i << 33), (i + 1, 2 * i)) for i in range(300)]
@@ -54,7 +59,7 @@ def test_rows_are_the_fields_as_tuples_and_delete_takes_them(table, batched):
 
 def test_delete_removes_the_keys_asked_and_reports_one_already_gone(table):
     fill(table, 2000)
-    bm = BatchMap(table)
+    bm = BatchMap(table, "m")
     keys = [k for k, _ in bm.items() if k.a % 2 == 0]
     gone = keys[10]
     del table[table.Key(gone.a, gone.b, gone.c)]  # another reader took it first
@@ -66,9 +71,36 @@ def test_delete_removes_the_keys_asked_and_reports_one_already_gone(table):
 
 def test_items_are_copies_that_survive_the_next_read(table):
     fill(table, 5)
-    bm = BatchMap(table)
+    bm = BatchMap(table, "m")
     first = bm.items()
     table.clear()
     table[table.Key(99, 0, 0)] = table.Leaf(1, 1)
     bm.items()
     assert sorted(k.a for k, _ in first) == [0, 1, 2, 3, 4]
+
+
+def test_a_kernel_refusing_the_batch_commands_is_logged_by_map_name_and_read_entry_by_entry(table, monkeypatch,
+                                                                                             caplog):
+    """Linux < 5.6 (or a map type without them) answers EINVAL: the map is read and
+    cleared through bcc's per-entry calls from then on, with one warning naming it."""
+    class Refusing:
+        @staticmethod
+        def bpf_lookup_batch(*_args):
+            ct.set_errno(errno.EINVAL)
+            return -1
+
+        bpf_delete_batch = bpf_lookup_batch
+
+    fill(table, 50)
+    monkeypatch.setattr(map_batch, "lib", Refusing)
+    bm = BatchMap(table, "m")
+    with caplog.at_level(logging.WARNING, logger=map_batch.__name__):
+        rows = bm.rows()
+    assert sorted(k[0] for k, _ in rows) == list(range(50)) and not bm._batched
+    assert [r.getMessage() for r in caplog.records] == ["m: batch lookup refused ([Errno 22] BPF_MAP_LOOKUP_BATCH: "
+                                                        "EINVAL): reading entry by entry"]
+    bm = BatchMap(table, "m")
+    with caplog.at_level(logging.WARNING, logger=map_batch.__name__):
+        assert bm.delete([k for k, _ in rows if k[0] < 20]) == [True] * 20
+    assert caplog.records[-1].getMessage() == "m: batch delete refused (EINVAL): deleting entry by entry"
+    assert sorted(k.a for k in table.keys()) == list(range(20, 50))

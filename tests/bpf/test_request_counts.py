@@ -122,6 +122,6 @@ def test_the_per_request_counts_are_read_as_struct_rows(probes):
     `struct` (kernel_io/map_batch.py rows()), not fall back to ctypes field reads."""
     from otel_gpu.kernel_io.abi import AggKey, AggValue
     from otel_gpu.kernel_io.map_batch import BatchMap
-    table = BatchMap(probes.bpf["req_agg"])
+    table = BatchMap(probes.bpf["req_agg"], "req_agg")
     assert table._key_fmt is not None and table._key_fmt.size == ct.sizeof(AggKey)
     assert table._value_fmt is not None and table._value_fmt.size == ct.sizeof(AggValue)

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from otel_gpu.kernel_io import abi
-from otel_gpu.kernel_io.decode import DecodeError, decode
+from otel_gpu.kernel_io.decode import SOCK_IO, DecodeError, decode
 from otel_gpu.records import (Accept, ContextCopy, CudaCall, DeviceCall, GraphCall, LaunchCall, MemcpyCall,
                               MemoryCall, ProcExit, SockClose, SockIo, SyncCall)
 from otel_gpu.cuda_calls import call_id
@@ -66,6 +66,21 @@ def test_sock_io_variable_length(kind):
     r = decode(io_record(kind, data, ret=5000, tail=b"0\r\n\r\n"))
     assert r == SockIo(kind, 100, 101, 123456789, 9, 5000, data, b"0\r\n\r\n")
     assert decode(view(io_record(kind, data, ret=5000, tail=b"0\r\n\r\n"))) == r
+
+
+def test_sock_io_every_fixed_field():
+    """The Struct's fields are the mirror's: each set to a value no other field has."""
+    h = abi.EventHeader(kind=abi.EV_SOCK_WRITE, flags=abi.EV_FLAG_TLS | abi.EV_FLAG_REQ_START, tgid=0x1111,
+                        tid=0x2222, epoch=0x3333, ts_ns=0x4444_0000_0000)
+    e = abi.SockIoEvent(h=h, fd=-7, data_len=3, ret=-0x5555_0000_0000, ctx=0x6666_0000_0000_0000, tail_len=2,
+                        lost=0x7777)
+    ct.memmove(e.tail, b"\r\n", 2)
+    ct.memmove(e.data, b"abc", 3)
+    rec = bytes(e)[:abi.SockIoEvent.data.offset + 3]
+    assert decode(view(rec)) == decode(rec) == SockIo(abi.EV_SOCK_WRITE, 0x1111, 0x2222, 0x4444_0000_0000, -7,
+                                                      -0x5555_0000_0000, b"abc", b"\r\n", 0x6666_0000_0000_0000,
+                                                      0x3333, True, 0x7777, True)
+    assert SOCK_IO.size == abi.SockIoEvent.data.offset
 
 
 def test_sock_io_carries_the_python_context():
