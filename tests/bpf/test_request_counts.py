@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ctypes as ct
 import sys
+from types import SimpleNamespace
 
 import pytest
 
@@ -101,9 +102,14 @@ def test_the_collector_bumps_the_generation_after_each_change():
     program = BpfProgram(ProgramOptions(bpf_cache=DEFAULT_BPF_CACHE), Stats())
     gen = lambda: program.bpf["verdict_gen"][ct.c_int(0)].value  # noqa: E731
     pid = 4_000_000 - 7  # no such process: only the maps are written
+    # What probes/python.py and probes/go_runtime.py find in a process: its layout's offsets.
+    python = SimpleNamespace(main_interp=0x7F00_0000, layout=SimpleNamespace(threads_head=8, thread_id=16, context=24))
+    go = SimpleNamespace(tls_g=-8, layout=SimpleNamespace(g_m=48, m_curg=192, g_goid=152, g_parent_goid=272))
     try:
         seen = [gen()]
         for what, change, bumps in [("trace", lambda: program.trace(pid), True),
+                                    ("python", lambda: program.trace_python(pid, python, {0x7F10: 0x7F20}), True),
+                                    ("go", lambda: program.trace_go(pid, go), True),
                                     ("follow", lambda: program.follow(pid, 1234), True),
                                     ("unfollow", lambda: program.follow(pid, None), True),
                                     ("quiet", lambda: program.set_quiet({pid: True}), False),
