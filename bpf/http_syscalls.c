@@ -64,6 +64,21 @@ TRACEPOINT_PROBE(syscalls, sys_enter_close)
     return 0;
 }
 
+/* Never attached: user space runs it (BPF_PROG_TEST_RUN, kernel_io/run_program.py) for a
+ * connection whose close the kernel never saw (close_range, dup2), found by its prune.
+ * It forgets the connection as a seen close does (http_active, the share, the SSL tie):
+ * these counters are atomic here, where user space could only read and write them back
+ * over a concurrent probe's change. args[0]: tgid, args[1]: fd. Returns 1 if it was there. */
+int forget_unseen_close(struct bpf_raw_tracepoint_args *ctx)
+{
+    struct conn_key key = {.tgid = ctx->args[0], .fd = ctx->args[1]};
+    struct conn_state *st = conns.lookup(&key);
+    if (!st)
+        return 0;
+    forget_conn(&key, st);
+    return 1;
+}
+
 TRACEPOINT_PROBE(sched, sched_process_exit)
 {
     u64 id = bpf_get_current_pid_tgid();

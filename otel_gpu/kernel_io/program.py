@@ -20,6 +20,7 @@ from . import launch_slots
 from .abi import COUNTER_NAMES, GoProc, PyProc, PyThreadKey
 from .map_batch import BatchMap
 from .reader import AggregateReader, RingReader, RollupReader
+from .run_program import run_raw_tracepoint
 from .request_summaries import SummaryReader
 
 log = logging.getLogger(__name__)
@@ -88,6 +89,7 @@ class BpfProgram:
         self.attacher = Attacher(self.bpf, stats, uprobes=uprobe_links.choose(self.bpf, options.uprobe_links))
         self._seen: dict[str, int] = {}  # each kernel counter's value when last read
         self._prune_suspects: set = set()  # (tgid, fd) found without a socket once
+        self._kernel_forgets = True  # False once the kernel would not run forget_unseen_close
         self._runtime_text: dict = {}  # pid -> its runtime code ranges, as written to `runtime_text`
         self._py_threads: dict = {}  # pid -> {thread: state} as written to `py_threads`
         self._verdict_gens = itertools.count(1)  # next() is atomic: callers on several threads
@@ -261,16 +263,33 @@ class BpfProgram:
             if (k.tgid, k.fd) not in self._prune_suspects:
                 suspects.add((k.tgid, k.fd))
                 continue
-            try:
-                counted = table[k].counted
-                del table[k]
-            except KeyError:
-                continue
-            if counted:
-                self._add_used(k.tgid, -1)
-            dropped.append((k.tgid, k.fd))
+            if self._forget_unseen_close(table, k):
+                dropped.append((k.tgid, k.fd))
         self._prune_suspects = suspects
         return dropped
+
+    def _forget_unseen_close(self, table, key) -> bool:
+        """The kernel forgets the connection as if it had seen its close (bpf/http_syscalls.c
+        forget_unseen_close): its process's http_active, share and SSL tie go with it.
+        Where the kernel cannot run it for us (Linux < 5.10), the entry is deleted here,
+        its share given back, and http_active left as it is (logged once): the process's
+        calls may then stream outside requests. Whether the entry was still there."""
+        if self._kernel_forgets:
+            try:
+                fd = self.bpf.load_func(b"forget_unseen_close", self.bpf.RAW_TRACEPOINT).fd  # once: bcc keeps it
+                return run_raw_tracepoint(fd, key.tgid, key.fd & 0xFFFFFFFF) == 1
+            except Exception as e:  # OSError from the run; bcc raises plain Exceptions on a load failure
+                log.warning("pruned connections are deleted from user space; their process's HTTP "
+                            "activity count stays as it is (the kernel would not run forget_unseen_close: %s)", e)
+                self._kernel_forgets = False
+        try:
+            counted = table[key].counted
+            del table[key]
+        except KeyError:
+            return False
+        if counted:
+            self._add_used(key.tgid, -1)
+        return True
 
     def trace_python(self, pid: int, found, threads: dict) -> None:
         """The process runs a known CPython (probes/python.PythonProcess): its CUDA and
