@@ -281,11 +281,11 @@ struct rollup_value {
 
 /* launch_slots (bpf/launch_slots.c): one (process, kernel)'s launches on one CPU. */
 struct launch_slot {
-    u32 tgid; /* 0: free */
-    u32 pad;
+    u64 tgid; /* 0: free; SLOT_CLAIMING: being taken (64 bits: BPF's compare-and-swap) */
     u64 func;
     u64 count;
 };
+#define SLOT_CLAIMING (~0ULL)
 
 /* req_agg: CUDA calls of a process with HTTP activity that were not streamed (past
  * the thread's per-request budget, or the ring buffer above its CUDA high-water mark),

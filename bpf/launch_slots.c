@@ -5,13 +5,17 @@
  * count() takes ~100). A kernel whose slot another (process, kernel) holds is counted in
  * `rollup` as before. User space sums both (otel_gpu/pipeline/launch_slots.py).
  *
- * Each CPU owns its LAUNCH_SLOTS entries; uprobe programs run with preemption disabled,
- * so one writer at a time touches an entry. User space reads the memory-mapped array
- * while it is written, so an entry changes owner only in this order: tgid = 0, func and
- * count, then the new tgid; user space reads tgid first (x86 keeps the order of stores
- * and of loads), so a nonzero tgid it reads comes with its own func and count, or with
- * the next owner's fields only when the old owner was already released, which user
- * space then skips (it reads only the processes it traces).
+ * Each CPU owns its LAUNCH_SLOTS entries, but a uprobe program runs with migration
+ * disabled, not preemption (a PREEMPT_DYNAMIC kernel booted preempt=full, or any
+ * preemptible one): another thread can run this program on the same CPU while one is
+ * in the middle of it. So a hit adds atomically, and a slot is taken by one writer
+ * only: a compare-and-swap from the owner it saw to SLOT_CLAIMING, which every other
+ * writer leaves alone (it counts in `rollup`), then func and count, then the new
+ * tgid. User space reads the memory-mapped array while it is written: tgid first
+ * (x86 keeps the order of stores and of loads), so a tgid it reads comes with its own
+ * func and count, or with the next owner's only when the old owner was already
+ * released, which user space then skips (it reads only the processes it traces, and
+ * SLOT_CLAIMING is none).
  *
  * An entry is claimed only for a process user space traces (its TRACED bit in pid_bits'
  * user word), and taken from another owner only once that owner has no bit left in
@@ -45,17 +49,18 @@ static __always_inline int launch_slot_add(u32 tgid, u64 func)
     struct launch_slot *s = launch_slots.lookup(&i);
     if (!s)
         return 0;
-    if (s->tgid == tgid && s->func == func) {
-        s->count++;
+    u64 owner = s->tgid;
+    if (owner == tgid && s->func == func) {
+        __sync_fetch_and_add(&s->count, 1);
         return 1;
     }
-    if ((s->tgid && pid_flags(s->tgid)) || !user_traced(tgid))
+    if (owner == SLOT_CLAIMING || (owner && pid_flags((u32)owner)) || !user_traced(tgid))
         return 0;
-    s->tgid = 0;
-    asm volatile("" ::: "memory"); /* keep the stores in this order (see above) */
+    if (__sync_val_compare_and_swap(&s->tgid, owner, SLOT_CLAIMING) != owner)
+        return 0; /* another writer took it first */
     s->func = func;
     s->count = 1;
-    asm volatile("" ::: "memory");
+    asm volatile("" ::: "memory"); /* func and count before the owner (see above) */
     s->tgid = tgid;
     return 1;
 }

@@ -194,8 +194,12 @@ class RollupValue(ct.Structure):
 
 
 class LaunchSlot(ct.Structure):
-    """launch_slots entry (bpf/launch_slots.c): tgid 0 is a free slot."""
-    _fields_ = [("tgid", u32), ("pad", u32), ("func", u64), ("count", u64)]
+    """launch_slots entry (bpf/launch_slots.c): tgid 0 is a free slot, SLOT_CLAIMING one
+    being taken."""
+    _fields_ = [("tgid", u64), ("func", u64), ("count", u64)]
+
+
+SLOT_CLAIMING = (1 << 64) - 1
 
 
 class AggKey(ct.Structure):

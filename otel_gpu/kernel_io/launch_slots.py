@@ -4,7 +4,8 @@ since the last read, for RollupReader to add to the `rollup` hash's counts (a la
 counted in one of the two, never both).
 
 The slots are read from the array's memory as the kernel writes them: each slot's
-tgid first, then its func and count (the order the kernel's claim is safe against).
+tgid first, then its func and count (the order the kernel's claim is safe against);
+a slot being taken (SLOT_CLAIMING) is read at the next poll.
 A slot counts for the process that holds it; one held by a process user space does
 not trace (anymore) is skipped: that is the owner a slot is taken from, and its last
 counts were read before user space released it."""
@@ -15,7 +16,7 @@ import mmap
 from typing import Callable
 
 from ..probes.launch_slot_sizes import SLOTS_PER_CPU
-from .abi import LaunchSlot
+from .abi import SLOT_CLAIMING, LaunchSlot
 
 def map_memory(table, cpus: int) -> mmap.mmap:
     """The launch_slots array's memory, shared with the kernel (BPF_F_MMAPABLE), read-only."""
@@ -30,7 +31,7 @@ def reader(bpf, cpus: int, traced) -> LaunchSlots:
     return LaunchSlots(map_memory(bpf["launch_slots"], cpus), cpus * SLOTS_PER_CPU, traced)
 
 
-WORDS = ct.sizeof(LaunchSlot) // 8  # u64 words per slot: tgid (and pad), func, count
+WORDS = ct.sizeof(LaunchSlot) // 8  # u64 words per slot: tgid, func, count
 
 
 class LaunchSlots:
@@ -46,8 +47,8 @@ class LaunchSlots:
         w, out = self.words, {}
         heads = w[::WORDS].tolist()  # every tgid before any func or count
         for i in [i for i, head in enumerate(heads) if head]:  # most slots are free
-            tgid = heads[i] & 0xFFFFFFFF
-            if not tgid or not self.traced(tgid):
+            tgid = heads[i]
+            if tgid == SLOT_CLAIMING or not self.traced(tgid):  # being taken: read at the next poll
                 continue
             func, count = w[i * WORDS + 1], w[i * WORDS + 2]
             seen = self._seen.get(i)

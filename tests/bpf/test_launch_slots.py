@@ -8,7 +8,7 @@ import ctypes as ct
 import os
 import sys
 
-from otel_gpu.kernel_io.abi import LaunchSlot
+from otel_gpu.kernel_io.abi import SLOT_CLAIMING, LaunchSlot
 from otel_gpu.kernel_io import launch_slots
 from otel_gpu.probes.pid_bits import TRACED
 from otel_gpu.cuda_calls import BY_NAME, RUNTIME
@@ -100,3 +100,25 @@ def test_slots_of_a_released_process_are_taken_over(probes):
     finally:
         b.stop()
         probes.unset("traced", b.pid)
+
+
+def test_a_slot_being_taken_is_left_to_its_claimer(probes):
+    """A writer preempted halfway through a claim (a preemptible kernel runs uprobe
+    programs with migration disabled only) leaves SLOT_CLAIMING in the slot: every other
+    launch on that CPU counts in the hash meanwhile, exactly, and none in the slot."""
+    cpu = min(os.sched_getaffinity(0))
+    table = probes.bpf["launch_slots"]
+    first = cpu * launch_slots.SLOTS_PER_CPU
+    for i in range(first, first + launch_slots.SLOTS_PER_CPU):
+        table[ct.c_int(i)] = table.Leaf(SLOT_CLAIMING, 0, 0)
+    c = traced_child(probes, cpu)
+    try:
+        c.run("launch 200")
+        assert counted(probes, c.pid) == expected(200)
+        assert in_hash(probes, c.pid) == 200 and c.pid not in slot_owners(probes)
+        assert all(table[ct.c_int(i)].tgid == SLOT_CLAIMING for i in range(first, first + launch_slots.SLOTS_PER_CPU))
+    finally:
+        c.stop()
+        probes.unset("traced", c.pid)
+        for i in range(first, first + launch_slots.SLOTS_PER_CPU):
+            table[ct.c_int(i)] = table.Leaf(0, 0, 0)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import ctypes as ct
 
-from otel_gpu.kernel_io.abi import LaunchSlot, RollupKey, RollupValue
+from otel_gpu.kernel_io.abi import SLOT_CLAIMING, LaunchSlot, RollupKey, RollupValue
 from otel_gpu.kernel_io.launch_slots import LaunchSlots
 from otel_gpu.kernel_io.reader import LAUNCH_KERNEL, RollupReader
 
@@ -33,6 +33,17 @@ def test_untraced_owners_and_free_slots_are_skipped():
     mem[1] = LaunchSlot(tgid=30, func=0xC, count=4)  # released (or never user-traced)
     mem[2] = LaunchSlot(tgid=0, func=0xD, count=6)   # free, or claimed halfway
     assert slots.read() == {}
+
+
+def test_a_slot_being_taken_is_read_once_its_new_owner_is_written():
+    """The kernel's claim: SLOT_CLAIMING, func and count, then the tgid. Halfway, the
+    fields are the new owner's or the old one's: the slot is not read, whoever is traced."""
+    mem = memory()
+    slots = LaunchSlots(mem, ENTRIES, lambda _tgid: True)
+    mem[6] = LaunchSlot(tgid=SLOT_CLAIMING, func=0xA, count=1)
+    assert slots.read() == {}
+    mem[6].tgid = 12
+    assert slots.read() == {(12, 0xA): 1}
 
 
 def test_a_slot_taken_over_counts_for_its_new_owner_from_zero():
