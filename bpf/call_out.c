@@ -45,18 +45,26 @@ static __always_inline int streaming(u32 tgid, u32 tv)
     return active && *active > 0;
 }
 
+/* Per CPU, but atomic: a uprobe program can be preempted mid-add and another thread's
+ * run on this CPU add meanwhile (maps.h scratch_claim). A first add that finds the entry
+ * made by such a run adds to it instead. */
 static __always_inline void rollup_add(u32 tgid, u32 call, u64 detail, u64 bytes, u64 duration_ns)
 {
     struct rollup_key k = {.tgid = tgid, .call = call, .detail = detail};
     struct rollup_value *v = rollup.lookup(&k);
-    if (v) {
-        v->count++;
-        v->bytes += bytes;
-        v->duration_ns += duration_ns;
-    } else {
+    if (!v) {
         struct rollup_value nv = {.count = 1, .bytes = bytes, .duration_ns = duration_ns};
-        rollup.update(&k, &nv);
+        if (rollup.insert(&k, &nv) == 0)
+            return;
+        v = rollup.lookup(&k);
+        if (!v)
+            return; /* the map is full */
     }
+    __sync_fetch_and_add(&v->count, 1);
+    if (bytes) /* none for a launch */
+        __sync_fetch_and_add(&v->bytes, bytes);
+    if (duration_ns)
+        __sync_fetch_and_add(&v->duration_ns, duration_ns);
 }
 
 /* Per thread and Python context (an asyncio task: one request; 0 outside Python): calls

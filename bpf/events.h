@@ -361,7 +361,8 @@ enum counter {
     CNT_TLS_CIPHERTEXT = 8, /* connections whose first bytes were a TLS record: ciphertext never sent */
     CNT_TLS_UNTIED = 9,     /* SSL_read/SSL_write plaintext dropped: no socket known for the SSL* */
     CNT_CONN_OVER_SHARE = 10, /* accepts of related servers left untracked: past their share */
-    CNT_MAX = 11,
+    CNT_SCRATCH_BUSY = 11,  /* uprobe records dropped: every scratch slot of the CPU held (maps.h) */
+    CNT_MAX = 12,
 };
 
 #endif

@@ -57,12 +57,15 @@ BPF_TABLE("lru_hash", u64, struct pending_io, reading, 4096);
 BPF_TABLE("lru_hash", u64, struct pending_io, writing, 4096);
 
 /* Per-CPU scratch: a sock_io_event is too large for the 512-byte BPF stack. The slack
- * after it lets gather_iov() copy at a variable offset the verifier can bound. */
+ * after it lets gather_iov() copy at a variable offset the verifier can bound. The
+ * syscall probes' (io_scratch) is theirs alone: they run with preemption disabled. The
+ * SSL probes are uprobes: they take a slot of tls_scratch (maps.h scratch_claim). */
 struct sock_io_scratch {
     struct sock_io_event e;
     u8 slack[HTTP_DATA_CAP];
 };
 BPF_PERCPU_ARRAY(io_scratch, struct sock_io_scratch, 1);
+BPF_PERCPU_ARRAY(tls_scratch, struct sock_io_scratch, SCRATCH_SLOTS);
 #define IOV_GATHER 16 /* iovecs copied, in order, until HTTP_DATA_CAP bytes */
 
 /* Drops a connection's entry, and its SSL* tie if it still names this fd. */
@@ -173,18 +176,16 @@ static __always_inline void tls_tie(u32 tgid, u64 ssl, s32 fd, struct conn_state
     st->ssl = ssl;
 }
 
-/* Copies the first bytes of a read/write of a tracked connection and sends them: the
- * one path of the syscall probes and of the SSL probes (plaintext, `flags` EV_FLAG_TLS),
+/* Copies the first bytes of a read/write of a tracked connection into `scratch` and
+ * sends them: the one path of the syscall probes (io_scratch) and of the SSL probes
+ * (plaintext, `flags` EV_FLAG_TLS, their claimed tls_scratch slot: maps.h scratch_claim),
  * so framing and attribution are the same for both. The first read decides whether the
  * connection is HTTP/1.x; TLS ciphertext is never sent. `tail_ok`: `buf` is the whole
  * buffer (not an iovec), so its last bytes can be copied too. */
-static __always_inline void emit_sock_io(u8 kind, u64 id, struct conn_key *key, struct conn_state *st,
-                                         u64 buf, u64 copy_max, long ret, int tail_ok, u8 flags)
+static __always_inline void emit_sock_io(struct sock_io_scratch *scratch, u8 kind, u64 id, struct conn_key *key,
+                                         struct conn_state *st, u64 buf, u64 copy_max, long ret, int tail_ok,
+                                         u8 flags)
 {
-    u32 zero = 0;
-    struct sock_io_scratch *scratch = io_scratch.lookup(&zero);
-    if (!scratch)
-        return;
     struct sock_io_event *e = &scratch->e;
     u32 len = copy_max < HTTP_DATA_CAP ? (u32)copy_max : HTTP_DATA_CAP;
     if (len > HTTP_DATA_CAP || len == 0) /* keeps the verifier's bounds explicit */
@@ -250,12 +251,8 @@ static __always_inline void emit_sock_io(u8 kind, u64 id, struct conn_key *key, 
  * iovec after iovec (gRPC's C-core writes each frame header and payload from its own
  * iovec: the first alone is often 9 bytes). Returns the bytes copied: always a prefix of
  * what the syscall transferred. */
-static __always_inline u32 gather_iov(u64 iovp, u32 count, u64 ret)
+static __always_inline u32 gather_iov(struct sock_io_scratch *scratch, u64 iovp, u32 count, u64 ret)
 {
-    u32 zero = 0;
-    struct sock_io_scratch *scratch = io_scratch.lookup(&zero);
-    if (!scratch)
-        return 0;
     u32 off = 0;
     u64 left = ret;
 #pragma unroll
@@ -329,11 +326,15 @@ static __always_inline void io_exit(u8 kind, long ret)
     struct conn_state *st = conns.lookup(&key);
     if (!st)
         return;
+    u32 zero = 0;
+    struct sock_io_scratch *scratch = io_scratch.lookup(&zero);
+    if (!scratch)
+        return;
     if (p.is_iov) { /* struct iovec { void *base; size_t len; } x is_iov */
-        copy_max = gather_iov(buf, p.is_iov, (u64)ret);
+        copy_max = gather_iov(scratch, buf, p.is_iov, (u64)ret);
         buf = 0;
         if (!copy_max)
             return;
     }
-    emit_sock_io(kind, id, &key, st, buf, copy_max, ret, p.is_iov == 0, 0);
+    emit_sock_io(scratch, kind, id, &key, st, buf, copy_max, ret, p.is_iov == 0, 0);
 }

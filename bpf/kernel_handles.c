@@ -16,8 +16,9 @@ struct handle_call {
     u64 name;    /* const char * of the name; 0: a source */
 };
 BPF_TABLE("lru_hash", struct handle_call_key, struct handle_call, in_handle_call, 4096);
-/* Per-CPU scratch: the event (with its name) is larger than the 512-byte BPF stack. */
-BPF_PERCPU_ARRAY(handle_scratch, struct kernel_handle_event, 1);
+/* Per-CPU scratch: the event (with its name) is larger than the 512-byte BPF stack. A
+ * slot each, taken by scratch_claim (maps.h): these are uprobe programs. */
+BPF_PERCPU_ARRAY(handle_scratch, struct kernel_handle_event, SCRATCH_SLOTS);
 
 static __always_inline int handle_call_enter(u32 call, u64 out, u64 source, u64 name)
 {
@@ -68,9 +69,15 @@ static __always_inline int handle_return(struct pt_regs *ctx, u32 call)
     struct handle_call *c = in_handle_call.lookup(&k);
     if (!c)
         return 0;
-    u32 zero = 0;
-    struct kernel_handle_event *e = handle_scratch.lookup(&zero);
+    int slot = scratch_claim(SCRATCH_HANDLES);
+    if (slot < 0) {
+        in_handle_call.delete(&k);
+        return 0;
+    }
+    u32 i = slot;
+    struct kernel_handle_event *e = handle_scratch.lookup(&i);
     if (!e) {
+        scratch_release(SCRATCH_HANDLES, i);
         in_handle_call.delete(&k);
         return 0;
     }
@@ -92,6 +99,7 @@ static __always_inline int handle_return(struct pt_regs *ctx, u32 call)
     in_handle_call.delete(&k);
     u32 size = offsetof(struct kernel_handle_event, name) + (e->name_len & (KERNEL_NAME_CAP - 1));
     submit(e, size);
+    scratch_release(SCRATCH_HANDLES, i);
     return 0;
 }
 

@@ -117,11 +117,48 @@ BPF_HASH(ssl_fds, struct ssl_key, s32, MAX_CONNS);
  * socket of its own is that connection's. */
 BPF_TABLE("lru_hash", u64, s32, tls_last_read, 4096);
 
+/* Atomic, though the counters are per CPU: a uprobe program can be preempted, and
+ * another program on the CPU count meanwhile (see scratch_claim). */
 static __always_inline void count(u32 idx)
 {
     u64 *v = counters.lookup(&idx);
     if (v)
-        (*v)++;
+        __sync_fetch_and_add(v, 1);
+}
+
+/* Scratch for records larger than the 512-byte stack, filled by uprobe programs (the
+ * SSL probes, the kernel-handle returns). A uprobe program runs with migration
+ * disabled, not preemption (a kernel booted preempt=full, or built preemptible):
+ * another program can run on the CPU while one is filling its scratch, and would write
+ * over it. So each kind has SCRATCH_SLOTS per CPU, each taken by a compare-and-swap on
+ * its scratch_busy word and given back after the submit. Tracepoint programs run with
+ * preemption disabled: their scratch (io_scratch) needs no claim. */
+#define SCRATCH_SLOTS 4
+#define SCRATCH_TLS 0                 /* tls_scratch's slots in scratch_busy */
+#define SCRATCH_HANDLES SCRATCH_SLOTS /* handle_scratch's */
+BPF_PERCPU_ARRAY(scratch_busy, u64, 2 * SCRATCH_SLOTS);
+
+/* A free slot of the kind starting at `first`, taken: its index from `first`, or -1
+ * (all held: counted, the record is dropped). */
+static __always_inline int scratch_claim(u32 first)
+{
+#pragma unroll
+    for (u32 i = 0; i < SCRATCH_SLOTS; i++) {
+        u32 slot = first + i;
+        u64 *busy = scratch_busy.lookup(&slot);
+        if (busy && __sync_val_compare_and_swap(busy, 0, 1) == 0)
+            return i;
+    }
+    count(CNT_SCRATCH_BUSY);
+    return -1;
+}
+
+static __always_inline void scratch_release(u32 first, u32 i)
+{
+    u32 slot = first + i;
+    u64 *busy = scratch_busy.lookup(&slot);
+    if (busy)
+        *busy = 0;
 }
 
 static __always_inline void fill_header(struct event_header *h, u8 kind, u64 pid_tgid)

@@ -72,8 +72,15 @@ static __always_inline void tls_return(struct pt_regs *ctx, u32 call)
     struct conn_state *st = conns.lookup(&ck);
     if (!st || st->state == CONN_OTHER)
         return;
-    emit_sock_io(call == TLS_CALL_READ ? EV_SOCK_READ : EV_SOCK_WRITE, id, &ck, st, c.buf, n, (long)n, 1,
-                 EV_FLAG_TLS);
+    int slot = scratch_claim(SCRATCH_TLS);
+    if (slot < 0)
+        return;
+    u32 i = slot;
+    struct sock_io_scratch *scratch = tls_scratch.lookup(&i);
+    if (scratch)
+        emit_sock_io(scratch, call == TLS_CALL_READ ? EV_SOCK_READ : EV_SOCK_WRITE, id, &ck, st, c.buf, n, (long)n,
+                     1, EV_FLAG_TLS);
+    scratch_release(SCRATCH_TLS, i);
 }
 
 /* SSL_read(ssl, buf, num) and SSL_write(ssl, buf, num): the count is the return value. */

@@ -52,6 +52,8 @@ _LOSSES = {
     "agg_full": ("lost_events", "per-request count table full (AGG_ENTRIES): %d CUDA calls lost so far"),
     "conn_table_full": ("connections_untracked", "connection table full (--max-connections): %d connections "
                         "of traced processes left untracked so far"),
+    "scratch_busy": ("lost_events", "per-CPU scratch slots all held by preempted probes: %d TLS or kernel-name "
+                     "records dropped so far"),
     "conn_over_share": ("connections_over_share", "related HTTP servers past their share of --max-connections: "
                         "%d connections left untracked so far"),
 }

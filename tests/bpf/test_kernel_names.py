@@ -201,3 +201,32 @@ def test_the_collector_names_handle_launches_in_spans(tmp_path, receiver, start_
         assert [kids[g].name for g in range(1, 6)] == ["cuLaunchKernel"] * 4 + ["cudaLaunchKernel"]
     finally:
         target.stop()
+
+
+def test_handle_records_need_a_free_scratch_slot_and_are_counted_without_one(probes, child, tmp_path):
+    """The handle returns are uprobes, which a preemptible kernel can preempt mid-record:
+    each takes a per-CPU scratch slot by compare-and-swap (bpf/maps.h scratch_claim).
+    With every slot held (as by preempted runs), no record is written over one in use:
+    each is dropped and counted in scratch_busy; freed again, they flow."""
+    from otel_gpu.kernel_io.abi import CNT_SCRATCH_BUSY
+    busy, counters = probes.bpf["scratch_busy"], probes.bpf["counters"]
+    first = 4  # SCRATCH_HANDLES (bpf/maps.h): the handle slots follow the 4 TLS ones
+    dropped = lambda: sum(counters[ct.c_int(CNT_SCRATCH_BUSY)])  # noqa: E731
+
+    def hold(value: int) -> None:
+        for i in range(first, first + 4):
+            busy[ct.c_int(i)] = busy.Leaf(*[value] * busy.total_cpu)
+
+    c = child(build_stub(tmp_path, "stub_cudart13.c", "libcudart.so.13"))
+    before = dropped()
+    hold(1)
+    try:
+        c.run("driver")
+        handles, launches = _records(probes, c.pid)
+        assert handles == [] and len(launches) == 4
+        assert dropped() - before == 5  # the five handle calls' returns
+    finally:
+        hold(0)
+    c.run("driver")
+    handles, _ = _records(probes, c.pid)
+    assert len(handles) == 5 and dropped() - before == 5
