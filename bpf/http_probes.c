@@ -251,8 +251,12 @@ static __always_inline void emit_sock_io(struct sock_io_scratch *scratch, u8 kin
  * iovec after iovec (gRPC's C-core writes each frame header and payload from its own
  * iovec: the first alone is often 9 bytes). Returns the bytes copied: always a prefix of
  * what the syscall transferred. */
-static __always_inline u32 gather_iov(struct sock_io_scratch *scratch, u64 iovp, u32 count, u64 ret)
+static __always_inline u32 gather_iov(u64 iovp, u32 count, u64 ret)
 {
+    u32 zero = 0;
+    struct sock_io_scratch *scratch = io_scratch.lookup(&zero);
+    if (!scratch)
+        return 0;
     u32 off = 0;
     u64 left = ret;
 #pragma unroll
@@ -326,15 +330,15 @@ static __always_inline void io_exit(u8 kind, long ret)
     struct conn_state *st = conns.lookup(&key);
     if (!st)
         return;
-    u32 zero = 0;
-    struct sock_io_scratch *scratch = io_scratch.lookup(&zero);
-    if (!scratch)
-        return;
     if (p.is_iov) { /* struct iovec { void *base; size_t len; } x is_iov */
-        copy_max = gather_iov(scratch, buf, p.is_iov, (u64)ret);
+        copy_max = gather_iov(buf, p.is_iov, (u64)ret);
         buf = 0;
         if (!copy_max)
             return;
     }
+    u32 zero = 0;
+    struct sock_io_scratch *scratch = io_scratch.lookup(&zero);
+    if (!scratch)
+        return;
     emit_sock_io(scratch, kind, id, &key, st, buf, copy_max, ret, p.is_iov == 0, 0);
 }
