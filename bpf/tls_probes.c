@@ -77,9 +77,11 @@ static __always_inline void tls_return(struct pt_regs *ctx, u32 call)
         return;
     u32 i = slot;
     struct sock_io_scratch *scratch = tls_scratch.lookup(&i);
-    if (scratch)
-        emit_sock_io(scratch, call == TLS_CALL_READ ? EV_SOCK_READ : EV_SOCK_WRITE, id, &ck, st, c.buf, n, (long)n,
-                     1, EV_FLAG_TLS);
+    u8 kind = call == TLS_CALL_READ ? EV_SOCK_READ : EV_SOCK_WRITE;
+    if (scratch) {
+        write_tail(scratch, kind, c.buf, (long)n);
+        emit_sock_io(scratch, kind, id, &ck, st, c.buf, n, (long)n, EV_FLAG_TLS);
+    }
     scratch_release(SCRATCH_TLS, i);
 }
 
