@@ -318,7 +318,10 @@ static __always_inline void io_enter(u8 kind, s32 fd, u64 buf, u32 is_iov)
         writing.update(&id, &p);
 }
 
-static __always_inline void io_exit(u8 kind, long ret)
+/* `iovec`: the syscall's buffer is an iovec array (readv, writev, recvmsg, sendmsg); a
+ * constant, so each program holds one path only (each path is verified once, not for
+ * every state of the other). */
+static __always_inline void io_exit(u8 kind, long ret, int iovec)
 {
     u64 id = bpf_get_current_pid_tgid();
     if (!maybe_traced(id >> 32))
@@ -331,7 +334,7 @@ static __always_inline void io_exit(u8 kind, long ret)
         reading.delete(&id);
     else
         writing.delete(&id);
-    if (ret <= 0)
+    if (ret <= 0 || (p.is_iov != 0) != iovec) /* the latter: left by another syscall, its exit unseen */
         return;
     u64 buf = p.buf, copy_max = (u64)ret;
     struct conn_key key = {.tgid = id >> 32, .fd = p.fd};
@@ -340,7 +343,7 @@ static __always_inline void io_exit(u8 kind, long ret)
         return;
     u32 zero = 0;
     struct sock_io_scratch *scratch;
-    if (p.is_iov) { /* struct iovec { void *base; size_t len; } x is_iov */
+    if (iovec) { /* struct iovec { void *base; size_t len; } x is_iov */
         copy_max = gather_iov(buf, p.is_iov, (u64)ret);
         buf = 0;
         if (!copy_max)

@@ -9,22 +9,22 @@ TRACEPOINT_PROBE(syscalls, sys_enter_accept) { accept_enter(args->fd, args->upee
 TRACEPOINT_PROBE(syscalls, sys_exit_accept) { accept_exit(args->ret); return 0; }
 
 TRACEPOINT_PROBE(syscalls, sys_enter_read) { io_enter(EV_SOCK_READ, args->fd, (u64)args->buf, 0); return 0; }
-TRACEPOINT_PROBE(syscalls, sys_exit_read) { io_exit(EV_SOCK_READ, args->ret); return 0; }
+TRACEPOINT_PROBE(syscalls, sys_exit_read) { io_exit(EV_SOCK_READ, args->ret, 0); return 0; }
 TRACEPOINT_PROBE(syscalls, sys_enter_recvfrom) { io_enter(EV_SOCK_READ, args->fd, (u64)args->ubuf, 0); return 0; }
-TRACEPOINT_PROBE(syscalls, sys_exit_recvfrom) { io_exit(EV_SOCK_READ, args->ret); return 0; }
+TRACEPOINT_PROBE(syscalls, sys_exit_recvfrom) { io_exit(EV_SOCK_READ, args->ret, 0); return 0; }
 /* An iovec count as pending_io.is_iov: never 0 (that means a plain buffer). */
 static __always_inline u32 iov_count(u64 n)
 {
     return n == 0 ? 1 : n > IOV_GATHER ? IOV_GATHER : (u32)n;
 }
 TRACEPOINT_PROBE(syscalls, sys_enter_readv) { io_enter(EV_SOCK_READ, args->fd, (u64)args->vec, iov_count(args->vlen)); return 0; }
-TRACEPOINT_PROBE(syscalls, sys_exit_readv) { io_exit(EV_SOCK_READ, args->ret); return 0; }
+TRACEPOINT_PROBE(syscalls, sys_exit_readv) { io_exit(EV_SOCK_READ, args->ret, 1); return 0; }
 TRACEPOINT_PROBE(syscalls, sys_enter_write) { io_enter(EV_SOCK_WRITE, args->fd, (u64)args->buf, 0); return 0; }
-TRACEPOINT_PROBE(syscalls, sys_exit_write) { io_exit(EV_SOCK_WRITE, args->ret); return 0; }
+TRACEPOINT_PROBE(syscalls, sys_exit_write) { io_exit(EV_SOCK_WRITE, args->ret, 0); return 0; }
 TRACEPOINT_PROBE(syscalls, sys_enter_sendto) { io_enter(EV_SOCK_WRITE, args->fd, (u64)args->buff, 0); return 0; }
-TRACEPOINT_PROBE(syscalls, sys_exit_sendto) { io_exit(EV_SOCK_WRITE, args->ret); return 0; }
+TRACEPOINT_PROBE(syscalls, sys_exit_sendto) { io_exit(EV_SOCK_WRITE, args->ret, 0); return 0; }
 TRACEPOINT_PROBE(syscalls, sys_enter_writev) { io_enter(EV_SOCK_WRITE, args->fd, (u64)args->vec, iov_count(args->vlen)); return 0; }
-TRACEPOINT_PROBE(syscalls, sys_exit_writev) { io_exit(EV_SOCK_WRITE, args->ret); return 0; }
+TRACEPOINT_PROBE(syscalls, sys_exit_writev) { io_exit(EV_SOCK_WRITE, args->ret, 1); return 0; }
 
 /* recvmsg/sendmsg: struct user_msghdr { name; namelen(+pad); msg_iov @16; msg_iovlen @24; ... } */
 static __always_inline u64 msg_iov(u64 msg)
@@ -40,9 +40,9 @@ static __always_inline u32 msg_iovlen(u64 msg)
     return iov_count(n);
 }
 TRACEPOINT_PROBE(syscalls, sys_enter_recvmsg) { io_enter(EV_SOCK_READ, args->fd, msg_iov((u64)args->msg), msg_iovlen((u64)args->msg)); return 0; }
-TRACEPOINT_PROBE(syscalls, sys_exit_recvmsg) { io_exit(EV_SOCK_READ, args->ret); return 0; }
+TRACEPOINT_PROBE(syscalls, sys_exit_recvmsg) { io_exit(EV_SOCK_READ, args->ret, 1); return 0; }
 TRACEPOINT_PROBE(syscalls, sys_enter_sendmsg) { io_enter(EV_SOCK_WRITE, args->fd, msg_iov((u64)args->msg), msg_iovlen((u64)args->msg)); return 0; }
-TRACEPOINT_PROBE(syscalls, sys_exit_sendmsg) { io_exit(EV_SOCK_WRITE, args->ret); return 0; }
+TRACEPOINT_PROBE(syscalls, sys_exit_sendmsg) { io_exit(EV_SOCK_WRITE, args->ret, 1); return 0; }
 
 TRACEPOINT_PROBE(syscalls, sys_enter_close)
 {
