@@ -20,8 +20,8 @@ from . import launch_slots
 from .abi import COUNTER_NAMES, GoProc, PyProc, PyThreadKey
 from .map_batch import BatchMap
 from .reader import AggregateReader, RingReader, RollupReader
-from .run_program import run_raw_tracepoint
 from .request_summaries import SummaryReader
+from .run_program import run_raw_tracepoint
 
 log = logging.getLogger(__name__)
 
