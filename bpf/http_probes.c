@@ -30,7 +30,7 @@ struct conn_state {
 BPF_HASH(conns, struct conn_key, struct conn_state, MAX_CONNS);
 
 /* The share of `conns` a traced related server may hold (user space sets `limit`:
- * probes/program.py, related_server_share), and how much it holds. A process with no
+ * kernel_io/connection_table.py, related_server_share), and how much it holds. A process with no
  * entry (a CUDA process) is bounded by the table alone: a busy front proxy or a
  * flood on a related listener cannot take the GPU service's room. An accept past the
  * share is counted (CNT_CONN_OVER_SHARE) and reported untracked. */

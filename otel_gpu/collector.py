@@ -210,9 +210,9 @@ class Collector:
     def _share_connections(self) -> None:
         """Each traced related server's share of the connection table (its own CUDA
         processes have none: they keep what the servers cannot take)."""
-        from .kernel_io.program import related_server_share
+        from .kernel_io.connection_table import related_server_share
         share = related_server_share(self.config.max_connections, len(self._servers))
-        self.program.set_connection_shares({pid: share for pid in self._servers})
+        self.program.connections.set_shares({pid: share for pid in self._servers})
 
     def _seed_connections(self, pids: set, why: str = FIRST_SEED) -> list:
         """Accept records for the keep-alive connections new processes already held, so
@@ -223,7 +223,7 @@ class Collector:
         now, out = time.monotonic_ns(), []
         for pid in sorted(pids):
             held = {c.fd: c for c in existing_server_connections(self.config.proc_root, pid)}
-            fds, short = self.program.seed_connections(pid, list(held))
+            fds, short = self.program.connections.seed(pid, list(held))
             if short in ("per scan", "table full"):
                 self._seed_pending.add(pid)
             else:
@@ -254,7 +254,7 @@ class Collector:
             self._next_prune = now + PRUNE_INTERVAL_S
             ts = time.monotonic_ns()
             out += [SockClose(tgid, tgid, ts, fd) for tgid, fd in
-                    self.program.prune_connections(lambda pid: open_sockets(self.config.proc_root, pid))]
+                    self.program.connections.prune(lambda pid: open_sockets(self.config.proc_root, pid))]
         return out
 
     def _push(self, batch: list) -> None:

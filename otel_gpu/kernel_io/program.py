@@ -18,10 +18,10 @@ from ..probes.source import ProgramOptions, load
 from ..ratelimit import Stats
 from . import launch_slots
 from .abi import COUNTER_NAMES, GoProc, PyProc, PyThreadKey
+from .connection_table import ConnectionTable
 from .map_batch import BatchMap
 from .reader import AggregateReader, RingReader, RollupReader
 from .request_summaries import SummaryReader
-from .run_program import run_raw_tracepoint
 
 log = logging.getLogger(__name__)
 
@@ -31,19 +31,6 @@ _BY_TGID = ("traced", "http_active", "http_seq", "py_procs", "go_procs", "runtim
             "quiet_procs", "conn_shares", "req_summaries")
 _BY_PID_TGID = ("in_call", "reading", "writing", "accepting", "py_tstate", "tls_calls", "tls_last_read",
                 "counted_threads")
-# Connections seeded from /proc per process and scan: a listener holding tens of
-# thousands is seeded over several flushes, and the collector answers in between.
-SEED_PER_SCAN = 1024
-MIN_SHARE = 16  # connections a related server may always hold
-
-
-def related_server_share(max_connections: int, servers: int) -> int:
-    """Connections each traced related HTTP server may hold in the kernel's table:
-    together at most half of it, so the CUDA processes (no share, bounded by the table
-    alone) keep the other half whatever a front proxy or a flood does."""
-    return max(MIN_SHARE, max_connections // (2 * max(1, servers)))
-
-
 _STATE_TABLES = ("traced", "http_active", "conns", "rollup", "req_agg", "in_call", "py_procs", "py_tstate",
                  "py_threads")
 # Kernel counters (bpf/events.h) of what was lost or left out -> (stat, warning with the total).
@@ -88,10 +75,9 @@ class BpfProgram:
         counters, aggregated = self.bpf["counters"], ct.c_int(COUNTER_NAMES.index("aggregated"))
         self.aggregates = AggregateReader(BatchMap(self.bpf["req_agg"], "req_agg"), stats,
                                           counted=lambda: sum(counters[aggregated]))
+        self.connections = ConnectionTable(self.bpf)
         self.attacher = Attacher(self.bpf, stats, uprobes=uprobe_links.choose(self.bpf, options.uprobe_links))
         self._seen: dict[str, int] = {}  # each kernel counter's value when last read
-        self._prune_suspects: set = set()  # (tgid, fd) found without a socket once
-        self._kernel_forgets = True  # False once the kernel would not run forget_unseen_close
         self._runtime_text: dict = {}  # pid -> its runtime code ranges, as written to `runtime_text`
         self._py_threads: dict = {}  # pid -> {thread: state} as written to `py_threads`
         self._verdict_gens = itertools.count(1)  # next() is atomic: callers on several threads
@@ -203,95 +189,6 @@ class BpfProgram:
         if value == TRACED:  # and cleared only after
             self.pid_bits.set(pid, pid_bits.TRACED)
         self._verdicts_changed()
-
-    def seed_connections(self, tgid: int, fds: list) -> tuple[list, Optional[str]]:
-        """Server connections the process held before we traced it (their accept was never
-        seen), or that a full table left untracked: from now on their next read is parsed
-        like any other. At most SEED_PER_SCAN at a time, within the process's share.
-        Returns the fds seeded, and why it stopped short ("table full", "share", "per scan")."""
-        table, shares = self.bpf["conns"], self.bpf["conn_shares"]
-        share = shares.get(ct.c_uint32(tgid))
-        room = SEED_PER_SCAN if share is None else min(SEED_PER_SCAN, share.limit - share.used)
-        seeded, why = [], None
-        for fd in fds:
-            key = table.Key(tgid, fd)
-            if key in table:
-                continue
-            if len(seeded) >= room:
-                why = "per scan" if room == SEED_PER_SCAN else "share"
-                break
-            leaf = table.Leaf()  # state unknown: the next read decides
-            leaf.counted = share is not None
-            try:
-                table[key] = leaf
-            except Exception:  # bcc raises a plain Exception when the map is full
-                why = "table full"
-                break
-            seeded.append(fd)
-        if share is not None and seeded:
-            self._add_used(tgid, len(seeded))
-        return seeded, why
-
-    def set_connection_shares(self, limits: dict) -> None:
-        """pid -> connections that traced related server may hold (conn_shares)."""
-        shares = self.bpf["conn_shares"]
-        for pid, limit in limits.items():
-            old = shares.get(ct.c_uint32(pid))
-            if old is None or old.limit != limit:
-                shares[ct.c_uint32(pid)] = shares.Leaf(0 if old is None else old.used, limit)
-
-    def _add_used(self, tgid: int, delta: int) -> None:
-        """Seeds and prunes counted in the share: a read then a write, so an accept or a
-        close the kernel counts in between is lost (a few entries at worst: a share is
-        a bound on a flood, not a tally)."""
-        shares = self.bpf["conn_shares"]
-        share = shares.get(ct.c_uint32(tgid))
-        if share is not None:
-            shares[ct.c_uint32(tgid)] = shares.Leaf(max(0, share.used + delta), share.limit)
-
-    def prune_connections(self, socket_fds) -> list[tuple[int, int]]:
-        """Drops the connection entries whose fd is no longer a socket of the process
-        (`socket_fds(pid)` -> set of fds; a gone process has none): closes the kernel
-        never saw (close_range, dup2, an fd seeded as it closed). The table is a plain
-        hash, so nothing else would free them. An entry goes only when two calls in a
-        row find it so (an fd accepted between our /proc read and the delete would be
-        lost otherwise). Returns the (tgid, fd) dropped."""
-        table, fds, dropped, suspects = self.bpf["conns"], {}, [], set()
-        for k in list(table.keys()):
-            if k.tgid not in fds:
-                fds[k.tgid] = socket_fds(k.tgid)
-            if k.fd in fds[k.tgid]:
-                continue
-            if (k.tgid, k.fd) not in self._prune_suspects:
-                suspects.add((k.tgid, k.fd))
-                continue
-            if self._forget_unseen_close(table, k):
-                dropped.append((k.tgid, k.fd))
-        self._prune_suspects = suspects
-        return dropped
-
-    def _forget_unseen_close(self, table, key) -> bool:
-        """The kernel forgets the connection as if it had seen its close (bpf/http_syscalls.c
-        forget_unseen_close): its process's http_active, share and SSL tie go with it.
-        Where the kernel cannot run it for us (Linux < 5.10), the entry is deleted here,
-        its share given back, and http_active left as it is (logged once): the process's
-        calls may then stream outside requests. Whether the entry was still there."""
-        if self._kernel_forgets:
-            try:
-                fd = self.bpf.load_func(b"forget_unseen_close", self.bpf.RAW_TRACEPOINT).fd  # once: bcc keeps it
-                return run_raw_tracepoint(fd, key.tgid, key.fd & 0xFFFFFFFF) == 1
-            except Exception as e:  # OSError from the run; bcc raises plain Exceptions on a load failure
-                log.warning("pruned connections are deleted from user space; their process's HTTP "
-                            "activity count stays as it is (the kernel would not run forget_unseen_close: %s)", e)
-                self._kernel_forgets = False
-        try:
-            counted = table[key].counted
-            del table[key]
-        except KeyError:
-            return False
-        if counted:
-            self._add_used(key.tgid, -1)
-        return True
 
     def trace_python(self, pid: int, found, threads: dict) -> None:
         """The process runs a known CPython (probes/python.PythonProcess): its CUDA and

@@ -1,6 +1,6 @@
 """Runs a loaded BPF program once from user space (BPF_PROG_TEST_RUN, Linux >= 5.10 for
 raw tracepoint programs) through libbpf's bpf_prog_test_run_opts: for work that must be
-atomic with the probes' own map updates (kernel_io/program.py prune_connections)."""
+atomic with the probes' own map updates (kernel_io/connection_table.py prune)."""
 from __future__ import annotations
 
 import ctypes as ct

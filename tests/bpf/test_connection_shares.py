@@ -3,7 +3,7 @@
 In one container (cgroup) a CUDA HTTP service runs beside a plain TCP listener that
 holds every connection it accepts: the collector traces the listener as a related
 server, so its connections go into the kernel's table too. With --max-connections 256
-the listener's share is 128 (kernel_io/program.py, related_server_share): of its idle
+the listener's share is 128 (kernel_io/connection_table.py, related_server_share): of its idle
 connections opened before the collector, 128 are seeded from /proc and the rest left;
 every one accepted afterwards is refused its entry and counted
 (connections_over_share). The GPU service keeps its room: its keep-alive connections

@@ -1,4 +1,4 @@
-"""kernel_io/program.py prune_connections on the collector's loaded program: a connection
+"""kernel_io/connection_table.py prune on the collector's loaded program: a connection
 whose close the kernel never saw (close_range, dup2) is forgotten by the kernel
 (bpf/http_syscalls.c forget_unseen_close, run through BPF_PROG_TEST_RUN) as a seen close
 would be: its process's http_active and share go down with it. Without that, a process
@@ -12,7 +12,8 @@ import logging
 
 import pytest
 
-from otel_gpu.kernel_io import program as program_module
+from otel_gpu.kernel_io import connection_table
+from otel_gpu.kernel_io.program import BpfProgram
 
 PID = 4_000_000 - 11
 SERVED, IDLE, OPEN = 5, 6, 7  # fds: a connection that served a request, one that did not, one still open
@@ -23,7 +24,7 @@ def program():
     from otel_gpu.config import DEFAULT_BPF_CACHE
     from otel_gpu.probes.source import ProgramOptions
     from otel_gpu.ratelimit import Stats
-    p = program_module.BpfProgram(ProgramOptions(bpf_cache=DEFAULT_BPF_CACHE), Stats())
+    p = BpfProgram(ProgramOptions(bpf_cache=DEFAULT_BPF_CACHE), Stats())
     yield p
     p.close()
 
@@ -51,15 +52,15 @@ def _state(program) -> tuple:
 def _prune_twice(program) -> list:
     """An entry goes when two prunes in a row find its fd is no socket."""
     sockets = lambda pid: {OPEN} if pid == PID else set()  # noqa: E731
-    assert program.prune_connections(sockets) == []
-    return sorted(program.prune_connections(sockets))
+    assert program.connections.prune(sockets) == []
+    return sorted(program.connections.prune(sockets))
 
 
 def test_the_kernel_forgets_a_pruned_connection_as_a_seen_close(program):
     _connections(program)
     assert _prune_twice(program) == [(PID, SERVED), (PID, IDLE)]
     assert _state(program) == ([OPEN], 1, 1)  # the open one still counts: in a request, in the share
-    assert program._kernel_forgets
+    assert program.connections._kernel_forgets
 
 
 def test_where_the_kernel_cannot_run_it_the_entry_goes_from_user_space(program, monkeypatch, caplog):
@@ -69,10 +70,10 @@ def test_where_the_kernel_cannot_run_it_the_entry_goes_from_user_space(program, 
     def refused(*_args):
         raise OSError(22, "BPF_PROG_TEST_RUN: Invalid argument")
 
-    monkeypatch.setattr(program_module, "run_raw_tracepoint", refused)
-    monkeypatch.setattr(program, "_kernel_forgets", True)
+    monkeypatch.setattr(connection_table, "run_raw_tracepoint", refused)
+    monkeypatch.setattr(program.connections, "_kernel_forgets", True)
     _connections(program)
-    with caplog.at_level(logging.WARNING, logger=program_module.__name__):
+    with caplog.at_level(logging.WARNING, logger=connection_table.__name__):
         assert _prune_twice(program) == [(PID, SERVED), (PID, IDLE)]
     assert _state(program) == ([OPEN], 2, 1)
     assert [r.getMessage() for r in caplog.records if "forget_unseen_close" in r.getMessage()] == [

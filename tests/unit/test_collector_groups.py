@@ -10,9 +10,25 @@ from otel_gpu.kernel_io.program import FOLLOW_ALL
 FRONT, WORKER, OTHER = 100, 200, 300
 
 
+class FakeConnections:
+    """kernel_io/connection_table.ConnectionTable, recording into its program's lists."""
+
+    def __init__(self, program):
+        self.program = program
+        self.short = None  # why seed stops short, if it does
+
+    def seed(self, pid, fds):
+        self.program.seeded.append(pid)
+        return fds, self.short
+
+    def set_shares(self, limits):
+        self.program.calls.append(("shares", dict(limits)))
+
+
 class FakeProgram:
     def __init__(self):
         self.calls, self.seeded = [], []
+        self.connections = FakeConnections(self)
 
     def attach(self, target, pid=None):
         return 0
@@ -35,15 +51,6 @@ class FakeProgram:
 
     def trace_python(self, pid, offset):
         self.calls.append(("python", pid))
-
-    short = None  # why seed_connections stops short, if it does
-
-    def seed_connections(self, pid, fds):
-        self.seeded.append(pid)
-        return fds, self.short
-
-    def set_connection_shares(self, limits):
-        self.calls.append(("shares", dict(limits)))
 
     def forget(self, pids):
         self.calls.append(("forget", sorted(pids)))
@@ -137,11 +144,11 @@ def test_seeding_cut_short_goes_on_at_the_next_flush_for_that_process_only(tmp_p
     table takes is seeded again at the next flush; one past its share is not."""
     c = collector(tmp_path)
     c.discovery.result = ScanResult({WORKER}, [], servers={FRONT})
-    c.program.short = "per scan"
+    c.program.connections.short = "per scan"
     c._scan()
     assert c._seed_pending == {WORKER, FRONT}
     c.program.seeded.clear()
-    c.program.short = "share"
+    c.program.connections.short = "share"
     c._connections()
     assert c.program.seeded == [FRONT, WORKER] and c._seed_pending == set()
     c.program.seeded.clear()
