@@ -92,8 +92,7 @@ class BatchMap:
         packed = n and type(keys[0]) is tuple  # from rows(): packed by `struct`, no ctypes object each
         if self._batched and n:
             ksz = ct.sizeof(self.Key)
-            pack = self._key_fmt.pack
-            arr = (ct.create_string_buffer(b"".join([pack(*k) for k in keys]), n * ksz) if packed
+            arr = (ct.create_string_buffer(b"".join([self._key_fmt.pack(*k) for k in keys]), n * ksz) if packed
                    else (self.Key * n)(*keys))
             while i < n:
                 count = ct.c_uint32(n - i)

@@ -104,3 +104,25 @@ def test_a_kernel_refusing_the_batch_commands_is_logged_by_map_name_and_read_ent
         assert bm.delete([k for k, _ in rows if k[0] < 20]) == [True] * 20
     assert caplog.records[-1].getMessage() == "m: batch delete refused (EINVAL): deleting entry by entry"
     assert sorted(k.a for k in table.keys()) == list(range(20, 50))
+
+
+def test_items_and_delete_of_a_map_whose_key_is_not_all_integers():
+    """rows() needs integer fields; items() and delete() take any key, as ctypes keys."""
+    from bcc import BPF
+
+    from otel_gpu.probes.source import kernel_headers_hint
+    kernel_headers_hint()
+    bpf = BPF(text=b"""
+struct k { u32 a; char name[8]; };
+BPF_HASH(n, struct k, u64, 64);
+int noop(void *ctx) { struct k key = {}; n.lookup(&key); return 0; }
+""")
+    try:
+        table = bpf["n"]
+        for i in range(10):
+            table[table.Key(i, b"x%d" % i)] = ct.c_uint64(i)
+        bm = BatchMap(table, "n")
+        keys = [k for k, _ in bm.items()]
+        assert len(keys) == 10 and bm.delete(keys[:4]) == [True] * 4 and len(table) == 6
+    finally:
+        bpf.cleanup()
