@@ -94,11 +94,9 @@ class Stitcher(Connections, CallAttribution):
                 self._flush_windows(out)
                 self.steps.tick(ev.now_ns, out, ev.final)
                 out.append(ev)
-            elif isinstance(ev, ProcessSeen):  # from discovery
-                if ev.probes_from_ns:  # `ev` passes on as the process's ProcessSeen
+            else:  # not for this stage: passed on (a ProcessSeen tells when its calls are seen from)
+                if isinstance(ev, ProcessSeen) and ev.probes_from_ns:
                     self._proc(ev.tgid, []).probes_from_ns = ev.probes_from_ns
-                out.append(ev)
-            else:  # not for this stage: pass it on
                 out.append(ev)
         return out
 
