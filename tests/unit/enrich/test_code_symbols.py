@@ -1,10 +1,14 @@
 """Code addresses of a live process named from its mapped files' ELF symbols: this test
-process's own libc, libstdc++ and libcudart (the PyPI wheel), loaded by ctypes."""
+process's own libc and libstdc++, and libcudart (the PyPI wheel) loaded by ctypes in a
+child process: in this one, a later tier's collector would see pytest as a CUDA process
+and trace it (its test receivers' connections then count in the connection table)."""
 from __future__ import annotations
 
 import ctypes
 import os
 import shutil
+import subprocess
+import sys
 
 import pytest
 
@@ -17,6 +21,42 @@ PID = os.getpid()
 
 def address(lib: ctypes.CDLL, name: str) -> int:
     return ctypes.cast(getattr(lib, name), ctypes.c_void_p).value
+
+
+# Loads the library named on each stdin line and prints the address of the symbol given
+# with it ("path symbol"), keeping what it loaded mapped until stdin closes.
+_LOADER = """
+import ctypes, sys
+for line in sys.stdin:
+    path, name = line.split()
+    lib = ctypes.CDLL(path)
+    print(ctypes.cast(getattr(lib, name), ctypes.c_void_p).value, flush=True)
+"""
+
+
+class Loader:
+    """A child process that loads libraries when asked: its pid and each symbol's address."""
+
+    def __init__(self) -> None:
+        self.proc = subprocess.Popen([sys.executable, "-c", _LOADER], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, text=True)
+        self.pid = self.proc.pid
+
+    def address(self, path, name: str) -> int:
+        self.proc.stdin.write(f"{path} {name}\n")
+        self.proc.stdin.flush()
+        return int(self.proc.stdout.readline())
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        self.proc.wait(10)
+
+
+@pytest.fixture
+def loader():
+    child = Loader()
+    yield child
+    child.close()
 
 
 def test_functions_are_named_at_their_start_and_inside():
@@ -34,17 +74,16 @@ def test_a_mangled_name_comes_out_demangled():
         "std::chrono::_V2::system_clock::now()"
 
 
-def test_a_module_loaded_after_a_lookup_is_found():
+def test_a_module_loaded_after_a_lookup_is_found(loader):
     path = find_cudart()
     if path is None:
         pytest.skip("no libcudart here (make setup installs the wheel)")
     symbols = CodeSymbols()
-    assert symbols.name(PID, address(ctypes.CDLL("libc.so.6"), "getpid")) == "getpid"  # maps read now
-    rt = ctypes.CDLL(str(path))
-    assert symbols.name(PID, address(rt, "cudaLaunchKernel")) == "cudaLaunchKernel"
+    assert symbols.name(loader.pid, loader.address("libc.so.6", "getpid")) == "getpid"  # maps read now
+    assert symbols.name(loader.pid, loader.address(path, "cudaLaunchKernel")) == "cudaLaunchKernel"
 
 
-def test_a_deleted_library_is_named_through_its_mapping(tmp_path):
+def test_a_deleted_library_is_named_through_its_mapping(tmp_path, loader):
     """A container's or an upgraded package's file: the path no longer opens, the
     mapping (/proc/<pid>/map_files, root only) still does."""
     path = find_cudart()
@@ -54,9 +93,9 @@ def test_a_deleted_library_is_named_through_its_mapping(tmp_path):
         pytest.skip("/proc/<pid>/map_files opens for root only")
     copy = tmp_path / "libcudart_deleted.so.12"
     shutil.copy(path, copy)
-    rt = ctypes.CDLL(str(copy))
+    at = loader.address(copy, "cudaMemcpy")
     copy.unlink()
-    assert CodeSymbols().name(PID, address(rt, "cudaMemcpy")) == "cudaMemcpy"
+    assert CodeSymbols().name(loader.pid, at) == "cudaMemcpy"
 
 
 def test_unknown_addresses_and_gone_processes_are_none():
