@@ -63,6 +63,9 @@ class Config:
     # seconds, and at a low span rate a 512-span batch waits for this timer.
     schedule_delay_ms: int = 1000
     metric_interval_ms: int = 10_000  # OTEL_METRIC_EXPORT_INTERVAL (the SDK's 60 s is coarse for an agent)
+    # OTEL_SPAN_LINK_COUNT_LIMIT: links on one window's span (the OpenTelemetry default); a busy
+    # process's ambiguous window can have thousands of candidate requests in one flush.
+    max_links: int = 128
     store_path: Optional[str] = None  # local SQLite store; None: off
     status_file: Optional[str] = None  # state file read by `otel-gpu status`; None: off
     bpf_cache: Optional[str] = DEFAULT_BPF_CACHE  # compiled BPF programs (probes/program_cache.py); None: off

@@ -210,6 +210,7 @@ def load_config(args=None, env: Mapping[str, str] = os.environ) -> Config:
         export_batch_size=min(src.integer(None, "OTEL_BSP_MAX_EXPORT_BATCH_SIZE", 512), queue_size),
         schedule_delay_ms=delay,
         metric_interval_ms=src.integer(None, "OTEL_METRIC_EXPORT_INTERVAL", 10_000),
+        max_links=src.integer(None, "OTEL_SPAN_LINK_COUNT_LIMIT", 128, minimum=0),
         store_path=_store_path(src, otlp_traces),
         status_file=src.text("status_file", "OTEL_GPU_STATUS_FILE", DEFAULT_STATUS_FILE) or None,
         bpf_cache=_off(src.text("bpf_cache", "OTEL_GPU_BPF_CACHE", DEFAULT_BPF_CACHE)),

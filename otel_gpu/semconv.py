@@ -153,5 +153,7 @@ CUDA_MEMCPY_KIND = "cuda.memcpy.kind"         # HostToHost, HostToDevice, Device
 # how long each was open during the window's busy time; lists aligned with the links.
 GPU_COST_SPLIT_SECONDS = "otel_gpu.cost.split.gpu_seconds"  # double[]
 GPU_COST_SPLIT_FEATURES = "otel_gpu.cost.split.features"     # string[]: each candidate's feature
+GPU_COST_SPLIT_REST_SECONDS = "otel_gpu.cost.split.rest.gpu_seconds"  # double[]: the dropped links' shares, by feature
+GPU_COST_SPLIT_REST_FEATURES = "otel_gpu.cost.split.rest.features"    # string[]: those features, one each
 GPU_COST_SHARE = "otel_gpu.cost.share"  # metric label: exact (a request's own), split, outside
 

@@ -125,7 +125,7 @@ def build_pipeline(config: Config, stats: Stats, k8s=None, destinations=None,
                      feature_cap=ValueCap(config.max_routes, stats, "features_folded"))
     destinations = destinations if destinations is not None else build_destinations(config, stats)
     builder = SpanBuilder(clock or BpfClock(), config.export_query, config.export_headers,
-                          currency=config.currency, sampler=sampler, stats=stats)
+                          currency=config.currency, sampler=sampler, stats=stats, max_links=config.max_links)
     if metric_readers is None:
         from .export.metrics import make_readers
         metric_readers = make_readers(config, stats)

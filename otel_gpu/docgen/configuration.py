@@ -33,6 +33,8 @@ ENV_ONLY: dict[str, tuple[Optional[str], str]] = {
                                "host's, mounted)"),
     "OTEL_METRIC_EXPORT_INTERVAL": (None, "ms between OTLP metric exports"),
     "OTEL_RESOURCE_ATTRIBUTES": (None, "`key=value,...` added to every exported resource"),
+    "OTEL_SPAN_LINK_COUNT_LIMIT": (None, "links on a window's span (its candidate requests); past it the links "
+                                   "to the smallest shares are dropped and counted, their cost kept by feature"),
     "OTEL_SERVICE_NAME": (None, "`service.name` of the collector's own metrics (a traced process's own "
                           "variable names that process)"),
     "OTEL_TRACES_SAMPLER": ("`parentbased_always_on`", "which traces go out over OTLP, by the OpenTelemetry "

@@ -4,6 +4,7 @@ were written by enrich, cost by the cost stage)."""
 from __future__ import annotations
 
 from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.util import BoundedList
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
@@ -32,9 +33,10 @@ def _ctx(trace_id: int, span_id: int, remote: bool = False, sampled: bool = True
 class SpanBuilder:
     def __init__(self, clock: BpfClock, export_query: bool = False,
                  export_headers: frozenset = frozenset(), ids=None, currency: str = "USD",
-                 sampler=None, stats=None) -> None:
+                 sampler=None, stats=None, max_links: int = 128) -> None:
         import random
         self.clock = clock
+        self.max_links = max_links  # OTEL_SPAN_LINK_COUNT_LIMIT (config.py)
         self.sampler = sampler  # pipeline/sampling.py; None: every trace is sampled
         self.stats = stats
         self.export_query = export_query
@@ -127,13 +129,16 @@ class SpanBuilder:
         span_id = self._rng.getrandbits(64) or 1
         attrs = {sc.PROCESS_PID: w.tgid, sc.GPU_ATTRIBUTION: w.attribution,
                  **summary_attributes(w.sink.summary)}
-        links = [Link(_ctx(t, s), {sc.GPU_LINK_RULE: w.link_rules[(t, s)]} if (t, s) in w.link_rules else None)
-                 for t, s in w.candidates]
+        kept, dropped = self._linked(w)
+        links = BoundedList.from_seq(len(kept), [
+            Link(_ctx(t, s), {sc.GPU_LINK_RULE: w.link_rules[(t, s)]} if (t, s) in w.link_rules else None)
+            for t, s in kept])
+        links.dropped = len(dropped)  # OTLP's dropped_links_count, as the SDK's own spans say it
         if w.candidates:
             attrs[sc.GPU_CANDIDATE_REQUESTS] = len(w.candidates)
         if w.untracked_connections:
             attrs[sc.GPU_CONNECTIONS_UNTRACKED] = w.untracked_connections
-        attrs.update(self._window_cost(w))
+        attrs.update(self._window_cost(w, kept, dropped))
         name = WINDOW_NAMES.get(w.attribution, "GPU work outside requests")
         on = w.links_sampled or self._sampled(trace_id, name, SpanKind.INTERNAL)  # a sampled trace's links resolve
         span = ReadableSpan(
@@ -152,16 +157,35 @@ class SpanBuilder:
             self.stats.add("traces_unsampled")  # not sent to OTLP; metrics, cost and the store keep them
         return on
 
-    def _window_cost(self, w: ProcessWindow) -> dict:
+    def _linked(self, w: ProcessWindow) -> tuple[list, list]:
+        """(candidates the span links, those it leaves out): all within max_links; past it
+        the largest cost shares (the first on a tie), in the window's order."""
+        cands = w.candidates
+        if len(cands) <= self.max_links:
+            return cands, []
+        split = w.split
+        ranked = sorted(range(len(cands)), key=lambda i: -split.get(cands[i], 0.0))  # stable: first wins ties
+        keep = set(ranked[:self.max_links])
+        return [c for i, c in enumerate(cands) if i in keep], [c for i, c in enumerate(cands) if i not in keep]
+
+    def _window_cost(self, w: ProcessWindow, kept: list, dropped: list) -> dict:
         """The window's GPU time (pipeline/cost.py), and its split among the candidates
-        as lists aligned with the span's links: what the store reads split rows from."""
+        as lists aligned with the span's links, the dropped links' shares summed by feature:
+        what the store reads split rows from."""
         if w.gpu_seconds is None:  # no cost stage ran
             return {}
         attrs = {sc.GPU_COST_SECONDS: w.gpu_seconds, sc.GPU_COST_AMOUNT: w.cost or 0.0,
                  sc.GPU_COST_CURRENCY: self.currency}
-        if w.candidates:
-            attrs[sc.GPU_COST_SPLIT_SECONDS] = [float(w.split.get(c, 0.0)) for c in w.candidates]
-            attrs[sc.GPU_COST_SPLIT_FEATURES] = [str(w.split_features.get(c) or "(unknown)") for c in w.candidates]
+        feature = lambda c: str(w.split_features.get(c) or "(unknown)")  # noqa: E731
+        if kept:
+            attrs[sc.GPU_COST_SPLIT_SECONDS] = [float(w.split.get(c, 0.0)) for c in kept]
+            attrs[sc.GPU_COST_SPLIT_FEATURES] = [feature(c) for c in kept]
+        rest: dict[str, float] = {}
+        for c in dropped:
+            rest[feature(c)] = rest.get(feature(c), 0.0) + float(w.split.get(c, 0.0))
+        if rest:
+            attrs[sc.GPU_COST_SPLIT_REST_FEATURES] = list(rest)
+            attrs[sc.GPU_COST_SPLIT_REST_SECONDS] = list(rest.values())
         return attrs
 
     def _children(self, record, trace_id: int, parent_id: int, on: bool = True) -> list[ReadableSpan]:

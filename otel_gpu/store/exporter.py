@@ -89,8 +89,9 @@ def request_row(s: ReadableSpan) -> tuple:
 
 def window_rows(s: ReadableSpan) -> list[tuple]:
     """window_costs rows of a window's root span, from the cost attributes the span
-    builder put on it: one per candidate's split share, or one for an outside window.
-    A split that does not line up with the links goes to one "(unknown)" row, so the
+    builder put on it: one per linked candidate's split share and one per feature of the
+    candidates whose links were dropped (OTEL_SPAN_LINK_COUNT_LIMIT), or one for an outside
+    window. A split that does not line up with the links goes to one "(unknown)" row, so the
     window's seconds are never lost."""
     a = s.attributes or {}
     seconds = a.get(sc.GPU_COST_SECONDS)
@@ -102,12 +103,16 @@ def window_rows(s: ReadableSpan) -> list[tuple]:
     if a[sc.GPU_ATTRIBUTION] == "outside":
         return [head + ("outside", None, None, None, seconds, cost, currency)]
     shares, features = a.get(sc.GPU_COST_SPLIT_SECONDS) or (), a.get(sc.GPU_COST_SPLIT_FEATURES) or ()
+    rest_shares = a.get(sc.GPU_COST_SPLIT_REST_SECONDS) or ()
+    rest_features = a.get(sc.GPU_COST_SPLIT_REST_FEATURES) or ()
     links = s.links or ()
-    if not (len(shares) == len(features) == len(links)):
+    if not (len(shares) == len(features) == len(links) and len(rest_shares) == len(rest_features)):
         return [head + ("split", "(unknown)", None, None, seconds, cost, currency)]
     return [head + ("split", f, f"{link.context.trace_id:032x}", f"{link.context.span_id:016x}",
                     share, cost * share / seconds, currency)
-            for share, f, link in zip(shares, features, links) if share]
+            for share, f, link in zip(shares, features, links) if share] + \
+        [head + ("split", f, None, None, share, cost * share / seconds, currency)  # links dropped: by feature
+         for share, f in zip(rest_shares, rest_features) if share]
 
 
 class StoreExporter(SpanExporter):

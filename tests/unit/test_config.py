@@ -142,6 +142,8 @@ def test_flag_beats_environment_beats_default(argv, env, name, from_flag, from_e
     ({"OTEL_BSP_SCHEDULE_DELAY": "200"}, "schedule_delay_ms", 200),
     ({}, "metric_interval_ms", 10_000),
     ({"OTEL_METRIC_EXPORT_INTERVAL": "1000"}, "metric_interval_ms", 1000),
+    ({}, "max_links", 128),  # the OpenTelemetry default link count limit
+    ({"OTEL_SPAN_LINK_COUNT_LIMIT": "0"}, "max_links", 0),
     ({"OTEL_SERVICE_NAME": "gpu-collector"}, "self_service_name", "gpu-collector"),
     ({"OTEL_RESOURCE_ATTRIBUTES": "team=ml"}, "resource_attributes", {"team": "ml"}),
     ({"OTEL_GPU_EXPORT_QUERY": "false"}, "export_query", False),
@@ -165,6 +167,7 @@ def test_environment_only_settings(env, name, value):
     ("OTEL_GPU_LOG_LEVEL", "loud"), ("OTEL_EXPORTER_OTLP_PROTOCOL", "carrier-pigeon"),
     ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "json"), ("OTEL_BSP_MAX_QUEUE_SIZE", "0"), ("OTEL_METRIC_EXPORT_INTERVAL", "10s"),
     ("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", "x"), ("OTEL_BSP_SCHEDULE_DELAY", "0"),
+    ("OTEL_SPAN_LINK_COUNT_LIMIT", "-1"), ("OTEL_SPAN_LINK_COUNT_LIMIT", "many"),
     ("OTEL_RESOURCE_ATTRIBUTES", "novalue"), ("OTEL_GPU_PROMETHEUS_ADDR", "localhost:9464"),
     ("OTEL_GPU_STORE_GROUP", "no-such-group-otel-gpu"), ("OTEL_GPU_SHUTDOWN_TIMEOUT", "0"),
     ("OTEL_GPU_SHUTDOWN_TIMEOUT", "1.5"), ("OTEL_GPU_UPROBE_LINKS", "kprobes"),

@@ -102,6 +102,8 @@ PINNED = {
     "CUDA_MEMCPY_KIND": "cuda.memcpy.kind",
     "GPU_COST_SPLIT_SECONDS": "otel_gpu.cost.split.gpu_seconds",
     "GPU_COST_SPLIT_FEATURES": "otel_gpu.cost.split.features",
+    "GPU_COST_SPLIT_REST_SECONDS": "otel_gpu.cost.split.rest.gpu_seconds",
+    "GPU_COST_SPLIT_REST_FEATURES": "otel_gpu.cost.split.rest.features",
     "GPU_COST_SHARE": "otel_gpu.cost.share",
     "GPU_LINK_RULE": "otel_gpu.link.rule",
     "GPU_RESPONSE_CHUNKS": "otel_gpu.response.chunks",

@@ -141,6 +141,37 @@ def test_window_span_carries_its_split_aligned_with_its_links():
     assert sc.GPU_COST_SECONDS not in bare.attributes  # no cost stage ran: nothing claimed
 
 
+def test_a_window_past_the_link_limit_links_its_largest_shares_and_keeps_the_rest_by_feature(store, reader):
+    """A busy process's ambiguous window with 300 candidates: its span links the 128 with
+    the largest shares (OTEL_SPAN_LINK_COUNT_LIMIT's default), says 172 were dropped, and
+    keeps their shares summed by feature, so the store's cost by feature stays exact."""
+    cands = [request(n, "/a" if n % 3 else "/b", (0, 10)) for n in range(1, 301)]
+    amb = window("ambiguous", busy_calls(0, 10), candidates=cands)
+    amb.gpu_seconds, amb.cost = 3.0, 6.0
+    amb.split = {(r.trace_id, r.span_id): 3.0 * r.span_id / 45150 for r in cands}  # n / sum(1..300)
+    amb.split_features = {(r.trace_id, r.span_id): r.head.path for r in cands if r.span_id != 7}  # 7: unknown
+    enrich([amb])
+    spans = SpanBuilder(BpfClock(), ids=random.Random(1)).build(amb)
+    span, a = spans[0], spans[0].attributes
+    assert [link.context.span_id for link in span.links] == list(range(173, 301))  # the largest, in order
+    assert span.dropped_links == 172 and a[sc.GPU_CANDIDATE_REQUESTS] == 300
+    assert list(a[sc.GPU_COST_SPLIT_SECONDS]) == [amb.split[(0x100 + n, n)] for n in range(173, 301)]
+    rest = dict(zip(a[sc.GPU_COST_SPLIT_REST_FEATURES], a[sc.GPU_COST_SPLIT_REST_SECONDS]))
+    by_feature = {"/a": 0.0, "/b": 0.0, "(unknown)": 0.0}
+    for n in range(1, 173):
+        by_feature["(unknown)" if n == 7 else "/a" if n % 3 else "/b"] += 3.0 * n / 45150
+    assert rest == pytest.approx(by_feature)
+    assert sum(a[sc.GPU_COST_SPLIT_SECONDS]) + sum(rest.values()) == pytest.approx(3.0)
+
+    store.export(spans)
+    rows = {r["feature"]: r for r in build_report(reader())["rows"]}
+    for feature in ("/a", "/b"):
+        assert rows[feature]["split_gpu_seconds"] == pytest.approx(
+            sum(3.0 * n / 45150 for n in range(1, 301) if n != 7 and (feature == "/a") == bool(n % 3)))
+    assert sum(r["split_gpu_seconds"] for r in rows.values()) == pytest.approx(3.0)
+    assert sum(r["cost"] for r in rows.values()) == pytest.approx(6.0)
+
+
 def test_shared_windows_of_a_worker_add_up_with_the_front_ends_requests(pipeline, reader):
     """A front-end (PID) whose requests make no CUDA calls, and a worker process that
     does the work in batch steps (shared windows linked to the requests in flight) and
