@@ -20,6 +20,7 @@ from ..records import CudaCall
 
 SCOPE = InstrumentationScope("otel-gpu", __version__)
 SAMPLED, UNSAMPLED = TraceFlags(TraceFlags.SAMPLED), TraceFlags(TraceFlags.DEFAULT)
+UNSET = Status(StatusCode.UNSET)  # immutable: one for every span without an error
 # Span names of the windows of calls no single request owns, by attribution.
 WINDOW_NAMES = {"ambiguous": "GPU work, ambiguous request", "shared": "GPU work, shared by requests",
                 "outside": "GPU work outside requests"}
@@ -112,7 +113,7 @@ class SpanBuilder:
             status = Status(StatusCode.ERROR)
             attrs[sc.ERROR_TYPE] = str(r.status)
         else:
-            status = Status(StatusCode.UNSET)
+            status = UNSET
         name = server_span_name(r.head, route)
         on = self.counted(r.sampled)  # decided as it opened (pipeline/stitcher.py)
         parent = _ctx(r.trace_id, r.parent_span_id, True, bool(r.parent_sampled)) if r.parent_span_id else None
@@ -192,16 +193,17 @@ class SpanBuilder:
         parent = _ctx(trace_id, parent_id, sampled=on)
         sink: CallSink = record.sink
         names, resource = record.kernel_names, record.resource
+        to_epoch_ns, span_id = self.clock.to_epoch_ns, self._rng.getrandbits  # per call: bound once
         spans = []
         for call, attribution in sink.calls:
             attrs = call_attributes(call, names)
             attrs[sc.GPU_ATTRIBUTION] = attribution
             attrs[sc.THREAD_ID] = call.tid
-            start = self.clock.to_epoch_ns(call.ts_ns)
+            start = to_epoch_ns(call.ts_ns)
             spans.append(ReadableSpan(
-                name=call.name, context=_ctx(trace_id, self._rng.getrandbits(64) or 1, sampled=on), parent=parent,
+                name=call.name, context=_ctx(trace_id, span_id(64) or 1, sampled=on), parent=parent,
                 resource=resource, attributes=int64_safe(attrs), kind=SpanKind.INTERNAL,
-                status=Status(StatusCode.ERROR, f"CUDA error {call.ret}") if call.ret > 0 else Status(StatusCode.UNSET),
+                status=Status(StatusCode.ERROR, f"CUDA error {call.ret}") if call.ret > 0 else UNSET,
                 start_time=start, end_time=start + call.amounts()[2], instrumentation_scope=SCOPE))
         for agg in sink.rollups.values():
             attrs = {sc.GPU_CUDA_CALL: call_name(agg.call),
@@ -328,6 +330,11 @@ def int64_safe(attrs: dict) -> dict:
     """OTLP integer attributes are int64: a value outside it (a traced process's
     cudaMemcpy of 2^64-1 bytes) is clamped to the nearest bound and the span says so
     (otel_gpu.value_clamped=true), instead of the exporter dropping it with a traceback."""
+    for v in attrs.values():  # the common case, nothing out of range: no list built
+        if type(v) is int and not INT64_MIN <= v <= INT64_MAX:
+            break
+    else:
+        return attrs
     clamped = [k for k, v in attrs.items() if type(v) is int and not INT64_MIN <= v <= INT64_MAX]
     for k in clamped:
         attrs[k] = INT64_MAX if attrs[k] > 0 else INT64_MIN
