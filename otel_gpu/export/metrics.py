@@ -1,6 +1,8 @@
 """GPU metrics through the official OTel SDK MeterProvider: OTLP when an endpoint is
-configured, a Prometheus scrape endpoint as an option. A pipeline stage: it reads
-finished, enriched requests and process windows, and passes every record on.
+configured, a Prometheus scrape endpoint as an option. Counters and gauges are the SDK's;
+histograms are aggregated in export/histograms.py (the SDK's per-value path cost ~20 µs
+a value, several per request) and go out through the same readers. A pipeline stage: it
+reads finished, enriched requests and process windows, and passes every record on.
 
 Kernel names are bounded: the first `top_kernels` distinct names keep their own
 series, later ones are reported as "other"; a CUDA graph launch counts each kernel it
@@ -16,6 +18,7 @@ from opentelemetry.metrics import Observation
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
 from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
 from .. import __version__
 from .. import semconv as sc
@@ -28,14 +31,15 @@ from ..ratelimit import Stats, split_drops
 from ..records import ProcessGone, RequestCost, RequestSummary
 from ..value_cap import MAX_SERVICES
 from .bounded import call_by, remaining_ms
+from .histograms import Histograms
 from .metric_values import INT64_MAX, BatchedAdds, CappedCounter, GuardedExporter, clamp_call_bytes
 
 log = logging.getLogger(__name__)
 OTHER = "other"
 OUTSIDE_FEATURE = "(outside)"  # the feature of a process's GPU time outside requests
-# Calls per request recorded in the grid/block/sync histograms. Each value is one SDK
-# record (~5-7 µs; there is no weighted record): at 64, a request streaming its whole
-# budget of launches cost ~0.8 ms of collector CPU in these two histograms alone.
+# Calls per request recorded in the grid/block/sync histograms (each value ~2 µs:
+# export/histograms.py): at 64, a request streaming its whole budget of launches cost
+# ~0.8 ms of collector CPU in these two histograms alone, through the SDK's.
 HISTOGRAM_SAMPLE = 8
 PROBE_FUNCTION = "otel_gpu.probe.function"  # label of the probe gauges: a symbol of the probe table
 PROBE_SYMBOLS = frozenset(r.symbol for r in CUDA_PROBES + PYTHON_PROBES + NCCL_STATE_PROBES)  # bounds its values
@@ -90,6 +94,10 @@ class GpuMetrics:
         self.provider = MeterProvider(metric_readers=readers, resource=Resource.create(
             {sc.SERVICE_NAME: service_name}))
         m = self.provider.get_meter("otel-gpu", __version__)
+        # Histograms record several values per request: ours, exported through the same readers.
+        histograms = Histograms(InstrumentationScope("otel-gpu", __version__))
+        for reader in readers:
+            histograms.attach(reader)
         # Where a metric means what one of the OpenTelemetry eBPF Instrumentation (OBI) means, it
         # has OBI's name and attributes, so a dashboard built for OBI works on these
         # (docs/spans-and-metrics.md has the mapping); our extra labels ride along.
@@ -103,7 +111,7 @@ class GpuMetrics:
             self.stats)
         # Calls counted in the kernel past the span budget are recorded at their mean size:
         # count and sum exact, the distribution of those approximate.
-        self.copies = m.create_histogram("gpu.cuda.memory.copies", "By", "Bytes per cudaMemcpy* call, by kind")
+        self.copies = histograms.create("gpu.cuda.memory.copies", "By", "Bytes per cudaMemcpy* call, by kind")
         self.allocations = CappedCounter(m.create_counter(
             "gpu.cuda.memory.allocations", "By", "Bytes allocated by cudaMalloc* calls that succeeded"), self.stats)
         # By op: a fixed set of 7 values (probes/nccl.py), whatever a process passes.
@@ -112,13 +120,13 @@ class GpuMetrics:
         self.nccl_bytes = CappedCounter(m.create_counter("gpu.nccl.bytes", "By",
                                                          "Bytes received by NCCL calls (send: sent), by op"),
                                         self.stats)
-        self.grid = m.create_histogram("gpu.cuda.kernel.grid.size", "1", "Blocks per launch grid")
-        self.block = m.create_histogram("gpu.cuda.kernel.block.size", "1", "Threads per block")
-        self.sync = m.create_histogram("gpu.sync.duration", "s", "Duration of synchronising calls")
+        self.grid = histograms.create("gpu.cuda.kernel.grid.size", "1", "Blocks per launch grid")
+        self.block = histograms.create("gpu.cuda.kernel.block.size", "1", "Threads per block")
+        self.sync = histograms.create("gpu.sync.duration", "s", "Duration of synchronising calls")
         # The semantic conventions' boundaries (the SDK's default ones start at 0, 5, 10 s:
         # every request in one bucket, a p95 of ~4.75 s whatever the latency).
-        self.http = m.create_histogram("http.server.request.duration", "s", "Duration of HTTP server requests",
-                                       explicit_bucket_boundaries_advisory=HTTP_DURATION_BOUNDS_S)
+        self.http = histograms.create("http.server.request.duration", "s", "Duration of HTTP server requests",
+                                      HTTP_DURATION_BOUNDS_S)
         self.gpu_seconds = m.create_counter("otel_gpu.cost.gpu_seconds", "s", "Estimated GPU seconds by feature")
         self.cost = m.create_counter("otel_gpu.cost.amount", "1", "Estimated GPU cost by feature")
         # Cost per streamed token, by feature: otel_gpu.cost.gpu_seconds (or .amount) over this,
