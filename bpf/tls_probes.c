@@ -72,12 +72,18 @@ static __always_inline void tls_return(struct pt_regs *ctx, u32 call)
     struct conn_state *st = conns.lookup(&ck);
     if (!st || st->state == CONN_OTHER)
         return;
+    u8 kind = call == TLS_CALL_READ ? EV_SOCK_READ : EV_SOCK_WRITE;
     int slot = scratch_claim(SCRATCH_TLS);
-    if (slot < 0)
+    if (slot < 0) {
+        /* Dropped (counted: scratch_busy) as if the ring buffer were full: the connection
+         * says so in its next record, and the kernel summarises the request it belonged
+         * to, so its framing never runs on with bytes missing. */
+        if (st->state == CONN_HTTP)
+            record_sent(tgid, &st->req, -1, request_boundary(tgid, &st->req, kind, bpf_ktime_get_ns()), 0);
         return;
+    }
     u32 i = slot;
     struct sock_io_scratch *scratch = tls_scratch.lookup(&i);
-    u8 kind = call == TLS_CALL_READ ? EV_SOCK_READ : EV_SOCK_WRITE;
     if (scratch) {
         write_tail(scratch, kind, c.buf, (long)n);
         emit_sock_io(scratch, kind, id, &ck, st, c.buf, n, (long)n, EV_FLAG_TLS);
