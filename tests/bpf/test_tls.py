@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import socket
 import ssl
-import subprocess
 import sys
 import time
 
@@ -25,16 +24,6 @@ LEVELS = {1: 20, 8: 48}  # clients -> requests at that level
 SECONDS = 60             # time bound of one level's load
 BIG_BODY = 256 * 1024
 SELECTED = f"tlsexact{os.getpid() % 100000}"  # the process name --exe selects (15 characters at most)
-
-
-@pytest.fixture(scope="module")
-def certificate(tmp_path_factory):
-    d = tmp_path_factory.mktemp("tls")
-    cert, key = d / "cert.pem", d / "key.pem"
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj",
-                    "/CN=127.0.0.1", "-keyout", str(key), "-out", str(cert)], check=True, capture_output=True,
-                   timeout=60)
-    return str(cert), str(key)
 
 
 def client_context() -> ssl.SSLContext:

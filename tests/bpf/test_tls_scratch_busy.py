@@ -14,7 +14,7 @@ import time
 from otel_gpu.cuda_calls import TLS
 from otel_gpu.kernel_io.abi import CNT_SCRATCH_BUSY
 from otel_gpu.records import EV_SOCK_READ, EV_SOCK_WRITE, SockIo
-from tests.bpf.test_tls import certificate, client_context  # noqa: F401 (certificate: a fixture)
+from tests.bpf.test_tls import client_context
 from tests.harness import TARGETS, Target
 
 TLS_SLOTS = range(0, 4)  # SCRATCH_TLS's slots in scratch_busy (bpf/maps.h)
@@ -41,7 +41,7 @@ def _tls_records(probes, pid: int) -> list:
     return [r for r in probes.of(pid) if type(r) is SockIo and r.tls]
 
 
-def test_a_tls_record_dropped_without_a_scratch_slot_is_told_as_lost_on_its_connection(probes, certificate):  # noqa: F811
+def test_a_tls_record_dropped_without_a_scratch_slot_is_told_as_lost_on_its_connection(probes, certificate):
     target = Target([sys.executable, str(TARGETS / "tls_servers.py"), "threaded", "0", *certificate])
     busy, counters = probes.bpf["scratch_busy"], probes.bpf["counters"]
     dropped = lambda: sum(counters[ct.c_int(CNT_SCRATCH_BUSY)])  # noqa: E731
