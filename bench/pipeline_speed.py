@@ -1,0 +1,93 @@
+"""Collector CPU per request in its Python pipeline alone (issue 26 item 3), with none of
+the kernel, ring buffer or other processes sharing the CPU: the stages as
+otel_gpu/wiring.py builds them (stitcher, enrich on this process's real /proc entry,
+metrics through an in-memory reader, cost, spans for an OTLP destination, which drops
+unsampled traces before they are built), fed the records of item 2's HTTP service as the
+kernel hands them: keep-alive connections, each request a head read, its 100 launches and
+2 copies counted in the kernel (CallAggregate), its response write.
+`python -m bench.pipeline_speed [--ratio 0.1] [--requests 20000]` prints µs of this
+thread's CPU per request, best of 3 runs (the figure is noisy on a shared machine)."""
+from __future__ import annotations
+
+import argparse
+import os
+import time
+
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from otel_gpu.clock import BpfClock
+from otel_gpu.config import Config
+from otel_gpu.cuda_calls import call_id
+from otel_gpu.export.destinations import Destinations, QueuedExporter
+from otel_gpu.ratelimit import Stats
+from otel_gpu.records import EV_SOCK_READ, EV_SOCK_WRITE, Accept, CallAggregate, SockIo, Tick
+from otel_gpu.wiring import build_pipeline
+
+PID = os.getpid()  # a live process: enrich reads its /proc entry as it would the service's
+CONNS = 8
+PER_POLL = 16  # requests per pipeline batch (a poll's worth at ~2,000 req/s)
+OK = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
+LAUNCH, MEMCPY = call_id("cudaLaunchKernel"), call_id("cudaMemcpy")
+H2D, D2H = 1, 2  # cudaMemcpyKind
+
+
+class Names:
+    """Kernel names without reading the (synthetic) function addresses' ELF symbols."""
+
+    def __call__(self, pid, func):
+        return f"kernel_{func:x}"
+
+    def forget(self, pid):
+        pass
+
+
+def batches(n: int, t0: int = 10**12) -> list:
+    """The records of n requests, PER_POLL requests a batch, round-robin on CONNS connections."""
+    out = [[Accept(PID, 100 + c, t0, 10 + c, 3, "127.0.0.1", 5000 + c) for c in range(CONNS)]]
+    epoch, ts, batch = 0, t0, []
+    for i in range(n):
+        tid, fd = 100 + i % CONNS, 10 + i % CONNS
+        head = f"GET /work?id={i} HTTP/1.1\r\nHost: x\r\n\r\n".encode()
+        epoch, ts = epoch + 1, ts + 1000
+        batch += [SockIo(EV_SOCK_READ, PID, tid, ts, fd, len(head), head, b"", epoch=epoch, req_start=True),
+                  CallAggregate(PID, tid, epoch, LAUNCH, 0x1000, 0, 100, 0, 0, ts + 10, ts + 500, ts + 500),
+                  CallAggregate(PID, tid, epoch, MEMCPY, H2D, 0, 1, 4096, 1000, ts + 20, ts + 20, ts + 1020),
+                  CallAggregate(PID, tid, epoch, MEMCPY, D2H, 0, 1, 4096, 1000, ts + 600, ts + 600, ts + 1600)]
+        epoch, ts = epoch + 1, ts + 1000
+        batch.append(SockIo(EV_SOCK_WRITE, PID, tid, ts, fd, len(OK), OK, OK[-8:], epoch=epoch))
+        if (i + 1) % PER_POLL == 0:
+            out.append(batch + [Tick(ts)])  # the flush timer's records come between polls
+            batch = []
+    return out + ([batch] if batch else [])
+
+
+def run(ratio: str, n: int) -> float:
+    """µs of this thread's CPU per request through a fresh pipeline."""
+    stats = Stats()
+    wiring = build_pipeline(
+        Config(traces_sampler="traceidratio", traces_sampler_arg=ratio), stats,
+        destinations=Destinations([("otlp", QueuedExporter(InMemorySpanExporter(), stats))], stats),
+        metric_readers=[InMemoryMetricReader()], kernel_names=Names(), clock=BpfClock())
+    records = batches(n)
+    t0 = time.thread_time()
+    for batch in records:
+        wiring.pipeline.push(batch)
+    us = (time.thread_time() - t0) / n * 1e6
+    assert stats.snapshot().get("requests_finished") == n, stats.snapshot()
+    wiring.destinations.shutdown(time.monotonic() + 5)
+    return us
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--ratio", default="0.1", help="OTEL_TRACES_SAMPLER_ARG (traceidratio)")
+    ap.add_argument("--requests", type=int, default=20000)
+    a = ap.parse_args()
+    best = min(run(a.ratio, a.requests) for _ in range(3))
+    print(f"pipeline: {best:.1f} µs of collector CPU per request at {float(a.ratio):.0%} sampling "
+          f"(best of 3 x {a.requests} requests)")
+
+
+if __name__ == "__main__":
+    main()
