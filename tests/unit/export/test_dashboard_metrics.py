@@ -82,11 +82,12 @@ def exported():
 
 
 def _instruments():
-    """Every instrument metrics.py creates: the first argument of each meter.create_*()."""
+    """Every instrument metrics.py creates: the first argument of each meter.create_*() and
+    histograms.create() (export/histograms.py)."""
     tree = ast.parse(Path(metrics_module.__file__).read_text())
     return {node.args[0].value for node in ast.walk(tree)
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
-            and node.func.attr.startswith("create_") and node.args and isinstance(node.args[0], ast.Constant)}
+            and node.func.attr.startswith("create") and node.args and isinstance(node.args[0], ast.Constant)}
 
 
 # --- PromQL: the names an expression uses ---------------------------------------------------
