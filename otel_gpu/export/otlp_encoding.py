@@ -5,8 +5,8 @@ message object per span, attribute and value: ~46 µs a span here, 42 % of the
 collector's CPU at 100 % sampling (bench item 2). This writes the same message
 (`tests/unit/export/test_otlp_encoding.py` holds it to the SDK's output) as bytes, with
 the bytes of repeated attribute pairs (method, route, call name, pid, thread...) and of
-each resource kept, then has protobuf's C parser build the request the SDK's gRPC
-exporter sends. Field numbers are those of opentelemetry/proto/trace/v1/trace.proto
+each resource kept; the SDK's gRPC exporter sends those bytes as they are (GrpcSpanExporter:
+its stub would parse them into a message to serialize it again). Field numbers are those of opentelemetry/proto/trace/v1/trace.proto
 and common/v1/common.proto."""
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import struct
 from collections.abc import Mapping, Sequence
 
 from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 from opentelemetry.trace import SpanKind
 
 log = logging.getLogger(__name__)
@@ -99,9 +99,6 @@ class SpanEncoder:
         self._pairs: dict = {}
         self._resources: dict = {}
         self._unencodable: set = set()  # attribute keys warned of (once each)
-
-    def request(self, spans) -> ExportTraceServiceRequest:
-        return ExportTraceServiceRequest.FromString(self.encode(spans))
 
     def encode(self, spans) -> bytes:
         """The request's bytes: spans grouped by resource, then instrumentation scope
@@ -218,13 +215,31 @@ class SpanEncoder:
         return b"".join(body)
 
 
+EXPORT_METHOD = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
+
+
+class _BytesStub:
+    """TraceService's Export taking the request's encoded bytes as they are: the SDK's
+    stub would serialize a message (parsed from those bytes first: ~1.6 µs a span)."""
+
+    def __init__(self, channel) -> None:
+        self.Export = channel.unary_unary(EXPORT_METHOD, request_serializer=bytes,
+                                          response_deserializer=ExportTraceServiceResponse.FromString)
+
+
 class GrpcSpanExporter(OTLPSpanExporter):
     """The SDK's gRPC span exporter (endpoint, headers, TLS, compression, retries and
-    its own metrics unchanged), with the request encoded by SpanEncoder."""
+    its own metrics unchanged), with the request encoded by SpanEncoder and sent as
+    those bytes."""
 
     def __init__(self, *args, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
         self._encoder = SpanEncoder()
+        super().__init__(*args, **kwargs)
 
-    def _translate_data(self, data) -> ExportTraceServiceRequest:
-        return self._encoder.request(data)
+    def _initialize_channel_and_stub(self) -> None:
+        """At start and at each reconnection (the SDK's): its channel, our stub."""
+        super()._initialize_channel_and_stub()
+        self._client = _BytesStub(self._channel)
+
+    def _translate_data(self, data) -> bytes:
+        return self._encoder.encode(data)
