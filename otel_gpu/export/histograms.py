@@ -150,15 +150,17 @@ class Histograms:
         receive = reader._receive_metrics
 
         def receive_with_histograms(metrics_data, *args, **kwargs):
-            now = time.time_ns()
-            mine = [m for m in (h.collect(index, now) for h in self._histograms) if m is not None]
-            return receive(self._merged(metrics_data, mine), *args, **kwargs)
+            if metrics_data.resource_metrics:  # else nothing to join: the values wait for the next
+                now = time.time_ns()
+                mine = [m for m in (h.collect(index, now) for h in self._histograms) if m is not None]
+                metrics_data = self._merged(metrics_data, mine)
+            return receive(metrics_data, *args, **kwargs)
 
         reader._receive_metrics = receive_with_histograms
 
     def _merged(self, data: MetricsData, mine: list) -> MetricsData:
         """`data` with `mine` in this scope's ScopeMetrics (made if the SDK had none)."""
-        if not mine or not data.resource_metrics:
+        if not mine:
             return data
         first, *others = data.resource_metrics
         scopes = list(first.scope_metrics)
