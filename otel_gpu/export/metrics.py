@@ -37,9 +37,9 @@ from .metric_values import INT64_MAX, BatchedAdds, CappedCounter, GuardedExporte
 log = logging.getLogger(__name__)
 OTHER = "other"
 OUTSIDE_FEATURE = "(outside)"  # the feature of a process's GPU time outside requests
-# Calls per request recorded in the grid/block/sync histograms (each value ~2 µs:
-# export/histograms.py): at 64, a request streaming its whole budget of launches cost
-# ~0.8 ms of collector CPU in these two histograms alone, through the SDK's.
+# Calls per request recorded in the grid/block/sync histograms. At 64, through the SDK's
+# histograms (5-20 µs a value), a request streaming its whole budget of launches cost
+# ~0.8 ms of collector CPU in these two alone; export/histograms.py takes ~2 µs a value.
 HISTOGRAM_SAMPLE = 8
 PROBE_FUNCTION = "otel_gpu.probe.function"  # label of the probe gauges: a symbol of the probe table
 PROBE_SYMBOLS = frozenset(r.symbol for r in CUDA_PROBES + PYTHON_PROBES + NCCL_STATE_PROBES)  # bounds its values
@@ -93,9 +93,10 @@ class GpuMetrics:
         self._adds = BatchedAdds()
         self.provider = MeterProvider(metric_readers=readers, resource=Resource.create(
             {sc.SERVICE_NAME: service_name}))
-        m = self.provider.get_meter("otel-gpu", __version__)
+        scope = InstrumentationScope("otel-gpu", __version__)
+        m = self.provider.get_meter(scope.name, scope.version)
         # Histograms record several values per request: ours, exported through the same readers.
-        histograms = Histograms(InstrumentationScope("otel-gpu", __version__))
+        histograms = Histograms(scope)
         for reader in readers:
             histograms.attach(reader)
         # Where a metric means what one of the OpenTelemetry eBPF Instrumentation (OBI) means, it

@@ -183,7 +183,8 @@ class SpanBuilder:
             attrs[sc.GPU_COST_SPLIT_FEATURES] = [feature(c) for c in kept]
         rest: dict[str, float] = {}
         for c in dropped:
-            rest[feature(c)] = rest.get(feature(c), 0.0) + float(w.split.get(c, 0.0))
+            f = feature(c)
+            rest[f] = rest.get(f, 0.0) + float(w.split.get(c, 0.0))
         if rest:
             attrs[sc.GPU_COST_SPLIT_REST_FEATURES] = list(rest)
             attrs[sc.GPU_COST_SPLIT_REST_SECONDS] = list(rest.values())
