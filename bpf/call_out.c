@@ -80,15 +80,23 @@ struct thread_budget {
 };
 BPF_TABLE("lru_hash", struct budget_key, struct thread_budget, stream_budget, 16384);
 
-/* Host-wide bound on calls streamed one by one: STREAM_RATE_PER_CPU a second on each CPU
- * (user space splits --stream-rate), in bursts of up to one second's share (a short burst of
- * requests, e.g. one busy event-loop CPU, keeps its one-by-one calls; the ring buffer holds
- * a burst easily: 2 CPUs x 2500 records). Past it calls are counted in req_agg,
- * so the consumer's load follows this rate and not requests/s x budget: unbounded, its
- * backlog filled the ring and pushed HTTP records out (requests never ended). */
-#ifndef STREAM_RATE_PER_CPU
-#define STREAM_RATE_PER_CPU 2500
-#endif
+/* How many calls go out one by one, written by user space once the program is loaded
+ * (probes/source.py write_stream_settings): in a map, not -D flags, so that another
+ * --stream-rate or --stream-budget is the same program (from the cache, no compile).
+ * All zero until written: nothing streams, every call is counted. */
+struct stream_settings {
+    u64 rate_per_cpu;  /* calls a second on each CPU (user space splits --stream-rate) */
+    u32 budget;        /* calls per thread and request (reset at each HTTP read of the process) */
+    u32 _pad;
+};
+BPF_ARRAY(stream_settings, struct stream_settings, 1);
+
+/* Host-wide bound on calls streamed one by one: rate_per_cpu a second on each CPU, in
+ * bursts of up to one second's share (a short burst of requests, e.g. one busy event-loop
+ * CPU, keeps its one-by-one calls; the ring buffer holds a burst easily: 2 CPUs x 2500
+ * records). Past it calls are counted in req_agg, so the consumer's load follows this
+ * rate and not requests/s x budget: unbounded, its backlog filled the ring and pushed
+ * HTTP records out (requests never ended). */
 #define NS_PER_S 1000000000ull
 struct stream_tokens {
     u64 last_ns;
@@ -96,7 +104,7 @@ struct stream_tokens {
 };
 BPF_PERCPU_ARRAY(stream_rate, struct stream_tokens, 1);
 
-static __always_inline int stream_token(void)
+static __always_inline int stream_token(u64 rate)
 {
     u32 zero = 0;
     struct stream_tokens *t = stream_rate.lookup(&zero);
@@ -106,8 +114,8 @@ static __always_inline int stream_token(void)
     u64 dt = now - t->last_ns;
     if (dt > NS_PER_S)
         dt = NS_PER_S;
-    u64 cap = (STREAM_RATE_PER_CPU + 1) * NS_PER_S;
-    u64 tokens = t->tokens + dt * STREAM_RATE_PER_CPU;
+    u64 cap = (rate + 1) * NS_PER_S;
+    u64 tokens = t->tokens + dt * rate;
     t->last_ns = now;
     if (tokens > cap)
         tokens = cap;
@@ -141,14 +149,18 @@ static __always_inline enum stream_verdict stream_this(u64 id, u64 ctx, u32 tgid
     u8 *quiet = quiet_procs.lookup(&tgid);
     if (quiet && *quiet)
         return COUNT_UNTIL; /* no sampled request open: counted, its summaries exact all the same */
+    u32 zero = 0;
+    struct stream_settings *set = stream_settings.lookup(&zero);
+    if (!set)
+        return COUNT_NOW;
     struct budget_key key = {.pid_tgid = id, .ctx = ctx};
     struct thread_budget *b = stream_budget.lookup(&key);
     int mine = b && b->reads == reads;
-    if (mine && b->streamed >= STREAM_BUDGET)
+    if (mine && b->streamed >= set->budget)
         return COUNT_UNTIL;
     if (ring_unread() >= CUDA_HIGH_WATER)
         return COUNT_NOW; /* the rest of the ring is kept for HTTP records */
-    if (!stream_token())
+    if (!stream_token(set->rate_per_cpu))
         return COUNT_NOW;
     if (mine) {
         b->streamed++;

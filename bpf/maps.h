@@ -16,11 +16,6 @@
 #ifndef MAX_CONNS
 #define MAX_CONNS 65536
 #endif
-/* CUDA calls streamed one by one per thread and request (reset at each HTTP read of
- * the process); past it a call is counted in req_agg (call_out.c). */
-#ifndef STREAM_BUDGET
-#define STREAM_BUDGET 64
-#endif
 /* CUDA records are streamed only while the ring buffer holds less than this many
  * unread bytes: the rest of it is kept for HTTP records, which are never aggregated. */
 #ifndef CUDA_HIGH_WATER

@@ -32,7 +32,11 @@ log = logging.getLogger(__name__)
 FORMAT_VERSION = 1
 MAGIC = b"otel-gpu bpf cache"
 SUFFIX = ".bpfc"
-KEEP = 4  # entries kept (other settings, kernels, program versions); older ones go
+# Entries kept, the least recently used go: one per program a host starts (the
+# settings that are -D flags: --pid/--exe, --stream-*, --max-connections, --ringbuf-pages;
+# kernels; program versions), ~0.6 MB each. At 4 the suite's dozen settings evicted one
+# another and recompiled (15-20 s each) over and over.
+KEEP = 16
 STALE_TMP_S = 600  # a temporary file this old is no writer's any more
 
 # struct bpf_insn: u8 code, u8 dst:4|src:4, s16 off, s32 imm.
@@ -239,7 +243,12 @@ class CacheDir:
             st = os.fstat(f.fileno())
             if st.st_uid != os.geteuid() or st.st_mode & 0o022:
                 raise CacheError(f"{path.name} is writable by others or not ours")
-            return decode(f.read(), key)
+            entry = decode(f.read(), key)
+            try:
+                os.utime(f.fileno())  # used now: prune() keeps the most recently used
+            except OSError:
+                pass  # a read-only cache still serves
+            return entry
 
     def write(self, key: str, entry: Entry) -> Path:
         """Atomically (a temporary file renamed over the name); prunes to `keep` entries."""
@@ -262,7 +271,7 @@ class CacheDir:
         return self.entry_path(key)
 
     def prune(self, keep_key: str) -> None:
-        """The `keep` most recently written entries stay (`keep_key`'s always), and a
+        """The `keep` most recently used (written or read) entries stay (`keep_key`'s always), and a
         temporary file left by a crash mid-write goes (a live writer's is younger)."""
         entries, doomed, now = [], [], time.time()
         for p in self.path.glob(f"*{SUFFIX}"):

@@ -3,7 +3,9 @@
 The program is the generated CALL_* ids (cuda_calls.py c_defines()) followed by the
 files of PROGRAM_FILES under bpf/, in that order (tls_probes.c sends OpenSSL plaintext
 through http_probes.c's emit path; call_out.c is the way out for every CUDA call).
-Tunables go in as -D cflags, never by editing the C text."""
+Tunables go in as -D cflags, never by editing the C text; those that change no map size
+or code path (the stream settings) are written to a map after the load, so that another
+value is the same program, cached."""
 from __future__ import annotations
 
 import logging
@@ -35,8 +37,8 @@ class ProgramOptions:
     ringbuf_pages: int = 2048   # 8 MiB; a power of two
     max_procs: int = 4096
     max_conns: int = 65536
-    stream_budget: int = 64     # CUDA calls streamed per thread and request (bpf/maps.h STREAM_BUDGET)
-    stream_rate: int = 5000     # CUDA calls streamed per second, host-wide (bpf/call_out.c STREAM_RATE_PER_CPU)
+    stream_budget: int = 64     # CUDA calls streamed per thread and request (bpf/call_out.c stream_settings)
+    stream_rate: int = 5000     # CUDA calls streamed per second, host-wide (bpf/call_out.c stream_settings)
     bpf_cache: Optional[str] = None  # directory of compiled programs (probes/program_cache.py); None: compile
     pid_words: int = field(default_factory=pid_words)  # bpf/maps.h pid_bits: this host's pid_max / 32
     cpus: int = field(default_factory=launch_slot_sizes.possible_cpus)  # bpf/launch_slots.c: a block of slots per CPU
@@ -60,8 +62,6 @@ class ProgramOptions:
             f"-DRINGBUF_PAGES={self.ringbuf_pages}",
             f"-DMAX_PROCS={self.max_procs}",
             f"-DMAX_CONNS={self.max_conns}",
-            f"-DSTREAM_BUDGET={self.stream_budget}",
-            f"-DSTREAM_RATE_PER_CPU={-(-self.stream_rate // (os.cpu_count() or 1))}",
             f"-DPID_WORDS={self.pid_words}",
             f"-DLAUNCH_CPUS={self.cpus}",
             f"-DLAUNCH_SLOTS_LOG2={launch_slot_sizes.SLOTS_LOG2}",
@@ -108,10 +108,27 @@ def source_text() -> str:
 
 def load(options: ProgramOptions, stats=None, compile_only: bool = False):
     """The bcc BPF object, from the cache when it holds this exact program, else
-    compiled (and then cached). bcc attaches the TRACEPOINT_PROBE functions itself
-    (not with `compile_only`: `otel-gpu compile` warms the cache and attaches
-    nothing); uprobes are the caller's. An unusable entry is logged, counted in
-    `stats` as bpf_cache_invalid, and the program compiled."""
+    compiled (and then cached), with its stream settings written. bcc attaches the
+    TRACEPOINT_PROBE functions itself (not with `compile_only`: `otel-gpu compile`
+    warms the cache and attaches nothing); uprobes are the caller's. An unusable entry
+    is logged, counted in `stats` as bpf_cache_invalid, and the program compiled."""
+    bpf = _load(options, stats, compile_only)
+    if not compile_only:
+        write_stream_settings(bpf, options)
+    return bpf
+
+
+def write_stream_settings(bpf, options: ProgramOptions) -> None:
+    """bpf/call_out.c stream_settings: before any uprobe is attached (nothing streams
+    until then). The host-wide rate is split evenly over the CPUs (a per-CPU bucket)."""
+    table = bpf[b"stream_settings"]
+    leaf = table.Leaf()
+    leaf.rate_per_cpu = -(-options.stream_rate // (os.cpu_count() or 1))
+    leaf.budget = options.stream_budget
+    table[table.Key(0)] = leaf
+
+
+def _load(options: ProgramOptions, stats, compile_only: bool):
     kernel_headers_hint()
     from bcc import BPF  # imported late: the unit tier runs without bcc
 

@@ -185,3 +185,14 @@ def test_old_entries_and_stale_temporary_files_are_pruned(tmp_path):
     d.write(keys[0], entry())  # rewritten: the newest
     names = {p.name for p in tmp_path.iterdir()}
     assert names == {f"{k}.bpfc" for k in [keys[0]] + keys[-(KEEP - 1):]} | {fresh.name}
+
+
+def test_an_entry_read_is_kept_over_ones_used_less_recently(tmp_path):
+    d = CacheDir(str(tmp_path))
+    keys = [f"{i:064x}" for i in range(KEEP + 1)]
+    for i, k in enumerate(keys[:KEEP]):
+        d.write(k, entry())
+        os.utime(d.entry_path(k), (1000 + i, 1000 + i))  # written in this order, long ago
+    assert d.read(keys[0]) is not None  # the oldest written, used now
+    d.write(keys[KEEP], entry())  # one more than KEEP: the least recently used goes
+    assert {p.name for p in tmp_path.iterdir()} == {f"{k}.bpfc" for k in keys if k != keys[1]}
