@@ -86,6 +86,8 @@ BPF_TABLE("lru_hash", struct budget_key, struct thread_budget, stream_budget, 16
  * All zero until written: nothing streams, every call is counted. */
 struct stream_settings {
     u64 rate_per_cpu;  /* calls a second on each CPU (user space splits --stream-rate) */
+    u64 high_water;    /* unread ring buffer bytes past which nothing streams: the rest is
+                        * kept for HTTP records, which are never aggregated */
     u32 budget;        /* calls per thread and request (reset at each HTTP read of the process) */
     u32 _pad;
 };
@@ -158,7 +160,7 @@ static __always_inline enum stream_verdict stream_this(u64 id, u64 ctx, u32 tgid
     int mine = b && b->reads == reads;
     if (mine && b->streamed >= set->budget)
         return COUNT_UNTIL;
-    if (ring_unread() >= CUDA_HIGH_WATER)
+    if (ring_unread() >= set->high_water)
         return COUNT_NOW; /* the rest of the ring is kept for HTTP records */
     if (!stream_token(set->rate_per_cpu))
         return COUNT_NOW;

@@ -7,6 +7,9 @@
 #include <linux/sched.h>
 #include "events.h"
 
+/* RINGBUF_PAGES and MAX_CONNS size maps only: a program from the cache has its maps made
+ * at the configured sizes (probes/source.py map_sizes), so these are the sizes compiled
+ * in, changed by -D flags only where nothing is cached (--bpf-cache off). */
 #ifndef RINGBUF_PAGES
 #define RINGBUF_PAGES 2048
 #endif
@@ -15,11 +18,6 @@
 #endif
 #ifndef MAX_CONNS
 #define MAX_CONNS 65536
-#endif
-/* CUDA records are streamed only while the ring buffer holds less than this many
- * unread bytes: the rest of it is kept for HTTP records, which are never aggregated. */
-#ifndef CUDA_HIGH_WATER
-#define CUDA_HIGH_WATER (RINGBUF_PAGES * 4096 / 4 * 3)
 #endif
 #ifndef AGG_ENTRIES
 #define AGG_ENTRIES 65536

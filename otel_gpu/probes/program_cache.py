@@ -23,7 +23,7 @@ import os
 import struct
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Iterable, Optional
 
@@ -32,10 +32,10 @@ log = logging.getLogger(__name__)
 FORMAT_VERSION = 1
 MAGIC = b"otel-gpu bpf cache"
 SUFFIX = ".bpfc"
-# Entries kept, the least recently used go: one per program a host starts (the
-# settings that are -D flags: --pid/--exe, --stream-*, --max-connections, --ringbuf-pages;
-# kernels; program versions), ~0.6 MB each. At 4 the suite's dozen settings evicted one
-# another and recompiled (15-20 s each) over and over.
+# Entries kept, the least recently used go: one per program a host starts (with and
+# without --pid/--exe; kernels; program versions), ~0.6 MB each. At 4, when table sizes and
+# stream settings were -D flags too, the suite's dozen settings evicted one another and
+# recompiled (15-20 s each) over and over.
 KEEP = 16
 STALE_TMP_S = 600  # a temporary file this old is no writer's any more
 
@@ -80,6 +80,15 @@ class Entry:
     kern_version: int
     maps: tuple                       # MapSpec, in map index order
     funcs: tuple                      # FuncSpec, in bcc's function order (autoload order)
+
+    def sized(self, max_entries: dict) -> "Entry":
+        """This program with the named maps made at other sizes (the instructions do
+        not depend on them: bpf/maps.h)."""
+        return replace(self, maps=tuple(replace(m, max_entries=max_entries.get(m.name, m.max_entries))
+                                        for m in self.maps))
+
+    def has_sizes(self, max_entries: dict) -> bool:
+        return all(max_entries.get(m.name, m.max_entries) == m.max_entries for m in self.maps)
 
 
 # Files of a kernel header tree that change whenever the tree is rebuilt or replaced by

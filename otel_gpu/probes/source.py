@@ -21,6 +21,7 @@ from .pid_bits import pid_words
 log = logging.getLogger(__name__)
 
 MERGED_HEADERS = Path("/var/lib/otel-gpu/kernel-headers")
+PAGE_SIZE = 4096  # a ring buffer page (bpf/maps.h BPF_RINGBUF_OUTPUT)
 
 
 def bpf_dir() -> Path:
@@ -52,16 +53,26 @@ class ProgramOptions:
                    stream_budget=config.stream_budget, stream_rate=config.stream_rate, bpf_cache=config.bpf_cache,
                    uprobe_links=config.uprobe_links)
 
-    def cflags(self) -> list[str]:
-        if self.ringbuf_pages & (self.ringbuf_pages - 1):
+    def map_sizes(self) -> dict:
+        """Max entries of the maps whose size is a setting, by map name: not part of the
+        program (cflags), so that another size is the same cached program, its maps made
+        at these sizes."""
+        if self.ringbuf_pages <= 0 or self.ringbuf_pages & (self.ringbuf_pages - 1):
             raise ValueError("ringbuf_pages must be a power of two")
+        return {"events": self.ringbuf_pages * PAGE_SIZE, "conns": self.max_conns, "ssl_fds": self.max_conns}
+
+    def size_cflags(self) -> list[str]:
+        """The sizes compiled in, where nothing is cached."""
+        self.map_sizes()
+        return [f"-DRINGBUF_PAGES={self.ringbuf_pages}", f"-DMAX_CONNS={self.max_conns}"]
+
+    def cflags(self) -> list[str]:
+        self.map_sizes()  # a bad size fails here, before any compile
         return [
             f"-I{bpf_dir()}",
             "-DOTEL_GPU_BPF=1",
             f"-DTRACE_ALL={int(self.trace_all)}",
-            f"-DRINGBUF_PAGES={self.ringbuf_pages}",
             f"-DMAX_PROCS={self.max_procs}",
-            f"-DMAX_CONNS={self.max_conns}",
             f"-DPID_WORDS={self.pid_words}",
             f"-DLAUNCH_CPUS={self.cpus}",
             f"-DLAUNCH_SLOTS_LOG2={launch_slot_sizes.SLOTS_LOG2}",
@@ -124,6 +135,7 @@ def write_stream_settings(bpf, options: ProgramOptions) -> None:
     table = bpf[b"stream_settings"]
     leaf = table.Leaf()
     leaf.rate_per_cpu = -(-options.stream_rate // (os.cpu_count() or 1))
+    leaf.high_water = options.map_sizes()["events"] // 4 * 3  # a quarter kept for HTTP records
     leaf.budget = options.stream_budget
     table[table.Key(0)] = leaf
 
@@ -135,9 +147,9 @@ def _load(options: ProgramOptions, stats, compile_only: bool):
     from . import bcc_abi
     bcc_abi.apply()  # uprobes without a garbage ref_ctr_offset (other tools can attach too)
 
-    text, cflags = source_text().encode(), options.cflags()
+    text, cflags, sizes = source_text().encode(), options.cflags(), options.map_sizes()
     if not options.bpf_cache:
-        return _compile(BPF, text, cflags, compile_only)
+        return _compile(BPF, text, cflags + options.size_cflags(), compile_only)
     from . import cached_bpf
     from .program_cache import Uncacheable
     cache, key = program_cache(options, text)
@@ -145,20 +157,30 @@ def _load(options: ProgramOptions, stats, compile_only: bool):
         try:
             entry = cache.read(key)
             if entry is not None:
-                bpf = cached_bpf.CachedBPF(entry)
+                bpf = cached_bpf.CachedBPF(entry.sized(sizes))
                 log.info("BPF program from the cache %s (no compile)", cache.entry_path(key))
                 return bpf
         except Exception as e:  # CacheError, or the kernel refused what the entry holds
             log.warning("BPF cache entry %s unusable: %s; compiling", cache.entry_path(key), e)
             if stats is not None:
                 stats.add("bpf_cache_invalid")
-    bpf = _compile(BPF, text, cflags, compile_only)
+    bpf = _compile(BPF, text, cflags, compile_only)  # maps at bpf/maps.h's sizes
     try:
-        path = cache.write(key, cached_bpf.extract(bpf))
-        log.info("BPF program cached in %s", path)
-    except (Uncacheable, OSError) as e:
+        entry = cached_bpf.extract(bpf)
+    except Uncacheable as e:
         log.warning("BPF program not cached (%s): every start compiles", e)
-    return bpf
+        if compile_only:
+            return bpf
+        bpf.cleanup()
+        return _compile(BPF, text, cflags + options.size_cflags(), compile_only)
+    try:
+        log.info("BPF program cached in %s", cache.write(key, entry))
+    except OSError as e:
+        log.warning("BPF program not cached (%s): every start compiles", e)
+    if compile_only or entry.has_sizes(sizes):
+        return bpf
+    bpf.cleanup()  # other sizes: its maps made again, from the entry
+    return cached_bpf.CachedBPF(entry.sized(sizes))
 
 
 def program_cache(options: ProgramOptions, text: Optional[bytes] = None):

@@ -203,16 +203,26 @@ def test_otel_gpu_compile_warms_the_cache_a_collector_then_reads_it(tmp_path, re
     assert len(os.listdir(cache)) == 1
 
 
-def test_stream_settings_are_written_at_load_not_compiled_in():
-    """Another --stream-rate or --stream-budget is the same program (one cache entry, no
-    compile); each load writes its own into the kernel's map (bpf/call_out.c)."""
+def test_stream_settings_and_map_sizes_are_one_program():
+    """Another --stream-rate, --stream-budget, --ringbuf-pages or --max-connections is the
+    same program (one cache entry, no compile): each load writes its stream settings into
+    the kernel's map (bpf/call_out.c) and makes the maps at its sizes."""
     from otel_gpu.config import DEFAULT_BPF_CACHE
-    a = ProgramOptions(bpf_cache=DEFAULT_BPF_CACHE, stream_budget=7, stream_rate=3001)
-    b = ProgramOptions(bpf_cache=DEFAULT_BPF_CACHE, stream_budget=64, stream_rate=10**6)
+    a = ProgramOptions(bpf_cache=DEFAULT_BPF_CACHE, stream_budget=7, stream_rate=3001, ringbuf_pages=4,
+                       max_conns=300)
+    b = ProgramOptions(bpf_cache=DEFAULT_BPF_CACHE)
     assert program_cache(a)[1] == program_cache(b)[1]
+    load(b).cleanup()  # cached if it was not
     bpf = load(a)
     try:
         s = bpf[b"stream_settings"][ct.c_int(0)]
-        assert (s.budget, s.rate_per_cpu) == (7, -(-3001 // os.cpu_count()))
+        assert (s.budget, s.rate_per_cpu, s.high_water) == (7, -(-3001 // os.cpu_count()), 4 * 4096 // 4 * 3)
+        assert (bpf[b"events"].max_entries, bpf[b"conns"].max_entries, bpf[b"ssl_fds"].max_entries) == \
+            (4 * 4096, 300, 300)
+        info = {}
+        for name in (b"events", b"conns"):  # what the kernel made, not only what bcc was told
+            with open(f"/proc/self/fdinfo/{bpf[name].map_fd}") as f:
+                info[name] = int(next(l.split()[1] for l in f if l.startswith("max_entries:")))
+        assert info == {b"events": 4 * 4096, b"conns": 300}
     finally:
         bpf.cleanup()

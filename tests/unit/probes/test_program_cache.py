@@ -196,3 +196,13 @@ def test_an_entry_read_is_kept_over_ones_used_less_recently(tmp_path):
     assert d.read(keys[0]) is not None  # the oldest written, used now
     d.write(keys[KEEP], entry())  # one more than KEEP: the least recently used goes
     assert {p.name for p in tmp_path.iterdir()} == {f"{k}.bpfc" for k in keys if k != keys[1]}
+
+
+def test_an_entry_sized_again_changes_only_the_named_maps():
+    e = entry()
+    names = [m.name for m in e.maps]
+    sized = e.sized({names[0]: 12345, "no_such_map": 7})
+    assert [m.max_entries for m in sized.maps] == [12345] + [m.max_entries for m in e.maps[1:]]
+    assert sized.funcs == e.funcs and sized.maps[1:] == e.maps[1:]
+    assert e.has_sizes({names[0]: e.maps[0].max_entries}) and not e.has_sizes({names[0]: 12345})
+    assert sized.has_sizes({names[0]: 12345})
