@@ -88,6 +88,7 @@ class Entry:
                                         for m in self.maps))
 
     def has_sizes(self, max_entries: dict) -> bool:
+        """Its named maps are made at these sizes already."""
         return all(max_entries.get(m.name, m.max_entries) == m.max_entries for m in self.maps)
 
 

@@ -3,9 +3,10 @@
 The program is the generated CALL_* ids (cuda_calls.py c_defines()) followed by the
 files of PROGRAM_FILES under bpf/, in that order (tls_probes.c sends OpenSSL plaintext
 through http_probes.c's emit path; call_out.c is the way out for every CUDA call).
-Tunables go in as -D cflags, never by editing the C text; those that change no map size
-or code path (the stream settings) are written to a map after the load, so that another
-value is the same program, cached."""
+Tunables go in as -D cflags, never by editing the C text. Those that change no
+instruction are kept out of them, so that another value is the same cached program: the
+stream settings are written to a map after the load, and the table sizes are those of the
+maps made from the cache's entry."""
 from __future__ import annotations
 
 import logging
@@ -169,9 +170,9 @@ def _load(options: ProgramOptions, stats, compile_only: bool):
         entry = cached_bpf.extract(bpf)
     except Uncacheable as e:
         log.warning("BPF program not cached (%s): every start compiles", e)
-        if compile_only:
+        if compile_only or all(bpf[name.encode()].max_entries == n for name, n in sizes.items()):
             return bpf
-        bpf.cleanup()
+        bpf.cleanup()  # other sizes, and no entry to make its maps from: they are compiled in
         return _compile(BPF, text, cflags + options.size_cflags(), compile_only)
     try:
         log.info("BPF program cached in %s", cache.write(key, entry))
