@@ -9,6 +9,7 @@ expected_attach_type BPF_TRACE_UPROBE_MULTI (load_program)."""
 from __future__ import annotations
 
 import ctypes as ct
+import errno
 import os
 import struct
 from typing import Optional, Sequence
@@ -21,6 +22,9 @@ BPF_PROG_TYPE_KPROBE = 2
 BPF_TRACE_UPROBE_MULTI = 48
 BPF_F_UPROBE_MULTI_RETURN = 1
 LOG_SIZE = 1 << 16  # verifier log kept when a load fails
+# The verifier gives up with EAGAIN when a signal is pending: tried again, as libbpf
+# does (5 attempts) for the programs bcc loads.
+LOAD_ATTEMPTS = 5
 
 _libc = ct.CDLL(None, use_errno=True)
 _libc.syscall.restype = ct.c_long
@@ -59,14 +63,25 @@ def load_program(name: bytes, insns: bytes, license: bytes) -> int:
                      insns=ct.addressof(code), license=ct.addressof(lic),
                      prog_name=name[:15], expected_attach_type=BPF_TRACE_UPROBE_MULTI)
     try:
-        return _bpf(BPF_PROG_LOAD, attr)
+        return _prog_load(attr)
     except OSError as e:
         # Load again with the log only on refusal: a log costs the verifier time.
         attr.log_level, attr.log_size, attr.log_buf = 1, LOG_SIZE, ct.addressof(log)
         try:
-            return _bpf(BPF_PROG_LOAD, attr)
+            return _prog_load(attr)
         except OSError:
             raise OSError(e.errno, f"{e.strerror}: {log.value.decode(errors='replace')[-2000:]}") from None
+
+
+def _prog_load(attr: _ProgLoad) -> int:
+    attempts = LOAD_ATTEMPTS
+    while True:
+        try:
+            return _bpf(BPF_PROG_LOAD, attr)
+        except OSError as e:
+            attempts -= 1
+            if e.errno != errno.EAGAIN or not attempts:
+                raise
 
 
 def attach(prog_fd: int, path: str, offsets: Sequence[int], ret: bool = False, pid: Optional[int] = None) -> int:

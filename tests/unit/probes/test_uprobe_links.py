@@ -3,7 +3,9 @@ one log line that says so. The kernel's answer (uprobe_multi.supported) is faked
 tests/bpf/test_probe_lifecycle.py and test_probe_closer.py plant both for real."""
 from __future__ import annotations
 
+import errno
 import logging
+import os
 
 import pytest
 
@@ -40,3 +42,30 @@ def test_multi_without_kernel_support_is_an_error(kernel):
 def test_perf_never_asks_the_kernel(monkeypatch):
     monkeypatch.setattr(uprobe_multi, "supported", lambda: pytest.fail("asked"))
     assert isinstance(uprobe_links.choose(object(), "perf"), uprobe_links.PerfUprobes)
+
+
+def _fake_loads(monkeypatch, errors: list) -> list:
+    """uprobe_multi's bpf(2) answering with each errno of `errors` in turn, then fd 42."""
+    calls = []
+
+    def bpf(cmd, attr):
+        calls.append(cmd)
+        if errors:
+            err = errors.pop(0)
+            raise OSError(err, os.strerror(err))
+        return 42
+    monkeypatch.setattr(uprobe_multi, "_bpf", bpf)
+    return calls
+
+
+def test_a_load_the_verifier_gave_up_on_for_a_signal_is_tried_again(monkeypatch):
+    calls = _fake_loads(monkeypatch, [errno.EAGAIN] * (uprobe_multi.LOAD_ATTEMPTS - 1))
+    assert uprobe_multi.load_program(b"f", b"\0" * 16, b"GPL") == 42
+    assert len(calls) == uprobe_multi.LOAD_ATTEMPTS
+
+
+def test_a_refusal_is_not_tried_again_but_loaded_once_more_for_its_log(monkeypatch):
+    calls = _fake_loads(monkeypatch, [errno.EINVAL, errno.EINVAL])
+    with pytest.raises(OSError) as e:
+        uprobe_multi.load_program(b"f", b"\0" * 16, b"GPL")
+    assert e.value.errno == errno.EINVAL and len(calls) == 2
