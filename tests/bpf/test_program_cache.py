@@ -2,13 +2,15 @@
 (same instructions for every function once each map reference is resolved to its
 map, same kernel program tags), a damaged entry falls back to compiling (counted),
 and `otel-gpu compile` warms the cache that a collector then starts from and traces
-with. A cold clang compile takes 15-20 s on 2 cores: the module makes three."""
+with. A cold clang compile takes 15-20 s on 2 cores: the module makes two (`make setup`
+compiled the default cache's entry)."""
 from __future__ import annotations
 
 import base64
 import ctypes as ct
 import hashlib
 import json
+import logging
 import os
 import shutil
 
@@ -39,25 +41,50 @@ def _prog_tag(fd: int) -> str:
         return next(line.split()[1] for line in f if line.startswith("prog_tag:"))
 
 
+class _Messages(logging.Handler):
+    def __init__(self):
+        super().__init__()
+        self.lines = []
+
+    def emit(self, record):
+        self.lines.append(record.getMessage())
+
+
 @pytest.fixture(scope="module")
 def compiled(tmp_path_factory):
-    """The default program compiled once for the module (a cold clang compile takes
-    15-20 s on 2 cores), with the cache that compile wrote its entry to: (BPF, CacheDir, key)."""
+    """The default program as load() compiles it when the kernel refuses the cache's
+    entry, the module's one compile through load() (15-20 s on 2 cores): the refused
+    entry is the default cache's (`make setup` compiles it; without it, the first load
+    here does), its first tracepoint program made one the verifier rejects, so the load
+    fails after maps were made and tracepoints attached. (BPF, CacheDir, key, Stats,
+    the load's log lines); the compile wrote a good entry again."""
+    from otel_gpu.config import DEFAULT_BPF_CACHE
     from otel_gpu.probes.cached_bpf import CachedBPF
-    options = ProgramOptions(bpf_cache=str(tmp_path_factory.mktemp("good")))
-    bpf = load(options)
+    default = ProgramOptions(bpf_cache=DEFAULT_BPF_CACHE)
+    load(default).cleanup()  # cached if it was not
+    good, key = program_cache(default)
+    options = ProgramOptions(bpf_cache=str(tmp_path_factory.mktemp("refused")))
+    cache, same_key = program_cache(options)
+    assert same_key == key  # the key does not depend on the cache's folder
+    shutil.copy(good.entry_path(key), cache.entry_path(key))
+    _kernel_refuses(cache.entry_path(key))
+    stats, messages = Stats(), _Messages()
+    logging.getLogger("otel_gpu.probes.source").addHandler(messages)
+    try:
+        bpf = load(options, stats)
+    finally:
+        logging.getLogger("otel_gpu.probes.source").removeHandler(messages)
     try:
         assert not isinstance(bpf, CachedBPF)
-        yield (bpf, *program_cache(options))
+        yield bpf, cache, key, stats, messages.lines
     finally:
         bpf.cleanup()
 
 
 @pytest.fixture
 def good_entry(compiled):
-    """The compiled program's cache entry (the key does not depend on the cache's
-    folder, so each case copies it into its own)."""
-    _, cache, key = compiled
+    """The entry the compile wrote (each case copies it into a cache of its own)."""
+    _, cache, key, _, _ = compiled
     return cache.entry_path(key)
 
 
@@ -66,7 +93,7 @@ def test_cached_program_equals_the_compiled_one(compiled):
     from bcc.libbcc import lib
 
     from otel_gpu.probes.cached_bpf import CachedBPF, _lib
-    compiled, cache, key = compiled
+    compiled, cache, key, _, _ = compiled
     entry = cache.read(key)
     maps_before = open_fds("bpf-map")
     cached = CachedBPF(entry)
@@ -149,23 +176,15 @@ def test_a_damaged_entry_is_refused(tmp_path, good_entry, damage):
         cache.read(key)
 
 
-def test_an_entry_the_kernel_refuses_is_counted_and_the_program_compiled(tmp_path, good_entry, caplog):
+def test_an_entry_the_kernel_refuses_is_counted_and_the_program_compiled(compiled):
     """The later of the two refusals (an entry refused as read, above, takes the same
-    path from load()'s one handler): maps were created and tracepoints attached."""
+    path from load()'s one handler)."""
     from otel_gpu.probes.cached_bpf import CachedBPF
-    options = ProgramOptions(bpf_cache=str(tmp_path))
-    cache, key = program_cache(options)
-    shutil.copy(good_entry, cache.entry_path(key))
-    _kernel_refuses(cache.entry_path(key))
-    stats = Stats()
-    bpf = load(options, stats)
-    try:
-        assert not isinstance(bpf, CachedBPF)
-        assert bpf["traced"].max_entries == options.max_procs and bpf.num_open_tracepoints() > 0
-    finally:
-        bpf.cleanup()
+    bpf, cache, key, stats, lines = compiled
+    options = ProgramOptions(bpf_cache=str(cache.path))
+    assert bpf[b"traced"].max_entries == options.max_procs and bpf.num_open_tracepoints() > 0
     assert stats.snapshot().get("bpf_cache_invalid") == 1
-    assert sum("unusable" in r.getMessage() for r in caplog.records) == 1
+    assert sum("unusable" in line for line in lines) == 1, lines
     again = load(options, stats)  # the compile rewrote a good entry
     try:
         assert isinstance(again, CachedBPF)
