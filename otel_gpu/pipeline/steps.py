@@ -10,8 +10,11 @@ nothing. So a step's window, ending at t_k, is linked to:
   - OVERLAP: a candidate with no response written yet (a request that answers in one
     write at its end, until it does): today's rule, linked by being open, and said so;
   - nobody else: a candidate whose response headers were out and that wrote nothing in
-    that interval was not in the step.
-Candidates are the requests open while the step's calls were made (in related
+    that interval was not in the step, and neither was one that began after the step's
+    last call ended or ended before its first call (its record was read on the wrong
+    side of the step's calls: records of other CPUs come out of order, by microseconds,
+    and by milliseconds on a starved host).
+Candidates are the requests open while the step's calls were read (in related
 processes: pipeline/groups.py; or in the process, for a goroutine batcher). The window's
 cost is split among its links only (pipeline/cost.py), so a queued request pays nothing
 for steps it was not in.
@@ -55,7 +58,8 @@ class BatchSteps:
     def unstepped(w: ProcessWindow) -> None:
         """A shared window with no step to read evidence by (cut by a flush, not by a
         synchronise; the kernel's counts): linked by overlap, said so."""
-        w.link_rules = dict.fromkeys(w.linked, OVERLAP)
+        w.link_rules = {ids: OVERLAP for ids, r in w.linked.items() if _overlaps(r, w)}
+        w.candidates, w.candidate_ids = list(w.link_rules), set(w.link_rules)
         w.linked = {}
 
     def _decide(self, tgid: int, now_ns: int, out: list, final: bool) -> None:
@@ -78,9 +82,16 @@ class BatchSteps:
         return {"batch_steps_pending": sum(len(s) for s in self.pending.values())}
 
 
+def _overlaps(r, w: ProcessWindow) -> bool:
+    """The request was open, by its timestamps, at some time in the window."""
+    return r.start_ns <= w.end_ns and not (r.end_ns and r.end_ns < w.start_ns)
+
+
 def _link_members(w: ProcessWindow, until: int) -> None:
     rules = {}
     for ids, r in w.linked.items():
+        if not _overlaps(r, w):
+            continue
         i = bisect_right(r.chunk_ts, w.end_ns)
         if i < len(r.chunk_ts) and r.chunk_ts[i] <= until:
             rules[ids] = BATCH_MEMBER

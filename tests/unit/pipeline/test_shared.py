@@ -103,9 +103,10 @@ def test_the_process_own_requests_keep_their_attribution():
 def test_kernel_counted_calls_are_shared_per_tick_while_group_requests_are_open():
     s = new()
     reqs = open_requests(s, [10, 11])
-    launch = call_id("cudaLaunchKernel")
-    out = s.process([KernelRollup(WORKER, launch, 0x1000, 40, 0, 0, 5_000_000, 1_000_000),
-                     KernelRollup(STRANGER, launch, 0x1000, 7, 0, 0, 5_000_000, 1_000_000), Tick(6_000_000)])
+    launch, t0 = call_id("cudaLaunchKernel"), T()  # read between t0 + 1 ms and t0 + 5 ms
+    out = s.process([KernelRollup(WORKER, launch, 0x1000, 40, 0, 0, t0 + 5_000_000, t0 + 1_000_000),
+                     KernelRollup(STRANGER, launch, 0x1000, 7, 0, 0, t0 + 5_000_000, t0 + 1_000_000),
+                     Tick(t0 + 6_000_000)])
     (w,) = windows(out)
     assert w.tgid == WORKER and w.sink.summary.launches == 40 and w.candidates == [ids(reqs[10]), ids(reqs[11])]
     assert [x.tgid for x in windows(out, "outside")] == [STRANGER]

@@ -10,7 +10,7 @@ from otel_gpu.records import Tick
 from otel_gpu.pipeline.stitcher import Stitcher
 from tests.unit.pipeline.facts import WithFacts
 from tests.unit.pipeline.test_shared import FRONT, GROUPS, WORKER, ids, open_requests, step
-from tests.unit.pipeline.test_stitcher import T, write
+from tests.unit.pipeline.test_stitcher import T, accept, get, read, write
 
 SSE_HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
 
@@ -79,3 +79,19 @@ def test_an_answer_whose_head_and_body_are_two_writes_is_its_step_member():
     w1, w2 = steps_out(s.process([Tick(T() + 10**9)]))
     assert w1.link_rules == {ids(reqs[10]): "batch_member"}
     assert w2.link_rules == {}  # answered before step 2 ended: not in it (its body's write: the same answer)
+
+
+def test_a_request_read_before_a_step_ended_but_begun_after_it_is_not_linked():
+    """Records of two CPUs out of order (on a starved host, by milliseconds): the head of
+    request 11, read after the step's last call ended, comes out of the ring buffer before
+    that call's record. 11 was open as the stitcher read the call, not while it ran."""
+    s = WithFacts(Stitcher(span_budget=256, rng=random.Random(3)), group_of=GROUPS.get)
+    reqs = open_requests(s, [10])
+    calls = step(2, grid=1)  # timestamps before the head's
+    head = [accept(fd=11, pid=FRONT), read(get("/gen/11"), fd=11, tid=11, pid=FRONT)]
+    assert head[1].ts_ns > calls[-1].ts_ns
+    out = s.process(calls[:-1] + head + calls[-1:])
+    reqs[11] = next(o.request for o in out if hasattr(o, "request") and o.request.fd == 11)
+    assert reqs[11].start_ns > calls[-1].ts_ns
+    (w1,) = steps_out(s.process([Tick(T() + 10**9)]))
+    assert w1.link_rules == {ids(reqs[10]): "overlap"} and w1.candidates == [ids(reqs[10])]
