@@ -110,14 +110,16 @@ class CallAttribution:
 
     def _verdict(self, p: Proc, ev, device: int):
         """HELD, or (rule, request or candidates) for a call or a CallAggregate."""
-        verdict = p.contexts.call(ev, device, p.open) if ev.ctx else None
+        open_requests = begun(p.open, ev.last_ts if type(ev) is CallAggregate else ev.ts_ns)
+        verdict = p.contexts.call(ev, device, open_requests) if ev.ctx else None
         if verdict is HELD:  # counted when it settles
             return HELD
-        decided, target = verdict or attribute(p.open, ev.tid, p.partial_heads, p.broken)
+        decided, target = verdict or attribute(open_requests, ev.tid, p.partial_heads, p.broken)
         if (p.untracked or ev.http_unseen) and (decided.attribution is THREAD or decided.attribution is PROCESS):
-            return (PROCESS_UNTRACKED if p.untracked else PROCESS_UNSEEN), list(p.open)
+            return (PROCESS_UNTRACKED if p.untracked else PROCESS_UNSEEN), list(open_requests)
         if decided is THREAD_ONE:  # counted once its thread is proven, or not (pipeline/threads.py)
-            return HELD if p.threads.hold(target, ev, device, p.open) else (THREAD_HELD_FULL, list(p.open))
+            return (HELD if p.threads.hold(target, ev, device, open_requests)
+                    else (THREAD_HELD_FULL, list(open_requests)))
         if decided is PROCESS_IDLE:
             group = self._group_requests(p)
             if group:
@@ -204,6 +206,17 @@ class CallAttribution:
                     self.steps.unstepped(w)
                 out.append(w)
                 setattr(p, attr, None)
+
+
+def begun(open_requests: list, ts: int) -> list:
+    """The open requests that had begun by `ts`, a call's time: records of different CPUs
+    come out of the ring buffer out of time order, so a request's head read on another
+    CPU can come before a call made earlier (by microseconds; by milliseconds on a
+    starved host). Such a request is no owner or candidate of that call."""
+    for r in open_requests:
+        if r.start_ns > ts:
+            return [r for r in open_requests if r.start_ns <= ts]
+    return open_requests
 
 
 def attribute(open_requests: list, tid: int, partial_heads: dict = {}, broken: dict = {}):  # noqa: B006

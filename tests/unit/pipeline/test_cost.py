@@ -256,7 +256,7 @@ def test_window_budget_is_per_flush_not_per_process_lifetime():
     """Each Tick hands on the window; the next call opens a new one with a whole budget."""
     s = _two_open_requests(budget=2)
     for flush in range(3):
-        calls = [cuda(tid=3, ts=100 * flush + i, ret=-1) for i in range(3)]  # a third thread: ambiguous
+        calls = [cuda(tid=3, ts=100 * flush + 10 + i, ret=-1) for i in range(3)]  # a third thread: ambiguous
         (w, tick) = s.process(calls + [Tick(100 * flush + 50)])
         assert w.attribution == "ambiguous" and len(w.sink.calls) == 2 and w.sink.rolled_up == 1
 

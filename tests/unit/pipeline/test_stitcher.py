@@ -105,6 +105,26 @@ def test_call_on_another_thread_with_one_open_request_is_process():
     assert s.attributed["process"] == 1
 
 
+def test_a_request_begun_after_a_call_is_no_owner_of_it():
+    """Records of two CPUs out of time order: a call on a worker thread is read after the
+    head of a request that began later (another CPU's record came first). With one open
+    request the call would be the process's (above); it was made before the request."""
+    early = cuda(tid=99)  # stamped now, read after the head below
+    s = new()
+    out = s.process([accept(), read(get()), early, cuda(tid=98), write(OK)])
+    (r,) = requests(out)
+    assert [(c.tid, a) for c, a in r.sink.calls] == [(98, "process")]
+    (w,) = flush_windows(s)
+    assert w.attribution == "outside" and [c.tid for c, _ in w.sink.calls] == [99]
+    # Two open requests, one begun after the call: it is no candidate of it.
+    s.process([accept(fd=11), read(get("/a"), fd=11, tid=1)])
+    early = cuda(tid=3)
+    s.process([accept(fd=12), read(get("/b"), fd=12, tid=2), early])
+    out = s.process([write(OK, fd=11, tid=1), write(OK, fd=12, tid=2)])
+    a, b = requests(out)
+    assert [(c.tid, att) for c, att in a.sink.calls] == [(3, "process")] and b.sink.calls == []
+
+
 def ambiguous_setup():
     s = new()
     evs = [accept(fd=10), accept(fd=11),
