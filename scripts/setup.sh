@@ -127,5 +127,6 @@ for v in 1.21.13 1.27.3; do
 done
 #    Their standard packages compiled into the tests' Go build cache (build/go/cache): Go ships
 #    none compiled, and net/http takes ~25 s per toolchain (a second run finds them cached).
-"$VENV/bin/python" -m tests.bpf.targets.go.build >/dev/null
+"$VENV/bin/python" -m tests.bpf.targets.go.build >/dev/null \
+  || log "compiling the Go standard packages failed: the tests' first Go builds compile them"
 log "ok"
