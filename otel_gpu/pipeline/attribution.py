@@ -110,7 +110,8 @@ class CallAttribution:
 
     def _verdict(self, p: Proc, ev, device: int):
         """HELD, or (rule, request or candidates) for a call or a CallAggregate."""
-        open_requests = begun(p.open, ev.last_ts if type(ev) is CallAggregate else ev.ts_ns)
+        ts = ev.last_ts if type(ev) is CallAggregate else ev.ts_ns
+        open_requests = begun(p.open, ts)
         verdict = p.contexts.call(ev, device, open_requests) if ev.ctx else None
         if verdict is HELD:  # counted when it settles
             return HELD
@@ -121,7 +122,7 @@ class CallAttribution:
             return (HELD if p.threads.hold(target, ev, device, open_requests)
                     else (THREAD_HELD_FULL, list(open_requests)))
         if decided is PROCESS_IDLE:
-            group = self._group_requests(p)
+            group = begun(self._group_requests(p), ts)  # related processes' records: out of order too
             if group:
                 return GROUP_BATCH, group
         return decided, target

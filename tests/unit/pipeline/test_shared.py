@@ -119,3 +119,15 @@ def test_a_worker_exiting_mid_step_hands_its_window_on():
     out = s.process(step(2)[:2] + [ProcExit(WORKER, 0)])
     (w,) = windows(out)
     assert w.sink.summary.launches == 2 and not any(isinstance(r, Request) for r in out)
+
+
+def test_a_related_request_begun_after_a_worker_call_is_not_its_batch():
+    """The front-end's head came out of the ring buffer before the worker's call, made
+    earlier on another CPU: no request of the group was open at the call, so it is
+    outside, not a batch step of that request."""
+    s = new()
+    early = cuda(pid=WORKER)  # stamped before the head below, read after it
+    s.process([accept(fd=10, pid=FRONT), read(get("/gen/10"), fd=10, tid=10, pid=FRONT), early])
+    assert s.attributed["outside"] == 1 and s.attributed["shared"] == 0
+    s.process([cuda(pid=WORKER)])  # made while the request is open: its batch
+    assert s.attributed["shared"] == 1
