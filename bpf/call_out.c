@@ -137,6 +137,23 @@ enum stream_verdict {
     STREAM,       /* goes out one by one */
 };
 
+/* The sampling the kernel decided for the request whose head the calling unit read
+ * (head_sampling.c), while that request lasts; SAMPLE_NONE where it decided none. */
+static __always_inline u32 unit_sample(u32 tgid, u64 id, u64 unit)
+{
+    u32 zero = 0;
+    struct head_settings *set = head_settings.lookup(&zero);
+    if (!set || !set->on)
+        return SAMPLE_NONE;
+    struct unit_key k = unit_key_of(tgid, id, unit);
+    struct unit_head *h = unit_heads.lookup(&k);
+    if (!h || h->several)
+        return SAMPLE_NONE;
+    struct conn_key ck = {.tgid = tgid, .fd = h->fd};
+    struct conn_state *st = conns.lookup(&ck);
+    return st && st->draw == h->draw && st->sample != SAMPLE_PENDING ? st->sample : SAMPLE_NONE;
+}
+
 /* A follower (tv != TRACED) streams while it has no HTTP activity of its own: its calls
  * then belong to another process's requests, whose epochs are not its own. `reads`:
  * the process's HTTP reads as the basis has them. */
@@ -148,7 +165,10 @@ static __always_inline enum stream_verdict stream_this(u64 id, u64 ctx, u32 tgid
         if (!s || !own || *own <= 0)
             return STREAM;
     }
-    u8 *quiet = quiet_procs.lookup(&tgid);
+    u32 sample = unit_sample(tgid, id, ctx);
+    if (sample == SAMPLE_OUT)
+        return COUNT_UNTIL; /* its request is not sampled: counted, its summary exact all the same */
+    u8 *quiet = sample == SAMPLE_NONE ? quiet_procs.lookup(&tgid) : 0;
     if (quiet && *quiet)
         return COUNT_UNTIL; /* no sampled request open: counted, its summaries exact all the same */
     u32 zero = 0;

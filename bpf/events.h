@@ -113,6 +113,8 @@ struct sock_io_event {
     u64 ctx;          /* Python context of the thread (struct py_context_event); 0: none */
     u32 tail_len;     /* bytes copied into tail (writes only) */
     u32 lost;         /* this connection's records lost just before this one (ring buffer full) */
+    u64 draw;         /* a request's first read: the low 64 bits of a root request's trace id
+                       * (bpf/head_sampling.c); 0: none */
     u8 tail[HTTP_TAIL_CAP];
     u8 data[HTTP_DATA_CAP]; /* only data_len bytes are sent */
 };
@@ -362,7 +364,9 @@ enum counter {
     CNT_TLS_UNTIED = 9,     /* SSL_read/SSL_write plaintext dropped: no socket known for the SSL* */
     CNT_CONN_OVER_SHARE = 10, /* accepts of related servers left untracked: past their share */
     CNT_SCRATCH_BUSY = 11,  /* uprobe records dropped: every scratch slot of the CPU held (maps.h) */
-    CNT_MAX = 12,
+    CNT_HEAD_DECIDED = 12,  /* request heads whose sampling the kernel decided (bpf/head_sampling.c) */
+    CNT_HEAD_LEFT = 13,     /* request heads it left to user space: a traceparent, a head not whole */
+    CNT_MAX = 14,
 };
 
 #endif

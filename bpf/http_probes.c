@@ -20,6 +20,10 @@ struct conn_state {
     u32 counted;   /* counted in its process's conn_shares entry */
     u64 ssl;       /* the SSL* tied to it (bpf/tls_probes.c); 0: none yet */
     struct req_bounds req; /* its HTTP/1 requests, for those whose records were lost (http_requests.c) */
+    u64 draw;      /* the current request's draw (head_sampling.c): names it; 0: none */
+    u8 sample;     /* SAMPLE_*: its sampling as the kernel decided it */
+    u8 line_start; /* SAMPLE_PENDING: its last read ended a line */
+    u8 pad[6];
 };
 
 /* Accepted TCP connections of traced processes only, so no neighbour can fill it
@@ -181,17 +185,18 @@ static __always_inline void tls_tie(u32 tgid, u64 ssl, s32 fd, struct conn_state
  * (plaintext, `flags` EV_FLAG_TLS, their claimed tls_scratch slot: maps.h scratch_claim),
  * so framing and attribution are the same for both. The first read decides whether the
  * connection is HTTP/1.x; TLS ciphertext is never sent. The caller has set the event's
- * tail (write_tail). */
-static __always_inline void emit_sock_io(struct sock_io_scratch *scratch, u8 kind, u64 id, struct conn_key *key,
-                                         struct conn_state *st, u64 buf, u64 copy_max, long ret, u8 flags)
+ * tail (write_tail). Returns 1 after a read of a request whose head the kernel has yet to
+ * decide (head_sampling.c). */
+static __always_inline int emit_sock_io(struct sock_io_scratch *scratch, u8 kind, u64 id, struct conn_key *key,
+                                        struct conn_state *st, u64 buf, u64 copy_max, long ret, u8 flags)
 {
     struct sock_io_event *e = &scratch->e;
     u32 len = copy_max < HTTP_DATA_CAP ? (u32)copy_max : HTTP_DATA_CAP;
     if (len > HTTP_DATA_CAP || len == 0) /* keeps the verifier's bounds explicit */
-        return;
+        return 0;
     /* buf 0: gather_iov() already put `copy_max` bytes in e->data. */
     if (buf && bpf_probe_read_user(e->data, len, (void *)buf) != 0)
-        return;
+        return 0;
     if (kind == EV_SOCK_READ && !flags && st->state == CONN_UNKNOWN && looks_like_tls(e->data, len)) {
         /* TLS whose SSL* is not known yet (a memory BIO: the SSL call comes after this
          * read, on this thread), or a stack without SSL probes: nothing is sent. */
@@ -200,7 +205,7 @@ static __always_inline void emit_sock_io(struct sock_io_scratch *scratch, u8 kin
         st->tls = 1;
         s32 fd = key->fd;
         tls_last_read.update(&id, &fd);
-        return;
+        return 0;
     }
     if (kind == EV_SOCK_READ && st->state == CONN_UNKNOWN) {
         /* The first read decides: HTTP/1.x, or ignored from now on (user space
@@ -221,10 +226,17 @@ static __always_inline void emit_sock_io(struct sock_io_scratch *scratch, u8 kin
                 http_active.update(&tgid, &one);
         }
     } else if (kind == EV_SOCK_WRITE && st->state != CONN_HTTP) {
-        return;
+        return 0;
     }
     fill_header(&e->h, kind, id);
     e->h.flags = flags | request_boundary(key->tgid, &st->req, kind, e->h.ts_ns);
+    e->draw = 0;
+    if (e->h.flags & EV_FLAG_REQ_START) {
+        st->draw = e->draw = head_draw();
+        /* head_scan decides, after the syscall probes' reads only (the SSL probes' are uprobes) */
+        st->sample = st->draw && !(flags & EV_FLAG_TLS) ? SAMPLE_PENDING : SAMPLE_NONE;
+        st->line_start = 0;
+    }
     e->lost = st->req.lost;
     e->fd = key->fd;
     e->ret = ret;
@@ -232,13 +244,14 @@ static __always_inline void emit_sock_io(struct sock_io_scratch *scratch, u8 kin
     e->ctx = exec_unit(key->tgid, (u32)id);
     u32 size = offsetof(struct sock_io_event, data) + len;
     if (size > sizeof(*e))
-        return;
+        return 0;
     /* A response "HTTP/1.x 101": what follows on the connection is another protocol. */
     int switching = kind == EV_SOCK_WRITE && len >= 12 && e->data[0] == 'H' && e->data[1] == 'T' &&
                     e->data[5] == '1' && e->data[9] == '1' && e->data[10] == '0' && e->data[11] == '1';
     record_sent(key->tgid, &st->req, epoch_submit(e, size, &e->h, kind == EV_SOCK_READ), e->h.flags, e->lost);
     if (switching)
         st->req.unframed = 1; /* after record_sent: a lost 101 is its request's loss */
+    return kind == EV_SOCK_READ && st->sample == SAMPLE_PENDING;
 }
 
 /* A write's last HTTP_TAIL_CAP bytes into the scratch event (user space finds a chunked
@@ -321,7 +334,7 @@ static __always_inline void io_enter(u8 kind, s32 fd, u64 buf, u32 is_iov)
 /* `iovec`: the syscall's buffer is an iovec array (readv, writev, recvmsg, sendmsg); a
  * constant, so each program holds one path only (each path is verified once, not for
  * every state of the other). */
-static __always_inline void io_exit(u8 kind, long ret, int iovec)
+static __always_inline void io_exit(void *ctx, u8 kind, long ret, int iovec)
 {
     u64 id = bpf_get_current_pid_tgid();
     if (!maybe_traced(id >> 32))
@@ -352,5 +365,6 @@ static __always_inline void io_exit(u8 kind, long ret, int iovec)
     if (!scratch)
         return;
     write_tail(scratch, kind, buf, ret);
-    emit_sock_io(scratch, kind, id, &key, st, buf, copy_max, ret, 0);
+    if (emit_sock_io(scratch, kind, id, &key, st, buf, copy_max, ret, 0))
+        head_scans.call(ctx, 0); /* returns only where no head_scan is installed */
 }

@@ -9,22 +9,22 @@ TRACEPOINT_PROBE(syscalls, sys_enter_accept) { accept_enter(args->fd, args->upee
 TRACEPOINT_PROBE(syscalls, sys_exit_accept) { accept_exit(args->ret); return 0; }
 
 TRACEPOINT_PROBE(syscalls, sys_enter_read) { io_enter(EV_SOCK_READ, args->fd, (u64)args->buf, 0); return 0; }
-TRACEPOINT_PROBE(syscalls, sys_exit_read) { io_exit(EV_SOCK_READ, args->ret, 0); return 0; }
+TRACEPOINT_PROBE(syscalls, sys_exit_read) { io_exit(args, EV_SOCK_READ, args->ret, 0); return 0; }
 TRACEPOINT_PROBE(syscalls, sys_enter_recvfrom) { io_enter(EV_SOCK_READ, args->fd, (u64)args->ubuf, 0); return 0; }
-TRACEPOINT_PROBE(syscalls, sys_exit_recvfrom) { io_exit(EV_SOCK_READ, args->ret, 0); return 0; }
+TRACEPOINT_PROBE(syscalls, sys_exit_recvfrom) { io_exit(args, EV_SOCK_READ, args->ret, 0); return 0; }
 /* An iovec count as pending_io.is_iov: never 0 (that means a plain buffer). */
 static __always_inline u32 iov_count(u64 n)
 {
     return n == 0 ? 1 : n > IOV_GATHER ? IOV_GATHER : (u32)n;
 }
 TRACEPOINT_PROBE(syscalls, sys_enter_readv) { io_enter(EV_SOCK_READ, args->fd, (u64)args->vec, iov_count(args->vlen)); return 0; }
-TRACEPOINT_PROBE(syscalls, sys_exit_readv) { io_exit(EV_SOCK_READ, args->ret, 1); return 0; }
+TRACEPOINT_PROBE(syscalls, sys_exit_readv) { io_exit(args, EV_SOCK_READ, args->ret, 1); return 0; }
 TRACEPOINT_PROBE(syscalls, sys_enter_write) { io_enter(EV_SOCK_WRITE, args->fd, (u64)args->buf, 0); return 0; }
-TRACEPOINT_PROBE(syscalls, sys_exit_write) { io_exit(EV_SOCK_WRITE, args->ret, 0); return 0; }
+TRACEPOINT_PROBE(syscalls, sys_exit_write) { io_exit(args, EV_SOCK_WRITE, args->ret, 0); return 0; }
 TRACEPOINT_PROBE(syscalls, sys_enter_sendto) { io_enter(EV_SOCK_WRITE, args->fd, (u64)args->buff, 0); return 0; }
-TRACEPOINT_PROBE(syscalls, sys_exit_sendto) { io_exit(EV_SOCK_WRITE, args->ret, 0); return 0; }
+TRACEPOINT_PROBE(syscalls, sys_exit_sendto) { io_exit(args, EV_SOCK_WRITE, args->ret, 0); return 0; }
 TRACEPOINT_PROBE(syscalls, sys_enter_writev) { io_enter(EV_SOCK_WRITE, args->fd, (u64)args->vec, iov_count(args->vlen)); return 0; }
-TRACEPOINT_PROBE(syscalls, sys_exit_writev) { io_exit(EV_SOCK_WRITE, args->ret, 1); return 0; }
+TRACEPOINT_PROBE(syscalls, sys_exit_writev) { io_exit(args, EV_SOCK_WRITE, args->ret, 1); return 0; }
 
 /* recvmsg/sendmsg: struct user_msghdr { name; namelen(+pad); msg_iov @16; msg_iovlen @24; ... } */
 static __always_inline u64 msg_iov(u64 msg)
@@ -40,9 +40,9 @@ static __always_inline u32 msg_iovlen(u64 msg)
     return iov_count(n);
 }
 TRACEPOINT_PROBE(syscalls, sys_enter_recvmsg) { io_enter(EV_SOCK_READ, args->fd, msg_iov((u64)args->msg), msg_iovlen((u64)args->msg)); return 0; }
-TRACEPOINT_PROBE(syscalls, sys_exit_recvmsg) { io_exit(EV_SOCK_READ, args->ret, 1); return 0; }
+TRACEPOINT_PROBE(syscalls, sys_exit_recvmsg) { io_exit(args, EV_SOCK_READ, args->ret, 1); return 0; }
 TRACEPOINT_PROBE(syscalls, sys_enter_sendmsg) { io_enter(EV_SOCK_WRITE, args->fd, msg_iov((u64)args->msg), msg_iovlen((u64)args->msg)); return 0; }
-TRACEPOINT_PROBE(syscalls, sys_exit_sendmsg) { io_exit(EV_SOCK_WRITE, args->ret, 1); return 0; }
+TRACEPOINT_PROBE(syscalls, sys_exit_sendmsg) { io_exit(args, EV_SOCK_WRITE, args->ret, 1); return 0; }
 
 TRACEPOINT_PROBE(syscalls, sys_enter_close)
 {
@@ -61,6 +61,51 @@ TRACEPOINT_PROBE(syscalls, sys_enter_close)
     e.lost = st->req.lost;
     request_closed(key.tgid, &st->req, report ? epoch_submit(&e, sizeof(e), &e.h, 0) : -1, e.lost, e.h.ts_ns);
     forget_conn(&key, st);
+    return 0;
+}
+
+/* Never attached: the read probes tail-call it (head_scans) after a read of a request
+ * whose head is not decided yet went out, its record still in this CPU's io_scratch. It
+ * decides the request's sampling (head_sampling.c) once its head's end is read: for the
+ * connection, and for the unit that read that end. */
+int head_scan(void *ctx)
+{
+    u32 zero = 0;
+    struct sock_io_scratch *scratch = io_scratch.lookup(&zero);
+    struct head_settings *set = head_settings.lookup(&zero);
+    if (!scratch || !set)
+        return 0;
+    struct sock_io_event *e = &scratch->e;
+    struct conn_key key = {.tgid = e->h.tgid, .fd = e->fd};
+    struct conn_state *st = conns.lookup(&key);
+    if (!st || st->sample != SAMPLE_PENDING)
+        return 0;
+    u32 len = e->data_len, says = HEAD_PARENT; /* anything not seen whole is left to user space */
+    int first = e->h.flags & EV_FLAG_REQ_START;
+    if (len && e->ret == len && !st->req.unframed && (!first || len < 4 || looks_like_request(e->data))) {
+        asm volatile("" : "+r"(len)); /* clang would fold the bound into the check above */
+        if (len <= HTTP_DATA_CAP) {
+            __builtin_memset(e->data + len, 0, 16); /* the scan reads up to 8 bytes past a line's end */
+            says = head_scan_read(e->data, len, st->line_start);
+            st->line_start = e->data[(len - 1) & (HTTP_DATA_CAP - 1)] == '\n';
+        }
+    }
+    if (says == HEAD_MORE)
+        return 0; /* its next read goes on (a head read a byte at a time: Go's background read) */
+    u8 sample = says == HEAD_ENDED ? (st->draw < set->bound ? SAMPLE_IN : SAMPLE_OUT) : SAMPLE_NONE;
+    st->sample = sample;
+    count(sample == SAMPLE_NONE ? CNT_HEAD_LEFT : CNT_HEAD_DECIDED);
+    struct unit_key k = unit_key_of(key.tgid, (u64)key.tgid << 32 | e->h.tid, e->ctx);
+    struct unit_head *last = unit_heads.lookup(&k);
+    struct unit_head now = {.draw = st->draw, .fd = key.fd};
+    if (last && last->fd != key.fd) { /* its last head on another connection: answered yet? */
+        struct conn_key other = {.tgid = key.tgid, .fd = last->fd};
+        struct conn_state *o = conns.lookup(&other);
+        now.several = last->several || (o && o->draw == last->draw && o->req.phase == PHASE_READ);
+    } else if (last) {
+        now.several = last->several;
+    }
+    unit_heads.update(&k, &now);
     return 0;
 }
 

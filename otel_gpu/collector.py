@@ -13,6 +13,7 @@ from typing import Optional
 
 from . import proc
 from .config import Config
+from .pipeline.sampling import kernel_bound
 from .probes.discovery import Discovery
 from .probes.python import THREADS_WALKED, thread_states
 from .ratelimit import Stats, split_drops
@@ -71,6 +72,7 @@ class Collector:
         from .probes.source import ProgramOptions
         t0 = time.monotonic()
         self.program = BpfProgram(ProgramOptions.from_config(self.config), self.stats)
+        self.program.sample_heads(kernel_bound(self.config.traces_sampler, self.config.traces_sampler_arg))
         self._probe_known_files()
         self._scan()
         # Still `ready` first (the health file and tests wait for it), but never silently

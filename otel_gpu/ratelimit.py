@@ -16,7 +16,8 @@ from typing import Callable, Dict
 # `stopped:` line, `otel-gpu status` and the otel_gpu.drops metric list them apart.
 NOT_DROPS = frozenset({"requests_finished", "spans_exported", "resolved", "relists", "watch_events",
                        "tls_connections", "probe_attach_retried", "traces_unsampled", "cuda_calls_streamed",
-                       "cuda_calls_counted", "requests_summarised"})
+                       "cuda_calls_counted", "requests_summarised", "heads_sampled_in_kernel",
+                       "heads_sampled_here"})
 
 
 def split_drops(counts: Dict[str, int]) -> tuple[Dict[str, int], Dict[str, int]]:

@@ -46,6 +46,9 @@ class SockIo:
     # summarised the requests they belonged to (RequestSummary).
     lost: int = 0
     req_start: bool = False  # a read that starts an HTTP/1 request as the kernel delimits them
+    # Its first read's draw, where the kernel samples (bpf/head_sampling.c): a root
+    # request's trace id takes it as its low 64 bits, so both decide alike. 0: none.
+    draw: int = 0
 
 
 @dataclass(slots=True)

@@ -31,7 +31,7 @@ from .pipeline.cost import CostStage, Prices
 from .pipeline.graphs import Graphs
 from .pipeline.groups import ProcessGroups
 from .pipeline.proc_facts import ProcFacts
-from .pipeline.sampling import drops_roots, make as make_sampler
+from .pipeline.sampling import drops_roots, kernel_bound, make as make_sampler
 from .pipeline.stitcher import Stitcher
 from .ratelimit import Stats
 from .sockets import PortCache, open_sockets
@@ -115,7 +115,8 @@ def build_pipeline(config: Config, stats: Stats, k8s=None, destinations=None,
     sampler = make_sampler(config.traces_sampler, config.traces_sampler_arg)
     facts = ProcFacts(ports.port, ports.peer, groups, lambda pid: open_sockets(config.proc_root, pid))
     stitcher = Stitcher(config.span_budget, frozenset(kept_headers), stats, sampler=sampler,
-                        quiet_when_idle=drops_roots(config.traces_sampler, config.traces_sampler_arg))
+                        quiet_when_idle=drops_roots(config.traces_sampler, config.traces_sampler_arg),
+                        kernel_bound=kernel_bound(config.traces_sampler, config.traces_sampler_arg))
     enrich = Enrich(ProcessResources(config.proc_root, k8s, config.resource_attributes, stats,
                                      config.export_command_line),
                     RouteTemplater(config.route_patterns, max_routes=config.max_routes, stats=stats),

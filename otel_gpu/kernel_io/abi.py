@@ -52,12 +52,14 @@ CNT_TLS_CIPHERTEXT = 8
 CNT_TLS_UNTIED = 9
 CNT_CONN_OVER_SHARE = 10
 CNT_SCRATCH_BUSY = 11
+CNT_HEAD_DECIDED = 12
+CNT_HEAD_LEFT = 13
 ACCEPT_UNTRACKED = 1  # accept_event.flags: not in the connection table (full, or past the share)
 ACCEPT_OVER_SHARE = 2  # with ACCEPT_UNTRACKED: the process held its share (conn_shares)
 
 COUNTER_NAMES = ("ringbuf_full", "cuda_streamed", "driver_deduped", "conn_table_full", "aggregated",
                  "agg_full", "driver_caller_unknown", "capture_lost", "tls_ciphertext", "tls_untied",
-                 "conn_over_share", "scratch_busy")
+                 "conn_over_share", "scratch_busy", "head_decided", "head_left")
 
 u8, u16, u32, s32, u64, s64 = ct.c_uint8, ct.c_uint16, ct.c_uint32, ct.c_int32, ct.c_uint64, ct.c_int64
 
@@ -74,7 +76,7 @@ class AcceptEvent(ct.Structure):
 
 class SockIoEvent(ct.Structure):
     _fields_ = [("h", EventHeader), ("fd", s32), ("data_len", u32), ("ret", s64), ("ctx", u64),
-                ("tail_len", u32), ("lost", u32), ("tail", u8 * HTTP_TAIL_CAP),
+                ("tail_len", u32), ("lost", u32), ("draw", u64), ("tail", u8 * HTTP_TAIL_CAP),
                 ("data", u8 * HTTP_DATA_CAP)]
 
 

@@ -43,9 +43,9 @@ NCCL = struct.Struct(_CUDA_HEADER + "QQQQQIIiIi4x")
 PY_CONTEXT = struct.Struct("<B3xIIIQQQ")          # header (epoch kept), ctx, parent (and the Go unit records)
 # kernel_handle_event up to its name: header, call, ret, handle, source, name_len, pad
 KERNEL_HANDLE = struct.Struct("<BBxxII4xQIiQQI4x")
-# A socket record's fixed part (header, fd, data_len, ret, ctx, tail_len, lost, tail);
+# A socket record's fixed part (header, fd, data_len, ret, ctx, tail_len, lost, draw, tail);
 # its data follows, data_len bytes of it.
-SOCK_IO = struct.Struct("<BBxxIIIQiIqQII%ds" % HTTP_TAIL_CAP)
+SOCK_IO = struct.Struct("<BBxxIIIQiIqQIIQ%ds" % HTTP_TAIL_CAP)
 
 # Each Struct beside the ctypes mirror it must match (checked by the layout test).
 STRUCT_MIRRORS = ((LAUNCH, abi.LaunchEvent), (MEMCPY, abi.MemcpyEvent), (MEMORY, abi.MemoryEvent),
@@ -149,11 +149,11 @@ def _need(buf, size: int, mirror) -> None:
 def _sock_io(buf, size):
     if size < _IO_FIXED or size > _IO_SIZE:
         raise DecodeError(f"socket record of {size} bytes")
-    kind, flags, tgid, tid, epoch, ts, fd, data_len, ret, ctx, tail_len, lost, tail = SOCK_IO.unpack_from(buf)
+    kind, flags, tgid, tid, epoch, ts, fd, data_len, ret, ctx, tail_len, lost, draw, tail = SOCK_IO.unpack_from(buf)
     if data_len > HTTP_DATA_CAP or _IO_FIXED + data_len > size or tail_len > HTTP_TAIL_CAP:
         raise DecodeError(f"socket record claims {data_len} data bytes in {size}")
     return SockIo(kind, tgid, tid, ts, fd, ret, bytes(buf[_IO_FIXED:_IO_FIXED + data_len]), tail[:tail_len], ctx,
-                  epoch, bool(flags & EV_FLAG_TLS), lost, bool(flags & EV_FLAG_REQ_START))
+                  epoch, bool(flags & EV_FLAG_TLS), lost, bool(flags & EV_FLAG_REQ_START), draw)
 
 
 def _accept(buf, size):

@@ -49,7 +49,9 @@ _LOSSES = {
 # dropped for want of a socket (client connections of the process, untied SSL*).
 _TALLIES = {"tls_ciphertext": "tls_connections", "tls_untied": "tls_plaintext_untied",
             # how calls of processes with HTTP activity left the kernel: one by one, or counted
-            "cuda_streamed": "cuda_calls_streamed", "aggregated": "cuda_calls_counted"}
+            "cuda_streamed": "cuda_calls_streamed", "aggregated": "cuda_calls_counted",
+            # requests whose sampling the kernel decided as their head was read, or left to us
+            "head_decided": "heads_sampled_in_kernel", "head_left": "heads_sampled_here"}
 _COUNTED = {**_LOSSES, **{name: (stat, None) for name, stat in _TALLIES.items()}}
 # `traced` values (bpf/maps.h): traced, following no server; every related server.
 TRACED, FOLLOW_ALL = 1, 0xFFFFFFFF
@@ -220,6 +222,20 @@ class BpfProgram:
         self.bpf["go_procs"][ct.c_uint32(pid)] = GoProc(binary.tls_g, lay.g_m, lay.m_curg, lay.g_goid,
                                                         lay.g_parent_goid)
         self._verdicts_changed()
+
+    def sample_heads(self, bound: Optional[int]) -> None:
+        """bpf/head_sampling.c: the kernel decides each root request's sampling as its
+        head is read, sampled when its draw < `bound` (pipeline/sampling.py kernel_bound);
+        None: it decides none. Before the probes see requests: a head read earlier is not
+        decided (its calls follow quiet_procs)."""
+        if bound is None:
+            return
+        from bcc import BPF  # imported late: the unit tier runs without bcc
+        self.bpf["head_scans"][ct.c_int(0)] = ct.c_int(self.bpf.load_func(b"head_scan", BPF.TRACEPOINT).fd)
+        table = self.bpf["head_settings"]
+        leaf = table.Leaf()
+        leaf.bound, leaf.on = bound, 1
+        table[table.Key(0)] = leaf
 
     def set_quiet(self, by_pid: dict) -> None:
         """pid -> True while every request it has open is unsampled (pipeline/sampling.py):

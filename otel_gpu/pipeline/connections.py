@@ -46,6 +46,8 @@ class Connections:
         c = self._conn(p, ev.fd)
         p.threads.io(ev.tid, ev.fd, c.streams.values())
         c.tls = c.tls or ev.tls
+        if ev.req_start:  # the kernel's next request on the connection: its draw, if any
+            c.draw, c.draw_taken = ev.draw, False
         if ev.ctx:
             p.contexts.seen(ev.tid, ev.ctx, ev.ts_ns)
         if (ev.lost or c.resync) and not c.broken and self._resync(p, c, ev, out):
@@ -164,6 +166,9 @@ class Connections:
             req.trace_id, req.parent_span_id = parent
             req.parent_trace_id = parent[0]
             req.parent_sampled = traceparent_sampled(head.headers.get("traceparent"))
+        elif c.draw:  # a root the kernel drew for: its decision and ours are the same
+            req.trace_id = sampling.root_trace_id(self._rng, c.draw, not c.draw_taken, self.kernel_bound)
+            c.draw_taken = True
         if self._sampler is not None:
             req.sampled = sampling.sampled(self._sampler, req.trace_id, head.path, SpanKind.SERVER,
                                            req.parent_span_id, req.parent_sampled)

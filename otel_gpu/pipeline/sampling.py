@@ -3,11 +3,18 @@ always_off, traceidratio, parentbased_always_on, parentbased_always_off,
 parentbased_traceidratio; default parentbased_always_on) and OTEL_TRACES_SAMPLER_ARG (the
 ratio, 0..1, default 1). The SDK's samplers decide; a request's parent is its incoming
 traceparent (its sampled flag). A window linked to a sampled request goes out with it,
-others are sampled as their own roots. A request is decided as it opens (pipeline/stitcher.py:
-while a process has no sampled request open, the kernel counts its calls instead of
-streaming them, bpf/maps.h quiet_procs); a window as its span is built. The decision
-only sets the spans' sampled flag: OTLP sends sampled traces alone, while metrics, cost,
-the local store and `otel-gpu report` see every request (export/destinations.py)."""
+others are sampled as their own roots. A request is decided as it opens; a window as its
+span is built. The decision only sets the spans' sampled flag: OTLP sends sampled traces
+alone, while metrics, cost, the local store and `otel-gpu report` see every request
+(export/destinations.py).
+
+The kernel streams CUDA calls one by one only for sampled requests, so the collector's
+work follows the sampled rate. With a ratio sampler it decides a root request itself as
+its head is read (bpf/head_sampling.c): it draws the trace id's low 64 bits, which is all
+TraceIdRatioBased looks at, and the calls of the unit that read an unsampled head are
+counted, not streamed. Requests it cannot decide (a traceparent, a head in several reads)
+are the collector's: while a process has no sampled request open the kernel counts its
+calls (bpf/maps.h quiet_procs, pipeline/stitcher.py)."""
 from __future__ import annotations
 
 from typing import Optional
@@ -17,6 +24,8 @@ from opentelemetry.sdk.trace.sampling import (ALWAYS_OFF, ALWAYS_ON, Decision, P
 from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, TraceFlags, set_span_in_context
 
 from ..config import sampler_ratio
+
+LOW_BITS = 1 << 64  # TraceIdRatioBased compares a trace id's low 64 bits with its bound
 
 
 def make(name: str, arg: Optional[str]) -> Sampler:
@@ -37,6 +46,27 @@ def drops_roots(name: str, arg: Optional[str]) -> bool:
     and a sampled one has its first calls (before the collector reads its head) counted, not
     streamed one by one."""
     return name in ("always_off", "parentbased_always_off") or sampler_ratio(name, arg) < 1.0
+
+
+def kernel_bound(name: str, arg: Optional[str]) -> Optional[int]:
+    """The bound the kernel samples root requests by (sampled when their draw is below
+    it: bpf/head_sampling.c), or None where it decides none: a sampler that samples
+    every root (always_on, parentbased_always_on, a ratio of 1) leaves nothing to count."""
+    if name in ("always_off", "parentbased_always_off"):
+        return 0
+    bound = TraceIdRatioBased.get_bound_for_rate(sampler_ratio(name, arg))
+    return bound if name.endswith("traceidratio") and bound < LOW_BITS else None
+
+
+def root_trace_id(rng, draw: int, fresh: bool, bound: Optional[int]) -> int:
+    """A root request's trace id where the kernel drew for it (`draw`, non-zero): the
+    draw as its low 64 bits for the first request of the kernel's read (`fresh`); a
+    request pipelined after it in the same read takes new bits on the same side of the
+    bound, since the kernel decided for the read's unit once."""
+    low = draw
+    if not fresh and bound is not None:
+        low = rng.randrange(bound) if draw < bound else rng.randrange(bound, LOW_BITS)
+    return rng.getrandbits(64) << 64 | low or 1
 
 
 def sampled(sampler: Sampler, trace_id: int, name: str, kind: SpanKind,

@@ -40,7 +40,7 @@ log = logging.getLogger(__name__)
 class Stitcher(Connections, CallAttribution):
     def __init__(self, span_budget: int = 256, extra_headers: frozenset = frozenset(),
                  stats: Optional[Stats] = None, rng: Optional[random.Random] = None,
-                 sampler=None, quiet_when_idle: bool = False) -> None:
+                 sampler=None, quiet_when_idle: bool = False, kernel_bound: Optional[int] = None) -> None:
         self.span_budget = span_budget
         self.extra_headers = extra_headers
         self._session_config = SessionConfig(extra_headers)
@@ -49,6 +49,7 @@ class Stitcher(Connections, CallAttribution):
         self._rng = rng or random.Random()
         self._sampler = sampler  # pipeline/sampling.py; None: every trace sampled
         self.quiet_when_idle = quiet_when_idle  # sampling.drops_roots(): the collector marks new processes quiet
+        self.kernel_bound = kernel_bound  # sampling.kernel_bound(): the kernel's draws decide roots against it
         self.quiet: dict[int, bool] = {}  # tgid -> whether all its open requests are unsampled, as changed
         self.procs: dict[int, Proc] = {}
         self.groups: dict[int, Optional[str]] = {}  # tgid -> its group of related processes (ProcessGroup)

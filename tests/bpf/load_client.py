@@ -23,8 +23,8 @@ class Outcome:
 
 
 def fetch_all(port: int, paths: list[str], concurrency: int, seconds: float = 60.0,
-              timeout: float = 20.0, tls=None) -> Outcome:
-    """`tls`: an ssl.SSLContext, for HTTPS."""
+              timeout: float = 20.0, tls=None, headers=None) -> Outcome:
+    """`tls`: an ssl.SSLContext, for HTTPS; `headers`: path -> its request's headers."""
     out, lock = Outcome(), threading.Lock()
     todo = list(reversed(paths))
     deadline = time.monotonic() + seconds
@@ -48,7 +48,7 @@ def fetch_all(port: int, paths: list[str], concurrency: int, seconds: float = 60
                     break
                 path = todo.pop()
             try:
-                conn.request("GET", path)
+                conn.request("GET", path, headers=headers(path) if headers else {})
                 resp = conn.getresponse()
                 data = resp.read()  # chunked bodies too
                 status = resp.status

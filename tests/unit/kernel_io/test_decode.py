@@ -73,13 +73,13 @@ def test_sock_io_every_fixed_field():
     h = abi.EventHeader(kind=abi.EV_SOCK_WRITE, flags=abi.EV_FLAG_TLS | abi.EV_FLAG_REQ_START, tgid=0x1111,
                         tid=0x2222, epoch=0x3333, ts_ns=0x4444_0000_0000)
     e = abi.SockIoEvent(h=h, fd=-7, data_len=3, ret=-0x5555_0000_0000, ctx=0x6666_0000_0000_0000, tail_len=2,
-                        lost=0x7777)
+                        lost=0x7777, draw=0x8888_0000_0000_0001)
     ct.memmove(e.tail, b"\r\n", 2)
     ct.memmove(e.data, b"abc", 3)
     rec = bytes(e)[:abi.SockIoEvent.data.offset + 3]
     assert decode(view(rec)) == decode(rec) == SockIo(abi.EV_SOCK_WRITE, 0x1111, 0x2222, 0x4444_0000_0000, -7,
                                                       -0x5555_0000_0000, b"abc", b"\r\n", 0x6666_0000_0000_0000,
-                                                      0x3333, True, 0x7777, True)
+                                                      0x3333, True, 0x7777, True, 0x8888_0000_0000_0001)
     assert SOCK_IO.size == abi.SockIoEvent.data.offset
 
 

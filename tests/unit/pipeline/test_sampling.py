@@ -146,3 +146,55 @@ def test_an_unsampled_request_is_not_built_when_only_otlp_would_take_it():
         ExportStage(SpanBuilder(BpfClock(), stats=stats), dests).process([r])
         q.shutdown()
         assert dests.spans_out == built and stats.snapshot()["traces_unsampled"] == 1
+
+
+def test_the_kernel_bound_is_the_ratio_samplers_own():
+    """bpf/head_sampling.c samples a root when its draw < kernel_bound: the bound the SDK's
+    TraceIdRatioBased compares a trace id's low 64 bits with; 0 for the samplers that drop
+    every root; None (the kernel decides nothing) where every root is sampled."""
+    from opentelemetry.sdk.trace.sampling import TraceIdRatioBased
+    assert sampling.kernel_bound("traceidratio", "0.1") == TraceIdRatioBased(0.1).bound
+    assert sampling.kernel_bound("parentbased_traceidratio", "0.25") == TraceIdRatioBased(0.25).bound
+    assert sampling.kernel_bound("always_off", None) == sampling.kernel_bound("parentbased_always_off", None) == 0
+    for name, arg in (("always_on", None), ("parentbased_always_on", None), ("traceidratio", "1"),
+                      ("parentbased_traceidratio", None)):
+        assert sampling.kernel_bound(name, arg) is None, name
+
+
+@pytest.mark.parametrize("name,arg", [("traceidratio", "0.1"), ("parentbased_traceidratio", "0.5"),
+                                      ("always_off", None), ("parentbased_always_off", None)])
+def test_a_root_decides_as_the_kernel_did(name, arg):
+    """A root request whose head the kernel drew for decides as the kernel did (draw <
+    bound): the first of its read with the draw as its trace id's low bits, a pipelined
+    next one with new bits on the same side; trace ids stay distinct."""
+    rng, sampler, bound = random.Random(7), sampling.make(name, arg), sampling.kernel_bound(name, arg)
+    ids = set()
+    for draw in [1, bound - 1 if bound else 1, bound or 2, (1 << 64) - 1] + [rng.getrandbits(64) or 1
+                                                                               for _ in range(200)]:
+        for fresh in (True, False):
+            trace_id = sampling.root_trace_id(rng, draw, fresh, bound)
+            assert (trace_id & ((1 << 64) - 1) == draw) is fresh or trace_id & ((1 << 64) - 1) == draw
+            assert sampling.sampled(sampler, trace_id, "GET", SpanKind.SERVER) == (draw < bound), (draw, fresh)
+            ids.add(trace_id)
+    assert len(ids) == 2 * 204
+
+
+def test_the_stitcher_takes_the_kernels_draw_for_roots_only():
+    """A root's trace id ends in its connection's draw (SockIo.draw, on the read that starts
+    the kernel's request), once; a request with a traceparent keeps its parent's trace."""
+    from otel_gpu.pipeline.stitcher import Stitcher
+    from tests.unit.pipeline.test_stitcher import OK, accept, get, read, write
+    bound = sampling.kernel_bound("parentbased_traceidratio", "0.5")
+    s = Stitcher(span_budget=8, rng=random.Random(3), sampler=sampling.make("parentbased_traceidratio", "0.5"),
+                 kernel_bound=bound)
+    tp = b"traceparent: 00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01\r\n"
+    first, parent = read(get("/a") + get("/b"), fd=5, tid=5, pid=9), read(get("/c", tp), fd=6, tid=6, pid=9)
+    first.req_start, first.draw = True, bound + 5  # unsampled by its draw
+    parent.req_start, parent.draw = True, 3
+    out = s.process([accept(fd=5, pid=9), accept(fd=6, pid=9), first, parent])
+    out += s.process([write(OK, fd=5, tid=5, pid=9), write(OK, fd=5, tid=5, pid=9), write(OK, fd=6, tid=6, pid=9)])
+    reqs = {r.head.path: r for r in out if hasattr(r, "sampled")}
+    low = (1 << 64) - 1
+    assert reqs["/a"].trace_id & low == bound + 5 and not reqs["/a"].sampled
+    assert reqs["/b"].trace_id & low != bound + 5 and not reqs["/b"].sampled  # pipelined: the same side
+    assert reqs["/c"].trace_id == 0x4bf92f3577b34da6a3ce929d0e0e4736 and reqs["/c"].sampled  # by its parent
