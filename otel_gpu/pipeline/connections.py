@@ -339,6 +339,8 @@ class Connections:
             if not p.open:
                 self._serving.pop(p.tgid, None)
         self._settle(p, p.contexts.finished(req) + p.pairs.finished(req) + p.threads.finished(req))
+        if not req.sampled and req.sink.streamed:  # work the kernel could have counted (sampling.py)
+            self.stats.add("cuda_calls_streamed_unsampled", req.sink.streamed)
         if p.untracked:
             req.untracked_connections = p.untracked
         req.lost_while_open = p.records_lost - req.lost_before

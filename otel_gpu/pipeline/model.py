@@ -111,8 +111,10 @@ class CallSink:
         self.rollups: dict[tuple[int, int], RollupAgg] = {}
         self.summary = GpuSummary()
         self.attributed: dict[str, int] = {}  # calls by attribution outcome
+        self.streamed = 0  # calls that came one by one (the rest were counted in the kernel)
 
     def add(self, c: CudaCall, attribution: str) -> None:
+        self.streamed += 1
         detail, nbytes, duration_ns = c.amounts()
         self.summary.add_many(c.call, detail, 1, nbytes, duration_ns)
         if type(c) is GraphCall and c.kernels:

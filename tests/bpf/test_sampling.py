@@ -119,7 +119,7 @@ def test_each_request_streams_by_its_own_sampling_under_concurrency(tmp_path, re
           f"{counted.get('cuda_calls_streamed', 0)} calls streamed, {counted.get('cuda_calls_counted', 0)} counted")
     assert rows == (sum(2 + i % 4 for i in range(n)), n)
     assert 60 <= len(sent) <= 180  # binomial(240, 0.5): 120 +- 7.7
-    assert counted.get("cuda_calls_streamed", 0) == streamed
+    assert counted.get("cuda_calls_streamed", 0) == streamed and not counted.get("cuda_calls_streamed_unsampled")
 
 
 def test_a_head_with_a_traceparent_is_left_to_the_collector(receiver, start_collector, start_target):

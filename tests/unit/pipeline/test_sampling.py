@@ -198,3 +198,16 @@ def test_the_stitcher_takes_the_kernels_draw_for_roots_only():
     assert reqs["/a"].trace_id & low == bound + 5 and not reqs["/a"].sampled
     assert reqs["/b"].trace_id & low != bound + 5 and not reqs["/b"].sampled  # pipelined: the same side
     assert reqs["/c"].trace_id == 0x4bf92f3577b34da6a3ce929d0e0e4736 and reqs["/c"].sampled  # by its parent
+
+
+def test_calls_streamed_for_an_unsampled_request_are_counted():
+    """cuda_calls_streamed_unsampled: the calls that reached an unsampled request one by one
+    (work the kernel could have counted: bench item 2's check of #26 item 1)."""
+    from otel_gpu.pipeline.stitcher import Stitcher
+    from tests.unit.pipeline.test_stitcher import OK, accept, cuda, get, read, write
+    for name, expected in (("always_off", 2), ("always_on", 0)):
+        stats = Stats()
+        s = Stitcher(span_budget=8, rng=random.Random(3), sampler=sampling.make(name, None), stats=stats)
+        s.process([accept(fd=5, pid=9), read(get("/a"), fd=5, tid=5, pid=9), cuda(tid=5, pid=9), cuda(tid=5, pid=9),
+                   write(OK, fd=5, tid=5, pid=9)])
+        assert stats.snapshot().get("cuda_calls_streamed_unsampled", 0) == expected, name
