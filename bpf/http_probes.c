@@ -23,7 +23,8 @@ struct conn_state {
     u64 draw;      /* the current request's draw (head_sampling.c): names it; 0: none */
     u8 sample;     /* SAMPLE_*: its sampling as the kernel decided it */
     u8 line_start; /* SAMPLE_PENDING: its last read ended a line */
-    u8 pad[6];
+    u8 pad[4];
+    u16 parent_at; /* head_scan -> head_parent: the parent's line in the read */
 };
 
 /* Accepted TCP connections of traced processes only, so no neighbour can fill it

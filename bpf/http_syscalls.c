@@ -64,48 +64,92 @@ TRACEPOINT_PROBE(syscalls, sys_enter_close)
     return 0;
 }
 
-/* Never attached: the read probes tail-call it (head_scans) after a read of a request
- * whose head is not decided yet went out, its record still in this CPU's io_scratch. It
- * decides the request's sampling (head_sampling.c) once its head's end is read: for the
- * connection, and for the unit that read that end. */
-int head_scan(void *ctx)
+/* A head's sampling, decided (head_sampling.c): for the connection, and for the unit
+ * that read its end. */
+static __always_inline void head_decided(struct sock_io_event *e, struct conn_key *key, struct conn_state *st,
+                                         u8 sample)
 {
-    u32 zero = 0;
-    struct sock_io_scratch *scratch = io_scratch.lookup(&zero);
-    struct head_settings *set = head_settings.lookup(&zero);
-    if (!scratch || !set)
-        return 0;
-    struct sock_io_event *e = &scratch->e;
-    struct conn_key key = {.tgid = e->h.tgid, .fd = e->fd};
-    struct conn_state *st = conns.lookup(&key);
-    if (!st || st->sample != SAMPLE_PENDING)
-        return 0;
-    u32 len = e->data_len, says = HEAD_PARENT; /* anything not seen whole is left to user space */
-    int first = e->h.flags & EV_FLAG_REQ_START;
-    if (len && e->ret == len && !st->req.unframed && (!first || len < 4 || looks_like_request(e->data))) {
-        asm volatile("" : "+r"(len)); /* clang would fold the bound into the check above */
-        if (len <= HTTP_DATA_CAP) {
-            __builtin_memset(e->data + len, 0, 16); /* the scan reads up to 8 bytes past a line's end */
-            says = head_scan_read(e->data, len, st->line_start);
-            st->line_start = e->data[(len - 1) & (HTTP_DATA_CAP - 1)] == '\n';
-        }
-    }
-    if (says == HEAD_MORE)
-        return 0; /* its next read goes on (a head read a byte at a time: Go's background read) */
-    u8 sample = says == HEAD_ENDED ? (st->draw < set->bound ? SAMPLE_IN : SAMPLE_OUT) : SAMPLE_NONE;
     st->sample = sample;
     count(sample == SAMPLE_NONE ? CNT_HEAD_LEFT : CNT_HEAD_DECIDED);
-    struct unit_key k = unit_key_of(key.tgid, (u64)key.tgid << 32 | e->h.tid, e->ctx);
+    struct unit_key k = unit_key_of(key->tgid, (u64)key->tgid << 32 | e->h.tid, e->ctx);
     struct unit_head *last = unit_heads.lookup(&k);
-    struct unit_head now = {.draw = st->draw, .fd = key.fd};
-    if (last && last->fd != key.fd) { /* its last head on another connection: answered yet? */
-        struct conn_key other = {.tgid = key.tgid, .fd = last->fd};
+    struct unit_head now = {.draw = st->draw, .fd = key->fd};
+    if (last && last->fd != key->fd) { /* its last head on another connection: answered yet? */
+        struct conn_key other = {.tgid = key->tgid, .fd = last->fd};
         struct conn_state *o = conns.lookup(&other);
         now.several = last->several || (o && o->draw == last->draw && o->req.phase == PHASE_READ);
     } else if (last) {
         now.several = last->several;
     }
     unit_heads.update(&k, &now);
+}
+
+/* The request (its scratch record, connection and settings) whose head the programs
+ * below decide, or NULL. */
+static __always_inline struct sock_io_event *head_pending(struct conn_key *key, struct conn_state **stp,
+                                                          struct head_settings **setp)
+{
+    u32 zero = 0;
+    struct sock_io_scratch *scratch = io_scratch.lookup(&zero);
+    *setp = head_settings.lookup(&zero);
+    if (!scratch || !*setp)
+        return 0;
+    key->tgid = scratch->e.h.tgid;
+    key->fd = scratch->e.fd;
+    *stp = conns.lookup(key);
+    return *stp && (*stp)->sample == SAMPLE_PENDING ? &scratch->e : 0;
+}
+
+/* Never attached: the read probes tail-call it (head_scans) after a read of a request
+ * whose head is not decided yet went out, its record still in this CPU's io_scratch. */
+int head_scan(void *ctx)
+{
+    struct conn_key key = {};
+    struct conn_state *st;
+    struct head_settings *set;
+    struct sock_io_event *e = head_pending(&key, &st, &set);
+    if (!e)
+        return 0;
+    u32 len = e->data_len, says = HEAD_UNSEEN;
+    int first = e->h.flags & EV_FLAG_REQ_START;
+    if (len && e->ret == len && !st->req.unframed && (!first || len < 4 || looks_like_request(e->data))) {
+        asm volatile("" : "+r"(len)); /* clang would fold the bound into the check above */
+        if (len <= HTTP_DATA_CAP) {
+            __builtin_memset(e->data + len, 0, 16); /* the scans read up to 8 bytes past a line's end */
+            u64 w;
+            __builtin_memcpy(&w, e->data, sizeof(w));
+            if (!(st->line_start && parent_line(w))) /* a parent cut at the read: left to user space */
+                says = head_scan_read(e->data, len, st->line_start);
+            st->line_start = e->data[(len - 1) & (HTTP_DATA_CAP - 1)] == '\n';
+        }
+    }
+    if (says == HEAD_MORE)
+        return 0; /* its next read goes on (a head read a byte at a time: Go's background read) */
+    if ((says & HEAD_KIND) == HEAD_PARENT && !(says & HEAD_ENDED_BEFORE)) {
+        st->parent_at = says >> HEAD_AT_SHIFT;
+        head_scans.call(ctx, HEAD_PARENT_PARSE); /* returns only where head_parent is not installed */
+    }
+    head_decided(e, &key, st, says == HEAD_ENDED ? (st->draw < set->bound ? SAMPLE_IN : SAMPLE_OUT) : SAMPLE_NONE);
+    return 0;
+}
+
+/* Never attached: head_scan tail-calls it for a head with a "tracepar" line (at
+ * conn_state.parent_at in the read), which decides when it is a canonical traceparent
+ * and the head ends in this read with no other. */
+int head_parent(void *ctx)
+{
+    struct conn_key key = {};
+    struct conn_state *st;
+    struct head_settings *set;
+    struct sock_io_event *e = head_pending(&key, &st, &set);
+    if (!e)
+        return 0;
+    u32 len = e->data_len, at = st->parent_at;
+    asm volatile("" : "+r"(len), "+r"(at)); /* bounds the verifier can see: */
+    if (len > HTTP_DATA_CAP)
+        return 0;
+    at &= HTTP_DATA_CAP - 1; /* an offset in the read, which head_scan found */
+    head_decided(e, &key, st, parent_sample(e->data, len, at, set->parents, set->bound));
     return 0;
 }
 

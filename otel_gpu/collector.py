@@ -72,7 +72,8 @@ class Collector:
         from .probes.source import ProgramOptions
         t0 = time.monotonic()
         self.program = BpfProgram(ProgramOptions.from_config(self.config), self.stats)
-        self.program.sample_heads(kernel_bound(self.config.traces_sampler, self.config.traces_sampler_arg))
+        self.program.sample_heads(kernel_bound(self.config.traces_sampler, self.config.traces_sampler_arg),
+                                  self.config.traces_sampler.startswith("parentbased_"))
         self._probe_known_files()
         self._scan()
         # Still `ready` first (the health file and tests wait for it), but never silently

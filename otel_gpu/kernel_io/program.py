@@ -223,18 +223,21 @@ class BpfProgram:
                                                         lay.g_parent_goid)
         self._verdicts_changed()
 
-    def sample_heads(self, bound: Optional[int]) -> None:
-        """bpf/head_sampling.c: the kernel decides each root request's sampling as its
-        head is read, sampled when its draw < `bound` (pipeline/sampling.py kernel_bound);
-        None: it decides none. Before the probes see requests: a head read earlier is not
-        decided (its calls follow quiet_procs)."""
+    def sample_heads(self, bound: Optional[int], parents: bool) -> None:
+        """bpf/head_sampling.c: the kernel decides each request's sampling as its head is
+        read: a root sampled when its draw < `bound` (pipeline/sampling.py kernel_bound),
+        a canonical traceparent by its flag (`parents`: parentbased_*) or else by its trace
+        id like a root; None: it decides none. Before the probes see requests: a head read
+        earlier is not decided (its calls follow quiet_procs)."""
         if bound is None:
             return
         from bcc import BPF  # imported late: the unit tier runs without bcc
-        self.bpf["head_scans"][ct.c_int(0)] = ct.c_int(self.bpf.load_func(b"head_scan", BPF.TRACEPOINT).fd)
+        scans = self.bpf["head_scans"]
+        for i, name in enumerate((b"head_scan", b"head_parent")):  # HEAD_SCAN, HEAD_PARENT_PARSE
+            scans[ct.c_int(i)] = ct.c_int(self.bpf.load_func(name, BPF.TRACEPOINT).fd)
         table = self.bpf["head_settings"]
         leaf = table.Leaf()
-        leaf.bound, leaf.on = bound, 1
+        leaf.bound, leaf.on, leaf.parents = bound, 1, int(parents)
         table[table.Key(0)] = leaf
 
     def set_quiet(self, by_pid: dict) -> None:

@@ -46,13 +46,22 @@ def _metric_when_counted(port: int, want: int) -> str:
 
 def test_a_tenth_of_the_traces_go_out_each_streaming_only_its_own_calls(tmp_path, receiver, start_collector,
                                                                         start_target):
+    """traceidratio 0.1; every 4th request carries a traceparent, whose trace id decides
+    (the kernel reads it from the head as the collector does)."""
     port, db = free_port(), str(tmp_path / "otel-gpu.db")
     collector = start_collector("--prometheus-port", str(port), "--export-query", OTEL_TRACES_SAMPLER="traceidratio",
                                 OTEL_TRACES_SAMPLER_ARG="0.1", OTEL_GPU_STORE=db)
     target = start_target()
     collector.wait_traced(target.pid)
     target.go()
-    out = fetch_all(target.port, [f"/work?launches={_own(i)}&n={i}" for i in range(N)], CLIENTS, 60)
+
+    def parent(path: str) -> dict:  # every 4th request continues a trace, which its trace id decides
+        i = int(path.split("n=")[1])
+        trace_id = (i + 1) * 0x9E3779B97F4A7C15F39CC0605CEDC835 % (1 << 128)
+        return {"traceparent": f"00-{trace_id:032x}-{i + 1:016x}-01"} if i % 4 == 3 else {}
+
+    out = fetch_all(target.port, [f"/work?launches={_own(i)}&n={i}" for i in range(N)], CLIENTS, 60,
+                    headers=parent)
     assert len(out.ok) == N
     text = _metric_when_counted(port, N)
     assert _value(text, "http_server_request_duration_seconds_count", http_route="/work") == N
@@ -75,25 +84,30 @@ def test_a_tenth_of_the_traces_go_out_each_streaming_only_its_own_calls(tmp_path
           f"{counted.get('cuda_calls_counted', 0)} counted; store {rows}")
     assert 5 <= len(sent) <= 50  # binomial(240, 0.1): 24 +- 4.6
     assert counted.get("cuda_calls_streamed", 0) == streamed and not counted.get("cuda_calls_streamed_unsampled")
+    assert counted.get("heads_sampled_here", 0) == 0  # roots and traceparents alike, decided in the kernel
     # (Before the kernel decided per request, one sampled request open made every request's calls stream.)
 
 
 def test_a_traceparent_decides_and_roots_at_ratio_0_are_only_counted(tmp_path, receiver, start_collector,
                                                                      start_target):
     """parentbased_traceidratio 0: every other request carries a traceparent, sampled or
-    not by turns. The kernel decides the roots (none sampled: their calls counted, never
-    streamed) and leaves every head with a parent to the collector; exactly the requests
-    whose parent is sampled go out, under their parent; the store counts every request."""
+    not by turns; one in four of those in uppercase hex, which the collector accepts and
+    the kernel leaves to it (it decides canonical ones only). Exactly the requests whose
+    parent is sampled go out, under their parent; the kernel decides the roots (none
+    sampled: counted, never streamed) and the canonical parents, whose sampled requests
+    stream exactly their own calls; the store counts every request."""
     trace, db = "4bf92f3577b34da6a3ce929d0e0e4736", str(tmp_path / "otel-gpu.db")
     collector = start_collector("--export-query", OTEL_TRACES_SAMPLER="parentbased_traceidratio",
                                 OTEL_TRACES_SAMPLER_ARG="0", OTEL_GPU_STORE=db)
     target = start_target()
     collector.wait_traced(target.pid)
     target.go()
+    upper = {i for i in range(N) if i % 8 == 7}
 
     def parent(path: str) -> dict:
         i = int(path.split("n=")[1])
-        return {"traceparent": f"00-{trace}-{i:016x}-0{i // 2 % 2}"} if i % 2 else {}
+        value = f"00-{trace}-{i:016x}-0{i // 2 % 2}"
+        return {"traceparent": value.upper() if i in upper else value} if i % 2 else {}
 
     out = fetch_all(target.port, [f"/work?launches=3&n={i}" for i in range(N)], CLIENTS, 60, headers=parent)
     assert len(out.ok) == N
@@ -108,10 +122,15 @@ def test_a_traceparent_decides_and_roots_at_ratio_0_are_only_counted(tmp_path, r
           f"{counted.get('heads_sampled_in_kernel', 0)}, here {counted.get('heads_sampled_here', 0)}; store {rows}")
     assert set(sent) == {i for i in range(1, N, 2) if i // 2 % 2}  # the parents' flags, exactly
     assert all(s.parent_span_id == f"{i:016x}" for i, s in sent.items())
-    roots = counted["requests"] - N // 2  # the harness's own request (target.go) is a root too
-    assert counted.get("heads_sampled_in_kernel", 0) == roots and counted.get("heads_sampled_here", 0) == N // 2
+    assert counted.get("heads_sampled_here", 0) == len(upper)
+    assert counted.get("heads_sampled_in_kernel", 0) == counted["requests"] - len(upper)  # target.go's too
     assert rows == (3 * N, N)
-    assert streamed <= 3 * N // 2  # only requests with a parent may stream (the collector decides those)
+    decided = [s for i, s in sent.items() if i not in upper]
+    for span in decided:  # its own calls, one by one
+        kids = [k for k in children_of(receiver.spans, span) if k.name.startswith("cudaLaunchKernel")]
+        assert [k.attributes.get("gpu.rollup.count", 1) for k in kids] == [1, 1, 1], _number(span)
+    # Streamed beyond those: only the requests the collector decided (per process, as before).
+    assert 3 * len(decided) <= streamed <= 3 * (len(decided) + len(upper))
 
 
 def test_a_go_requests_goroutine_streams_by_its_own_sampling(receiver, start_collector):
