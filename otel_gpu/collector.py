@@ -72,8 +72,6 @@ class Collector:
         from .probes.source import ProgramOptions
         t0 = time.monotonic()
         self.program = BpfProgram(ProgramOptions.from_config(self.config), self.stats)
-        self.program.sample_heads(kernel_bound(self.config.traces_sampler, self.config.traces_sampler_arg),
-                                  self.config.traces_sampler.startswith("parentbased_"))
         self._probe_known_files()
         self._scan()
         # Still `ready` first (the health file and tests wait for it), but never silently
@@ -88,6 +86,10 @@ class Collector:
                  ", ".join(self.wiring.destinations.names) or "nowhere")
         if self.config.health_file:
             Path(self.config.health_file).write_text("ready\n")
+        # After `ready`: verifying the head programs takes ~1.5 s on a small VM, and until
+        # they run the collector decides every request itself, as it can.
+        self.program.sample_heads(kernel_bound(self.config.traces_sampler, self.config.traces_sampler_arg),
+                                  self.config.traces_sampler.startswith("parentbased_"))
 
     def _probe_known_files(self) -> None:
         """Probes the well-known CUDA library files before any process maps them

@@ -232,9 +232,17 @@ class BpfProgram:
         if bound is None:
             return
         from bcc import BPF  # imported late: the unit tier runs without bcc
-        scans = self.bpf["head_scans"]
-        for i, name in enumerate((b"head_scan", b"head_parent")):  # HEAD_SCAN, HEAD_PARENT_PARSE
-            scans[ct.c_int(i)] = ct.c_int(self.bpf.load_func(name, BPF.TRACEPOINT).fd)
+        t0, scans = time.monotonic(), self.bpf["head_scans"]
+        try:
+            for i, name in enumerate((b"head_scan", b"head_parent")):  # HEAD_SCAN, HEAD_PARENT_PARSE
+                scans[ct.c_int(i)] = ct.c_int(self.bpf.load_func(name, BPF.TRACEPOINT).fd)
+        except Exception as e:  # a verifier elsewhere may refuse them: the collector decides alone
+            log.warning("sampling is decided by the collector alone (the kernel's head programs did "
+                        "not load: %s); unsampled requests' calls may be streamed", e)
+            self.stats.add("head_sampling_unavailable")
+            return
+        log.info("sampling decided in the kernel as heads are read (programs verified in %.1f s)",
+                 time.monotonic() - t0)
         table = self.bpf["head_settings"]
         leaf = table.Leaf()
         leaf.bound, leaf.on, leaf.parents = bound, 1, int(parents)
