@@ -250,8 +250,10 @@ static __always_inline int emit_sock_io(struct sock_io_scratch *scratch, u8 kind
     int switching = kind == EV_SOCK_WRITE && len >= 12 && e->data[0] == 'H' && e->data[1] == 'T' &&
                     e->data[5] == '1' && e->data[9] == '1' && e->data[10] == '0' && e->data[11] == '1';
     record_sent(key->tgid, &st->req, epoch_submit(e, size, &e->h, kind == EV_SOCK_READ), e->h.flags, e->lost);
-    if (switching)
+    if (switching) {
         st->req.unframed = 1; /* after record_sent: a lost 101 is its request's loss */
+        st->sample = SAMPLE_NONE; /* its streams are the collector's to sample, each its own */
+    }
     return kind == EV_SOCK_READ && st->sample == SAMPLE_PENDING;
 }
 

@@ -145,6 +145,7 @@ class Connections:
         a new session; the requests it carries on keep their spans under their new stream
         ids; the rest of the switching write is the new protocol's."""
         h = e.handover
+        c.draw = 0  # the kernel's draw was the upgrading request's: each stream is sampled on its own
         moved = {new: c.streams.pop(old) for old, (new, _) in h.streams.items() if old in c.streams}
         for req in list(c.streams.values()):
             self.stats.add("requests_incomplete")

@@ -169,3 +169,26 @@ def _r(raw: bytes):
 
 def _w(raw: bytes):
     return raw[:1024], len(raw), raw[-64:], 2, TID
+
+
+def test_streams_after_an_upgrade_are_sampled_each_on_its_own():
+    """The kernel's draw (bpf/head_sampling.c) is the upgrading request's: streams after
+    the switch take trace ids of their own, not on its side of the bound (the kernel
+    drops its decision at the 101 too)."""
+    from otel_gpu.pipeline import sampling
+    bound = sampling.kernel_bound("traceidratio", "0.5")
+    s = Stitcher(span_budget=8, rng=random.Random(11), sampler=sampling.make("traceidratio", "0.5"),
+                 kernel_bound=bound)
+    peers = Peers()
+    s.process([Accept(PID, TID, T(), FD, 3, "10.0.0.9", 40000)])
+    head = read(upgrade_request(settings=peers.settings, path=b"/infer?id=1"))
+    head.req_start, head.draw = True, bound + 1  # unsampled by the kernel's draw
+    out = s.process([head, write(switching()), write(peers.server_bytes())])
+    later = [peers.request(f"/infer?id={i}") for i in range(2, 42)]
+    out += s.process([read(peers.client_bytes())])
+    for sid in [1] + later:
+        peers.respond(sid, 200)
+        out += s.process([write(peers.server_bytes())])
+    done = {r.head.target: r for r in requests(out)}
+    assert len(done) == 41 and not done["/infer?id=1"].sampled
+    assert 5 <= sum(r.sampled for r in done.values()) <= 36  # binomial(40, 0.5): each stream its own
