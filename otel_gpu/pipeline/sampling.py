@@ -8,13 +8,15 @@ span is built. The decision only sets the spans' sampled flag: OTLP sends sample
 alone, while metrics, cost, the local store and `otel-gpu report` see every request
 (export/destinations.py).
 
-The kernel streams CUDA calls one by one only for sampled requests, so the collector's
-work follows the sampled rate. With a ratio sampler it decides a root request itself as
-its head is read (bpf/head_sampling.c): it draws the trace id's low 64 bits, which is all
-TraceIdRatioBased looks at, and the calls of the unit that read an unsampled head are
-counted, not streamed. Requests it cannot decide (a traceparent, a head in several reads)
-are the collector's: while a process has no sampled request open the kernel counts its
-calls (bpf/maps.h quiet_procs, pipeline/stitcher.py)."""
+An unsampled request's CUDA calls are counted in the kernel, not streamed one by one.
+With a ratio sampler the kernel decides each request itself as its head is read
+(bpf/head_sampling.c): for a root it draws the trace id's low 64 bits, which is all
+TraceIdRatioBased looks at (root_trace_id makes them the trace id), and a canonical
+traceparent decides by its flag (parent_decides) or its trace id; the calls of the unit
+that read an unsampled head are then counted. Requests it cannot decide (another form of
+traceparent, a head not whole in its reads, HTTP/2, TLS) are the collector's: while a
+process has no sampled request open the kernel counts its calls (bpf/maps.h quiet_procs,
+pipeline/stitcher.py)."""
 from __future__ import annotations
 
 from typing import Optional
@@ -56,6 +58,12 @@ def kernel_bound(name: str, arg: Optional[str]) -> Optional[int]:
         return 0
     bound = TraceIdRatioBased.get_bound_for_rate(sampler_ratio(name, arg))
     return bound if name.endswith("traceidratio") and bound < LOW_BITS else None
+
+
+def parent_decides(name: str) -> bool:
+    """Does an incoming traceparent's sampled flag decide (the parent-based samplers), or
+    its trace id, as a root's (bpf/head_sampling.c head_settings.parents)?"""
+    return name.startswith("parentbased_")
 
 
 def root_trace_id(rng, draw: int, fresh: bool, bound: Optional[int]) -> int:

@@ -159,6 +159,7 @@ def test_the_kernel_bound_is_the_ratio_samplers_own():
     for name, arg in (("always_on", None), ("parentbased_always_on", None), ("traceidratio", "1"),
                       ("parentbased_traceidratio", None)):
         assert sampling.kernel_bound(name, arg) is None, name
+    assert sampling.parent_decides("parentbased_traceidratio") and not sampling.parent_decides("traceidratio")
 
 
 @pytest.mark.parametrize("name,arg", [("traceidratio", "0.1"), ("parentbased_traceidratio", "0.5"),
