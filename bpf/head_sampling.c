@@ -109,7 +109,7 @@ static __always_inline u32 head_scan_read(const u8 *d, u32 len, u32 line_start)
             continue;
         __builtin_memcpy(&w, d + i + 1, sizeof(w));
         if (parent_line(w))
-            return HEAD_PARENT | (u32)ended << 2 | (i + 1) << HEAD_AT_SHIFT; /* << 2: HEAD_ENDED_BEFORE */
+            return HEAD_PARENT | (u32)ended * HEAD_ENDED_BEFORE | (i + 1) << HEAD_AT_SHIFT;
         ended |= empty_line(w);
     }
     if (line_start) {

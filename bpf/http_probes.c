@@ -369,5 +369,5 @@ static __always_inline void io_exit(void *ctx, u8 kind, long ret, int iovec)
         return;
     write_tail(scratch, kind, buf, ret);
     if (emit_sock_io(scratch, kind, id, &key, st, buf, copy_max, ret, 0))
-        head_scans.call(ctx, 0); /* returns only where no head_scan is installed */
+        head_scans.call(ctx, HEAD_SCAN); /* returns only where no head_scan is installed */
 }

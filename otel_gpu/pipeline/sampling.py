@@ -46,8 +46,8 @@ def drops_roots(name: str, arg: Optional[str]) -> bool:
     """Does the sampler drop traces that start here (no parent)? Then a process with no
     sampled request open is quiet even when idle: the next request is more likely unsampled,
     and a sampled one has its first calls (before the collector reads its head) counted, not
-    streamed one by one."""
-    return name in ("always_off", "parentbased_always_off") or sampler_ratio(name, arg) < 1.0
+    streamed one by one. The samplers the kernel decides roots for, exactly."""
+    return kernel_bound(name, arg) is not None
 
 
 def kernel_bound(name: str, arg: Optional[str]) -> Optional[int]:
