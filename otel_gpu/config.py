@@ -17,6 +17,9 @@ UPROBE_LINKS = ("auto", "multi", "perf")
 OTLP_PROTOCOLS = ("grpc", "http/protobuf")
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 MIN_CONNECTIONS, MAX_CONNECTIONS = 16, 1 << 20  # --max-connections: the BPF map's bounds
+# --stream-rate's default: calls/s streamed one by one host-wide, scaled by a ratio
+# sampler's ratio (default_stream_rate), never below the floor.
+STREAM_RATE, STREAM_RATE_FLOOR = 5000, 100
 
 
 class ConfigError(ValueError):
@@ -34,7 +37,9 @@ class Config:
     exes: list[str] = field(default_factory=list)
     span_budget: int = 256
     stream_budget: int = 64  # CUDA calls streamed per thread and request; the rest counted in the kernel
-    stream_rate: int = 5000  # CUDA calls streamed per second, host-wide; the rest counted in the kernel
+    # CUDA calls streamed per second, host-wide; the rest counted in the kernel. None: follows
+    # the sampler (default_stream_rate), resolved as the Config is made.
+    stream_rate: Optional[int] = None
     console: bool = False            # print trace trees (resolved: on when no OTLP endpoint)
     route_patterns: list[str] = field(default_factory=list)
     max_routes: int = 100  # distinct http.route (and feature) values per service; later ones fold
@@ -79,6 +84,13 @@ class Config:
     traces_sampler_arg: Optional[str] = None        # OTEL_TRACES_SAMPLER_ARG: the ratio
     uprobe_links: str = "auto"    # auto, multi or perf: how uprobes are planted (probes/uprobe_links.py)
     log_level: str = "info"
+
+    def __post_init__(self) -> None:
+        if self.stream_rate is None:
+            try:
+                self.stream_rate = default_stream_rate(self.traces_sampler, self.traces_sampler_arg)
+            except ValueError:  # a bad sampler: validate() says so
+                self.stream_rate = STREAM_RATE
 
     def validate(self) -> "Config":
         if self.span_budget < 0 or self.span_budget > 100_000:
@@ -164,6 +176,17 @@ def sampler_ratio(name: str, arg: Optional[str]) -> float:
     if not 0.0 <= ratio <= 1.0:
         raise ValueError(f"ratio {arg!r} is not within 0..1")
     return ratio
+
+
+def default_stream_rate(sampler: str, arg: Optional[str]) -> int:
+    """--stream-rate when it is not given: STREAM_RATE times a traceidratio sampler's
+    ratio, at least STREAM_RATE_FLOOR. Calls are streamed one by one for sampled requests
+    alone (an unsampled one's are counted in the kernel), so at 10 % a tenth of the rate
+    gives each sampled trace the detail it has at 100 %, and the collector's work follows
+    the ratio. The other samplers keep the whole rate: what they sample is all or nothing
+    (the always_* samplers) or the parents' choice. The floor keeps detail for the traces
+    a parent samples under a tiny ratio."""
+    return max(round(STREAM_RATE * sampler_ratio(sampler, arg)), STREAM_RATE_FLOOR)
 
 
 def resource_attributes(text: str, strict: bool = True) -> dict:

@@ -23,7 +23,8 @@ def add_run_arguments(p) -> None:
                         "kernel (OTEL_GPU_STREAM_BUDGET; default 64)")
     p.add_argument("--stream-rate", type=int,
                    help="CUDA calls per second sent one by one, host-wide; the rest are counted in the "
-                        "kernel (OTEL_GPU_STREAM_RATE; default 5000)")
+                        "kernel (OTEL_GPU_STREAM_RATE; default 5000, times the ratio of a traceidratio sampler, "
+                        "at least 100)")
     p.add_argument("--console", dest="console", action="store_true", default=None,
                    help="print trace trees (default: on when no OTLP endpoint is set)")
     p.add_argument("--no-console", dest="console", action="store_false")
@@ -186,7 +187,7 @@ def load_config(args=None, env: Mapping[str, str] = os.environ) -> Config:
         exes=src.flag("exe") or [],
         span_budget=src.integer("span_budget", "OTEL_GPU_SPAN_BUDGET", 256, minimum=0),
         stream_budget=src.integer("stream_budget", "OTEL_GPU_STREAM_BUDGET", 64, minimum=0),
-        stream_rate=src.integer("stream_rate", "OTEL_GPU_STREAM_RATE", 5000, minimum=0),
+        stream_rate=src.integer("stream_rate", "OTEL_GPU_STREAM_RATE", None, minimum=0),
         console=(not otlp_traces) if console is None else console,
         route_patterns=src.names("route", "OTEL_GPU_ROUTES"),
         max_routes=src.integer("max_routes", "OTEL_GPU_MAX_ROUTES", 100),

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
+from ..config import STREAM_RATE
 from ..cuda_calls import c_defines
 from . import kernel_btf, launch_slot_sizes, python, summary_buckets
 from .pid_bits import pid_words
@@ -40,7 +41,7 @@ class ProgramOptions:
     max_procs: int = 4096
     max_conns: int = 65536
     stream_budget: int = 64     # CUDA calls streamed per thread and request (bpf/call_out.c stream_settings)
-    stream_rate: int = 5000     # CUDA calls streamed per second, host-wide (bpf/call_out.c stream_settings)
+    stream_rate: int = STREAM_RATE  # CUDA calls streamed per second, host-wide (bpf/call_out.c stream_settings)
     bpf_cache: Optional[str] = None  # directory of compiled programs (probes/program_cache.py); None: compile
     pid_words: int = field(default_factory=pid_words)  # bpf/maps.h pid_bits: this host's pid_max / 32
     cpus: int = field(default_factory=launch_slot_sizes.possible_cpus)  # bpf/launch_slots.c: a block of slots per CPU

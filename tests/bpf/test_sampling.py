@@ -97,7 +97,9 @@ def test_a_traceparent_decides_and_roots_at_ratio_0_are_only_counted(tmp_path, r
     sampled: counted, never streamed) and the canonical parents, whose sampled requests
     stream exactly their own calls; the store counts every request."""
     trace, db = "4bf92f3577b34da6a3ce929d0e0e4736", str(tmp_path / "otel-gpu.db")
-    collector = start_collector("--export-query", OTEL_TRACES_SAMPLER="parentbased_traceidratio",
+    # The rate lifted: ratio 0's default (the floor) would count some parents' calls away.
+    collector = start_collector("--export-query", "--stream-rate", "1000000",
+                                OTEL_TRACES_SAMPLER="parentbased_traceidratio",
                                 OTEL_TRACES_SAMPLER_ARG="0", OTEL_GPU_STORE=db)
     target = start_target()
     collector.wait_traced(target.pid)

@@ -96,6 +96,23 @@ def test_defaults_without_flags_or_environment():
     assert not c.otlp_traces and not c.otlp_metrics and c.otlp_protocol == "grpc"
     assert (c.queue_size, c.export_batch_size, c.schedule_delay_ms) == (8192, 512, 1000)
     assert c.resource_attributes == {} and c.self_service_name == "otel-gpu"
+    assert c.stream_rate == 5000  # the default sampler has no ratio
+
+
+@pytest.mark.parametrize("env, rate", [
+    ({}, 5000),
+    ({"OTEL_TRACES_SAMPLER": "traceidratio", "OTEL_TRACES_SAMPLER_ARG": "0.1"}, 500),
+    ({"OTEL_TRACES_SAMPLER": "parentbased_traceidratio", "OTEL_TRACES_SAMPLER_ARG": "0.25"}, 1250),
+    ({"OTEL_TRACES_SAMPLER": "traceidratio", "OTEL_TRACES_SAMPLER_ARG": "0.001"}, 100),  # the floor
+    ({"OTEL_TRACES_SAMPLER": "parentbased_always_off"}, 5000),  # the parents decide how many
+    ({"OTEL_TRACES_SAMPLER": "always_on"}, 5000),
+    ({"OTEL_TRACES_SAMPLER": "traceidratio", "OTEL_TRACES_SAMPLER_ARG": "0.1", "OTEL_GPU_STREAM_RATE": "3000"}, 3000),
+])
+def test_stream_rate_follows_the_sampler_unless_given(env, rate):
+    """Only sampled requests stream their calls, so the default rate is scaled by a ratio
+    sampler's ratio; a rate given by flag or variable is taken as it is."""
+    assert load(**env).stream_rate == rate
+    assert load("--stream-rate", "7", **env).stream_rate == 7
 
 
 # (flags, environment, field, value from the flag, value from the environment)
