@@ -86,8 +86,8 @@ BPF_TABLE("lru_hash", struct budget_key, struct thread_budget, stream_budget, 16
  * All zero until written: nothing streams, every call is counted. */
 struct stream_settings {
     u64 rate_per_cpu;  /* calls a second on each CPU (user space splits --stream-rate) */
-    u64 high_water;    /* unread ring buffer bytes past which nothing streams: the rest is
-                        * kept for HTTP records, which are never aggregated */
+    u64 high_water;    /* unread ring buffer bytes past which nothing streams (the collector
+                        * is behind): the rest is kept for HTTP records, never aggregated */
     u32 budget;        /* calls per thread and request (reset at each HTTP read of the process) */
     u32 _pad;
 };

@@ -131,13 +131,21 @@ def load(options: ProgramOptions, stats=None, compile_only: bool = False):
     return bpf
 
 
+# Calls stream one by one only while less than this share of the ring buffer is unread:
+# a collector that falls behind gets counts, not records, until it has caught up, and the
+# rest of the ring is kept for HTTP records (never counted away). At 3/4, a collector
+# behind on item 2's load at 100 % sampling held 5.4 s of records; at 1/16, 2.5 s and a
+# third less CPU per request (docs/performance.md note 19).
+STREAM_HIGH_WATER = 1 / 16
+
+
 def write_stream_settings(bpf, options: ProgramOptions) -> None:
     """bpf/call_out.c stream_settings: before any uprobe is attached (nothing streams
     until then). The host-wide rate is split evenly over the CPUs (a per-CPU bucket)."""
     table = bpf[b"stream_settings"]
     leaf = table.Leaf()
     leaf.rate_per_cpu = -(-options.stream_rate // (os.cpu_count() or 1))
-    leaf.high_water = options.map_sizes()["events"] // 4 * 3  # a quarter kept for HTTP records
+    leaf.high_water = int(options.map_sizes()["events"] * STREAM_HIGH_WATER)
     leaf.budget = options.stream_budget
     table[table.Key(0)] = leaf
 

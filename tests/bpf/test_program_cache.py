@@ -235,7 +235,7 @@ def test_stream_settings_and_map_sizes_are_one_program():
     bpf = load(a)
     try:
         s = bpf[b"stream_settings"][ct.c_int(0)]
-        assert (s.budget, s.rate_per_cpu, s.high_water) == (7, -(-3001 // os.cpu_count()), 4 * 4096 // 4 * 3)
+        assert (s.budget, s.rate_per_cpu, s.high_water) == (7, -(-3001 // os.cpu_count()), 4 * 4096 // 16)
         assert (bpf[b"events"].max_entries, bpf[b"conns"].max_entries, bpf[b"ssl_fds"].max_entries) == \
             (4 * 4096, 300, 300)
         info = {}
