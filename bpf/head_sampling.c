@@ -3,11 +3,12 @@
  * whatever else its process has open (otel_gpu/pipeline/sampling.py kernel_bound).
  *
  * With a ratio sampler (traceidratio, parentbased_traceidratio; always_off and
- * parentbased_always_off as ratio 0), a root request's decision is its trace id's low
- * 64 bits against a bound: the kernel draws those bits at the request's first read
- * (http_probes.c emit_sock_io, on the record as `draw`), and user space makes them the
- * trace id of a request with no traceparent (pipeline/connections.py), so both decide
- * alike. A request with a traceparent is decided by its sampled flag (parentbased_*) or
+ * parentbased_always_off as ratio 0; parentbased_always_on as ratio 1, once user space
+ * has seen an unsampled parent: a bound of ~0, which no draw reaches), a root request's
+ * decision is its trace id's low 64 bits against a bound: the kernel draws those bits at
+ * the request's first read (http_probes.c emit_sock_io, on the record as `draw`), and
+ * user space makes them the trace id of a request with no traceparent
+ * (pipeline/connections.py), so both decide alike. A request with a traceparent is decided by its sampled flag (parentbased_*) or
  * its trace id's low 64 bits (traceidratio), read from the head (http_syscalls.c
  * head_parent) where it is canonical (version 00, lowercase) and alone. The kernel
  * decides only what it sees whole: the request's reads up to its head's end, every byte
@@ -59,7 +60,7 @@ static __always_inline struct unit_key unit_key_of(u32 tgid, u64 id, u64 unit)
     return k;
 }
 
-/* A request's first read: its draw (never 0), or 0 when the kernel does not sample. */
+/* A request's first read: its draw (never 0 nor ~0), or 0 when the kernel does not sample. */
 static __always_inline u64 head_draw(void)
 {
     u32 zero = 0;
@@ -67,7 +68,7 @@ static __always_inline u64 head_draw(void)
     if (!set || !set->on)
         return 0;
     u64 r = (u64)bpf_get_prandom_u32() << 32 | bpf_get_prandom_u32();
-    return r ? r : 1;
+    return r && r != ~0ULL ? r : 1; /* below ~0: a bound of ~0 samples every root (ALL_ROOTS) */
 }
 
 /* What a head's bytes so far tell, line by line: */

@@ -56,6 +56,10 @@ class Collector:
         self._seed_pending: set[int] = set()  # processes with connections still to seed
         self._untracked_seen = 0
         self._next_prune = time.monotonic() + PRUNE_INTERVAL_S
+        # The bound the kernel samples heads by once an unsampled parent is seen (the default
+        # sampler: pipeline/sampling.py bound_once_parents_unsampled); None: nothing deferred.
+        self._heads_deferred = sampling.bound_once_parents_unsampled(config.traces_sampler,
+                                                                     config.traces_sampler_arg)
         self.status = StatusWriter(config.status_file, self.stats) if config.status_file else None
 
     def _wanted(self, pid: int) -> bool:
@@ -90,6 +94,17 @@ class Collector:
         # they run the collector decides every request itself, as it can.
         sampler, arg = self.config.traces_sampler, self.config.traces_sampler_arg
         self.program.sample_heads(sampling.kernel_bound(sampler, arg), sampling.parent_decides(sampler))
+
+    def _sample_heads_by_parents(self) -> None:
+        """The first unsampled parent under a sampler that samples every root: from now on
+        the kernel decides each head (every root sampled, a canonical parent by its flag),
+        so such requests' calls are counted, not streamed. Loaded only now: a service no
+        unsampled parent reaches never pays the programs' verification (~1.3 s) or their
+        run per request."""
+        bound, self._heads_deferred = self._heads_deferred, None
+        log.info("an incoming traceparent is not sampled: the kernel decides each request's sampling from now on")
+        self.wiring.stitcher.kernel_bound = bound
+        self.program.sample_heads(bound, True)
 
     def _probe_known_files(self) -> None:
         """Probes the well-known CUDA library files before any process maps them
@@ -265,6 +280,8 @@ class Collector:
     def _push(self, batch: list) -> None:
         """One batch through the pipeline; then the program forgets processes that left."""
         out = self.pipeline.push(batch)
+        if self._heads_deferred is not None and self.wiring.stitcher.unsampled_parent_seen:
+            self._sample_heads_by_parents()
         if self.wiring.stitcher.quiet:  # processes whose open requests became all unsampled, or not
             self.program.set_quiet(self.wiring.stitcher.quiet)
             self.wiring.stitcher.quiet = {}

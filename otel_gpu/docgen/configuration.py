@@ -47,8 +47,8 @@ ENV_ONLY: dict[str, tuple[Optional[str], str]] = {
 FLAG_DEFAULTS = {
     "pid": "all processes", "exe": "all processes",
     "console": "on when no OTLP endpoint is set", "store": "on when no OTLP endpoint is set",
-    "feature_header": "`http.route`",
-    "stream_rate": "5000, times the ratio of a traceidratio sampler, at least 100", "prometheus_port": "off", "store_group": "root only, 0600/0700",
+    "feature_header": "`http.route`", "prometheus_port": "off", "store_group": "root only, 0600/0700",
+    "stream_rate": "5000, times the ratio of a traceidratio sampler, at least 100",
 }
 
 

@@ -241,12 +241,12 @@ class BpfProgram:
                         "not load: %s); unsampled requests' calls may be streamed", e)
             self.stats.add("head_sampling_unavailable")
             return
-        log.info("sampling decided in the kernel as heads are read (programs verified in %.1f s)",
-                 time.monotonic() - t0)
         table = self.bpf["head_settings"]
         leaf = table.Leaf()
         leaf.bound, leaf.on, leaf.parents = bound, 1, int(parents)
         table[table.Key(0)] = leaf
+        log.info("sampling decided in the kernel as heads are read (programs verified in %.1f s)",
+                 time.monotonic() - t0)
 
     def set_quiet(self, by_pid: dict) -> None:
         """pid -> True while every request it has open is unsampled (pipeline/sampling.py):

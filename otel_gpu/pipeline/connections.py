@@ -9,8 +9,9 @@ pipeline/handlers.py). Nothing here knows a protocol's bytes: the sessions
 
 Connections reads and writes the Stitcher's state (pipeline/process_state.py: Proc,
 Conn): procs (via _proc, _conn), _serving, stats, _log, _rng, _sampler, span_budget,
-_session_config; and calls its _settle, _handler_pair and _note_quiet. The /proc facts it
-needs come on the records (pipeline/proc_facts.py)."""
+_session_config, kernel_bound, unsampled_parent_seen; and calls its _settle,
+_handler_pair and _note_quiet. The /proc facts it needs come on the records
+(pipeline/proc_facts.py)."""
 from __future__ import annotations
 
 import logging
@@ -167,6 +168,7 @@ class Connections:
             req.trace_id, req.parent_span_id = parent
             req.parent_trace_id = parent[0]
             req.parent_sampled = traceparent_sampled(head.headers.get("traceparent"))
+            self.unsampled_parent_seen |= not req.parent_sampled
         elif c.draw:  # a root the kernel drew for: its decision and ours are the same
             req.trace_id = sampling.root_trace_id(self._rng, c.draw, not c.draw_taken, self.kernel_bound)
             c.draw_taken = True

@@ -13,7 +13,9 @@ With a ratio sampler the kernel decides each request itself as its head is read
 (bpf/head_sampling.c): for a root it draws the trace id's low 64 bits, which is all
 TraceIdRatioBased looks at (root_trace_id makes them the trace id), and a canonical
 traceparent decides by its flag (parent_decides) or its trace id; the calls of the unit
-that read an unsampled head are then counted. Requests it cannot decide (another form of
+that read an unsampled head are then counted. A parent-based sampler that samples every
+root (the default) has the kernel decide once an unsampled parent is seen
+(bound_once_parents_unsampled). Requests it cannot decide (another form of
 traceparent, a head not whole in its reads, HTTP/2, TLS) are the collector's: while a
 process has no sampled request open the kernel counts its calls (bpf/maps.h quiet_procs,
 pipeline/stitcher.py)."""
@@ -28,6 +30,7 @@ from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, TraceFl
 from ..config import sampler_ratio
 
 LOW_BITS = 1 << 64  # TraceIdRatioBased compares a trace id's low 64 bits with its bound
+ALL_ROOTS = LOW_BITS - 1  # a bound every kernel draw is below (bpf/head_sampling.c never draws it)
 
 
 def make(name: str, arg: Optional[str]) -> Sampler:
@@ -58,6 +61,16 @@ def kernel_bound(name: str, arg: Optional[str]) -> Optional[int]:
         return 0
     bound = TraceIdRatioBased.get_bound_for_rate(sampler_ratio(name, arg))
     return bound if name.endswith("traceidratio") and bound < LOW_BITS else None
+
+
+def bound_once_parents_unsampled(name: str, arg: Optional[str]) -> Optional[int]:
+    """A parent-based sampler that samples every root (parentbased_always_on, the default,
+    or parentbased_traceidratio at 1) leaves the kernel nothing to decide for roots, but a
+    parent's flag still decides: a service behind a sampling gateway gets most requests
+    with an unsampled parent. The kernel decides by ALL_ROOTS (every root sampled, each
+    canonical parent by its flag) once the collector has seen such a parent; None for the
+    other samplers (kernel_bound decides for them from the start, or nothing is to decide)."""
+    return ALL_ROOTS if kernel_bound(name, arg) is None and parent_decides(name) else None
 
 
 def parent_decides(name: str) -> bool:

@@ -50,6 +50,9 @@ class Stitcher(Connections, CallAttribution):
         self._sampler = sampler  # pipeline/sampling.py; None: every trace sampled
         self.quiet_when_idle = quiet_when_idle  # sampling.drops_roots(): the collector marks new processes quiet
         self.kernel_bound = kernel_bound  # sampling.kernel_bound(): the kernel's draws decide roots against it
+        # An incoming traceparent said "not sampled": the collector may have the kernel decide
+        # parents from now on (sampling.bound_once_parents_unsampled).
+        self.unsampled_parent_seen = False
         self.quiet: dict[int, bool] = {}  # tgid -> whether all its open requests are unsampled, as changed
         self.procs: dict[int, Proc] = {}
         self.groups: dict[int, Optional[str]] = {}  # tgid -> its group of related processes (ProcessGroup)

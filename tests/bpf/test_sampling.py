@@ -3,8 +3,9 @@
 and the local store count every request; the kernel decides each root request as its
 head is read (bpf/head_sampling.c), so a sampled request's calls stream one by one, each
 a child span of its own request, and an unsampled one's are only counted, whatever else
-is open; under parentbased_traceidratio the incoming traceparent decides, and the kernel
-leaves those heads to the collector. Each request's launch count encodes its number."""
+is open; under parentbased_traceidratio the incoming traceparent decides, in the kernel
+where it is canonical; under the default sampler the kernel decides from the first
+unsampled parent on. Each request's launch count encodes its number."""
 from __future__ import annotations
 
 import sqlite3
@@ -172,3 +173,43 @@ def test_a_go_requests_goroutine_streams_by_its_own_sampling(receiver, start_col
           f"{counted.get('cuda_calls_streamed', 0)} calls streamed, {counted.get('cuda_calls_counted', 0)} counted")
     assert 40 <= len(sent) <= 120  # binomial(160, 0.5): 80 +- 6.3
     assert counted.get("cuda_calls_streamed", 0) == (k + 1) * len(sent)  # and a copy of id bytes each
+
+
+def test_under_the_default_sampler_an_unsampled_parent_has_the_kernel_decide(tmp_path, receiver, start_collector,
+                                                                             start_target):
+    """parentbased_always_on, the default, samples every root: the kernel has nothing to
+    decide until a request arrives whose traceparent says "not sampled" (a service behind
+    a sampling gateway). That loads the head programs; from then on roots and sampled
+    parents stream exactly their own calls, and unsampled parents' calls are counted in
+    the kernel, whatever else is open, their traces not sent; the store counts every
+    request."""
+    trace, db = "4bf92f3577b34da6a3ce929d0e0e4736", str(tmp_path / "otel-gpu.db")
+    collector = start_collector("--export-query", OTEL_GPU_STORE=db)
+    target = start_target()
+    collector.wait_traced(target.pid)
+    target.go()
+    target.get("/work?launches=3&n=1000", {"traceparent": f"00-{trace}-{1000:016x}-00"})
+    assert collector.log.wait_for("sampling decided in the kernel as heads are read", 60)
+
+    def parent(path: str) -> dict:  # by turns: a root, a sampled parent, an unsampled one
+        i = int(path.split("n=")[1])
+        return {"traceparent": f"00-{trace}-{i + 1:016x}-0{i % 3 % 2}"} if i % 3 else {}
+
+    out = fetch_all(target.port, [f"/work?launches={_own(i)}&n={i}" for i in range(N)], CLIENTS, 60, headers=parent)
+    assert len(out.ok) == N
+    assert collector.stop() == 0
+    counted = stopped_counters(collector)
+    sent = {_number(s): s for s in _work(receiver.spans, target.pid)}
+    rows = sqlite3.connect(db).execute("SELECT TOTAL(launches), COUNT(*) FROM requests WHERE route = '/work'"
+                                       ).fetchone()
+    print(f"parentbased_always_on: {len(sent)} sent; {counted.get('cuda_calls_streamed', 0)} calls streamed, "
+          f"{counted.get('cuda_calls_streamed_unsampled', 0)} of unsampled requests; heads decided in the kernel "
+          f"{counted.get('heads_sampled_in_kernel', 0)}; store {rows}")
+    assert set(sent) == {i for i in range(N) if i % 3 != 2}
+    for i, span in sent.items():  # its own calls, one by one
+        kids = [k for k in children_of(receiver.spans, span) if k.name.startswith("cudaLaunchKernel")]
+        assert [k.attributes.get("gpu.rollup.count", 1) for k in kids] == [1] * _own(i), i
+    assert counted.get("heads_sampled_in_kernel", 0) == N
+    # Streamed for an unsampled request: at most the first one's, read before the programs ran.
+    assert counted.get("cuda_calls_streamed_unsampled", 0) <= 3
+    assert rows == (sum(map(_own, range(N))) + 3, N + 1)

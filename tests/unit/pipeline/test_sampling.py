@@ -162,22 +162,39 @@ def test_the_kernel_bound_is_the_ratio_samplers_own():
     assert sampling.parent_decides("parentbased_traceidratio") and not sampling.parent_decides("traceidratio")
 
 
+def test_parents_decide_in_the_kernel_later_where_every_root_is_sampled():
+    """The default sampler, and a parent-based ratio of 1: the kernel has no root to
+    decide, but a parent's flag decides; ALL_ROOTS samples every draw the kernel makes."""
+    for name, arg in (("parentbased_always_on", None), ("parentbased_traceidratio", "1")):
+        assert sampling.bound_once_parents_unsampled(name, arg) == sampling.ALL_ROOTS, name
+    for name, arg in (("always_on", None), ("traceidratio", "1"), ("traceidratio", "0.5"),
+                      ("parentbased_traceidratio", "0.5"), ("parentbased_always_off", None)):
+        assert sampling.bound_once_parents_unsampled(name, arg) is None, name
+
+
 @pytest.mark.parametrize("name,arg", [("traceidratio", "0.1"), ("parentbased_traceidratio", "0.5"),
-                                      ("always_off", None), ("parentbased_always_off", None)])
+                                      ("always_off", None), ("parentbased_always_off", None),
+                                      ("parentbased_always_on", None)])
 def test_a_root_decides_as_the_kernel_did(name, arg):
     """A root request whose head the kernel drew for decides as the kernel did (draw <
     bound): the first of its read with the draw as its trace id's low bits, a pipelined
-    next one with new bits on the same side; trace ids stay distinct."""
-    rng, sampler, bound = random.Random(7), sampling.make(name, arg), sampling.kernel_bound(name, arg)
+    next one with new bits on the same side; trace ids stay distinct. The kernel draws
+    neither 0 nor 2^64 - 1 (bpf/head_sampling.c head_draw)."""
+    bound = sampling.kernel_bound(name, arg)
+    if bound is None:  # decided in the kernel once an unsampled parent is seen
+        bound = sampling.bound_once_parents_unsampled(name, arg)
+    rng, sampler = random.Random(7), sampling.make(name, arg)
     ids = set()
-    for draw in [1, bound - 1 if bound else 1, bound or 2, (1 << 64) - 1] + [rng.getrandbits(64) or 1
-                                                                               for _ in range(200)]:
+    draws = [1, bound - 1 if bound else 1, (1 << 64) - 2] + [rng.getrandbits(64) or 1 for _ in range(200)]
+    if bound != sampling.ALL_ROOTS:  # the first draw not sampled (the kernel never draws ALL_ROOTS)
+        draws.append(bound or 2)
+    for draw in draws:
         for fresh in (True, False):
             trace_id = sampling.root_trace_id(rng, draw, fresh, bound)
             assert (trace_id & ((1 << 64) - 1) == draw) is fresh or trace_id & ((1 << 64) - 1) == draw
             assert sampling.sampled(sampler, trace_id, "GET", SpanKind.SERVER) == (draw < bound), (draw, fresh)
             ids.add(trace_id)
-    assert len(ids) == 2 * 204
+    assert len(ids) == 2 * len(draws)
 
 
 def test_the_stitcher_takes_the_kernels_draw_for_roots_only():
