@@ -17,9 +17,10 @@
  *
  * The decision holds for the execution unit that read the head's end (its thread, or its
  * Go goroutine; with its Python context) while the connection's kernel-delimited request
- * lasts (until its next read after a write, or its close): call_out.c unit_sample. A
- * unit seen reading a second connection's head while the first's was unanswered (an
- * event loop's reader) never decides: its calls may serve either. */
+ * lasts (until its next read after a write, or its close): call_out.c unit_sample, and
+ * for a Python context copied from that unit's (head_inherited). A unit seen reading a
+ * second connection's head while the first's was unanswered (an event loop's reader)
+ * never decides: its calls may serve either. */
 #include "maps.h"
 
 #define SAMPLE_NONE 0 /* not decided here */
@@ -54,10 +55,34 @@ struct unit_head {
 /* LRU: units end unannounced. */
 BPF_TABLE("lru_hash", struct unit_key, struct unit_head, unit_heads, 16384);
 
+/* Per process where there is a unit (a goroutine moves between threads; a Python context
+ * is one object of its process, which a worker thread may run), else per thread. */
 static __always_inline struct unit_key unit_key_of(u32 tgid, u64 id, u64 unit)
 {
-    struct unit_key k = {.id = go_procs.lookup(&tgid) ? (u64)tgid << 32 : id, .unit = unit};
+    struct unit_key k = {.id = unit || go_procs.lookup(&tgid) ? (u64)tgid << 32 : id, .unit = unit};
     return k;
+}
+
+/* A Python context copied (python_probes.c py_copy_context_return) serves the head its
+ * parent's unit read last: an asyncio server makes a request's task as it reads the head
+ * (uvicorn, aiohttp: the task's context is a copy of the reading one), and a worker
+ * thread runs a copy of its task's. So the kernel's decision for that head reaches the
+ * calls made in the copy (call_out.c unit_sample), even where the reading unit, having
+ * read other heads, decides nothing itself. A copy made for something else takes a
+ * decision of fidelity only: user space attributes its calls all the same. */
+static __always_inline void head_inherited(u32 tgid, u64 id, u64 parent, u64 copy)
+{
+    u32 zero = 0;
+    struct head_settings *set = head_settings.lookup(&zero);
+    if (!set || !set->on)
+        return;
+    struct unit_key from = unit_key_of(tgid, id, parent);
+    struct unit_head *h = unit_heads.lookup(&from);
+    if (!h)
+        return;
+    struct unit_head now = {.draw = h->draw, .fd = h->fd};
+    struct unit_key to = unit_key_of(tgid, id, copy);
+    unit_heads.update(&to, &now);
 }
 
 /* A request's first read: its draw (never 0 nor ~0), or 0 when the kernel does not sample. */

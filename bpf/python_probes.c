@@ -91,6 +91,9 @@ static __always_inline u64 py_context(u32 tgid, u32 tid)
     return ctx;
 }
 
+/* The head decision a copy takes from its parent (defined in head_sampling.c, which comes later). */
+static __always_inline void head_inherited(u32 tgid, u64 id, u64 parent, u64 copy);
+
 /* PyContext_CopyCurrent(): the attacher needs an entry handler; the return is what counts. */
 int py_copy_context_enter(struct pt_regs *ctx)
 {
@@ -112,6 +115,7 @@ int py_copy_context_return(struct pt_regs *ctx)
     fill_header(&e.h, EV_PY_CONTEXT, id);
     e.ctx = copy;
     e.parent = py_context(tgid, (u32)id);
+    head_inherited(tgid, id, e.parent, copy);
     epoch_submit(&e, sizeof(e), &e.h, 0); /* a new binding: calls counted before it stay before it */
     return 0;
 }

@@ -13,9 +13,9 @@ With a ratio sampler the kernel decides each request itself as its head is read
 (bpf/head_sampling.c): for a root it draws the trace id's low 64 bits, which is all
 TraceIdRatioBased looks at (root_trace_id makes them the trace id), and a canonical
 traceparent decides by its flag (parent_decides) or its trace id; the calls of the unit
-that read an unsampled head are then counted. A parent-based sampler that samples every
-root (the default) has the kernel decide once an unsampled parent is seen
-(bound_once_parents_unsampled). Requests it cannot decide (another form of
+that read an unsampled head, and of Python contexts copied from it, are then counted. A
+parent-based sampler that samples every root (the default) has the kernel decide once an
+unsampled parent is seen (bound_once_parents_unsampled). Requests it cannot decide (another form of
 traceparent, a head not whole in its reads, HTTP/2, TLS) are the collector's: while a
 process has no sampled request open the kernel counts its calls (bpf/maps.h quiet_procs,
 pipeline/stitcher.py)."""

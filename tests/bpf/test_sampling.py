@@ -45,14 +45,17 @@ def _metric_when_counted(port: int, want: int) -> str:
     return text
 
 
+@pytest.mark.parametrize("kind", ["stdlib", "asgi"])
 def test_a_tenth_of_the_traces_go_out_each_streaming_only_its_own_calls(tmp_path, receiver, start_collector,
-                                                                        start_target):
+                                                                        start_target, kind):
     """traceidratio 0.1; every 4th request carries a traceparent, whose trace id decides
-    (the kernel reads it from the head as the collector does)."""
+    (the kernel reads it from the head as the collector does). On the stdlib server the
+    thread that reads a head makes its calls; on uvicorn the request's asyncio task does,
+    in a context copied from the one that read the head (bpf/python_probes.c)."""
     port, db = free_port(), str(tmp_path / "otel-gpu.db")
     collector = start_collector("--prometheus-port", str(port), "--export-query", OTEL_TRACES_SAMPLER="traceidratio",
                                 OTEL_TRACES_SAMPLER_ARG="0.1", OTEL_GPU_STORE=db)
-    target = start_target()
+    target = start_target(kind)
     collector.wait_traced(target.pid)
     target.go()
 
