@@ -35,6 +35,31 @@ def _own(i: int) -> int:
     return 2 + i % 4
 
 
+def _run(collector, target, receiver, db: str, launches, parent) -> tuple:
+    """N requests, CLIENTS at once (request i makes launches(i) launches, with parent(path)'s
+    headers), then the collector stopped: its counts, the /work server spans it sent by
+    request number, and the store's (launches, requests) of /work."""
+    out = fetch_all(target.port, [f"/work?launches={launches(i)}&n={i}" for i in range(N)], CLIENTS, 60,
+                    headers=parent)
+    assert len(out.ok) == N
+    assert collector.stop() == 0
+    sent = {_number(s): s for s in _work(receiver.spans, target.pid)}
+    rows = _store_rows(db)
+    return stopped_counters(collector), sent, rows
+
+
+def _store_rows(db: str) -> tuple:
+    """The local store's (launches, requests) of /work."""
+    return sqlite3.connect(db).execute("SELECT TOTAL(launches), COUNT(*) FROM requests WHERE route = '/work'"
+                                       ).fetchone()
+
+
+def _launches_one_by_one(receiver, span) -> list:
+    """The rollup count of each launch child of `span`: 1 for a launch streamed alone."""
+    kids = [k for k in children_of(receiver.spans, span) if k.name.startswith("cudaLaunchKernel")]
+    return [k.attributes.get("gpu.rollup.count", 1) for k in kids]
+
+
 def _metric_when_counted(port: int, want: int) -> str:
     deadline, text = time.monotonic() + 30, ""
     while time.monotonic() < deadline:
@@ -75,13 +100,11 @@ def test_a_tenth_of_the_traces_go_out_each_streaming_only_its_own_calls(tmp_path
     # Once seen in CI and not since (16 of 400: no call counted in the kernel reached its
     # request): the run's counts, aggregates_late among them, say where they went.
     assert launches == sum(map(_own, range(N))), f"{launches} launches counted; the collector's counts: {counted}"
-    rows = sqlite3.connect(db).execute("SELECT TOTAL(launches), COUNT(*) FROM requests WHERE route = '/work'"
-                                       ).fetchone()
+    rows = _store_rows(db)
     assert rows == (sum(map(_own, range(N))), N)
     sent = _work(receiver.spans, target.pid)
     for span in sent:  # every launch of its own, one by one: none counted away, none another's
-        kids = [k for k in children_of(receiver.spans, span) if k.name.startswith("cudaLaunchKernel")]
-        assert [k.attributes.get("gpu.rollup.count", 1) for k in kids] == [1] * _own(_number(span)), _number(span)
+        assert _launches_one_by_one(receiver, span) == [1] * _own(_number(span)), _number(span)
     streamed = sum(_own(_number(s)) for s in sent)
     print(f"traceidratio 0.1, {CLIENTS} clients: {len(sent)} of {N} traces sent over OTLP, {streamed} launches "
           f"of theirs; {counted.get('cuda_calls_streamed', 0)} calls streamed, "
@@ -115,13 +138,7 @@ def test_a_traceparent_decides_and_roots_at_ratio_0_are_only_counted(tmp_path, r
         value = f"00-{trace}-{i:016x}-0{i // 2 % 2}"
         return {"traceparent": value.upper() if i in upper else value} if i % 2 else {}
 
-    out = fetch_all(target.port, [f"/work?launches=3&n={i}" for i in range(N)], CLIENTS, 60, headers=parent)
-    assert len(out.ok) == N
-    assert collector.stop() == 0
-    counted = stopped_counters(collector)
-    sent = {_number(s): s for s in _work(receiver.spans, target.pid)}
-    rows = sqlite3.connect(db).execute("SELECT TOTAL(launches), COUNT(*) FROM requests WHERE route = '/work'"
-                                       ).fetchone()
+    counted, sent, rows = _run(collector, target, receiver, db, lambda i: 3, parent)
     streamed = counted.get("cuda_calls_streamed", 0)
     print(f"parentbased_traceidratio 0: {len(sent)} sent; {streamed} calls streamed, "
           f"{counted.get('cuda_calls_counted', 0)} counted; heads decided in the kernel "
@@ -133,8 +150,7 @@ def test_a_traceparent_decides_and_roots_at_ratio_0_are_only_counted(tmp_path, r
     assert rows == (3 * N, N)
     decided = [s for i, s in sent.items() if i not in upper]
     for span in decided:  # its own calls, one by one
-        kids = [k for k in children_of(receiver.spans, span) if k.name.startswith("cudaLaunchKernel")]
-        assert [k.attributes.get("gpu.rollup.count", 1) for k in kids] == [1, 1, 1], _number(span)
+        assert _launches_one_by_one(receiver, span) == [1, 1, 1], _number(span)
     # Streamed beyond those: only the requests the collector decided (per process, as before).
     assert 3 * len(decided) <= streamed <= 3 * (len(decided) + len(upper))
 
@@ -198,20 +214,13 @@ def test_under_the_default_sampler_an_unsampled_parent_has_the_kernel_decide(tmp
         i = int(path.split("n=")[1])
         return {"traceparent": f"00-{trace}-{i + 1:016x}-0{i % 3 % 2}"} if i % 3 else {}
 
-    out = fetch_all(target.port, [f"/work?launches={_own(i)}&n={i}" for i in range(N)], CLIENTS, 60, headers=parent)
-    assert len(out.ok) == N
-    assert collector.stop() == 0
-    counted = stopped_counters(collector)
-    sent = {_number(s): s for s in _work(receiver.spans, target.pid)}
-    rows = sqlite3.connect(db).execute("SELECT TOTAL(launches), COUNT(*) FROM requests WHERE route = '/work'"
-                                       ).fetchone()
+    counted, sent, rows = _run(collector, target, receiver, db, _own, parent)
     print(f"parentbased_always_on: {len(sent)} sent; {counted.get('cuda_calls_streamed', 0)} calls streamed, "
           f"{counted.get('cuda_calls_streamed_unsampled', 0)} of unsampled requests; heads decided in the kernel "
           f"{counted.get('heads_sampled_in_kernel', 0)}; store {rows}")
     assert set(sent) == {i for i in range(N) if i % 3 != 2}
     for i, span in sent.items():  # its own calls, one by one
-        kids = [k for k in children_of(receiver.spans, span) if k.name.startswith("cudaLaunchKernel")]
-        assert [k.attributes.get("gpu.rollup.count", 1) for k in kids] == [1] * _own(i), i
+        assert _launches_one_by_one(receiver, span) == [1] * _own(i), i
     assert counted.get("heads_sampled_in_kernel", 0) == N
     # Streamed for an unsampled request: at most the first one's, read before the programs ran.
     assert counted.get("cuda_calls_streamed_unsampled", 0) <= 3
