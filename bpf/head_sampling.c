@@ -8,12 +8,13 @@
  * decision is its trace id's low 64 bits against a bound: the kernel draws those bits at
  * the request's first read (http_probes.c emit_sock_io, on the record as `draw`), and
  * user space makes them the trace id of a request with no traceparent
- * (pipeline/connections.py), so both decide alike. A request with a traceparent is decided by its sampled flag (parentbased_*) or
- * its trace id's low 64 bits (traceidratio), read from the head (http_syscalls.c
- * head_parent) where it is canonical (version 00, lowercase) and alone. The kernel
- * decides only what it sees whole: the request's reads up to its head's end, every byte
- * of them copied. Else the request is SAMPLE_NONE: user space decides it, and while a
- * process has no sampled request open its calls are counted (quiet_procs).
+ * (pipeline/connections.py), so both decide alike. A request with a traceparent is
+ * decided by its sampled flag (parentbased_*) or its trace id's low 64 bits
+ * (traceidratio), read from the head (http_syscalls.c head_parent) where it is canonical
+ * (version 00, lowercase) and alone. The kernel decides only what it sees whole: the
+ * request's reads up to its head's end, every byte of them copied. Else the request is
+ * SAMPLE_NONE: user space decides it, and while a process has no sampled request open
+ * its calls are counted (quiet_procs).
  *
  * The decision holds for the execution unit that read the head's end (its thread, or its
  * Go goroutine; with its Python context) while the connection's kernel-delimited request

@@ -102,7 +102,8 @@ class Collector:
         unsampled parent reaches never pays the programs' verification (~1.3 s) or their
         run per request."""
         bound, self._heads_deferred = self._heads_deferred, None
-        log.info("an incoming traceparent is not sampled: the kernel decides each request's sampling from now on")
+        log.info("an incoming traceparent is not sampled: the kernel decides each request's sampling "
+                 "from now on")
         self.wiring.stitcher.kernel_bound = bound
         self.program.sample_heads(bound, True)
 

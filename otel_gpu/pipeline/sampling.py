@@ -15,10 +15,10 @@ TraceIdRatioBased looks at (root_trace_id makes them the trace id), and a canoni
 traceparent decides by its flag (parent_decides) or its trace id; the calls of the unit
 that read an unsampled head, and of Python contexts copied from it, are then counted. A
 parent-based sampler that samples every root (the default) has the kernel decide once an
-unsampled parent is seen (bound_once_parents_unsampled). Requests it cannot decide (another form of
-traceparent, a head not whole in its reads, HTTP/2, TLS) are the collector's: while a
-process has no sampled request open the kernel counts its calls (bpf/maps.h quiet_procs,
-pipeline/stitcher.py)."""
+unsampled parent is seen (bound_once_parents_unsampled). Requests it cannot decide
+(another form of traceparent, a head not whole in its reads, HTTP/2, TLS) are the
+collector's: while a process has no sampled request open the kernel counts its calls
+(bpf/maps.h quiet_procs, pipeline/stitcher.py)."""
 from __future__ import annotations
 
 from typing import Optional
