@@ -65,9 +65,9 @@ static __always_inline struct unit_key unit_key_of(u32 tgid, u64 id, u64 unit)
 }
 
 /* A Python context copied (python_probes.c py_copy_context_return) serves the head its
- * parent's unit read last: an asyncio server makes a request's task as it reads the head
- * (uvicorn, aiohttp: the task's context is a copy of the reading one), and a worker
- * thread runs a copy of its task's. So the kernel's decision for that head reaches the
+ * parent's unit read last: an asyncio server may make a request's task as it reads the
+ * head (uvicorn: the task's context is a copy of the reading one), and a worker thread
+ * may run a copy of its task's. So the kernel's decision for that head reaches the
  * calls made in the copy (call_out.c unit_sample), even where the reading unit, having
  * read other heads, decides nothing itself. A copy made for something else takes a
  * decision of fidelity only: user space attributes its calls all the same. */
