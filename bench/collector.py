@@ -34,6 +34,14 @@ class Collector(CollectorProcess):
         return self.counts()
 
     @staticmethod
+    def per_request(summary: dict, counter: str):
+        """A counted figure (`counter`, such as cuda_calls_streamed) per request the collector
+        finished, or None when it left no final state."""
+        if "counted" not in summary or not summary.get("requests"):
+            return None
+        return summary["counted"].get(counter, 0) / summary["requests"]
+
+    @staticmethod
     def lost_events(summary: dict):
         """Records the kernel could not hand over (`lost_events`, counted only once
         non-zero), or None when the collector left no final state: never a made-up 0."""

@@ -168,10 +168,7 @@ def _served(p: dict) -> int:
 def _streamed(p: dict, counter: str = "cuda_calls_streamed"):
     """CUDA calls the collector read one by one per request it finished (None: no final
     state); `counter`: those of unsampled requests."""
-    c = p["collector"]
-    if "counted" not in c or not c.get("requests"):
-        return None
-    return c["counted"].get(counter, 0) / c["requests"]
+    return Collector.per_request(p["collector"], counter)
 
 
 def _counts(c: dict) -> str:

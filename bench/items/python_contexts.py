@@ -199,14 +199,9 @@ def run(quick: bool, starts: list) -> dict:
     return out
 
 
-def _streamed(phase: dict, counter: str) -> float | None:
-    """Calls the phase's collector read one by one (`counter`) per request it finished."""
-    c = phase["collector"]
-    return c["counted"].get(counter, 0) / c["requests"] if c.get("requests") and "counted" in c else None
-
-
 def _sampled_rows(p: dict) -> list:
-    streamed, unsampled = (_streamed(p, k) for k in ("cuda_calls_streamed", "cuda_calls_streamed_unsampled"))
+    streamed, unsampled = (Collector.per_request(p["collector"], k)
+                           for k in ("cuda_calls_streamed", "cuda_calls_streamed_unsampled"))
     known = streamed is not None
     return [
         ("6", "  --python-context at 10 % sampling (traceidratio 0.1): req/s; spans exported per request; "
