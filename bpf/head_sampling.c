@@ -107,6 +107,24 @@ static __always_inline u64 head_draw(void)
 #define HEAD_AT_SHIFT 8       /* the parent's line's offset in the read */
 #define TRACEPAR 0x7261706563617274ull /* "tracepar", little-endian */
 
+/* Branchless helpers (a branch before or inside a loop doubles the verifier's walk of it).
+ * is_eq: 1 when a == b; below_n: 1 when 0 <= x < n; hex_value: a lowercase hex digit's value,
+ * or 16. */
+static __always_inline u64 is_eq(u64 a, u64 b)
+{
+    return ((a ^ b) - 1) >> 63; /* a, b < 2^63 */
+}
+static __always_inline u64 below_n(s64 x, s64 n)
+{
+    return (u64)((x - n) & ~x) >> 63; /* 0 <= x < n */
+}
+static __always_inline u64 hex_value(u8 c)
+{
+    s64 d = (s64)c - '0', a = (s64)c - 'a';
+    u64 is_d = below_n(d, 10), is_a = below_n(a, 6);
+    return is_d * d + is_a * (a + 10) + (1 - (is_d | is_a)) * 16;
+}
+
 /* Does a line that starts with the 8 bytes `w` begin "tracepar", or is it empty ("\n",
  * "\r\n")? */
 static __always_inline int parent_line(u64 w)
@@ -115,8 +133,7 @@ static __always_inline int parent_line(u64 w)
 }
 static __always_inline u64 empty_line(u64 w)
 {
-    /* x == 0 as (x - 1) >> 63 for a small x: no branch, so no state for the verifier to keep */
-    return (((w & 0xff) ^ '\n') - 1) >> 63 | (((w & 0xffff) ^ 0x0a0d) - 1) >> 63;
+    return is_eq(w & 0xff, '\n') | is_eq(w & 0xffff, 0x0a0d);
 }
 
 /* A read's bytes `d` (len, the whole read, zeros after it), which begin a line where
@@ -144,24 +161,6 @@ static __always_inline u32 head_scan_read(const u8 *d, u32 len, u32 line_start)
         ended |= empty_line(w);
     }
     return ended ? HEAD_ENDED : HEAD_MORE;
-}
-
-/* Branchless helpers (a branch before or inside a loop doubles the verifier's walk of it).
- * is_eq: 1 when a == b; below_n: 1 when 0 <= x < n; hex_value: a lowercase hex digit's value,
- * or 16. */
-static __always_inline u64 is_eq(u64 a, u64 b)
-{
-    return ((a ^ b) - 1) >> 63; /* a, b < 2^63 */
-}
-static __always_inline u64 below_n(s64 x, s64 n)
-{
-    return (u64)((x - n) & ~x) >> 63; /* 0 <= x < n */
-}
-static __always_inline u64 hex_value(u8 c)
-{
-    s64 d = (s64)c - '0', a = (s64)c - 'a';
-    u64 is_d = below_n(d, 10), is_a = below_n(a, 6);
-    return is_d * d + is_a * (a + 10) + (1 - (is_d | is_a)) * 16;
 }
 
 /* After a parent's line, from `from` on: does the head end in `d` (len bytes, zeros
