@@ -92,7 +92,9 @@ class Attacher:
 
     def _attach_new(self, target: ProbeTarget, pid: Optional[int]) -> int:
         events, symbols, failures = [], [], []
-        for row in rows_for(target.kind):
+        rows = rows_for(target.kind)
+        self.uprobes.prepare([fn for row in rows for fn in (row.entry, row.ret) if fn])
+        for row in rows:
             new, error = self._attach_row(target, row, pid)
             events += new
             if error is None:

@@ -13,6 +13,7 @@ import atexit
 import ctypes as ct
 import json
 import os
+from concurrent.futures import ThreadPoolExecutor
 
 import bcc
 import bcc.table
@@ -184,16 +185,38 @@ class CachedBPF(BPF):
         self.funcs[func_name] = fn
         return fn
 
+    def load_funcs(self, names, prog_type, attach_type=-1) -> None:
+        """Loads the functions not loaded yet several at once (load_func for each; one that
+        fails is left for its caller's load_func to fail on again and report): the
+        verifier is most of a start's attach time, and each load is a syscall that lets
+        go of the GIL. Each name is loaded by one thread; nothing else loads meanwhile."""
+        wanted = dict.fromkeys(n.encode() if isinstance(n, str) else n for n in names)
+        todo = [n for n in wanted if n not in self.funcs]
+
+        def load(name):
+            try:
+                self.load_func(name, prog_type, attach_type=attach_type)
+            except Exception:
+                pass
+        workers = min(len(todo), os.cpu_count() or 1)
+        if workers <= 1:
+            for name in todo:
+                load(name)
+            return
+        with ThreadPoolExecutor(workers, thread_name_prefix="bpf-load") as pool:
+            list(pool.map(load, todo))
+
     def _trace_autoload(self) -> None:
-        for f in self.module.entry.funcs:
-            name = f.name.encode()
-            for prefix, prog_type in _AUTOLOAD.items():
-                if name.startswith(prefix):
-                    fn = self.load_func(name, prog_type)
-                    if prog_type == BPF.TRACEPOINT:
-                        self.attach_tracepoint(tp=name[len(prefix):].replace(b"__", b":"), fn_name=fn.name)
-                    else:
-                        self.attach_raw_tracepoint(tp=name[len(prefix):], fn_name=fn.name)
+        autoload = [(f.name.encode(), prefix, prog_type) for f in self.module.entry.funcs
+                    for prefix, prog_type in _AUTOLOAD.items() if f.name.encode().startswith(prefix)]
+        for prog_type in _AUTOLOAD.values():  # verified several at once, attached in order
+            self.load_funcs([name for name, _, t in autoload if t == prog_type], prog_type)
+        for name, prefix, prog_type in autoload:
+            fn = self.load_func(name, prog_type)
+            if prog_type == BPF.TRACEPOINT:
+                self.attach_tracepoint(tp=name[len(prefix):].replace(b"__", b":"), fn_name=fn.name)
+            else:
+                self.attach_raw_tracepoint(tp=name[len(prefix):], fn_name=fn.name)
 
     def get_table(self, name, keytype=None, leaftype=None, reducer=None):
         name = bcc._assert_is_bytes(name)

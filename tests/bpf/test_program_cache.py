@@ -135,6 +135,36 @@ def test_cached_program_equals_the_compiled_one(compiled):
         cached.cleanup()
 
 
+def test_functions_loaded_several_at_once_are_those_loaded_one_by_one(compiled):
+    """CachedBPF.load_funcs (the attacher's prepare, each file's handlers before its
+    probes attach): each function loaded once, the kernel's tags those of load_func's; a
+    name it cannot load is left for load_func to refuse as it always did."""
+    from bcc import BPF
+
+    from otel_gpu.probes.cached_bpf import CachedBPF
+    from otel_gpu.probes.uprobe_multi import BPF_TRACE_UPROBE_MULTI
+    _, cache, key, _, _ = compiled
+    entry = cache.read(key)
+    handlers = sorted({r.entry for r in CUDA_PROBES} | {r.ret for r in CUDA_PROBES if r.ret})
+    many, one_by_one = CachedBPF(entry), CachedBPF(entry)
+    try:
+        autoloaded = set(many.funcs)
+        many.load_funcs(handlers + handlers[::-1] + ["no_such_function"], BPF.KPROBE,
+                        attach_type=BPF_TRACE_UPROBE_MULTI)
+        assert sorted(n.decode() for n in set(many.funcs) - autoloaded) == handlers
+        assert len({f.fd for f in many.funcs.values()}) == len(many.funcs)  # each loaded once
+        for name in handlers:
+            fn = one_by_one.load_func(name.encode(), BPF.KPROBE, attach_type=BPF_TRACE_UPROBE_MULTI)
+            assert _prog_tag(many.funcs[name.encode()].fd) == _prog_tag(fn.fd), name
+            assert many.load_func(name.encode(), BPF.KPROBE, attach_type=BPF_TRACE_UPROBE_MULTI) \
+                is many.funcs[name.encode()]  # not loaded again
+        with pytest.raises(Exception, match="Unknown program"):
+            many.load_func(b"no_such_function", BPF.KPROBE, attach_type=BPF_TRACE_UPROBE_MULTI)
+    finally:
+        many.cleanup()
+        one_by_one.cleanup()
+
+
 def _flip(path):
     data = bytearray(path.read_bytes())
     data[-20] ^= 0xFF
