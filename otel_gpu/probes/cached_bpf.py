@@ -185,7 +185,7 @@ class CachedBPF(BPF):
         self.funcs[func_name] = fn
         return fn
 
-    def load_funcs(self, names, prog_type, attach_type=-1) -> None:
+    def load_several(self, names, prog_type, attach_type=-1) -> None:
         """Loads the functions not loaded yet several at once (load_func for each; one that
         fails is left for its caller's load_func to fail on again and report): the
         verifier is most of a start's attach time, and each load is a syscall that lets
@@ -210,7 +210,7 @@ class CachedBPF(BPF):
         autoload = [(f.name.encode(), prefix, prog_type) for f in self.module.entry.funcs
                     for prefix, prog_type in _AUTOLOAD.items() if f.name.encode().startswith(prefix)]
         for prog_type in _AUTOLOAD.values():  # verified several at once, attached in order
-            self.load_funcs([name for name, _, t in autoload if t == prog_type], prog_type)
+            self.load_several([name for name, _, t in autoload if t == prog_type], prog_type)
         for name, prefix, prog_type in autoload:
             fn = self.load_func(name, prog_type)
             if prog_type == BPF.TRACEPOINT:

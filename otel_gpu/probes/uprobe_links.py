@@ -76,13 +76,14 @@ class MultiLinks:
 
     def prepare(self, fn_names: list) -> None:
         """The functions a file's probes will run, loaded (verified) several at once where
-        the program came from the cache (cached_bpf.CachedBPF.load_funcs; bcc's own
+        the program came from the cache (cached_bpf.CachedBPF.load_several; bcc's own
         module is not known to load safely from two threads): 37 programs for the default
         files took ~0.3 s one after another here, most of the start's attach time."""
         from bcc import BPF
-        load_funcs = getattr(self.bpf, "load_funcs", None)
-        if load_funcs is not None:
-            load_funcs(fn_names, BPF.KPROBE, attach_type=uprobe_multi.BPF_TRACE_UPROBE_MULTI)
+
+        from .cached_bpf import CachedBPF
+        if isinstance(self.bpf, CachedBPF):
+            self.bpf.load_several(fn_names, BPF.KPROBE, attach_type=uprobe_multi.BPF_TRACE_UPROBE_MULTI)
 
     def attach(self, path: str, fn_name: str, symbol: str = "", addr: Optional[int] = None,
                ret: bool = False, pid: Optional[int] = None) -> list:

@@ -136,7 +136,7 @@ def test_cached_program_equals_the_compiled_one(compiled):
 
 
 def test_functions_loaded_several_at_once_are_those_loaded_one_by_one(compiled):
-    """CachedBPF.load_funcs (the attacher's prepare, each file's handlers before its
+    """CachedBPF.load_several (the attacher's prepare, each file's handlers before its
     probes attach): each function loaded once, the kernel's tags those of load_func's; a
     name it cannot load is left for load_func to refuse as it always did."""
     from bcc import BPF
@@ -149,7 +149,7 @@ def test_functions_loaded_several_at_once_are_those_loaded_one_by_one(compiled):
     many, one_by_one = CachedBPF(entry), CachedBPF(entry)
     try:
         autoloaded = set(many.funcs)
-        many.load_funcs(handlers + handlers[::-1] + ["no_such_function"], BPF.KPROBE,
+        many.load_several(handlers + handlers[::-1] + ["no_such_function"], BPF.KPROBE,
                         attach_type=BPF_TRACE_UPROBE_MULTI)
         assert sorted(n.decode() for n in set(many.funcs) - autoloaded) == handlers
         assert len({f.fd for f in many.funcs.values()}) == len(many.funcs)  # each loaded once
@@ -163,6 +163,16 @@ def test_functions_loaded_several_at_once_are_those_loaded_one_by_one(compiled):
     finally:
         many.cleanup()
         one_by_one.cleanup()
+
+
+def test_a_compiled_program_loads_each_function_as_its_probe_attaches(compiled):
+    """A cold start's program is bcc's own (its module is not known to load from two
+    threads): prepare leaves every handler to its attach."""
+    from otel_gpu.probes.uprobe_links import MultiLinks
+    bpf = compiled[0]
+    before = set(bpf.funcs)
+    MultiLinks(bpf).prepare(sorted({r.entry for r in CUDA_PROBES}))
+    assert set(bpf.funcs) == before
 
 
 def _flip(path):
