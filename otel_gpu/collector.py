@@ -13,7 +13,6 @@ from typing import Optional
 
 from . import proc
 from .config import Config
-from .pipeline import sampling
 from .probes.discovery import Discovery
 from .probes.python import THREADS_WALKED, thread_states
 from .ratelimit import Stats, split_drops
@@ -58,8 +57,7 @@ class Collector:
         self._next_prune = time.monotonic() + PRUNE_INTERVAL_S
         # The bound the kernel samples heads by once an unsampled parent is seen (the default
         # sampler: pipeline/sampling.py bound_once_parents_unsampled); None: nothing deferred.
-        self._heads_deferred = sampling.bound_once_parents_unsampled(config.traces_sampler,
-                                                                     config.traces_sampler_arg)
+        self._heads_deferred = self.wiring.sampling.deferred_bound
         self.status = StatusWriter(config.status_file, self.stats) if config.status_file else None
 
     def _wanted(self, pid: int) -> bool:
@@ -92,8 +90,7 @@ class Collector:
             Path(self.config.health_file).write_text("ready\n")
         # After `ready`: verifying the head programs takes ~1.3 s on a small VM, and until
         # they run the collector decides every request itself, as it can.
-        sampler, arg = self.config.traces_sampler, self.config.traces_sampler_arg
-        self.program.sample_heads(sampling.kernel_bound(sampler, arg), sampling.parent_decides(sampler))
+        self.program.sample_heads(self.wiring.sampling.kernel_bound, self.wiring.sampling.parents)
 
     def _sample_heads_by_parents(self) -> None:
         """The first unsampled parent under a sampler that samples every root: from now on

@@ -31,7 +31,7 @@ from .pipeline.cost import CostStage, Prices
 from .pipeline.graphs import Graphs
 from .pipeline.groups import ProcessGroups
 from .pipeline.proc_facts import ProcFacts
-from .pipeline.sampling import drops_roots, kernel_bound, make as make_sampler
+from .pipeline.sampling import SamplingPlan, plan as sampling_plan
 from .pipeline.stitcher import Stitcher
 from .ratelimit import Stats
 from .sockets import PortCache, open_sockets
@@ -103,6 +103,7 @@ class Wiring:
     destinations: object     # export.destinations.Destinations
     ports: PortCache
     groups: ProcessGroups    # related processes, for the stitcher and discovery
+    sampling: SamplingPlan   # the collector's kernel settings follow it too
 
 
 def build_pipeline(config: Config, stats: Stats, k8s=None, destinations=None,
@@ -112,11 +113,10 @@ def build_pipeline(config: Config, stats: Stats, k8s=None, destinations=None,
     ports = PortCache(config.proc_root)
     groups = ProcessGroups(config.proc_root)
     kept_headers = config.export_headers | ({config.feature_header} if config.feature_header else set())
-    sampler = make_sampler(config.traces_sampler, config.traces_sampler_arg)
+    sampling = sampling_plan(config.traces_sampler, config.traces_sampler_arg)
     facts = ProcFacts(ports.port, ports.peer, groups, lambda pid: open_sockets(config.proc_root, pid))
-    stitcher = Stitcher(config.span_budget, frozenset(kept_headers), stats, sampler=sampler,
-                        quiet_when_idle=drops_roots(config.traces_sampler, config.traces_sampler_arg),
-                        kernel_bound=kernel_bound(config.traces_sampler, config.traces_sampler_arg))
+    stitcher = Stitcher(config.span_budget, frozenset(kept_headers), stats, sampler=sampling.sampler,
+                        quiet_when_idle=sampling.quiet_when_idle, kernel_bound=sampling.kernel_bound)
     enrich = Enrich(ProcessResources(config.proc_root, k8s, config.resource_attributes, stats,
                                      config.export_command_line),
                     RouteTemplater(config.route_patterns, max_routes=config.max_routes, stats=stats),
@@ -126,7 +126,7 @@ def build_pipeline(config: Config, stats: Stats, k8s=None, destinations=None,
                      feature_cap=ValueCap(config.max_routes, stats, "features_folded"))
     destinations = destinations if destinations is not None else build_destinations(config, stats)
     builder = SpanBuilder(clock or BpfClock(), config.export_query, config.export_headers,
-                          currency=config.currency, sampler=sampler, stats=stats, max_links=config.max_links)
+                          currency=config.currency, sampler=sampling.sampler, stats=stats, max_links=config.max_links)
     if metric_readers is None:
         from .export.metrics import make_readers
         metric_readers = make_readers(config, stats)
@@ -137,4 +137,4 @@ def build_pipeline(config: Config, stats: Stats, k8s=None, destinations=None,
         metrics = GpuMetrics(metric_readers, stats, service_name=config.self_service_name)
     stages = [Graphs(), facts, stitcher, enrich, *([metrics] if metrics else []), cost,
               *([metrics.costs()] if metrics else []), ExportStage(builder, destinations)]
-    return Wiring(Pipeline(stages), stitcher, destinations, ports, groups)
+    return Wiring(Pipeline(stages), stitcher, destinations, ports, groups, sampling)

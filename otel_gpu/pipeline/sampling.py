@@ -21,6 +21,7 @@ collector's: while a process has no sampled request open the kernel counts its c
 (bpf/maps.h quiet_procs, pipeline/stitcher.py)."""
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Optional
 
 from opentelemetry.sdk.trace.sampling import (ALWAYS_OFF, ALWAYS_ON, Decision, ParentBased,
@@ -31,6 +32,25 @@ from ..config import sampler_ratio
 
 LOW_BITS = 1 << 64  # TraceIdRatioBased compares a trace id's low 64 bits with its bound
 ALL_ROOTS = LOW_BITS - 1  # a bound every kernel draw is below (bpf/head_sampling.c never draws it)
+
+
+@dataclass(frozen=True)
+class SamplingPlan:
+    """What the configured sampler means for each part that acts on it, derived once
+    (plan()): the stitcher, the span builder and the collector's kernel settings."""
+    sampler: Sampler
+    kernel_bound: Optional[int]    # the kernel decides roots against it from the start (kernel_bound)
+    parents: bool                  # an incoming traceparent's flag decides (parent_decides)
+    quiet_when_idle: bool          # a process with no sampled request open is quiet when idle (drops_roots)
+    deferred_bound: Optional[int]  # the kernel decides from the first unsampled parent on
+                                   # (bound_once_parents_unsampled)
+
+
+def plan(name: str, arg: Optional[str]) -> SamplingPlan:
+    """The plan for OTEL_TRACES_SAMPLER `name` with OTEL_TRACES_SAMPLER_ARG `arg`
+    (ValueError as make())."""
+    return SamplingPlan(make(name, arg), kernel_bound(name, arg), parent_decides(name), drops_roots(name, arg),
+                        bound_once_parents_unsampled(name, arg))
 
 
 def make(name: str, arg: Optional[str]) -> Sampler:

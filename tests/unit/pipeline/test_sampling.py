@@ -3,6 +3,7 @@ parent's sampled flag honoured, a ratio sampling about its share of traces; an u
 trace's spans (children too) flagged so OTLP drops them; the stitcher deciding as a
 request opens and saying when a process has only unsampled requests open (the kernel
 then counts its calls instead of streaming them)."""
+import dataclasses
 import random
 
 import pytest
@@ -170,6 +171,24 @@ def test_parents_decide_in_the_kernel_later_where_every_root_is_sampled():
     for name, arg in (("always_on", None), ("traceidratio", "1"), ("traceidratio", "0.5"),
                       ("parentbased_traceidratio", "0.5"), ("parentbased_always_off", None)):
         assert sampling.bound_once_parents_unsampled(name, arg) is None, name
+
+
+@pytest.mark.parametrize("name,arg", [("traceidratio", "0.1"), ("parentbased_traceidratio", "0.5"),
+                                      ("parentbased_always_on", None), ("always_off", None)])
+def test_one_plan_is_what_the_stitcher_spans_and_kernel_act_on(tmp_path, name, arg):
+    """plan() derives each fact once, and the pipeline's parts take theirs from it."""
+    from otel_gpu.config import Config
+    from otel_gpu.wiring import build_pipeline
+    p = sampling.plan(name, arg)
+    assert (p.kernel_bound, p.parents, p.quiet_when_idle, p.deferred_bound) == (
+        sampling.kernel_bound(name, arg), sampling.parent_decides(name), sampling.drops_roots(name, arg),
+        sampling.bound_once_parents_unsampled(name, arg))
+    assert type(p.sampler) is type(sampling.make(name, arg))
+    w = build_pipeline(Config(proc_root=str(tmp_path), traces_sampler=name, traces_sampler_arg=arg), Stats(),
+                       metric_readers=[])
+    assert dataclasses.replace(w.sampling, sampler=p.sampler) == p  # samplers compare by identity
+    assert (w.stitcher._sampler, w.stitcher.kernel_bound, w.stitcher.quiet_when_idle) == (
+        w.sampling.sampler, p.kernel_bound, p.quiet_when_idle)
 
 
 @pytest.mark.parametrize("name,arg", [("traceidratio", "0.1"), ("parentbased_traceidratio", "0.5"),
