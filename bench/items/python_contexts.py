@@ -11,9 +11,9 @@ also pays for the collector's work, which differs between the modes (with contex
 call is attributed to its task and exported as a span of its own; without, most are
 ambiguous and exported as none). Last, both modes again at 10 % trace sampling, where the
 collector exports a tenth as many spans in either, so the difference in its work weighs a
-tenth as much on the service's req/s (its context records remain). At 10 % an unsampled request's calls are counted in the kernel, never streamed
-one by one, though they are made in the request's asyncio task, not in the unit that read
-its head."""
+tenth as much on the service's req/s (its context records remain). At 10 % an unsampled
+request's calls are counted in the kernel, never streamed one by one, though they are
+made in the request's asyncio task, not in the unit that read its head."""
 from __future__ import annotations
 
 import json

@@ -150,7 +150,7 @@ def test_functions_loaded_several_at_once_are_those_loaded_one_by_one(compiled):
     try:
         autoloaded = set(many.funcs)
         many.load_several(handlers + handlers[::-1] + ["no_such_function"], BPF.KPROBE,
-                        attach_type=BPF_TRACE_UPROBE_MULTI)
+                          attach_type=BPF_TRACE_UPROBE_MULTI)
         assert sorted(n.decode() for n in set(many.funcs) - autoloaded) == handlers
         assert len({f.fd for f in many.funcs.values()}) == len(many.funcs)  # each loaded once
         for name in handlers:
