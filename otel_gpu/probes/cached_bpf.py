@@ -27,6 +27,7 @@ _AUTOLOAD = {b"tracepoint__": BPF.TRACEPOINT, b"raw_tracepoint__": BPF.RAW_TRACE
 # bcc would attach these itself too; this module does not implement them, so refuses to cache.
 _OTHER_AUTOLOAD = (b"kprobe__", b"kretprobe__", b"kfunc__", b"kretfunc__", b"lsm__")
 _QUEUE_STACK = (bcc.table.BPF_MAP_TYPE_QUEUE, bcc.table.BPF_MAP_TYPE_STACK)
+MAX_LOAD_THREADS = 8  # functions verified at once (preload): a node's cores are its workload's
 
 # Our own function objects of libbcc: argtypes set here change nobody else's.
 _lib = ct.CDLL(lib._name, use_errno=True)
@@ -148,6 +149,7 @@ class CachedBPF(BPF):
         self.tracefile = None
         self.debug = 0
         self.funcs, self.tables = {}, {}
+        self._loading: dict = {}  # name -> Future of a load started ahead (preload)
         self.module = None
         self.module = CachedModule(entry)
         atexit.register(self.cleanup)
@@ -165,8 +167,14 @@ class CachedBPF(BPF):
 
     def load_func(self, func_name, prog_type, device=None, attach_type=-1):
         func_name = bcc._assert_is_bytes(func_name)
+        ahead = self._loading.pop(func_name, None)
+        if ahead is not None and ahead.result() is not None:  # None: it failed; loaded again, to say why
+            return ahead.result()
         if func_name in self.funcs:
             return self.funcs[func_name]
+        return self._load(func_name, prog_type, device, attach_type)
+
+    def _load(self, func_name: bytes, prog_type, device=None, attach_type=-1):
         code = self.relocated(func_name)
         entry = self.module.entry
         if (prog_type, attach_type) == (BPF.KPROBE, uprobe_multi.BPF_TRACE_UPROBE_MULTI) and device is None:
@@ -185,32 +193,35 @@ class CachedBPF(BPF):
         self.funcs[func_name] = fn
         return fn
 
-    def load_several(self, names, prog_type, attach_type=-1) -> None:
-        """Loads the functions not loaded yet several at once (load_func for each; one that
-        fails is left for its caller's load_func to fail on again and report): the
-        verifier is most of a start's attach time, and each load is a syscall that lets
-        go of the GIL. Each name is loaded by one thread; nothing else loads meanwhile."""
-        wanted = dict.fromkeys(n.encode() if isinstance(n, str) else n for n in names)
-        todo = [n for n in wanted if n not in self.funcs]
+    def preload(self, names, prog_type, attach_type=-1) -> None:
+        """Starts loading the functions not loaded yet, in the order given, MAX_LOAD_THREADS
+        at most at once; load_func takes each as it is done. The verifier is most of a
+        start's attach time and a load is a syscall that lets go of the GIL, so the probes
+        attach in their order, each as soon as its own function is verified, while the
+        next ones are verified beside it (a file's launch probe does not wait for the rest:
+        a server's first requests). A load that fails here is done again by load_func,
+        which says why as it always did. Only the caller's thread calls load_func."""
+        todo = [n for n in dict.fromkeys(n.encode() if isinstance(n, str) else n for n in names)
+                if n not in self.funcs and n not in self._loading]
+        workers = min(len(todo), os.cpu_count() or 1, MAX_LOAD_THREADS)
+        if workers < 2:
+            return  # one by one at each attach, as before
 
         def load(name):
             try:
-                self.load_func(name, prog_type, attach_type=attach_type)
+                return self._load(name, prog_type, attach_type=attach_type)
             except Exception:
-                pass
-        workers = min(len(todo), os.cpu_count() or 1)
-        if workers <= 1:
-            for name in todo:
-                load(name)
-            return
-        with ThreadPoolExecutor(workers, thread_name_prefix="bpf-load") as pool:
-            list(pool.map(load, todo))
+                return None
+        pool = ThreadPoolExecutor(workers, thread_name_prefix="bpf-load")
+        for name in todo:
+            self._loading[name] = pool.submit(load, name)
+        pool.shutdown(wait=False)  # its threads end with the last load
 
     def _trace_autoload(self) -> None:
         autoload = [(f.name.encode(), prefix, prog_type) for f in self.module.entry.funcs
                     for prefix, prog_type in _AUTOLOAD.items() if f.name.encode().startswith(prefix)]
-        for prog_type in _AUTOLOAD.values():  # verified several at once, attached in order
-            self.load_several([name for name, _, t in autoload if t == prog_type], prog_type)
+        for prog_type in _AUTOLOAD.values():  # verified side by side, attached in order
+            self.preload([name for name, _, t in autoload if t == prog_type], prog_type)
         for name, prefix, prog_type in autoload:
             fn = self.load_func(name, prog_type)
             if prog_type == BPF.TRACEPOINT:
@@ -234,6 +245,9 @@ class CachedBPF(BPF):
         return self.relocated(bcc._assert_is_bytes(func_name))
 
     def close(self) -> None:
+        for ahead in self._loading.values():  # none left loading behind the closes
+            ahead.result()
+        self._loading.clear()
         for name, fn in list(self.funcs.items()):
             os.close(fn.fd)
             del self.funcs[name]

@@ -75,15 +75,15 @@ class MultiLinks:
         self.bpf = bpf
 
     def prepare(self, fn_names: list) -> None:
-        """The functions a file's probes will run, loaded (verified) several at once where
-        the program came from the cache (cached_bpf.CachedBPF.load_several; bcc's own
-        module is not known to load safely from two threads): 37 programs for the default
-        files took ~0.3 s one after another here, most of the start's attach time."""
+        """The functions a file's probes will run, in their order, start loading (verifying)
+        side by side where the program came from the cache (cached_bpf.CachedBPF.preload;
+        bcc's own module is not known to load safely from two threads): 37 programs for the
+        default files took ~0.3 s one after another here, most of the start's attach time."""
         from bcc import BPF
 
         from .cached_bpf import CachedBPF
         if isinstance(self.bpf, CachedBPF):
-            self.bpf.load_several(fn_names, BPF.KPROBE, attach_type=uprobe_multi.BPF_TRACE_UPROBE_MULTI)
+            self.bpf.preload(fn_names, BPF.KPROBE, attach_type=uprobe_multi.BPF_TRACE_UPROBE_MULTI)
 
     def attach(self, path: str, fn_name: str, symbol: str = "", addr: Optional[int] = None,
                ret: bool = False, pid: Optional[int] = None) -> list:

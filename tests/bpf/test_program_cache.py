@@ -135,10 +135,11 @@ def test_cached_program_equals_the_compiled_one(compiled):
         cached.cleanup()
 
 
-def test_functions_loaded_several_at_once_are_those_loaded_one_by_one(compiled):
-    """CachedBPF.load_several (the attacher's prepare, each file's handlers before its
-    probes attach): each function loaded once, the kernel's tags those of load_func's; a
-    name it cannot load is left for load_func to refuse as it always did."""
+def test_functions_loaded_ahead_are_those_loaded_one_by_one(compiled):
+    """CachedBPF.preload (the attacher's prepare: a file's handlers start verifying side by
+    side, and each attach takes its own as soon as it is done): each function loaded
+    once, the kernel's tags those of a load one by one; a name that could not load ahead
+    is refused by load_func as it always was."""
     from bcc import BPF
 
     from otel_gpu.probes.cached_bpf import CachedBPF
@@ -146,22 +147,23 @@ def test_functions_loaded_several_at_once_are_those_loaded_one_by_one(compiled):
     _, cache, key, _, _ = compiled
     entry = cache.read(key)
     handlers = sorted({r.entry for r in CUDA_PROBES} | {r.ret for r in CUDA_PROBES if r.ret})
-    many, one_by_one = CachedBPF(entry), CachedBPF(entry)
+    ahead, one_by_one = CachedBPF(entry), CachedBPF(entry)
     try:
-        autoloaded = set(many.funcs)
-        many.load_several(handlers + handlers[::-1] + ["no_such_function"], BPF.KPROBE,
-                          attach_type=BPF_TRACE_UPROBE_MULTI)
-        assert sorted(n.decode() for n in set(many.funcs) - autoloaded) == handlers
-        assert len({f.fd for f in many.funcs.values()}) == len(many.funcs)  # each loaded once
-        for name in handlers:
-            fn = one_by_one.load_func(name.encode(), BPF.KPROBE, attach_type=BPF_TRACE_UPROBE_MULTI)
-            assert _prog_tag(many.funcs[name.encode()].fd) == _prog_tag(fn.fd), name
-            assert many.load_func(name.encode(), BPF.KPROBE, attach_type=BPF_TRACE_UPROBE_MULTI) \
-                is many.funcs[name.encode()]  # not loaded again
+        autoloaded = set(ahead.funcs)
+        ahead.preload(handlers + handlers[::-1] + ["no_such_function"], BPF.KPROBE,
+                      attach_type=BPF_TRACE_UPROBE_MULTI)
+        assert len(ahead._loading) == (len(handlers) + 1 if (os.cpu_count() or 1) > 1 else 0)  # each name once
+        loaded = [ahead.load_func(n.encode(), BPF.KPROBE, attach_type=BPF_TRACE_UPROBE_MULTI) for n in handlers]
+        assert sorted(n.decode() for n in set(ahead.funcs) - autoloaded) == handlers
+        assert len({f.fd for f in ahead.funcs.values()}) == len(ahead.funcs)  # each loaded once
+        for name, fn in zip(handlers, loaded):
+            again = one_by_one.load_func(name.encode(), BPF.KPROBE, attach_type=BPF_TRACE_UPROBE_MULTI)
+            assert _prog_tag(fn.fd) == _prog_tag(again.fd), name
+            assert ahead.load_func(name.encode(), BPF.KPROBE, attach_type=BPF_TRACE_UPROBE_MULTI) is fn
         with pytest.raises(Exception, match="Unknown program"):
-            many.load_func(b"no_such_function", BPF.KPROBE, attach_type=BPF_TRACE_UPROBE_MULTI)
+            ahead.load_func(b"no_such_function", BPF.KPROBE, attach_type=BPF_TRACE_UPROBE_MULTI)
     finally:
-        many.cleanup()
+        ahead.cleanup()
         one_by_one.cleanup()
 
 
