@@ -171,3 +171,33 @@ def test_a_row_attaches_all_or_nothing_and_a_process_that_goes_takes_its_failure
     assert a.failed == {"cudaLaunchKernel": 1} and a.pids() == {5, 6}
     assert a.detach(6) == PROBES - 1
     assert a.failed == {} and a.missing_launches() == [] and a.by_symbol["cudaLaunchKernel"] == 1
+
+
+class OrderedUprobes:
+    """The uprobes backend's contract as the attacher uses it: prepare() with a file's
+    functions before its first attach, then each probe in its row's order."""
+
+    def __init__(self):
+        self.calls: list = []
+
+    def prepare(self, fn_names):
+        self.calls.append(("prepare", list(fn_names)))
+
+    def attach(self, path, fn_name, symbol="", addr=None, ret=False, pid=None):
+        self.calls.append(("attach", fn_name))
+        return [f"{fn_name}:{symbol}:{ret}"]
+
+
+def test_a_files_functions_are_prepared_in_its_probes_order_before_they_attach(tmp_path):
+    """prepare() starts verifying ahead what the probes will run, in their order, so the
+    launch probe (the first row) waits on its own program only (CachedBPF.preload): with
+    every program loaded before the first attach, a server's first requests lost their
+    launches (tests/bpf/test_first_requests.py)."""
+    uprobes = OrderedUprobes()
+    a = Attacher(FakeBpf(), Stats(), SyncCloser(FakeBpf()), uprobes=uprobes)
+    assert a.attach(_target(tmp_path)) == PROBES
+    (kind, names), *attaches = uprobes.calls
+    assert kind == "prepare" and all(k == "attach" for k, _ in attaches)
+    assert names == [fn for row in ROWS for fn in (row.entry, row.ret) if fn]
+    assert [fn for _, fn in attaches] == names  # the same order: the first ready, the first attached
+    assert names[0] == "cuda_launch_kernel"
