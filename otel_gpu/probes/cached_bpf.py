@@ -168,11 +168,9 @@ class CachedBPF(BPF):
     def load_func(self, func_name, prog_type, device=None, attach_type=-1):
         func_name = bcc._assert_is_bytes(func_name)
         ahead = self._loading.pop(func_name, None)
-        if ahead is not None and ahead.result() is not None:  # None: it failed; loaded again, to say why
-            return ahead.result()
-        if func_name in self.funcs:
-            return self.funcs[func_name]
-        return self._load(func_name, prog_type, device, attach_type)
+        fn = ahead.result() if ahead is not None else self.funcs.get(func_name)
+        # None: not loaded yet, or its load ahead failed (loaded again here, to say why)
+        return fn if fn is not None else self._load(func_name, prog_type, device, attach_type)
 
     def _load(self, func_name: bytes, prog_type, device=None, attach_type=-1):
         code = self.relocated(func_name)
@@ -218,8 +216,8 @@ class CachedBPF(BPF):
         pool.shutdown(wait=False)  # its threads end with the last load
 
     def _trace_autoload(self) -> None:
-        autoload = [(f.name.encode(), prefix, prog_type) for f in self.module.entry.funcs
-                    for prefix, prog_type in _AUTOLOAD.items() if f.name.encode().startswith(prefix)]
+        autoload = [(name, prefix, prog_type) for name in (f.name.encode() for f in self.module.entry.funcs)
+                    for prefix, prog_type in _AUTOLOAD.items() if name.startswith(prefix)]
         for prog_type in _AUTOLOAD.values():  # verified side by side, attached in order
             self.preload([name for name, _, t in autoload if t == prog_type], prog_type)
         for name, prefix, prog_type in autoload:
