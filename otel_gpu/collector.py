@@ -97,12 +97,13 @@ class Collector:
         the kernel decides each head (every root sampled, a canonical parent by its flag),
         so such requests' calls are counted, not streamed. Loaded only now: a service no
         unsampled parent reaches never pays the programs' verification (~1.3 s) or their
-        run per request."""
+        run per request. Verified beside the poll loop, which goes on meanwhile: traffic is
+        flowing, and until they run the collector decides as before."""
         bound, self._heads_deferred = self._heads_deferred, None
         log.info("an incoming traceparent is not sampled: the kernel decides each request's sampling "
                  "from now on")
         self.wiring.stitcher.kernel_bound = bound
-        self.program.sample_heads(bound, True)
+        self.program.sample_heads(bound, True, wait=False)
 
     def _probe_known_files(self) -> None:
         """Probes the well-known CUDA library files before any process maps them

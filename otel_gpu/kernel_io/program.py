@@ -55,6 +55,7 @@ _TALLIES = {"tls_ciphertext": "tls_connections", "tls_untied": "tls_plaintext_un
 _COUNTED = {**_LOSSES, **{name: (stat, None) for name, stat in _TALLIES.items()}}
 # `traced` values (bpf/maps.h): traced, following no server; every related server.
 TRACED, FOLLOW_ALL = 1, 0xFFFFFFFF
+HEAD_PROGRAMS = (b"head_scan", b"head_parent")  # bpf/head_sampling.c, in head_scans' order
 
 
 class BpfProgram:
@@ -83,6 +84,7 @@ class BpfProgram:
         self._runtime_text: dict = {}  # pid -> its runtime code ranges, as written to `runtime_text`
         self._py_threads: dict = {}  # pid -> {thread: state} as written to `py_threads`
         self._verdict_gens = itertools.count(1)  # next() is atomic: callers on several threads
+        self._heads_verifying: Optional[tuple] = None  # (bound, parents, t0) of sample_heads(wait=False)
 
     def _verdicts_changed(self) -> None:
         """After a change of `traced`, py_procs, go_procs or quiet_procs: each thread's
@@ -95,6 +97,8 @@ class BpfProgram:
         """Records from the ring buffer. Before a process's exit, the calls the kernel
         counted for it: its last KernelRollups go ahead of its ProcExit. The calls it
         counted per request (req_agg) go where their HTTP epoch ended."""
+        if self._heads_verifying is not None and not self.bpf.loading(HEAD_PROGRAMS):
+            self._install_heads(*self._heads_verifying)
         batch, first_exit = self.ring.poll(timeout_ms)
         if first_exit >= 0:
             batch[first_exit:first_exit] = self.rollups.read(time.monotonic_ns())
@@ -223,18 +227,34 @@ class BpfProgram:
                                                         lay.g_parent_goid)
         self._verdicts_changed()
 
-    def sample_heads(self, bound: Optional[int], parents: bool) -> None:
+    def sample_heads(self, bound: Optional[int], parents: bool, wait: bool = True) -> None:
         """bpf/head_sampling.c: the kernel decides each request's sampling as its head is
         read: a root sampled when its draw < `bound` (pipeline/sampling.py kernel_bound),
         a canonical traceparent by its flag (`parents`: parentbased_*) or else by its trace
         id like a root; None: it decides none. Before the probes see requests: a head read
-        earlier is not decided (its calls follow quiet_procs)."""
+        earlier is not decided (its calls follow quiet_procs).
+        Their verifier takes ~1 s. `wait=False` (they are wanted while requests flow): it
+        runs beside the poll loop, which installs them once verified (poll), where the
+        program can load ahead (probes/cached_bpf.py); until then the collector decides."""
         if bound is None:
             return
+        t0 = time.monotonic()
+        if not wait:
+            from bcc import BPF  # imported late: the unit tier runs without bcc
+
+            from ..probes.cached_bpf import CachedBPF
+            if isinstance(self.bpf, CachedBPF):
+                self.bpf.preload(HEAD_PROGRAMS, BPF.TRACEPOINT)
+                self._heads_verifying = (bound, parents, t0)
+                return
+        self._install_heads(bound, parents, t0)
+
+    def _install_heads(self, bound: int, parents: bool, t0: float) -> None:
+        self._heads_verifying = None
         from bcc import BPF  # imported late: the unit tier runs without bcc
-        t0, scans = time.monotonic(), self.bpf["head_scans"]
+        scans = self.bpf["head_scans"]
         try:
-            for i, name in enumerate((b"head_scan", b"head_parent")):  # HEAD_SCAN, HEAD_PARENT_PARSE
+            for i, name in enumerate(HEAD_PROGRAMS):  # HEAD_SCAN, HEAD_PARENT_PARSE
                 scans[ct.c_int(i)] = ct.c_int(self.bpf.load_func(name, BPF.TRACEPOINT).fd)
         except Exception as e:  # a verifier elsewhere may refuse them: the collector decides alone
             log.warning("sampling is decided by the collector alone (the kernel's head programs did "

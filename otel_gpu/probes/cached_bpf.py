@@ -215,6 +215,10 @@ class CachedBPF(BPF):
             self._loading[name] = pool.submit(load, name)
         pool.shutdown(wait=False)  # its threads end with the last load
 
+    def loading(self, names) -> bool:
+        """Whether any of `names` is still being loaded ahead (preload)."""
+        return any(not f.done() for f in (self._loading.get(n) for n in names) if f is not None)
+
     def _trace_autoload(self) -> None:
         autoload = [(name, prefix, prog_type) for name in (f.name.encode() for f in self.module.entry.funcs)
                     for prefix, prog_type in _AUTOLOAD.items() if name.startswith(prefix)]

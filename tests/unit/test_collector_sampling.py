@@ -16,8 +16,8 @@ class FakeProgram:
     def __init__(self):
         self.heads = []
 
-    def sample_heads(self, bound, parents):
-        self.heads.append((bound, parents))
+    def sample_heads(self, bound, parents, wait=True):
+        self.heads.append((bound, parents, wait))
 
     def set_quiet(self, by_pid):
         pass
@@ -43,9 +43,9 @@ def test_the_kernel_decides_once_an_unsampled_parent_arrives(tmp_path):
     read_head(c, 1, "01")     # a sampled parent
     assert c.program.heads == [] and c.wiring.stitcher.kernel_bound is None
     read_head(c, 2, "00")     # not sampled: from now on the kernel decides
-    assert c.program.heads == [(ALL_ROOTS, True)] and c.wiring.stitcher.kernel_bound == ALL_ROOTS
+    assert c.program.heads == [(ALL_ROOTS, True, False)] and c.wiring.stitcher.kernel_bound == ALL_ROOTS
     read_head(c, 3, "00")
-    assert c.program.heads == [(ALL_ROOTS, True)]  # once
+    assert c.program.heads == [(ALL_ROOTS, True, False)]  # once
 
 
 def test_samplers_the_kernel_decides_from_the_start_defer_nothing(tmp_path):

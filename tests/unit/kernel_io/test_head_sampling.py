@@ -1,11 +1,16 @@
 """kernel_io/program.py sample_heads: a kernel whose verifier refuses the head programs
 (bpf/head_sampling.c) leaves sampling to the collector, said once and counted, and the
-kernel is never told to draw (head_settings stays off), so nothing waits on a scan."""
+kernel is never told to draw (head_settings stays off), so nothing waits on a scan.
+Programs wanted while requests flow are verified beside the poll loop."""
 import logging
 import sys
+import threading
+import time
 import types
 
-from otel_gpu.kernel_io.program import BpfProgram
+import pytest
+
+from otel_gpu.kernel_io.program import HEAD_PROGRAMS, BpfProgram
 from otel_gpu.ratelimit import Stats
 
 
@@ -37,3 +42,56 @@ def test_refused_head_programs_leave_sampling_to_the_collector(caplog, monkeypat
     assert "decided by the collector alone" in caplog.text and program.bpf.written == []
     program.sample_heads(None, parents=False)  # a sampler the kernel has nothing to decide for
     assert program.stats.snapshot().get("head_sampling_unavailable") == 1
+
+
+class Table(dict):
+    """A bcc table's item assignment (ctypes keys and values by their value), and
+    head_settings' Key and Leaf."""
+
+    Key = staticmethod(lambda i: i)
+    Leaf = staticmethod(lambda: types.SimpleNamespace(bound=0, on=0, parents=0))
+
+    def __setitem__(self, key, value) -> None:
+        super().__setitem__(getattr(key, "value", key), getattr(value, "value", value))
+
+
+def test_head_programs_wanted_mid_traffic_are_verified_beside_the_poll_loop(monkeypatch):
+    """sample_heads(wait=False), as the first unsampled parent asks for them: the poll
+    loop goes on handing records over while the verifier runs (~1 s) on a thread, and the
+    poll after it has finished installs them: both programs in head_scans, then the
+    settings that turn them on."""
+    pytest.importorskip("bcc")
+    from otel_gpu.probes import cached_bpf
+
+    class HeldVerifier(cached_bpf.CachedBPF):
+        """A cached program whose loads wait until the test lets them finish."""
+
+        def __init__(self) -> None:  # none of bcc's state: only what preload and load_func use
+            self.funcs, self._loading, self.verified = {}, {}, threading.Event()
+            self.tables = {"head_scans": Table(), "head_settings": Table()}
+
+        def __getitem__(self, name):
+            return self.tables[name]
+
+        def _load(self, name, prog_type, device=None, attach_type=-1):
+            assert self.verified.wait(10)
+            fn = self.funcs[name] = types.SimpleNamespace(fd={b"head_scan": 100, b"head_parent": 101}[name])
+            return fn
+
+    monkeypatch.setattr(cached_bpf.os, "cpu_count", lambda: 2)  # preload loads ahead from 2 CPUs
+    program = object.__new__(BpfProgram)  # no kernel: only what sample_heads and poll touch
+    program.bpf, program.stats, program._heads_verifying = HeldVerifier(), Stats(), None
+    program.ring = types.SimpleNamespace(poll=lambda timeout_ms: (["record"], -1))
+    program.aggregates = types.SimpleNamespace(merge=lambda batch: batch)
+    program.sample_heads(7, parents=True, wait=False)
+    assert program.poll(0) == ["record"] and program.poll(0) == ["record"]  # the loop goes on
+    assert program.bpf.tables["head_settings"] == {} and program.bpf.tables["head_scans"] == {}
+    program.bpf.verified.set()
+    deadline = time.monotonic() + 10
+    while program.bpf.loading(HEAD_PROGRAMS) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert program.poll(0) == ["record"]
+    assert program.bpf.tables["head_scans"] == {0: 100, 1: 101}
+    settings = program.bpf.tables["head_settings"][0]
+    assert (settings.bound, settings.on, settings.parents) == (7, 1, 1)
+    assert program._heads_verifying is None and not program.stats.snapshot().get("head_sampling_unavailable")
