@@ -103,6 +103,10 @@ def cmd_run(args) -> int:
     preflight()
     if config.store_path:
         log.info("local store: %s (otel-gpu report / otel-gpu traces read it)", config.store_path)
+    from .kernel_io.program import start_loading
+    from .ratelimit import Stats
+    stats = Stats()  # the collector's one set of counters, the program's load among them
+    loading = start_loading(config, stats)  # beside the imports below
     from .collector import Collector
     k8s = None
     if not (os.environ.get("KUBECONFIG") or os.environ.get("KUBERNETES_SERVICE_HOST")):
@@ -116,7 +120,7 @@ def cmd_run(args) -> int:
             log.warning("kubernetes attributes disabled: %s", e)
     from .store.schema import StoreError
     try:
-        collector = Collector(config, k8s=k8s)
+        collector = Collector(config, k8s=k8s, stats=stats)
     except StoreError as e:  # the store was the only destination and cannot be written
         log.error("%s", e)
         return 2
@@ -126,7 +130,7 @@ def cmd_run(args) -> int:
     # SIGUSR1: one log line with the size of every internal table (leak checks).
     signal.signal(signal.SIGUSR1, lambda *_: collector.state_requested.set())
     try:
-        collector.start()
+        collector.start(loading)
         collector.run(stop)
     except Exception as e:
         log.error("collector failed: %s", e)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Optional
 
@@ -69,11 +70,12 @@ class Collector:
             return comm in self.config.exes or name in self.config.exes
         return False
 
-    def start(self) -> None:
-        from .kernel_io.program import BpfProgram
-        from .probes.source import ProgramOptions
+    def start(self, loading: Optional[Future] = None) -> None:
+        """`loading`: the BPF program's load, started ahead (kernel_io/program.py
+        start_loading, with this collector's config and stats); else it loads here."""
+        from .kernel_io.program import start_loading
         t0 = time.monotonic()
-        self.program = BpfProgram(ProgramOptions.from_config(self.config), self.stats)
+        self.program = (loading or start_loading(self.config, self.stats, threaded=False)).result()
         self._probe_known_files()
         self._scan()
         # Still `ready` first (the health file and tests wait for it), but never silently

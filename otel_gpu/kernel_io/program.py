@@ -6,9 +6,11 @@ only."""
 from __future__ import annotations
 
 import ctypes as ct
+import functools
 import itertools
 import logging
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Optional
 
 from ..probes import compiler_memory, pid_bits, runtime_text, uprobe_links
@@ -56,6 +58,23 @@ _COUNTED = {**_LOSSES, **{name: (stat, None) for name, stat in _TALLIES.items()}
 # `traced` values (bpf/maps.h): traced, following no server; every related server.
 TRACED, FOLLOW_ALL = 1, 0xFFFFFFFF
 HEAD_PROGRAMS = (b"head_scan", b"head_parent")  # bpf/head_sampling.c, in head_scans' order
+
+
+def start_loading(config, stats: Stats, threaded: bool = True) -> Future:
+    """The BpfProgram of `config` (maps, the verifier; a clang compile where the BPF cache
+    does not hold it), on a thread of its own by default: `otel-gpu run` starts it before
+    it imports the pipeline's modules (the OTel SDK and gRPC, ~0.3 s), which are imported
+    beside it, as the load mostly waits in syscalls and libbcc with the GIL let go.
+    Nothing else touches bcc until the collector's start takes the result."""
+    load = functools.partial(BpfProgram, ProgramOptions.from_config(config), stats)
+    if not threaded:
+        done: Future = Future()
+        done.set_result(load())
+        return done
+    pool = ThreadPoolExecutor(1, thread_name_prefix="bpf-program")
+    loading = pool.submit(load)
+    pool.shutdown(wait=False)  # its thread ends with the load
+    return loading
 
 
 class BpfProgram:
