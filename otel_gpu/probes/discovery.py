@@ -5,9 +5,10 @@ process that runs CPython, its interpreter file (probes/python.py says which), a
 one that is a Go executable, its goroutine layout and runtime functions
 (probes/go_runtime.py, probes/go_functions.py).
 Re-run every few seconds, so processes that start or dlopen CUDA later are picked up;
-a process that loads an already-probed library is scanned alone at once
-(bpf/library_probes.c), and the well-known library files are probed before any
-process maps them (known_library_files).
+a process that loads or opens a CUDA library is scanned alone at once
+(bpf/library_probes.c), so one found using none has its maps read again only every
+QUIET_RESCAN_S, or at once when its executable changes (an exec); the well-known
+library files are probed before any process maps them (known_library_files).
 
 With a ProcessGroups (pipeline/groups.py): the processes related to a CUDA process
 (same cgroup, or parent/child) that listen on TCP are found too, as servers to trace
@@ -18,6 +19,7 @@ import glob
 import logging
 import os
 import re
+import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Optional
 
@@ -34,6 +36,13 @@ CUDART_RE = re.compile(r"/libcudart(?:[-.][^/]*)?\.so(?:\.[^/]*)?$")
 DRIVER_RE = re.compile(r"/libcuda\.so(?:\.[^/]*)?$")
 NCCL_RE = re.compile(r"/libnccl\.so(?:\.[^/]*)?$")  # bpf/nccl_probes.c
 LIBSSL_RE = re.compile(r"/libssl\.so\.(?:3|1\.1)$")  # OpenSSL 3 and 1.1 (bpf/tls_probes.c)
+# A part of every path the three CUDA patterns match: maps text holding none of them maps
+# no CUDA library, told without going through its lines (most processes on a node).
+CUDA_MARKS = ("/libcudart", "/libcuda.so", "/libnccl.so")
+# A process found using no CUDA has its maps read again this often (its exe unchanged):
+# a CUDA library it loads later is seen at its open (bpf/library_probes.c), so a full
+# scan need not read every process's maps each time (~0.45 ms each for a Python process).
+QUIET_RESCAN_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -67,6 +76,8 @@ class ScanResult:
 
 def libraries_in_maps(maps_text: str) -> list[tuple[str, str]]:
     """(kind, path) of the CUDA libraries mapped, from /proc/<pid>/maps text."""
+    if not any(mark in maps_text for mark in CUDA_MARKS):
+        return []
     found = {}
     for line in maps_text.splitlines():
         parts = line.split(None, 5)
@@ -96,7 +107,7 @@ def libssl_in_maps(maps_text: str) -> list[str]:
 class Discovery:
     def __init__(self, proc_root: str = "/proc", pid_filter: Optional[Callable[[int], bool]] = None,
                  has_static_cudart: Optional[Callable[[str], bool]] = None, groups=None,
-                 listens: Optional[Callable[[int], bool]] = None) -> None:
+                 listens: Optional[Callable[[int], bool]] = None, clock: Callable[[], float] = time.monotonic) -> None:
         self.proc_root = proc_root
         self.groups = groups  # pipeline.groups.ProcessGroups, or None: CUDA processes only
         self._listens = listens or (lambda pid: sockets.listens(proc_root, pid))
@@ -106,6 +117,8 @@ class Discovery:
         self._python_cache: dict[tuple, Optional[python.Interpreter]] = {}  # file (dev, ino) -> facts
         self._go_cache: dict[tuple, Optional[tuple]] = {}  # exe (dev, ino) -> (GoBinary, addresses)
         self._known: dict[int, int] = {}  # pid -> start time, once found to use CUDA
+        self._quiet: dict[int, tuple] = {}  # pid -> (exe key, when to read its maps again): no CUDA
+        self._clock = clock
         self.self_pid = os.getpid()
 
     def scan(self, only: Optional[set] = None) -> ScanResult:
@@ -115,17 +128,29 @@ class Discovery:
         seen_keys = set()
         pids = list(self._pids()) if only is None else sorted(only)
         others = []  # processes that pass the filters and use no CUDA
+        now = self._clock()
+        if only is None:  # processes gone since the last full scan
+            live = set(pids)
+            self._quiet = {pid: q for pid, q in self._quiet.items() if pid in live}
         for pid in pids:
             if pid == self.self_pid or (self.pid_filter and not self.pid_filter(pid)):
                 continue
+            exe = self._exe(pid)
+            key = exe[2] if exe else None
+            quiet = self._quiet.get(pid)
+            if only is None and quiet is not None and quiet[0] == key and now < quiet[1]:
+                others.append(pid)  # no CUDA when last read, and the same executable
+                continue
             maps = proc.maps(self.proc_root, pid)
             if maps is None:
+                self._quiet.pop(pid, None)
                 continue  # gone, or a kernel thread
-            exe = self._exe(pid)
             targets = self._targets_of(pid, maps, exe)
             if not targets:
                 others.append(pid)
+                self._quiet[pid] = (key, now + QUIET_RESCAN_S)
                 continue
+            self._quiet.pop(pid, None)
             result.cuda_pids.add(pid)
             result.runtime_text[pid] = self._runtime_text(maps, exe, targets)
             py = self._python(pid, maps, exe)

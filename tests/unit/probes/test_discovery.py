@@ -1,9 +1,9 @@
 """Discovery's no-blind-start parts: the well-known CUDA library files it probes
 before any process maps them, and a scan of only the processes just seen loading a
-library (fake /proc tree from the groups tests)."""
+library; and what a full scan leaves unread (fake /proc tree from the groups tests)."""
 import os
 
-from otel_gpu.probes.discovery import Discovery, known_library_files
+from otel_gpu.probes.discovery import CUDA_MARKS, QUIET_RESCAN_S, Discovery, known_library_files, libraries_in_maps
 from otel_gpu.cuda_calls import DRIVER, RUNTIME
 from tests.unit.pipeline.test_groups import CUDA_MAPS, Tree
 
@@ -39,3 +39,43 @@ def test_scan_of_only_some_processes(tmp_path):
     assert d.scan({b, plain, 999}).cuda_pids == {b}  # 999: gone already
     assert Discovery(tree.path, pid_filter=lambda pid: pid != b,
                      has_static_cudart=lambda p: False).scan({b}).cuda_pids == set()  # filters apply
+
+
+def test_every_cuda_library_name_passes_the_quick_check():
+    """libraries_in_maps skips maps text holding none of CUDA_MARKS: each name its
+    patterns match holds one (a wheel's, a hashed copy's, the driver's, NCCL's), and text
+    with look-alikes only is still read line by line, finding none."""
+    paths = ["/usr/local/cuda-12.4/lib64/libcudart.so.12.4.127", "/opt/app/libcudart-d9b2a1f3.so.11.0",
+             "/usr/lib/x86_64-linux-gnu/libcuda.so.550.54.15", "/venv/nvidia/nccl/lib/libnccl.so.2",
+             "/overlay/x/libcudart.so (deleted)"]
+    for path in paths:
+        line = f"7f00-7f01 r-xp 0 08:01 12 {path}\n"
+        assert any(mark in line for mark in CUDA_MARKS) and len(libraries_in_maps(line)) == 1, path
+    lookalikes = "7f00-7f01 r-xp 0 08:01 12 /usr/lib/libcudnn.so.9\n7f02-7f03 r-xp 0 08:01 13 /usr/lib/libcudart.txt\n"
+    assert libraries_in_maps(lookalikes) == []
+
+
+def test_a_process_found_without_cuda_is_read_again_later_or_at_an_exec(tmp_path):
+    """A full scan does not read again, for QUIET_RESCAN_S, the maps of a process it found
+    using no CUDA: a library it loads later is scanned for at its open (scan(only)). After
+    that time, or once its executable is another file (an exec), the full scan reads it."""
+    tree = Tree(tmp_path)
+    tree.add(1, 0)
+    late, opened, execs = tree.add(100, 1), tree.add(200, 1), tree.add(300, 1)
+    now = [1000.0]
+    d = Discovery(tree.path, has_static_cudart=lambda p: False, clock=lambda: now[0])
+    assert d.scan().cuda_pids == set()
+    for pid in (late, opened, execs):  # each maps libcudart from now on
+        (tmp_path / str(pid) / "maps").write_text(CUDA_MAPS)
+        lib = tmp_path / str(pid) / "root" / "usr" / "lib"
+        lib.mkdir(parents=True)
+        (lib / "libcudart.so.12").write_text("")
+    os.remove(tmp_path / str(execs) / "exe")
+    os.symlink("/bin/sh", tmp_path / str(execs) / "exe")  # another file
+    assert os.stat("/bin/sh").st_ino != os.stat("/bin/true").st_ino
+    assert d.scan().cuda_pids == {execs}
+    assert d.scan({opened}).cuda_pids == {opened}  # its open of the library: scanned at once
+    now[0] += QUIET_RESCAN_S - 1
+    assert d.scan().cuda_pids == {execs, opened}  # `late` not read again yet
+    now[0] += 1
+    assert d.scan().cuda_pids == {late, opened, execs}
