@@ -17,7 +17,9 @@ from typing import Callable, Dict
 NOT_DROPS = frozenset({"requests_finished", "spans_exported", "resolved", "relists", "watch_events",
                        "tls_connections", "probe_attach_retried", "traces_unsampled", "cuda_calls_streamed",
                        "cuda_calls_counted", "requests_summarised", "heads_sampled_in_kernel",
-                       "heads_sampled_here", "cuda_calls_streamed_unsampled"})
+                       "heads_sampled_here", "cuda_calls_streamed_unsampled",
+                       # records the collector read: from the ring buffer, and per-request counts (req_agg)
+                       "ring_records", "aggregate_records"})
 
 
 def split_drops(counts: Dict[str, int]) -> tuple[Dict[str, int], Dict[str, int]]:

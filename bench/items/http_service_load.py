@@ -171,6 +171,11 @@ def _streamed(p: dict, counter: str = "cuda_calls_streamed"):
     return Collector.per_request(p["collector"], counter)
 
 
+def _records(c: dict) -> str:
+    ring, agg = (Collector.per_request(c, k) for k in ("ring_records", "aggregate_records"))
+    return "?" if ring is None else f"{ring:.1f} + {agg:.1f}"
+
+
 def _counts(c: dict) -> str:
     """The collector's `stopped:` line: requests finished: spans built / exported / dropped."""
     n = {**c.get("counted", {}), **c.get("dropped", {})}
@@ -202,6 +207,9 @@ def rows(r: dict) -> list:
         ("2", "  of them, calls of unsampled requests, per request, 10 %",
          "?" if _streamed(tenth) is None else f"{_streamed(tenth, 'cuda_calls_streamed_unsampled'):.2f}",
          "0 (item 1: unsampled calls are counted)", _streamed(tenth, "cuda_calls_streamed_unsampled") == 0),
+        ("2", "  records the collector read per request: ring buffer + per-request counts (req_agg: one per "
+              "thread, call and HTTP epoch of the process, so more with more requests open at once), 100 % ; 10 %",
+         _each(r, lambda p: _records(p["collector"])), "", None),
         ("3", "server spans received / requests served, 100 % sampling",
          f"{full['server_spans']} / {_served(full)}", "all", full["server_spans"] >= _served(full)),
         ("3", "server spans received / requests served, 10 % sampling (share)",

@@ -33,11 +33,9 @@ class RingReader:
         self.max_batch = max_batch
         self.full = False  # the last poll stopped at max_batch: more is waiting
         self.first_exit = -1  # index of the first ProcExit in the batch being read
-        self.events_in = 0
         bpf[ring_name].open_ring_buffer(self._on_record)
 
     def _on_record(self, _ctx, data, size) -> int:
-        self.events_in += 1
         try:  # decoded in place: the record's memory is valid during this call
             record = decode((ct.c_char * size).from_address(data))
         except DecodeError as e:
@@ -55,6 +53,8 @@ class RingReader:
         batch, self._batch = self._batch, []
         first_exit, self.first_exit = self.first_exit, -1
         self.full = len(batch) >= self.max_batch
+        if batch:
+            self.stats.add("ring_records", len(batch))
         return batch, first_exit
 
 
@@ -188,9 +188,12 @@ class AggregateReader:
             values.append(v)
         self._counted_seen, self._waiting = counted, waiting
         # v: count, bytes, duration_ns, first_ts, last_ts, last_end_ts (abi.AggValue)
-        return [CallAggregate(k[0], k[1], k[2], k[3] & ~AGG_HTTP_UNSEEN, k[4], k[5], *v,
-                              http_unseen=bool(k[3] & AGG_HTTP_UNSEEN))
-                for k, v, gone in zip(keys, values, self.table.delete(keys)) if gone]
+        taken = [CallAggregate(k[0], k[1], k[2], k[3] & ~AGG_HTTP_UNSEEN, k[4], k[5], *v,
+                               http_unseen=bool(k[3] & AGG_HTTP_UNSEEN))
+                 for k, v, gone in zip(keys, values, self.table.delete(keys)) if gone]
+        if taken:
+            self.stats.add("aggregate_records", len(taken))
+        return taken
 
     def forget(self, tgids: set) -> None:
         for tgid in tgids:

@@ -59,12 +59,13 @@ def test_an_aggregate_goes_before_the_first_record_that_ends_its_epoch():
     table.put(PID, LOOP, 1, LAUNCH, count=40)   # made after the read (epoch 1)
     table.put(PID, LOOP, 2, LAUNCH, count=7)    # after the write: epoch 2 still running
     table.put(PID + 1, 9, 1, LAUNCH, count=3)   # another process: its epoch never ended
-    r = AggregateReader(table, Stats())
+    r = AggregateReader(table, stats := Stats())
     batch = [read(1), "streamed call", write(2)]
     out = r.merge(batch)
     assert out[:2] == batch[:2] and out[3] is batch[2]
     assert out[2].__class__ is CallAggregate and (out[2].epoch, out[2].count) == (1, 40)
     assert sorted(v[0] for v in table.values()) == [3, 7]  # not taken: their epochs run on
+    assert stats.snapshot()["aggregate_records"] == 1  # records taken, for the bench's records per request
 
 
 def test_exit_takes_everything_of_the_process_and_final_takes_all():
@@ -154,7 +155,7 @@ def test_a_key_another_reader_deleted_is_not_reported():
     table.put(PID, LOOP, 1, LAUNCH, count=4)
     r = AggregateReader(table, Stats())
     table.delete = lambda keys: [False] * len(keys)  # gone between the read and the delete
-    assert r.merge([write(2)]) == [write(2)]
+    assert r.merge([write(2)]) == [write(2)] and "aggregate_records" not in r.stats.snapshot()
 
 
 def _place_by_scan(batch, aggs, before):
