@@ -6,9 +6,9 @@ import logging
 import os
 import signal
 import sys
-import threading
 
 from .config import ConfigError
+from .signal_flag import SignalFlag
 from .config_loader import add_run_arguments, load_config
 
 log = logging.getLogger("otel_gpu")
@@ -92,6 +92,14 @@ def preflight() -> None:
                          "(scripts/setup.sh merges Debian's into /var/lib/otel-gpu/kernel-headers)")
 
 
+def handle_signals(stop: SignalFlag, state_requested: SignalFlag) -> None:
+    """SIGINT and SIGTERM stop the collector; SIGUSR1 asks for one log line with the size
+    of every internal table (leak checks). The handlers only set flags (signal_flag.py)."""
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    signal.signal(signal.SIGUSR1, lambda *_: state_requested.set())
+
+
 def cmd_run(args) -> int:
     if args.ebpf:
         from .probes.source import source_text
@@ -124,11 +132,8 @@ def cmd_run(args) -> int:
     except StoreError as e:  # the store was the only destination and cannot be written
         log.error("%s", e)
         return 2
-    stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
-    # SIGUSR1: one log line with the size of every internal table (leak checks).
-    signal.signal(signal.SIGUSR1, lambda *_: collector.state_requested.set())
+    stop = SignalFlag()
+    handle_signals(stop, collector.state_requested)
     try:
         collector.start(loading)
         collector.run(stop)

@@ -6,7 +6,6 @@ Tick. It stops within --shutdown-timeout, every stage flushed or its losses coun
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from concurrent.futures import Future
 from pathlib import Path
@@ -18,6 +17,7 @@ from .probes.discovery import Discovery
 from .probes.python import THREADS_WALKED, thread_states
 from .ratelimit import Stats, split_drops
 from .records import Accept, ProcessGone, ProcessSeen, SockClose, Tick
+from .signal_flag import SignalFlag
 from .sockets import existing_server_connections, open_sockets
 from .status.writer import StatusWriter
 from .wiring import build_pipeline
@@ -50,7 +50,7 @@ class Collector:
         # server each CUDA process follows (BpfProgram.follow).
         self._servers: set[int] = set()
         self._follows: dict[int, Optional[int]] = {}
-        self.state_requested = threading.Event()
+        self.state_requested = SignalFlag()  # SIGUSR1 (cli.py)
         self._settling: dict[int, float] = {}  # pid -> until when it is scanned again (SETTLE_S)
         self._next_settle = 0.0
         self._seed_pending: set[int] = set()  # processes with connections still to seed
@@ -300,7 +300,8 @@ class Collector:
             for pid in gone:
                 self._follows.pop(pid, None)
 
-    def run(self, stop: threading.Event) -> None:
+    def run(self, stop) -> None:
+        """Until stop.is_set() (a SignalFlag, or a threading.Event set by another thread)."""
         next_scan = next_flush = time.monotonic()
         while not stop.is_set():
             self._push(self.program.poll(100 if not self._settling else int(SETTLE_EVERY_S * 1000)))
