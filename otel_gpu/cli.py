@@ -8,8 +8,8 @@ import signal
 import sys
 
 from .config import ConfigError
-from .signal_flag import SignalFlag
 from .config_loader import add_run_arguments, load_config
+from .signal_flag import SignalFlag
 
 log = logging.getLogger("otel_gpu")
 LOG_FORMAT = "%(asctime)s otel-gpu %(levelname)s %(message)s"
