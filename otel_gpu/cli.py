@@ -111,7 +111,7 @@ def cmd_run(args) -> int:
     preflight()
     if config.store_path:
         log.info("local store: %s (otel-gpu report / otel-gpu traces read it)", config.store_path)
-    from .kernel_io.program import start_loading
+    from .kernel_io.program import discard, start_loading
     from .ratelimit import Stats
     stats = Stats()  # the collector's one set of counters, the program's load among them
     loading = start_loading(config, stats)  # beside the imports below
@@ -131,7 +131,11 @@ def cmd_run(args) -> int:
         collector = Collector(config, k8s=k8s, stats=stats)
     except StoreError as e:  # the store was the only destination and cannot be written
         log.error("%s", e)
+        discard(loading)
         return 2
+    except BaseException:
+        discard(loading)
+        raise
     stop = SignalFlag()
     handle_signals(stop, collector.state_requested)
     try:

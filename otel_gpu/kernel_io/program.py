@@ -77,6 +77,18 @@ def start_loading(config, stats: Stats, threaded: bool = True) -> Future:
     return loading
 
 
+def discard(loading: Future, timeout: float = 10) -> None:
+    """A load started ahead that no collector will take (it could not be made): waited
+    for and closed before the caller returns. Left running into the interpreter's exit,
+    it could start no threads there (its programs' parallel verification) and ended in a
+    compile that nothing would use."""
+    try:
+        program = loading.result()
+    except Exception:  # its own failure is of no interest now
+        return
+    program.close(timeout)
+
+
 class BpfProgram:
     def __init__(self, options: ProgramOptions, stats: Stats) -> None:
         self.stats = stats

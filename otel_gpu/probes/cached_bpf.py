@@ -12,6 +12,7 @@ from __future__ import annotations
 import atexit
 import ctypes as ct
 import json
+import logging
 import os
 from concurrent.futures import ThreadPoolExecutor
 
@@ -27,6 +28,7 @@ _AUTOLOAD = {b"tracepoint__": BPF.TRACEPOINT, b"raw_tracepoint__": BPF.RAW_TRACE
 # bcc would attach these itself too; this module does not implement them, so refuses to cache.
 _OTHER_AUTOLOAD = (b"kprobe__", b"kretprobe__", b"kfunc__", b"kretfunc__", b"lsm__")
 _QUEUE_STACK = (bcc.table.BPF_MAP_TYPE_QUEUE, bcc.table.BPF_MAP_TYPE_STACK)
+log = logging.getLogger(__name__)
 MAX_LOAD_THREADS = 8  # functions verified at once (preload): a node's cores are its workload's
 
 # Our own function objects of libbcc: argtypes set here change nobody else's.
@@ -211,8 +213,11 @@ class CachedBPF(BPF):
             except Exception:
                 return None
         pool = ThreadPoolExecutor(workers, thread_name_prefix="bpf-load")
-        for name in todo:
-            self._loading[name] = pool.submit(load, name)
+        try:
+            for name in todo:
+                self._loading[name] = pool.submit(load, name)
+        except RuntimeError as e:  # no new threads (the interpreter is exiting): the rest one by one
+            log.debug("functions not loaded ahead: %s", e)
         pool.shutdown(wait=False)  # its threads end with the last load
 
     def loading(self, names) -> bool:
