@@ -100,6 +100,21 @@ def handle_signals(stop: SignalFlag, state_requested: SignalFlag) -> None:
     signal.signal(signal.SIGUSR1, lambda *_: state_requested.set())
 
 
+def _k8s_resolver(config):
+    """Pod attributes where the collector runs in Kubernetes; None elsewhere, or when the
+    API cannot be reached (never fatal: spans flow without them)."""
+    if not (os.environ.get("KUBECONFIG") or os.environ.get("KUBERNETES_SERVICE_HOST")):
+        # The kubernetes client costs ~30 MB and ~0.4 s to import: only where it can serve.
+        log.info("k8s: not in Kubernetes (no KUBERNETES_SERVICE_HOST or KUBECONFIG); no pod attributes")
+        return None
+    try:
+        from .k8s import K8sResolver
+        return K8sResolver.from_environment(config.proc_root)
+    except Exception as e:
+        log.warning("kubernetes attributes disabled: %s", e)
+        return None
+
+
 def cmd_run(args) -> int:
     if args.ebpf:
         from .probes.source import source_text
@@ -113,29 +128,22 @@ def cmd_run(args) -> int:
         log.info("local store: %s (otel-gpu report / otel-gpu traces read it)", config.store_path)
     from .kernel_io.program import discard, start_loading
     from .ratelimit import Stats
+    from .store.schema import StoreError
     stats = Stats()  # the collector's one set of counters, the program's load among them
     loading = start_loading(config, stats)  # beside the imports below
-    from .collector import Collector
     k8s = None
-    if not (os.environ.get("KUBECONFIG") or os.environ.get("KUBERNETES_SERVICE_HOST")):
-        # The kubernetes client costs ~30 MB and ~0.4 s to import: only where it can serve.
-        log.info("k8s: not in Kubernetes (no KUBERNETES_SERVICE_HOST or KUBECONFIG); no pod attributes")
-    else:
-        try:
-            from .k8s import K8sResolver
-            k8s = K8sResolver.from_environment(config.proc_root)
-        except Exception as e:  # never fatal: spans flow without pod attributes
-            log.warning("kubernetes attributes disabled: %s", e)
-    from .store.schema import StoreError
     try:
+        from .collector import Collector
+        k8s = _k8s_resolver(config)
         collector = Collector(config, k8s=k8s, stats=stats)
-    except StoreError as e:  # the store was the only destination and cannot be written
-        log.error("%s", e)
+    except BaseException as e:  # no collector will take the load (Ctrl-C included): it ends before we do
         discard(loading)
+        if k8s is not None:
+            k8s.stop()
+        if not isinstance(e, StoreError):
+            raise
+        log.error("%s", e)  # the store was the only destination and cannot be written
         return 2
-    except BaseException:
-        discard(loading)
-        raise
     stop = SignalFlag()
     handle_signals(stop, collector.state_requested)
     try:
