@@ -266,16 +266,16 @@ class BpfProgram:
         earlier is not decided (its calls follow quiet_procs).
         Their verifier takes ~1 s. `wait=False` (they are wanted while requests flow): it
         runs beside the poll loop, which installs them once verified (poll), where the
-        program can load ahead (probes/cached_bpf.py); until then the collector decides."""
+        program can load ahead (probes/cached_bpf.py load_ahead); until then the collector
+        decides."""
         if bound is None:
             return
         t0 = time.monotonic()
         if not wait:
             from bcc import BPF  # imported late: the unit tier runs without bcc
 
-            from ..probes.cached_bpf import CachedBPF
-            if isinstance(self.bpf, CachedBPF):
-                self.bpf.preload(HEAD_PROGRAMS, BPF.TRACEPOINT)
+            from ..probes.cached_bpf import load_ahead
+            if load_ahead(self.bpf, HEAD_PROGRAMS, BPF.TRACEPOINT):
                 self._heads_verifying = (bound, parents, t0)
                 return
         self._install_heads(bound, parents, t0)

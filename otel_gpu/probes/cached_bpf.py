@@ -81,6 +81,16 @@ def extract(bpf) -> Entry:
     return Entry(lib.bpf_module_license(mod).decode(), lib.bpf_module_kern_version(mod), tuple(maps), tuple(funcs))
 
 
+def load_ahead(bpf, names, prog_type, attach_type=-1) -> bool:
+    """CachedBPF.preload where `bpf` is a program from the cache; False for bcc's own
+    compiled module, which is not known to load safely from two threads (its functions
+    load one by one at their attach)."""
+    if not isinstance(bpf, CachedBPF):
+        return False
+    bpf.preload(names, prog_type, attach_type)
+    return True
+
+
 # --- entry -> BPF object -----------------------------------------------------------------
 class CachedModule:
     """Stands where bcc keeps its compiled module's pointer: the maps we created and

@@ -76,14 +76,13 @@ class MultiLinks:
 
     def prepare(self, fn_names: list) -> None:
         """The functions a file's probes will run, in their order, start loading (verifying)
-        side by side where the program came from the cache (cached_bpf.CachedBPF.preload;
-        bcc's own module is not known to load safely from two threads): 37 programs for the
-        default files took ~0.3 s one after another here, most of the start's attach time."""
+        side by side where the program came from the cache (cached_bpf.load_ahead): 37
+        programs for the default files took ~0.3 s one after another here, most of the
+        start's attach time."""
         from bcc import BPF
 
-        from .cached_bpf import CachedBPF
-        if isinstance(self.bpf, CachedBPF):
-            self.bpf.preload(fn_names, BPF.KPROBE, attach_type=uprobe_multi.BPF_TRACE_UPROBE_MULTI)
+        from .cached_bpf import load_ahead
+        load_ahead(self.bpf, fn_names, BPF.KPROBE, attach_type=uprobe_multi.BPF_TRACE_UPROBE_MULTI)
 
     def attach(self, path: str, fn_name: str, symbol: str = "", addr: Optional[int] = None,
                ret: bool = False, pid: Optional[int] = None) -> list:
