@@ -73,9 +73,9 @@ class Collector:
     def start(self, loading: Optional[Future] = None) -> None:
         """`loading`: the BPF program's load, started ahead (kernel_io/program.py
         start_loading, with this collector's config and stats); else it loads here."""
-        from .kernel_io.program import start_loading
+        from .kernel_io.program import load_program
         t0 = time.monotonic()
-        self.program = (loading or start_loading(self.config, self.stats, threaded=False)).result()
+        self.program = loading.result() if loading is not None else load_program(self.config, self.stats)
         self._probe_known_files()
         self._scan()
         # Still `ready` first (the health file and tests wait for it), but never silently

@@ -6,7 +6,6 @@ only."""
 from __future__ import annotations
 
 import ctypes as ct
-import functools
 import itertools
 import logging
 import time
@@ -60,19 +59,19 @@ TRACED, FOLLOW_ALL = 1, 0xFFFFFFFF
 HEAD_PROGRAMS = (b"head_scan", b"head_parent")  # bpf/head_sampling.c, in head_scans' order
 
 
-def start_loading(config, stats: Stats, threaded: bool = True) -> Future:
-    """The BpfProgram of `config` (maps, the verifier; a clang compile where the BPF cache
-    does not hold it), on a thread of its own by default: `otel-gpu run` starts it before
-    it imports the pipeline's modules (the OTel SDK and gRPC, ~0.3 s), which are imported
-    beside it, as the load mostly waits in syscalls and libbcc with the GIL let go.
-    Nothing else touches bcc until the collector's start takes the result."""
-    load = functools.partial(BpfProgram, ProgramOptions.from_config(config), stats)
-    if not threaded:
-        done: Future = Future()
-        done.set_result(load())
-        return done
+def load_program(config, stats: Stats) -> "BpfProgram":
+    """The BpfProgram of `config`: maps, the verifier, or a clang compile where the BPF
+    cache does not hold it."""
+    return BpfProgram(ProgramOptions.from_config(config), stats)
+
+
+def start_loading(config, stats: Stats) -> Future:
+    """load_program on a thread of its own: `otel-gpu run` starts it before it imports the
+    pipeline's modules (the OTel SDK and gRPC, ~0.3 s), which are imported beside it, as
+    the load mostly waits in syscalls and libbcc with the GIL let go. Nothing else
+    touches bcc until the collector's start takes the result."""
     pool = ThreadPoolExecutor(1, thread_name_prefix="bpf-program")
-    loading = pool.submit(load)
+    loading = pool.submit(load_program, config, stats)
     pool.shutdown(wait=False)  # its thread ends with the load
     return loading
 
