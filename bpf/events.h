@@ -63,7 +63,27 @@ enum event_flag {
      * yet heard so from their connections (http_seq.unseen): a request it cannot see may
      * own the call. In req_agg the same bit is AGG_HTTP_UNSEEN in the key's call. */
     EV_FLAG_HTTP_UNSEEN = 16,
+    /* A socket read/write record of an HTTP/2 connection whose data is the kernel's frame
+     * walk (bpf/h2_walk.c), not the transfer's first bytes: a digest. */
+    EV_FLAG_H2_DIGEST = 32,
 };
+
+/* An HTTP/2 digest (sock_io_event.data with EV_FLAG_H2_DIGEST): what user space needs of
+ * one transfer, in one or more records (all but the last with `more` set). Two bytes,
+ * then pieces, each a u32 offset in the transfer and a u16 length (little-endian,
+ * unaligned), then that many of the transfer's bytes: every frame header, and the
+ * payloads that parsing needs (header blocks, SETTINGS, RST_STREAM, GOAWAY's first 8
+ * bytes, the client preface); the bytes between pieces are other payloads. */
+#define H2_DIGEST_CAP 4096   /* data bytes of one digest record */
+#define H2_DIGEST_RECORDS 16 /* records of one transfer at most: past them, H2_STOP_ROOM */
+#define H2_DIGEST_HEAD 2     /* data[0]: H2_STOP_*; data[1]: 1 when more records follow */
+#define H2_PIECE_HEAD 6
+/* Why the walk of a direction stopped for good (the digest's data[0]); user space drops
+ * the connection, counting the cause. 0: it did not. */
+#define H2_STOP_ROOM 1   /* a transfer needed more than H2_DIGEST_RECORDS records */
+#define H2_STOP_STEPS 2  /* a transfer held more frames than the walk's steps */
+#define H2_STOP_IOVS 3   /* a transfer's iovec array was longer than the walk reads */
+#define H2_STOP_READ 4   /* the traced process's buffer could not be read */
 #define AGG_HTTP_UNSEEN 0x80000000u
 
 /* req_summaries value: the HTTP/1 requests of a process that the kernel summarised
@@ -366,7 +386,8 @@ enum counter {
     CNT_SCRATCH_BUSY = 11,  /* uprobe records dropped: every scratch slot of the CPU held (maps.h) */
     CNT_HEAD_DECIDED = 12,  /* request heads whose sampling the kernel decided (bpf/head_sampling.c) */
     CNT_HEAD_LEFT = 13,     /* request heads it left to user space: a traceparent, a head not whole */
-    CNT_MAX = 14,
+    CNT_H2_UNWALKED = 14,   /* HTTP/2 connections whose frames the kernel could not walk: h2_walks full */
+    CNT_MAX = 15,
 };
 
 #endif

@@ -72,6 +72,69 @@ struct sock_io_scratch {
 BPF_PERCPU_ARRAY(io_scratch, struct sock_io_scratch, 1);
 BPF_PERCPU_ARRAY(tls_scratch, struct sock_io_scratch, SCRATCH_SLOTS);
 #define IOV_GATHER 16 /* iovecs copied, in order, until HTTP_DATA_CAP bytes */
+#define H2_WALK_IOVS 1024 /* iovecs the HTTP/2 frame walk reads of one transfer (UIO_MAXIOV) */
+
+/* HTTP/2 framing, followed by the kernel across every transfer of a connection
+ * (h2_walk.c), so that no read's frames are lost to the probe's copy size: one
+ * direction's position in its byte stream. */
+struct h2_side {
+    u32 skip;     /* bytes of the current frame's payload (or of the client preface) to come */
+    u32 keep;     /* of those, how many go to user space (a header block, SETTINGS, ...) */
+    u8 have;      /* bytes of a frame header cut by the last transfer's end, in part[] */
+    u8 stop;      /* H2_STOP_*: the walk of this direction gave up; it is walked no more */
+    u8 pad[2];
+    u8 part[20];  /* those bytes (9 used: a read of up to 9 at up to 8 stays inside) */
+};
+struct h2_walk {
+    struct h2_side side[2]; /* [0]: reads (client to server), [1]: writes */
+};
+#ifndef MAX_H2_CONNS
+#define MAX_H2_CONNS 8192
+#endif
+/* HTTP/2 connections of traced processes whose frames the kernel walks. Full: a new
+ * connection is copied as any other (its first 1 KiB a transfer) and counted
+ * (CNT_H2_UNWALKED). */
+BPF_HASH(h2_walks, struct conn_key, struct h2_walk, MAX_H2_CONNS);
+/* The transfer h2_walk (tail-called: verified once, and able to go on in a new run
+ * where one run's steps end) walks next: left by io_exit in this CPU's slot. */
+struct h2_transfer {
+    u64 id;       /* pid_tgid */
+    u64 buf;      /* the buffer, or the iovec array */
+    u64 ret;      /* bytes transferred */
+    s32 fd;
+    u32 iovs;     /* iovecs in the array; 0: buf is one buffer */
+    u8 kind;      /* EV_SOCK_READ or EV_SOCK_WRITE */
+    u8 records;   /* digest records sent so far */
+    u8 pad[2];
+    u32 at;       /* bytes of the digest record being filled */
+    u32 piece;    /* where its open piece's head is; 0: none */
+    u32 iov;      /* the iovec being walked */
+    u64 pos;      /* offset in the transfer */
+    u64 seg;      /* the iovec's (or buffer's) address */
+    u64 seg_len;  /* its bytes, and the offset in it */
+    u64 seg_off;
+};
+BPF_PERCPU_ARRAY(h2_transfers, struct h2_transfer, 1);
+BPF_PROG_ARRAY(h2_walkers, 1);
+/* [0]: 1 once user space installed h2_walk in h2_walkers (kernel_io/program.py); until
+ * then (or where the verifier refused it) HTTP/2 connections are copied as any other. */
+BPF_ARRAY(h2_walk_on, u32, 1);
+#define EMIT_HEAD_SCAN 1 /* emit_sock_io: its read's head is to be decided (head_sampling.c) */
+#define EMIT_H2_WALK 2   /* emit_sock_io sent nothing: the transfer is h2_walk's */
+
+/* The connection is HTTP/2 from here on: its frames are walked, reads from the client
+ * preface (`preface`) or a frame boundary. */
+static __always_inline void h2_start(struct conn_key *key, int preface)
+{
+    u32 zero = 0, *on = h2_walk_on.lookup(&zero);
+    if (!on || !*on)
+        return;
+    struct h2_walk w = {};
+    if (preface)
+        w.side[0].skip = w.side[0].keep = 24;
+    if (h2_walks.update(key, &w) != 0)
+        count(CNT_H2_UNWALKED);
+}
 
 /* Drops a connection's entry, and its SSL* tie if it still names this fd. */
 static __always_inline void forget_conn(struct conn_key *key, struct conn_state *st)
@@ -84,6 +147,7 @@ static __always_inline void forget_conn(struct conn_key *key, struct conn_state 
             __sync_fetch_and_add(n, -1);
         epoch_bump(key->tgid); /* its HTTP activity changed: threads' standing verdicts go */
     }
+    h2_walks.delete(key);
     if (st->counted) {
         struct conn_share *share = conn_shares.lookup(&key->tgid);
         if (share)
@@ -186,8 +250,9 @@ static __always_inline void tls_tie(u32 tgid, u64 ssl, s32 fd, struct conn_state
  * (plaintext, `flags` EV_FLAG_TLS, their claimed tls_scratch slot: maps.h scratch_claim),
  * so framing and attribution are the same for both. The first read decides whether the
  * connection is HTTP/1.x; TLS ciphertext is never sent. The caller has set the event's
- * tail (write_tail). Returns 1 after a read of a request whose head the kernel has yet to
- * decide (head_sampling.c). */
+ * tail (write_tail). Returns EMIT_HEAD_SCAN after a read of a request whose head the kernel
+ * has yet to decide (head_sampling.c), EMIT_H2_WALK for a transfer of an HTTP/2
+ * connection whose frames the kernel walks (sent by h2_walk, not here). */
 static __always_inline int emit_sock_io(struct sock_io_scratch *scratch, u8 kind, u64 id, struct conn_key *key,
                                         struct conn_state *st, u64 buf, u64 copy_max, long ret, u8 flags)
 {
@@ -218,6 +283,8 @@ static __always_inline int emit_sock_io(struct sock_io_scratch *scratch, u8 kind
             st->requests = 1;
             st->req.unframed = len >= 4 && e->data[0] == 'P' && e->data[1] == 'R' && e->data[2] == 'I' &&
                            e->data[3] == ' ';
+            if (st->req.unframed && !flags) /* the syscalls' bytes: h2_walk follows them */
+                h2_start(key, 1);
             u32 tgid = key->tgid;
             pid_mark(tgid, PID_SLOW); /* before the count: the launch probe's fast path reads it */
             s64 one = 1, *n = http_active.lookup(&tgid);
@@ -229,6 +296,8 @@ static __always_inline int emit_sock_io(struct sock_io_scratch *scratch, u8 kind
     } else if (kind == EV_SOCK_WRITE && st->state != CONN_HTTP) {
         return 0;
     }
+    if (st->req.unframed && !flags && h2_walks.lookup(key))
+        return EMIT_H2_WALK;
     fill_header(&e->h, kind, id);
     e->h.flags = flags | request_boundary(key->tgid, &st->req, kind, e->h.ts_ns);
     e->draw = 0;
@@ -253,8 +322,10 @@ static __always_inline int emit_sock_io(struct sock_io_scratch *scratch, u8 kind
     if (switching) {
         st->req.unframed = 1; /* after record_sent: a lost 101 is its request's loss */
         st->sample = SAMPLE_NONE; /* its streams are the collector's to sample, each its own */
+        if (!flags) /* h2c (or a WebSocket, which user space then leaves): the client's preface is next */
+            h2_start(key, 1);
     }
-    return kind == EV_SOCK_READ && st->sample == SAMPLE_PENDING;
+    return kind == EV_SOCK_READ && st->sample == SAMPLE_PENDING ? EMIT_HEAD_SCAN : 0;
 }
 
 /* A write's last HTTP_TAIL_CAP bytes into the scratch event (user space finds a chunked
@@ -368,6 +439,17 @@ static __always_inline void io_exit(void *ctx, u8 kind, long ret, int iovec)
     if (!scratch)
         return;
     write_tail(scratch, kind, buf, ret);
-    if (emit_sock_io(scratch, kind, id, &key, st, buf, copy_max, ret, 0))
+    int next = emit_sock_io(scratch, kind, id, &key, st, buf, copy_max, ret, 0);
+    if (next == EMIT_HEAD_SCAN) {
         head_scans.call(ctx, HEAD_SCAN); /* returns only where no head_scan is installed */
+    } else if (next == EMIT_H2_WALK) {
+        struct h2_transfer *t = h2_transfers.lookup(&zero);
+        if (!t)
+            return;
+        struct h2_transfer z = {.id = id, .buf = p.buf, .ret = (u64)ret, .fd = p.fd, .iovs = iovec ? p.is_iov : 0,
+                                .kind = kind, .seg = p.buf, .seg_len = iovec ? 0 : (u64)ret};
+        *t = z;
+        h2_walkers.call(ctx, 0);
+        count(CNT_H2_UNWALKED); /* returns only where h2_walk is not installed */
+    }
 }

@@ -15,7 +15,7 @@ TRACEPOINT_PROBE(syscalls, sys_exit_recvfrom) { io_exit(args, EV_SOCK_READ, args
 /* An iovec count as pending_io.is_iov: never 0 (that means a plain buffer). */
 static __always_inline u32 iov_count(u64 n)
 {
-    return n == 0 ? 1 : n > IOV_GATHER ? IOV_GATHER : (u32)n;
+    return n == 0 ? 1 : n > H2_WALK_IOVS ? H2_WALK_IOVS : (u32)n;
 }
 TRACEPOINT_PROBE(syscalls, sys_enter_readv) { io_enter(EV_SOCK_READ, args->fd, (u64)args->vec, iov_count(args->vlen)); return 0; }
 TRACEPOINT_PROBE(syscalls, sys_exit_readv) { io_exit(args, EV_SOCK_READ, args->ret, 1); return 0; }

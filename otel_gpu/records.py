@@ -49,6 +49,21 @@ class SockIo:
     # Its first read's draw, where the kernel samples (bpf/head_sampling.c): a root
     # request's trace id takes it as its low 64 bits, so both decide alike. 0: none.
     draw: int = 0
+    # An HTTP/2 connection's transfer as the kernel walked its frames (then `data` holds
+    # the digest's leading bytes, those from the transfer's start); None: `data` is the copy.
+    digest: Optional["H2Digest"] = None
+
+
+@dataclass(slots=True)
+class H2Digest:
+    """One record of an HTTP/2 transfer as the kernel's frame walk gives it
+    (bpf/h2_walk.c): `pieces`, (offset in the transfer, bytes), hold every frame header and
+    the payloads parsing needs; the bytes between them are other payloads (DATA...).
+    `more`: further records of the same transfer follow. `stop`: why the kernel stopped
+    walking this direction for good (bpf/events.h H2_STOP_*); 0: it did not."""
+    pieces: tuple
+    more: bool = False
+    stop: int = 0
 
 
 @dataclass(slots=True)

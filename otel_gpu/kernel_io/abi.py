@@ -8,6 +8,11 @@ from __future__ import annotations
 import ctypes as ct
 
 HTTP_DATA_CAP = 1024
+H2_DIGEST_CAP = 4096  # data bytes of an HTTP/2 digest record (EV_FLAG_H2_DIGEST)
+H2_DIGEST_RECORDS = 16
+H2_DIGEST_HEAD = 2  # data[0]: H2_STOP_*, data[1]: more records of the transfer follow
+H2_PIECE_HEAD = 6  # u32 offset, u16 length
+H2_STOP_ROOM, H2_STOP_STEPS, H2_STOP_IOVS, H2_STOP_READ = 1, 2, 3, 4
 HTTP_TAIL_CAP = 8
 KERNEL_NAME_CAP = 1024
 
@@ -37,6 +42,7 @@ EV_FLAG_TLS = 2  # a socket read/write record of TLS plaintext (bpf/tls_probes.c
 EV_FLAG_CAPTURE = 4  # a launch of a process with a stream capture open (recorded into a graph, or run)
 EV_FLAG_REQ_START = 8  # a socket read that starts an HTTP/1 request as the kernel delimits them
 EV_FLAG_HTTP_UNSEEN = 16  # a CUDA call made while HTTP records of its process went unseen (lost)
+EV_FLAG_H2_DIGEST = 32  # a socket record whose data is the kernel's HTTP/2 frame walk (bpf/h2_walk.c)
 AGG_HTTP_UNSEEN = 0x80000000  # the same, in a req_agg key's call
 
 # enum counter: indices of the per-CPU `counters` array
@@ -54,12 +60,13 @@ CNT_CONN_OVER_SHARE = 10
 CNT_SCRATCH_BUSY = 11
 CNT_HEAD_DECIDED = 12
 CNT_HEAD_LEFT = 13
+CNT_H2_UNWALKED = 14
 ACCEPT_UNTRACKED = 1  # accept_event.flags: not in the connection table (full, or past the share)
 ACCEPT_OVER_SHARE = 2  # with ACCEPT_UNTRACKED: the process held its share (conn_shares)
 
 COUNTER_NAMES = ("ringbuf_full", "cuda_streamed", "driver_deduped", "conn_table_full", "aggregated",
                  "agg_full", "driver_caller_unknown", "capture_lost", "tls_ciphertext", "tls_untied",
-                 "conn_over_share", "scratch_busy", "head_decided", "head_left")
+                 "conn_over_share", "scratch_busy", "head_decided", "head_left", "h2_unwalked")
 
 u8, u16, u32, s32, u64, s64 = ct.c_uint8, ct.c_uint16, ct.c_uint32, ct.c_int32, ct.c_uint64, ct.c_int64
 

@@ -13,13 +13,14 @@ import struct
 from typing import Optional
 
 from ..records import (Accept, ContextCopy, CudaCall, DeviceCall, GraphCall, KernelHandle, LaunchCall, MemcpyCall,
-                       GraphOp, MemoryCall, NcclCall, ProcExit, SockClose, SockIo, SyncCall, UnitWake)
+                       GraphOp, H2Digest, MemoryCall, NcclCall, ProcExit, SockClose, SockIo, SyncCall, UnitWake)
 from . import abi
 from .abi import (EV_ACCEPT, EV_CUDA_DEVICE, EV_CUDA_GRAPH, EV_CUDA_LAUNCH, EV_CUDA_MEMCPY, EV_CUDA_MEMORY,
                   EV_CUDA_SYNC, EV_PROC_EXIT, EV_FLAG_UNREADABLE, EV_PY_CONTEXT, EV_SOCK_CLOSE, EV_SOCK_READ,
                   EV_SOCK_WRITE, HTTP_DATA_CAP, HTTP_TAIL_CAP)
 from .abi import (EV_FLAG_CAPTURE, EV_FLAG_HTTP_UNSEEN, EV_FLAG_REQ_START, EV_FLAG_TLS, EV_GO_SPAWN, EV_GO_WAKE,
                   EV_GRAPH_OP, EV_KERNEL_HANDLE, EV_NCCL)
+from .abi import EV_FLAG_H2_DIGEST, H2_DIGEST_CAP, H2_DIGEST_HEAD, H2_PIECE_HEAD
 
 
 _FLAGS = struct.Struct("<B")  # event_header.flags, at offset 1
@@ -46,6 +47,7 @@ KERNEL_HANDLE = struct.Struct("<BBxxII4xQIiQQI4x")
 # A socket record's fixed part (header, fd, data_len, ret, ctx, tail_len, lost, draw, tail);
 # its data follows, data_len bytes of it.
 SOCK_IO = struct.Struct("<BBxxIIIQiIqQIIQ%ds" % HTTP_TAIL_CAP)
+_PIECE = struct.Struct("<IH")  # an HTTP/2 digest piece's head: offset in the transfer, length
 
 # Each Struct beside the ctypes mirror it must match (checked by the layout test).
 STRUCT_MIRRORS = ((LAUNCH, abi.LaunchEvent), (MEMCPY, abi.MemcpyEvent), (MEMORY, abi.MemoryEvent),
@@ -147,13 +149,39 @@ def _need(buf, size: int, mirror) -> None:
 
 
 def _sock_io(buf, size):
-    if size < _IO_FIXED or size > _IO_SIZE:
+    if size < _IO_FIXED:
         raise DecodeError(f"socket record of {size} bytes")
     kind, flags, tgid, tid, epoch, ts, fd, data_len, ret, ctx, tail_len, lost, draw, tail = SOCK_IO.unpack_from(buf)
-    if data_len > HTTP_DATA_CAP or _IO_FIXED + data_len > size or tail_len > HTTP_TAIL_CAP:
+    cap = H2_DIGEST_CAP if flags & EV_FLAG_H2_DIGEST else HTTP_DATA_CAP
+    if size > _IO_FIXED + cap:
+        raise DecodeError(f"socket record of {size} bytes")
+    if data_len > cap or _IO_FIXED + data_len > size or tail_len > HTTP_TAIL_CAP:
         raise DecodeError(f"socket record claims {data_len} data bytes in {size}")
-    return SockIo(kind, tgid, tid, ts, fd, ret, bytes(buf[_IO_FIXED:_IO_FIXED + data_len]), tail[:tail_len], ctx,
-                  epoch, bool(flags & EV_FLAG_TLS), lost, bool(flags & EV_FLAG_REQ_START), draw)
+    data = bytes(buf[_IO_FIXED:_IO_FIXED + data_len])
+    digest = None
+    if flags & EV_FLAG_H2_DIGEST:
+        digest = _h2_digest(data, ret)
+        data = digest.pieces[0][1] if digest.pieces and digest.pieces[0][0] == 0 else b""
+    return SockIo(kind, tgid, tid, ts, fd, ret, data, tail[:tail_len], ctx, epoch, bool(flags & EV_FLAG_TLS), lost,
+                  bool(flags & EV_FLAG_REQ_START), draw, digest)
+
+
+def _h2_digest(data: bytes, ret: int) -> H2Digest:
+    """An HTTP/2 digest record's data (bpf/events.h): its stop cause, whether more records
+    follow, then pieces (u32 offset, u16 length, bytes) in order within the transfer."""
+    if len(data) < H2_DIGEST_HEAD:
+        raise DecodeError("HTTP/2 digest without its head")
+    pieces, i, end = [], H2_DIGEST_HEAD, -1
+    while i < len(data):
+        if i + H2_PIECE_HEAD > len(data):
+            raise DecodeError("HTTP/2 digest piece cut")
+        at, n = _PIECE.unpack_from(data, i)
+        i += H2_PIECE_HEAD
+        if n == 0 or i + n > len(data) or at < end or at + n > ret:
+            raise DecodeError(f"HTTP/2 digest piece of {n} bytes at {at} does not fit")
+        pieces.append((at, data[i:i + n]))
+        i, end = i + n, at + n
+    return H2Digest(tuple(pieces), bool(data[1]), data[0])
 
 
 def _accept(buf, size):

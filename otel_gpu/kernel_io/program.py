@@ -57,6 +57,7 @@ _COUNTED = {**_LOSSES, **{name: (stat, None) for name, stat in _TALLIES.items()}
 # `traced` values (bpf/maps.h): traced, following no server; every related server.
 TRACED, FOLLOW_ALL = 1, 0xFFFFFFFF
 HEAD_PROGRAMS = (b"head_scan", b"head_parent")  # bpf/head_sampling.c, in head_scans' order
+H2_PROGRAMS = (b"h2_walk",)  # bpf/h2_walk.c, in h2_walkers
 
 
 def load_program(config, stats: Stats) -> "BpfProgram":
@@ -89,6 +90,8 @@ def discard(loading: Future, timeout: float = 10) -> None:
 
 
 class BpfProgram:
+    _h2_walk_verifying = False  # h2_walk is being verified beside the attach (_start_h2_walk)
+
     def __init__(self, options: ProgramOptions, stats: Stats) -> None:
         self.stats = stats
         t0 = time.monotonic()
@@ -99,6 +102,7 @@ class BpfProgram:
         how = "from the cache" if isinstance(self.bpf, CachedBPF) else "compiled"
         log.info("BPF program loaded (%.1f s, %s); %d MB of compiler pages released", self.load_s, how,
                  dropped_kb // 1024)
+        self._h2_walk_verifying = self._start_h2_walk()
         self.ring = RingReader(self.bpf, "events", stats)
         self.pid_bits = pid_bits.PidBits(self.bpf["pid_bits"], options.pid_words)
         self.rollups = RollupReader(self.bpf["rollup"],
@@ -116,6 +120,31 @@ class BpfProgram:
         self._verdict_gens = itertools.count(1)  # next() is atomic: callers on several threads
         self._heads_verifying: Optional[tuple] = None  # (bound, parents, t0) of sample_heads(wait=False)
 
+    def _start_h2_walk(self) -> bool:
+        """bpf/h2_walk.c verified beside the probes' attach (~0.5 s of verifier), installed by
+        the poll once it is (True), or installed now (False: bcc's own compiled module)."""
+        from bcc import BPF  # imported late: the unit tier runs without bcc
+
+        from ..probes.cached_bpf import load_ahead
+        if load_ahead(self.bpf, H2_PROGRAMS, BPF.TRACEPOINT):
+            return True
+        self._install_h2_walk()
+        return False
+
+    def _install_h2_walk(self) -> None:
+        """h2_walk into h2_walkers, then switched on: HTTP/2 connections opened from now on
+        have their frames walked by the kernel, past the probe's copy size."""
+        from bcc import BPF  # imported late: the unit tier runs without bcc
+        self._h2_walk_verifying = False
+        try:
+            self.bpf["h2_walkers"][ct.c_int(0)] = ct.c_int(self.bpf.load_func(H2_PROGRAMS[0], BPF.TRACEPOINT).fd)
+        except Exception as e:  # a verifier elsewhere may refuse it: the probes' copy as before
+            log.warning("HTTP/2 frames are not walked in the kernel (h2_walk did not load: %s): a connection "
+                        "whose one read carries more frames than the probe copies is dropped", e)
+            self.stats.add("h2_walk_unavailable")
+            return
+        self.bpf["h2_walk_on"][ct.c_int(0)] = ct.c_uint32(1)
+
     def _verdicts_changed(self) -> None:
         """After a change of `traced`, py_procs, go_procs or quiet_procs: each thread's
         standing verdict (bpf/request_counts.c) is decided again at its next call. Each
@@ -127,6 +156,8 @@ class BpfProgram:
         """Records from the ring buffer. Before a process's exit, the calls the kernel
         counted for it: its last KernelRollups go ahead of its ProcExit. The calls it
         counted per request (req_agg) go where their HTTP epoch ended."""
+        if self._h2_walk_verifying and not self.bpf.loading(H2_PROGRAMS):
+            self._install_h2_walk()
         if self._heads_verifying is not None and not self.bpf.loading(HEAD_PROGRAMS):
             self._install_heads(*self._heads_verifying)
         batch, first_exit = self.ring.poll(timeout_ms)

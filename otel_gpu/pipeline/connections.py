@@ -56,8 +56,10 @@ class Connections:
         if c.broken:
             p.broken.setdefault(ev.tid, set()).add(ev.fd)
             return
+        if ev.digest is not None and not self._takes_digest(p, c, ev, out):
+            return
         if c.session is not None:
-            reads = ((ev.data, ev.ret, ev.ts_ns, ev.tid, ev.ctx),)
+            reads = ((ev.digest or ev.data, ev.ret, ev.ts_ns, ev.tid, ev.ctx),)
         elif (reads := self._detect(p, c, ev)) is None:
             return
         for data, length, ts, tid, unit in reads:
@@ -76,10 +78,10 @@ class Connections:
         if ev.ret <= 0 and not ev.data:
             return None  # nothing read: nothing to tell
         c.prefix = (c.prefix + ev.data)[:DETECT_MAX]
-        c.early.append((ev.data, ev.ret, ev.ts_ns, ev.tid, ev.ctx))
+        c.early.append((ev.digest or ev.data, ev.ret, ev.ts_ns, ev.tid, ev.ctx))
         proto = protocols.detect(c.prefix)
         if proto is protocols.PENDING:
-            if ev.ret <= len(ev.data):
+            if ev.ret <= len(ev.data) or (ev.digest is not None and ev.digest.more):
                 p.partial_heads[ev.tid] = ev.fd  # a head may be on its way
                 return None
             proto = None  # the rest of this read was not copied: no more bytes to tell by
@@ -92,6 +94,18 @@ class Connections:
             return None
         c.session = proto.session(self._session_config)
         return reads
+
+    def _takes_digest(self, p: Proc, c: Conn, ev: SockIo, out: list) -> bool:
+        """The kernel walks `c` as HTTP/2 (bpf/h2_walk.c): its session must be HTTP/2 too
+        (or none yet, for its first read). Else the connection is followed no more."""
+        if c.session is None or c.session.takes_digest:
+            return True
+        self._log.event("h2_digest_unexpected", logging.WARNING,
+                        "pid %d fd %d: dropping connection the kernel walks as HTTP/2 but %s follows",
+                        p.tgid, c.fd, type(c.session).__name__)
+        self._break(p, c, ev.tid)
+        self._drop_requests(p, c, ev.ts_ns, "malformed HTTP/2", out)
+        return False
 
     def _break(self, p: Proc, c: Conn, tid: int) -> None:
         """No session can follow `c` any more: its threads lose thread/process attribution."""
@@ -198,11 +212,13 @@ class Connections:
         if c.session is None:
             self.stats.add("writes_without_request")
             return
+        if ev.digest is not None and not self._takes_digest(p, c, ev, out):
+            return
         if ev.ctx and len(c.streams) == 1:  # the writing context serves that request
             (req,) = c.streams.values()
             if not req.head.binds_at_own_headers:  # those: _responding_stream
                 self._settle(p, p.contexts.bind(req, ev))
-        events = c.session.on_write(ev.data, ev.ret, ev.tail, ev.ts_ns, ev.tid)
+        events = c.session.on_write(ev.digest or ev.data, ev.ret, ev.tail, ev.ts_ns, ev.tid)
         self._note_response(c, events, ev.ts_ns)
         if ev.ctx and (req := self._responding_stream(c, events)) is not None:
             self._settle(p, p.contexts.bind(req, ev, ancestors=False))

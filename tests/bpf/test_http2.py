@@ -7,17 +7,14 @@ response HEADERS from the stream's app task, which binds it; stitcher._respondin
 never under another stream's."""
 from __future__ import annotations
 
-import socket
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-import h2.config
-import h2.connection
-import h2.events
 import pytest
 
 from tests.harness import TARGETS, Target, children_of, server_spans
+from tests.support.h2_client import h2_get_all
 
 ROLLUP = "gpu.rollup.count"
 
@@ -27,38 +24,6 @@ def _rid(span):
     if span.name == "cudaLaunchKernel":
         return (span.attributes.get("gpu.grid") or [None])[0]
     return span.attributes.get("gpu.memcpy.bytes") if span.name == "cudaMemcpy" else None
-
-
-def h2_get_all(port: int, paths: list[str], timeout: float = 30) -> dict:
-    """Sends every path as its own stream on one prior-knowledge connection at once;
-    returns {stream id: (path, status)} once all have ended."""
-    conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
-    conn.initiate_connection()
-    sock = socket.create_connection(("127.0.0.1", port), timeout=timeout)
-    streams = {}
-    for path in paths:
-        sid = conn.get_next_available_stream_id()
-        conn.send_headers(sid, [(":method", "GET"), (":path", path), (":scheme", "http"),
-                                (":authority", f"127.0.0.1:{port}")], end_stream=True)
-        streams[sid] = [path, None]
-    sock.sendall(conn.data_to_send())
-    ended, deadline = set(), time.monotonic() + timeout
-    while len(ended) < len(streams) and time.monotonic() < deadline:
-        data = sock.recv(65536)
-        if not data:
-            break
-        for ev in conn.receive_data(data):
-            if isinstance(ev, h2.events.ResponseReceived):
-                streams[ev.stream_id][1] = int(dict(ev.headers)[b":status"])
-            elif isinstance(ev, h2.events.DataReceived):
-                conn.acknowledge_received_data(ev.flow_controlled_length, ev.stream_id)
-            elif isinstance(ev, (h2.events.StreamEnded, h2.events.StreamReset)):
-                ended.add(ev.stream_id)
-        sock.sendall(conn.data_to_send())
-    conn.close_connection()
-    sock.sendall(conn.data_to_send())
-    sock.close()
-    return {sid: tuple(v) for sid, v in streams.items()}
 
 
 @pytest.fixture

@@ -17,7 +17,8 @@ from otel_gpu import cuda_calls as table
 ROOT = Path(__file__).resolve().parents[2]
 HEADER = ROOT / "bpf" / "events.h"
 PROBES = ROOT / "bpf" / "cuda_probes.c"
-MACROS = ("HTTP_DATA_CAP", "HTTP_TAIL_CAP", "KERNEL_NAME_CAP", "CALL_MAX")
+MACROS = ("HTTP_DATA_CAP", "HTTP_TAIL_CAP", "KERNEL_NAME_CAP", "CALL_MAX", "H2_DIGEST_CAP", "H2_DIGEST_RECORDS",
+          "H2_DIGEST_HEAD", "H2_PIECE_HEAD", "H2_STOP_ROOM", "H2_STOP_STEPS", "H2_STOP_IOVS", "H2_STOP_READ")
 GCC = shutil.which("gcc")
 
 
@@ -180,6 +181,9 @@ def test_caps_match(c_layout):
     assert abi.SockIoEvent.data.size == abi.HTTP_DATA_CAP and abi.SockIoEvent.tail.size == abi.HTTP_TAIL_CAP
     assert values["KERNEL_NAME_CAP"] == abi.KERNEL_NAME_CAP == abi.KernelHandleEvent.name.size
     assert abi.KERNEL_NAME_CAP & (abi.KERNEL_NAME_CAP - 1) == 0  # the probe masks lengths with CAP - 1
+    for name in MACROS[4:]:  # the HTTP/2 digest's shape (bpf/h2_walk.c)
+        assert values[name] == getattr(abi, name), name
+    assert abi.H2_DIGEST_CAP & (abi.H2_DIGEST_CAP - 1) == 0 and abi.H2_DIGEST_CAP >= abi.HTTP_DATA_CAP
 
 
 def test_padding_warning_is_effective(tmp_path):

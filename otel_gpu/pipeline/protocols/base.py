@@ -169,6 +169,7 @@ class Session:
     partial: bool = False
     written: frozenset = frozenset()
     serial: bool = False
+    takes_digest: bool = False  # its on_read/on_write take an HTTP/2 digest (records.H2Digest) for data
 
     def on_read(self, data: bytes, length: int, ts_ns: int, tid: int) -> list:
         raise NotImplementedError

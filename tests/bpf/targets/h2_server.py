@@ -2,9 +2,11 @@
 hypercorn switches to HTTP/2 on the client preface), each request doing real
 libcudart calls that encode it:
 
-  GET /infer?id=N&launches=K   K x cudaLaunchKernel with grid (N, 1, 1), then one
+  GET /infer?id=N&launches=K[&pause_ms=P]
+                               K x cudaLaunchKernel with grid (N, 1, 1), then one
                                cudaMemcpy of N bytes (H2D), yielding to the loop between
-                               calls so concurrent streams interleave
+                               calls so concurrent streams interleave; with P, asleep
+                               P ms after the first launch (streams then overlap for sure)
 
   python h2_server.py PORT     (0: any free port)
 Binds, prints "listening on PORT" to stderr, waits for a line on stdin, then serves
@@ -34,12 +36,12 @@ async def app(scope, receive, send):
         await send({"type": "lifespan.shutdown.complete"})
         return
     q = {k: v[0] for k, v in parse_qs(scope["query_string"].decode()).items()}
-    n, k = int(q.get("id", 0)), int(q.get("launches", 3))
+    n, k, pause = int(q.get("id", 0)), int(q.get("launches", 3)), int(q.get("pause_ms", 0))
     status = 200 if scope["path"] == "/infer" else 404
     if status == 200:
-        for _ in range(k):
+        for i in range(k):
             launch(n)
-            await asyncio.sleep(0)
+            await asyncio.sleep(pause / 1000 if pause and i == 0 else 0)
         copy(n)
     body = str(n).encode()
     await send({"type": "http.response.start", "status": status,
@@ -59,6 +61,7 @@ def main() -> None:
     config = Config()
     config.bind = [f"fd://{sock.fileno()}"]
     config.loglevel = "WARNING"
+    config.h2_max_concurrent_streams = 256  # 128 streams at once on one connection (the default is 100)
     print("serving", file=sys.stderr, flush=True)
     asyncio.run(serve(app, config))
 

@@ -1,11 +1,14 @@
-"""HTTP/2 framing (RFC 9113 section 4) over what the socket probes see: the first
-HTTP_DATA_CAP bytes of each read or write and its full length.
+"""HTTP/2 framing (RFC 9113 section 4) over what the socket probes see of each read or
+write: its full length, and either its first HTTP_DATA_CAP bytes or, for a connection
+whose frames the kernel walks (bpf/h2_walk.c), a digest: pieces of the transfer that
+hold every frame header and the payloads parsing needs (records.H2Digest), across one or
+more records.
 
-One FrameSplitter per direction of a connection. A frame split across reads is
-joined; a frame whose payload was not all copied is handed on cut (`cut=True`) and
-the rest of it skipped by its length. When the uncopied bytes of a read go past the
-frame they cut, where the next frame starts is unknown: framing is lost for good
-(H2FramingError), never guessed."""
+One FrameSplitter per direction of a connection. A frame split across transfers (or
+pieces) is joined; a frame some of whose payload bytes were not copied is handed on cut
+(`cut=True`) once its last byte has gone by. Uncopied bytes where a frame header (or
+the client preface) was due lose the framing for good (H2FramingError), never guessed;
+so does a digest whose walk stopped (H2WalkStopped, with its cause)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -30,8 +33,23 @@ KEPT_PAYLOAD = 64 * 1024  # payload bytes kept for a frame split across reads
 
 class H2FramingError(ValueError):
     """Bytes that are not HTTP/2 frames, or framing that can no longer be followed.
-    `frames`: the whole frames of the same read before the fault (FrameSplitter.feed)."""
+    `frames`: the whole frames of the same transfer before the fault (FrameSplitter.feed)."""
     frames: list = []
+
+
+# Why the kernel's walk of a direction stopped (bpf/events.h H2_STOP_*) -> its counter.
+WALK_STOPS = {1: ("h2_walk_room", "a transfer's frames needed more digest records than the kernel sends"),
+              2: ("h2_walk_steps", "a transfer held more frames than the kernel's walk steps"),
+              3: ("h2_walk_iovs", "a transfer's iovec array was longer than the kernel's walk reads"),
+              4: ("h2_walk_unreadable", "the kernel could not read the transfer's buffer")}
+
+
+class H2WalkStopped(H2FramingError):
+    """The kernel stopped walking this direction's frames (`counter`: the cause's)."""
+
+    def __init__(self, stop: int) -> None:
+        self.counter, why = WALK_STOPS.get(stop, ("h2_walk_unknown", f"the kernel's walk stopped ({stop})"))
+        super().__init__(why)
 
 
 @dataclass
@@ -50,72 +68,100 @@ class FrameSplitter:
 
     def __init__(self, expect_preface: bool = False, max_frame: int = DEFAULT_MAX_FRAME) -> None:
         self._preface_left = PREFACE if expect_preface else b""
-        self._buf = b""          # a frame header (< 9 bytes) or a frame being joined
-        self._skip = 0           # uncopied payload bytes of a cut frame still to come
+        self._header = b""       # bytes of a frame header not yet whole
+        self._frame = None       # (type, flags, stream, length) of the frame whose payload comes
+        self._payload = bytearray()
+        self._left = 0           # its payload bytes still to come
+        self._cut = False
+        self._pos = 0            # where the next piece of a digest's transfer starts
         # The client preface's first frame is SETTINGS (RFC 9113 3.4). The server's own
         # SETTINGS is often written before the first read, which the probes do not copy.
         self._first = expect_preface
         self.max_frame = max_frame  # the receiver's SETTINGS_MAX_FRAME_SIZE
 
-    def feed(self, data: bytes, length: int) -> list[Frame]:
-        """One read/write: `data` copied of `length` bytes. Returns the frames it completes;
-        raises H2FramingError carrying those before the fault."""
+    def feed(self, data, length: int) -> list[Frame]:
+        """One transfer: `data` copied of its `length` bytes, or a record of its digest
+        (records.H2Digest). Returns the frames it completes; raises H2FramingError carrying
+        those before the fault."""
         frames: list[Frame] = []
         try:
-            self._feed(data, length, frames)
+            if isinstance(data, (bytes, bytearray, memoryview)):
+                self._bytes(data, frames)
+                self._gap(length - len(data), frames)
+            else:
+                self._digest(data, length, frames)
         except H2FramingError as e:
             e.frames = frames
             raise
         return frames
 
-    def _feed(self, data: bytes, length: int, frames: list) -> None:
-        missing = max(0, length - len(data))
-        if self._skip:
-            # The rest of a cut frame: its copied bytes are payload too, not frames.
-            taken = min(self._skip, len(data))
-            data, self._skip = data[taken:], self._skip - taken
-            if self._skip:
-                taken = min(self._skip, missing)
-                missing, self._skip = missing - taken, self._skip - taken
-        if self._preface_left:
-            n = min(len(self._preface_left), len(data))
-            if data[:n] != self._preface_left[:n]:
+    def _digest(self, digest, length: int, frames: list) -> None:
+        for at, piece in digest.pieces:
+            if at < self._pos:
+                raise H2FramingError("digest pieces out of order")
+            self._gap(at - self._pos, frames)
+            self._bytes(piece, frames)
+            self._pos = at + len(piece)
+        if digest.stop:
+            raise H2WalkStopped(digest.stop)
+        if not digest.more:  # the transfer's last record: the rest of it is payload
+            self._gap(length - self._pos, frames)
+            self._pos = 0
+
+    def _bytes(self, data, frames: list) -> None:
+        """Copied bytes of the stream, in order."""
+        view, i, n = memoryview(data), 0, len(data)
+        if self._preface_left and n:
+            k = min(len(self._preface_left), n)
+            if bytes(view[:k]) != self._preface_left[:k]:
                 raise H2FramingError("no HTTP/2 client preface")
-            data, self._preface_left = data[n:], self._preface_left[n:]
-            if self._preface_left and missing:
-                raise H2FramingError("client preface not copied")
-        buf = self._buf + data
-        pos = 0
-        while True:
-            if len(buf) - pos < HEADER_LEN:
-                break
-            length_, type_, flags = int.from_bytes(buf[pos:pos + 3], "big"), buf[pos + 3], buf[pos + 4]
-            stream = int.from_bytes(buf[pos + 5:pos + 9], "big") & 0x7FFFFFFF
-            self._check(length_, type_, flags, stream)
-            end = pos + HEADER_LEN + length_
-            if end <= len(buf):
-                frames.append(Frame(type_, flags, stream, length_, buf[pos + HEADER_LEN:end]))
-                pos = end
+            self._preface_left, i = self._preface_left[k:], k
+        while i < n:
+            if self._frame is not None:
+                take = min(self._left, n - i)
+                room = KEPT_PAYLOAD - len(self._payload)
+                self._payload += view[i:i + min(take, room)]
+                self._cut |= take > room
+                self._left -= take
+                i += take
+                if not self._left:
+                    self._end_frame(frames)
                 continue
-            if not missing:  # the rest comes with the next read
-                if length_ > KEPT_PAYLOAD:  # keep only what parsing needs; skip the rest
-                    frames.append(Frame(type_, flags, stream, length_, buf[pos + HEADER_LEN:], cut=True))
-                    self._skip = end - len(buf)
-                    pos = len(buf)
-                break
-            # The read's uncopied bytes begin inside this frame.
-            rest = end - len(buf)
-            frames.append(Frame(type_, flags, stream, length_, buf[pos + HEADER_LEN:], cut=True))
-            pos = len(buf)
-            if rest > missing:
-                self._skip = rest - missing
-            elif rest < missing:
-                raise H2FramingError("frames past the probe's copy")
-            missing = 0
-            break
-        self._buf = buf[pos:]
-        if missing:  # uncopied bytes where a frame header (or the preface) was due
+            take = min(HEADER_LEN - len(self._header), n - i)
+            self._header += bytes(view[i:i + take])
+            i += take
+            if len(self._header) == HEADER_LEN:
+                self._start_frame(frames)
+
+    def _gap(self, n: int, frames: list) -> None:
+        """`n` bytes of the stream that were not copied: they must lie inside a payload."""
+        if n <= 0:
+            return
+        if self._preface_left:
+            raise H2FramingError("client preface not copied")
+        if self._frame is None:
             raise H2FramingError("frame header past the probe's copy")
+        if n > self._left:
+            raise H2FramingError("frames past the probe's copy")
+        self._left -= n
+        self._cut = True
+        if not self._left:
+            self._end_frame(frames)
+
+    def _start_frame(self, frames: list) -> None:
+        h, self._header = self._header, b""
+        length, type_, flags = int.from_bytes(h[:3], "big"), h[3], h[4]
+        stream = int.from_bytes(h[5:9], "big") & 0x7FFFFFFF
+        self._check(length, type_, flags, stream)
+        self._frame, self._left, self._cut = (type_, flags, stream, length), length, False
+        self._payload = bytearray()
+        if not length:
+            self._end_frame(frames)
+
+    def _end_frame(self, frames: list) -> None:
+        type_, flags, stream, length = self._frame
+        frames.append(Frame(type_, flags, stream, length, bytes(self._payload), self._cut))
+        self._frame = None
 
     def _check(self, length: int, type_: int, flags: int, stream: int) -> None:
         if self._first and type_ != SETTINGS:
@@ -133,4 +179,4 @@ class FrameSplitter:
     @property
     def pending(self) -> int:
         """Bytes held of a frame not yet complete (for the close/idle log)."""
-        return len(self._buf)
+        return len(self._header) + len(self._payload)

@@ -7,10 +7,13 @@ and the streams' lives turned into the seam's events (protocols/base.py):
   END_STREAM from the server               -> RequestFinished (status, gRPC status)
   RST_STREAM either way, GOAWAY past its last stream -> StreamReset
 SETTINGS (but its header table size), PING, WINDOW_UPDATE, PRIORITY and DATA
-payloads are not needed: skipped by their length. Bytes that are not HTTP/2, or
-framing/HPACK state lost to the probe's 1 KiB copy, raise H2FramingError: the
-stitcher drops the connection and counts it (ProtocolError: `h2_parse_errors`, or
-`h2_hpack_lost` when a header block was not all copied).
+payloads are not needed: skipped by their length. The kernel walks the frames of each
+transfer (bpf/h2_walk.c) and hands over a digest of what parsing needs, however many
+frames one read carries; a connection it could not walk is copied as any other (1 KiB
+of each transfer). Bytes that are not HTTP/2, or framing/HPACK state lost to a copy,
+raise H2FramingError: the stitcher drops the connection and counts it (ProtocolError:
+`h2_parse_errors`; `h2_hpack_lost` when a header block was not all copied; `h2_walk_*`
+where the kernel's walk stopped, by cause).
 Upgrade: h2c hands over the upgraded request as stream 1, already open (its head is
 the HTTP/1.1 one; its response comes as HTTP/2), and the client's HTTP2-Settings.
 gRPC: the RPC's status code (grpc-status in the trailers) goes into head.rpc
@@ -51,6 +54,8 @@ class _Direction:
 
 
 class H2Session(Session):
+    takes_digest = True
+
     def __init__(self, config: SessionConfig = SessionConfig(), preface: bool = True,
                  handover: Optional[Handover] = None) -> None:
         self.extra_headers = config.extra_headers
@@ -97,9 +102,9 @@ class H2Session(Session):
             return events
         try:
             self._on_frames(d, data, length, ts_ns, tid, handle, events)
-        except H2FramingError as e:  # HpackLost included
+        except H2FramingError as e:  # HpackLost and H2WalkStopped included
             self._failed = True
-            counter = "h2_hpack_lost" if isinstance(e, HpackLost) else "h2_parse_errors"
+            counter = "h2_hpack_lost" if isinstance(e, HpackLost) else getattr(e, "counter", "h2_parse_errors")
             events.append(ProtocolError(counter, f"dropping HTTP/2 connection ({e})", "malformed HTTP/2"))
         return events
 

@@ -1,12 +1,16 @@
 """Property tests for the HTTP/2 session: whatever bytes arrive, it returns events
 and never raises; garbage never opens a request; how a stream is cut into reads does
 not change what it finds; and a conversation cut short by the probe's copy gives the
-same requests as the whole one, or a counted drop, never a different request."""
+same requests as the whole one, or a counted drop, never a different request; and
+read through the kernel's frame walk (its digests), every request, whatever the cuts."""
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from otel_gpu.kernel_io.abi import H2_STOP_STEPS
 from otel_gpu.pipeline.protocols.base import ProtocolError, RequestStarted
 from otel_gpu.pipeline.protocols.http2.session import H2Session
+from otel_gpu.records import H2Digest
+from tests.unit.pipeline.protocols.http2.h2_digest import walk
 from tests.unit.pipeline.protocols.http2.h2_wire import (PREFACE, Peer, data, get, goaway, grpc_message,
                                                          grpc_request, rst, settings as settings_frame)
 
@@ -74,3 +78,38 @@ def test_reads_cut_by_the_copy_give_the_same_requests_or_a_counted_drop(n, pad, 
     if len(started) < n:
         [err] = [e for e in got if isinstance(e, ProtocolError)]
         assert err.counter in ("h2_parse_errors", "h2_hpack_lost")
+
+
+def _feed_walked(session, chunks, preface=True):
+    """The chunks as the kernel's frame walk hands them over (h2_digest.walk)."""
+    events = []
+    for chunk, records in zip(chunks, walk(chunks, preface)):
+        for digest in records:
+            events += session.on_read(digest, len(chunk), 1, 1)
+    return events
+
+
+@PROPS
+@given(st.integers(1, 40), st.integers(0, 3000), st.booleans(), st.lists(st.integers(0, 200_000), max_size=12))
+def test_walked_reads_give_every_request_whatever_the_cuts(n, pad, grpc, points):
+    """However many streams one read carries and wherever reads cut frames (a frame
+    header included), the kernel's digests give the requests the whole bytes give."""
+    raw = _conversation(n, pad, grpc)
+    want = [(e.stream, e.head) for e in _feed(H2Session(), [raw], cap=len(raw))]
+    got = _feed_walked(H2Session(), _cuts(raw, points))
+    started = [(e.stream, e.head) for e in got if isinstance(e, RequestStarted)]
+    errors = [e.counter for e in got if isinstance(e, ProtocolError)]
+    # Every request, or (a read of more header blocks than the digest's records hold:
+    # 64 KiB) the ones before, and the stop counted by its cause.
+    assert (started, errors) == (want, []) or (started == want[:len(started)] and errors == ["h2_walk_room"])
+    if max(len(c) for c in _cuts(raw, points)) < 30_000:
+        assert errors == []  # no read of more than 30 kB (a digest of at most 50 kB): nothing stops
+
+
+def test_a_stopped_walk_drops_the_connection_with_its_cause():
+    raw = _conversation(2, 0, False)
+    [records] = walk([raw])
+    stopped = [H2Digest(d.pieces, d.more, H2_STOP_STEPS) for d in records]
+    got = H2Session().on_read(stopped[0], len(raw), 1, 1)
+    [err] = [e for e in got if isinstance(e, ProtocolError)]
+    assert err.counter == "h2_walk_steps"
