@@ -17,6 +17,7 @@ reads: procs (Proc: open requests, windows, units, handler pairs), _serving (pro
 with open requests), groups (ProcessGroup records), span_budget, attributed, by_rule and _proc()."""
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Optional
 
 from ..records import CallAggregate, CudaCall, DeviceCall, KernelRollup, SyncCall
@@ -28,8 +29,10 @@ from .rules import HELD, Rule, rule, share
 
 THREAD_UNFOLLOWED, THREAD_ONE, THREAD_SEVERAL = (rule(n) for n in ("thread.unfollowed", "thread.one",
                                                                    "thread.several"))
-PROCESS_IDLE, PROCESS_ONE, PROCESS_SEVERAL, PROCESS_UNTRACKED, PROCESS_UNSEEN = (
-    rule(n) for n in ("process.idle", "process.one", "process.several", "process.untracked", "process.unseen"))
+PROCESS_IDLE, PROCESS_ONE, PROCESS_SEVERAL, PROCESS_UNTRACKED, PROCESS_UNSEEN, PROCESS_UNFOLLOWED = (
+    rule(n) for n in ("process.idle", "process.one", "process.several", "process.untracked", "process.unseen",
+                      "process.unfollowed"))
+UNIT_UNOWNED = rule("unit.unowned")
 GROUP_BATCH, HANDLER_HELD_FULL, THREAD_HELD_FULL = (rule(n) for n in ("group.batch", "handler.held_full",
                                                                       "thread.held_full"))
 
@@ -100,7 +103,7 @@ class CallAttribution:
         (one window per Tick: no cut points) while related processes have requests open."""
         p = self._proc(k.tgid, out)
         group = [] if p.open else self._group_requests(p)
-        decided = GROUP_BATCH if group else PROCESS_IDLE
+        decided = GROUP_BATCH if group else PROCESS_UNFOLLOWED if p.hidden else PROCESS_IDLE
         attribution = decided.attribution
         self._count(decided, k.count)
         w = self._window(p, attribution, k.now_ns if k.since_ns is None else k.since_ns)
@@ -116,6 +119,9 @@ class CallAttribution:
         if verdict is HELD:  # counted when it settles
             return HELD
         decided, target = verdict or attribute(open_requests, ev.tid, p.partial_heads, p.broken)
+        if p.hidden and (decided.attribution is THREAD or decided.attribution is PROCESS
+                         or decided is PROCESS_IDLE or decided is UNIT_UNOWNED):
+            return PROCESS_UNFOLLOWED, list(open_requests)
         if (p.untracked or ev.http_unseen) and (decided.attribution is THREAD or decided.attribution is PROCESS):
             return (PROCESS_UNTRACKED if p.untracked else PROCESS_UNSEEN), list(open_requests)
         if decided is THREAD_ONE:  # counted once its thread is proven, or not (pipeline/threads.py)
@@ -152,6 +158,8 @@ class CallAttribution:
         """Held calls whose owner is now known (earlier than now: they were held). The
         candidates of ambiguous ones counted them when they finished."""
         for o in outcomes:
+            if o.rule is UNIT_UNOWNED and p.hidden:  # requests not seen may own them
+                o = replace(o, rule=PROCESS_UNFOLLOWED)
             self._count(o.rule, o.count)
             if (r := o.request) is not None:
                 for ev, device in o.calls:

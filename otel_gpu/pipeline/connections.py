@@ -19,6 +19,7 @@ from typing import Optional
 
 from opentelemetry.trace import SpanKind
 
+from ..kernel_io.abi import GO_UNIT
 from ..records import EV_SOCK_READ, Accept, RequestOpened, SockClose, SockIo
 from . import protocols, sampling
 from .model import CallSink, Request
@@ -111,6 +112,9 @@ class Connections:
         """No session can follow `c` any more: its threads lose thread/process attribution."""
         c.broken = True
         p.broken.setdefault(tid, set()).add(c.fd)
+        if c.session is not None and not c.session.serial and not c.hides:  # HTTP/2: requests go on unseen
+            c.hides = True
+            p.hidden += 1
         for t in [t for t, fd in p.partial_heads.items() if fd == c.fd]:
             del p.partial_heads[t]
 
@@ -214,13 +218,14 @@ class Connections:
             return
         if ev.digest is not None and not self._takes_digest(p, c, ev, out):
             return
-        if ev.ctx and len(c.streams) == 1:  # the writing context serves that request
+        binds = ev.ctx and (c.session.serial or not ev.ctx & GO_UNIT)
+        if binds and len(c.streams) == 1:  # the writing context serves that request
             (req,) = c.streams.values()
             if not req.head.binds_at_own_headers:  # those: _responding_stream
                 self._settle(p, p.contexts.bind(req, ev))
         events = c.session.on_write(ev.digest or ev.data, ev.ret, ev.tail, ev.ts_ns, ev.tid)
         self._note_response(c, events, ev.ts_ns)
-        if ev.ctx and (req := self._responding_stream(c, events)) is not None:
+        if binds and (req := self._responding_stream(c, events)) is not None:
             self._settle(p, p.contexts.bind(req, ev, ancestors=False))
         if c.session.written and self._handler_pair(p, ev, c.streams.values()):  # before the events end streams
             p.pairs.wrote((ev.tid, ev.ctx), c.session.written, c.streams, ev.ts_ns)
@@ -265,6 +270,11 @@ class Connections:
         combiner, so with several RPCs open a write's context proves nothing (their pool
         threads: pipeline/handlers.py); with one open, any write binds as on HTTP/1 (C-core
         has no per-connection task in Python).
+        Never a goroutine on a multiplexed connection (_on_write): Go's HTTP/2 server
+        (net/http, and grpc-go's loopy writer) writes every stream's frames from its serve
+        loop or a goroutine started for the write, never from the stream's handler, which
+        would then lose its calls to the writer (measured: a Go h2c request's calls were
+        called outside it).
         What the rule assumes and the records cannot show: a task that writes one
         stream's response headers serves that stream. A server whose single writer task,
         made by the read that opened the first streams, wrote every stream's headers in
@@ -330,8 +340,9 @@ class Connections:
 
     def _drop_conn(self, p: Proc, c: Conn, ts: int, reason: str, out: list) -> None:
         self._drop_requests(p, c, ts, reason, out)
-        if p.conns.pop(c.fd, None) is c and not c.tracked:
-            p.untracked -= 1
+        if p.conns.pop(c.fd, None) is c:
+            p.untracked -= not c.tracked
+            p.hidden -= c.hides
         for tid in [t for t, fd in p.partial_heads.items() if fd == c.fd]:
             del p.partial_heads[tid]
         for tid, fds in list(p.broken.items()):

@@ -25,6 +25,7 @@ class Conn:
     server_port: Optional[int] = None
     tls: bool = False       # its bytes come from the SSL probes (HTTPS)
     broken: bool = False    # no session can follow it: ignored until closed
+    hides: bool = False     # broken with a multiplexed session: requests on it go unseen (Proc.hidden)
     resync: bool = False    # records of it were lost: ignored until a read starts a request (HTTP/1)
     tracked: bool = True    # False: accepted while the kernel's table was full; its I/O is not seen
     inode: Optional[int] = None  # its socket, learnt at the first audit (a reused fd is another socket)
@@ -54,5 +55,6 @@ class Proc:
     pairs: Optional[HandlerPairs] = None  # handler threads of multiplexed connections
     threads: Optional[ThreadProof] = None  # threads' proof that they served one request alone
     untracked: int = 0  # open connections the kernel does not track (Conn.tracked False)
+    hidden: int = 0  # open multiplexed connections no session follows any more (Conn.hides)
     sampled_open: int = 0  # open requests whose trace is sampled
     quiet: bool = False    # all its open requests are unsampled (as the kernel was last told)

@@ -68,6 +68,9 @@ RULES: tuple[Rule, ...] = (
     Rule("process.several", AMBIGUOUS, "several requests open, none read by this thread"),
     Rule("process.untracked", AMBIGUOUS, "thread.one or process.one would decide, but the process has connections "
          "the kernel could not track: a request not seen may own the call"),
+    Rule("process.unfollowed", AMBIGUOUS, "the call would be outside every request, or thread.one's or "
+         "process.one's, but the process has an open HTTP/2 connection no session follows any more (its framing "
+         "or header state was lost): requests not seen may own the call"),
     Rule("process.unseen", AMBIGUOUS, "thread.one or process.one would decide, but the call was made while HTTP "
          "records of the process were lost (ring buffer full) and their connections had not told so yet: a "
          "request not seen may own the call"),

@@ -195,3 +195,29 @@ def test_one_rpc_open_a_write_from_its_task_binds_it():
                            ctx=TASK1)])
     [r] = requests(out)
     assert _launches(r) == [(1, "task")]
+
+
+def test_calls_while_an_unfollowed_http2_connection_is_open_are_ambiguous_never_outside():
+    """A connection whose framing was lost (here the kernel's walk stopped) carries
+    requests no span will show: the process's calls cannot be outside every request, nor
+    its one visible request's, until that connection closes."""
+    from otel_gpu.kernel_io.abi import H2_STOP_ROOM
+    from otel_gpu.records import H2Digest
+    s, client = new(), Peer()
+    s.process([Accept(PID, POLLER, T(), FD + 1, 3, "10.0.0.9", 40001)])
+    raw = PREFACE + settings() + client.headers(1, get("/seen"), end_stream=True)
+    s.process([read(raw)])  # FD: one request open
+    hello = PREFACE + settings()
+    lost = SockIo(EV_SOCK_READ, PID, POLLER, T(), FD + 1, 90_000, hello, b"", 0,
+                  digest=H2Digest(((0, hello),), stop=H2_STOP_ROOM))
+    s.process([lost])  # FD + 1: dropped, its requests unseen
+    assert s.stats.snapshot()["h2_walk_room"] == 1
+    s.process([launch(WORKER, 7)])  # process.one would decide: an unseen request may own it
+    assert s.by_rule["process.unfollowed"] == 1 and s.attributed["process"] == 0
+    out = s.process([write(Peer().headers(1, [(":status", "200")], end_stream=True))])
+    assert [r.sink.calls for r in requests(out)] == [[]]
+    s.process([launch(WORKER, 8)])  # no request open, one may be on the lost connection
+    assert s.by_rule["process.unfollowed"] == 2 and s.attributed["outside"] == 0
+    s.process([SockClose(PID, POLLER, T(), FD + 1)])
+    s.process([launch(WORKER, 9)])  # gone with it
+    assert s.by_rule["process.idle"] == 1 and s.attributed["outside"] == 1
