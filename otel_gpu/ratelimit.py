@@ -19,7 +19,9 @@ NOT_DROPS = frozenset({"requests_finished", "spans_exported", "resolved", "relis
                        "cuda_calls_counted", "requests_summarised", "heads_sampled_in_kernel",
                        "heads_sampled_here", "cuda_calls_streamed_unsampled",
                        # records the collector read: from the ring buffer, and per-request counts (req_agg)
-                       "ring_records", "aggregate_records"})
+                       "ring_records", "aggregate_records",
+                       # the collector's own export connections, left alone on purpose (own_sockets.py)
+                       "connections_own_export"})
 
 
 def split_drops(counts: Dict[str, int]) -> tuple[Dict[str, int], Dict[str, int]]:

@@ -27,6 +27,7 @@ class Accept:
     peer_port: Optional[int]
     tracked: bool = True  # False: the kernel's connection table was full (its I/O is not seen)
     server_port: Optional[int] = None  # the listening socket's port, from /proc (pipeline/proc_facts.py)
+    own: bool = False  # its peer is the collector's own socket (its export): never traced (own_sockets.py)
 
 
 @dataclass(slots=True)

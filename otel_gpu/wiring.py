@@ -34,6 +34,7 @@ from .pipeline.proc_facts import ProcFacts
 from .pipeline.sampling import SamplingPlan, plan as sampling_plan
 from .pipeline.stitcher import Stitcher
 from .ratelimit import Stats
+from .own_sockets import OwnSockets
 from .sockets import PortCache, open_sockets
 from .store.exporter import StoreExporter
 from .store.schema import StoreError
@@ -114,7 +115,8 @@ def build_pipeline(config: Config, stats: Stats, k8s=None, destinations=None,
     groups = ProcessGroups(config.proc_root)
     kept_headers = config.export_headers | ({config.feature_header} if config.feature_header else set())
     sampling = sampling_plan(config.traces_sampler, config.traces_sampler_arg)
-    facts = ProcFacts(ports.port, ports.peer, groups, lambda pid: open_sockets(config.proc_root, pid))
+    facts = ProcFacts(ports.port, ports.peer, groups, lambda pid: open_sockets(config.proc_root, pid),
+                      OwnSockets().owns)
     stitcher = Stitcher(config.span_budget, frozenset(kept_headers), stats, sampler=sampling.sampler,
                         quiet_when_idle=sampling.quiet_when_idle, kernel_bound=sampling.kernel_bound)
     enrich = Enrich(ProcessResources(config.proc_root, k8s, config.resource_attributes, stats,

@@ -38,17 +38,29 @@ class RunningCollector(CollectorProcess):
                                 **env})
 
 
+def check_clean(c: CollectorProcess, allowed: tuple = ()) -> None:
+    """A stopped collector exited 0 and logged no ERROR (nor a traceback) but the lines
+    containing one of `allowed`: what a test provokes on purpose."""
+    errors = [line for line in c.errors() if not any(a in line for a in allowed)]
+    assert c.proc.returncode == 0 and errors == [], \
+        f"collector exited {c.proc.returncode}, errors: {errors}"
+
+
 @pytest.fixture
 def start_collector(receiver):
+    """start(*args, allow_errors=(), **env): a collector that, at the test's end, must have
+    exited 0 and logged no ERROR but those naming one of `allow_errors` (check_clean)."""
     started = []
 
-    def start(*args: str, **env: str) -> RunningCollector:
+    def start(*args: str, allow_errors: tuple = (), **env: str) -> RunningCollector:
         c = RunningCollector(receiver, list(args), env)
-        started.append(c)
+        started.append((c, allow_errors))
         return c
     yield start
-    for c in started:
+    for c, _ in started:
         c.stop()
+    for c, allowed in started:
+        check_clean(c, allowed)
 
 
 @contextmanager
@@ -63,6 +75,7 @@ def module_collector(*args: str, **env: str):
             yield c
         finally:
             c.stop()
+        check_clean(c)
     finally:
         r.stop()
 

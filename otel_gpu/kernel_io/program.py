@@ -126,7 +126,7 @@ class BpfProgram:
         from bcc import BPF  # imported late: the unit tier runs without bcc
 
         from ..probes.cached_bpf import load_ahead
-        if load_ahead(self.bpf, H2_PROGRAMS, BPF.TRACEPOINT):
+        if load_ahead(self.bpf, H2_PROGRAMS, BPF.TRACEPOINT, beside=True):
             return True
         self._install_h2_walk()
         return False
@@ -305,7 +305,7 @@ class BpfProgram:
             from bcc import BPF  # imported late: the unit tier runs without bcc
 
             from ..probes.cached_bpf import load_ahead
-            if load_ahead(self.bpf, HEAD_PROGRAMS, BPF.TRACEPOINT):
+            if load_ahead(self.bpf, HEAD_PROGRAMS, BPF.TRACEPOINT, beside=True):
                 self._heads_verifying = (bound, parents, t0)
                 return
         self._install_heads(bound, parents, t0)

@@ -36,6 +36,10 @@ class Connections:
         p = self._proc(ev.tgid, out)
         if ev.fd in p.conns:  # the old connection's close was not seen (or it is seeded again)
             self._drop_conn(p, p.conns[ev.fd], ev.ts_ns, "connection replaced", out)
+        if ev.own:  # the collector's own export: a span for it would be exported in turn
+            p.conns[ev.fd] = Conn(ev.fd, own=True)
+            self.stats.add("connections_own_export")
+            return
         if not ev.tracked:  # counted by the kernel (connections_untracked); released by the audit
             p.conns[ev.fd] = Conn(ev.fd, tracked=False)
             p.untracked += 1
@@ -46,6 +50,8 @@ class Connections:
     def _on_read(self, ev: SockIo, out: list) -> None:
         p = self._proc(ev.tgid, out)
         c = self._conn(p, ev.fd)
+        if c.own:
+            return
         p.threads.io(ev.tid, ev.fd, c.streams.values())
         c.tls = c.tls or ev.tls
         if ev.req_start:  # the kernel's next request on the connection: its draw, if any
@@ -208,6 +214,8 @@ class Connections:
     def _on_write(self, ev: SockIo, out: list) -> None:
         p = self._proc(ev.tgid, out)
         c = p.conns.get(ev.fd)
+        if c is not None and c.own:
+            return
         p.threads.io(ev.tid, ev.fd, c.streams.values() if c is not None else ())
         if c is None or c.broken:
             return

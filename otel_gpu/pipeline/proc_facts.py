@@ -1,6 +1,7 @@
 """The /proc facts the stitcher needs, as records, so that it reads nothing itself: the
 stage just before it. For each server connection: the listening socket's port and, when
-the accept named none (uvloop's accept(fd, NULL, NULL)), the peer, on its Accept record;
+the accept named none (uvloop's accept(fd, NULL, NULL)), the peer, and whether that peer
+is the collector itself (its export connection: own_sockets.py), on its Accept record;
 a connection first seen in a read (accepted before tracing, not seeded) gets an Accept
 made for it. For each process: its group of related processes (ProcessGroup) before its
 first record. At Ticks: the sockets each process with connections still holds
@@ -22,10 +23,13 @@ class ProcFacts:
     def __init__(self, port_of: Callable[[int, int, int], Optional[int]],
                  peer_of: Callable[[int, int], Optional[tuple]],
                  group_of: Callable[[int], Optional[str]],
-                 sockets_of: Callable[[int], dict]) -> None:
+                 sockets_of: Callable[[int], dict],
+                 own_peer: Callable[[Optional[str], Optional[int]], bool] = lambda addr, port: False) -> None:
         """port_of(pid, listen_fd, conn_fd), peer_of(pid, fd), group_of(pid) and
-        sockets_of(pid): the /proc readers (sockets.py, pipeline/groups.py)."""
+        sockets_of(pid): the /proc readers (sockets.py, pipeline/groups.py); own_peer(addr,
+        port): whether a peer is the collector's own socket (own_sockets.py)."""
         self._port_of, self._peer_of, self._group_of, self._sockets_of = port_of, peer_of, group_of, sockets_of
+        self._own_peer = own_peer
         self._grouped: set[int] = set()
         self._conns: dict[int, dict[int, bool]] = {}  # tgid -> {fd: tracked}
         self._next_audit_ns = 0
@@ -67,6 +71,7 @@ class ProcFacts:
         if ev.peer_addr is None:
             ev.peer_addr, ev.peer_port = self._peer_of(ev.tgid, ev.fd) or (None, None)
         ev.server_port = self._port_of(ev.tgid, ev.listen_fd, ev.fd)
+        ev.own = self._own_peer(ev.peer_addr, ev.peer_port)
 
     def _audit(self, now_ns: int, out: list) -> None:
         everyone = now_ns >= self._next_audit_ns

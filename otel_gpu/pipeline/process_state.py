@@ -28,6 +28,7 @@ class Conn:
     hides: bool = False     # broken with a multiplexed session: requests on it go unseen (Proc.hidden)
     resync: bool = False    # records of it were lost: ignored until a read starts a request (HTTP/1)
     tracked: bool = True    # False: accepted while the kernel's table was full; its I/O is not seen
+    own: bool = False       # the collector's own export connection (Accept.own): ignored
     inode: Optional[int] = None  # its socket, learnt at the first audit (a reused fd is another socket)
     # The kernel's draw for the request it delimits now (SockIo.draw), and whether a
     # request took it: pipelining's next heads take draws on the same side of the bound.

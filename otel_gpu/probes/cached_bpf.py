@@ -81,13 +81,13 @@ def extract(bpf) -> Entry:
     return Entry(lib.bpf_module_license(mod).decode(), lib.bpf_module_kern_version(mod), tuple(maps), tuple(funcs))
 
 
-def load_ahead(bpf, names, prog_type, attach_type=-1) -> bool:
+def load_ahead(bpf, names, prog_type, attach_type=-1, beside: bool = False) -> bool:
     """CachedBPF.preload where `bpf` is a program from the cache; False for bcc's own
     compiled module, which is not known to load safely from two threads (its functions
     load one by one at their attach)."""
     if not isinstance(bpf, CachedBPF):
         return False
-    bpf.preload(names, prog_type, attach_type)
+    bpf.preload(names, prog_type, attach_type, beside)
     return True
 
 
@@ -203,19 +203,22 @@ class CachedBPF(BPF):
         self.funcs[func_name] = fn
         return fn
 
-    def preload(self, names, prog_type, attach_type=-1) -> None:
+    def preload(self, names, prog_type, attach_type=-1, beside: bool = False) -> None:
         """Starts loading the functions not loaded yet, in the order given, MAX_LOAD_THREADS
         at most at once; load_func takes each as it is done. The verifier is most of a
         start's attach time and a load is a syscall that lets go of the GIL, so the probes
         attach in their order, each as soon as its own function is verified, while the
         next ones are verified beside it (a file's launch probe does not wait for the rest:
         a server's first requests). A load that fails here is done again by load_func,
-        which says why as it always did. Only the caller's thread calls load_func."""
+        which says why as it always did. Only the caller's thread calls load_func.
+        `beside`: loaded on a thread even when there is one function: the caller goes on
+        meanwhile (a program verified beside the poll loop)."""
         todo = [n for n in dict.fromkeys(n.encode() if isinstance(n, str) else n for n in names)
                 if n not in self.funcs and n not in self._loading]
         workers = min(len(todo), os.cpu_count() or 1, MAX_LOAD_THREADS)
-        if workers < 2:
+        if workers < 2 and not (beside and todo):
             return  # one by one at each attach, as before
+        workers = max(workers, 1)
 
         def load(name):
             try:

@@ -25,6 +25,17 @@ def pytest_collection_modifyitems(config, items):
     mark_tier(items, "bpf", pytest.mark.bpf, _why_not())
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _tests_make_no_cuda_calls():
+    """This process must never load a CUDA library (importing a target server's module
+    does): every collector after that would trace it, its OTLP receivers included, and
+    the tests' spans would no longer be only their targets'."""
+    yield
+    with open("/proc/self/maps") as f:
+        loaded = sorted({line.split()[-1] for line in f if "libcudart" in line or "libcuda.so" in line})
+    assert not loaded, f"the test process loaded {loaded}: import no target's module in a test"
+
+
 @pytest.fixture
 def targets():
     """Target processes a test starts itself (append them): stopped at teardown."""

@@ -34,7 +34,7 @@ import pytest
 
 from tests.bpf.load_client import fetch_all
 from tests.support.otlp_receiver import OtlpReceiver
-from tests.harness import ROOT, TARGETS, RunningCollector, Target, server_spans
+from tests.harness import ROOT, TARGETS, RunningCollector, Target, check_clean, server_spans
 
 K = 3                  # launches per request (plus one cudaMemcpy)
 REQUESTS = 100         # distinct request ids per concurrency level
@@ -251,7 +251,10 @@ def _close_served():
     if _CURRENT.get("served") is not None:
         _CURRENT.pop("served").close()
     if _CURRENT.get("traced") is not None:
-        _CURRENT.pop("traced").close()
+        traced = _CURRENT.pop("traced")
+        traced.close()
+        if traced.collector:
+            check_clean(traced.collector)
 
 
 @pytest.mark.parametrize("concurrency", LEVELS, ids=[f"{c}-clients" for c in LEVELS])

@@ -26,7 +26,7 @@ from tests.bpf.load_client import fetch_all
 from tests.bpf.targets.go.build import build, toolchains
 from tests.bpf.test_async_attribution import ATTRIBUTION, LAUNCH, ROLLUP, Check, request_id, wait_for_ids
 from tests.support.otlp_receiver import OtlpReceiver
-from tests.harness import RunningCollector, Target, children_of, server_spans
+from tests.harness import RunningCollector, Target, check_clean, children_of, server_spans
 
 K = 3
 LEVELS = {1: 12, 8: 48, 32: 96}  # clients -> requests (ids distinct across levels)
@@ -50,6 +50,8 @@ def traced():
     try:
         collector = RunningCollector(receiver, ["--export-query", "--stream-rate", "1000000"], {})
         yield collector, receiver
+        collector.stop()
+        check_clean(collector)
     finally:
         if collector:
             collector.stop()

@@ -5,7 +5,8 @@ server span per RPC named `{service}/{method}` with rpc.* attributes and the gRP
 from the trailers; CUDA children exact where the attribution rules are exact (one RPC
 open: `process` on a pool thread, `task` for an aio task bound by its write; several, on
 the pool server: `task` through the pool thread that wrote its RPC's frames alone,
-pipeline/handlers.py), else counted ambiguous, never under a wrong RPC."""
+pipeline/handlers.py), else counted ambiguous, never under a wrong RPC: each span names
+its RPC (its `x-req-id` metadata, exported), and every child must encode that id."""
 from __future__ import annotations
 
 import sys
@@ -16,6 +17,7 @@ import grpc
 import pytest
 
 from tests.harness import TARGETS, Target, children_of, server_spans
+from tests.support.placement import header_id
 
 SERVICE = "demo.Inference"
 ROLLUP = "gpu.rollup.count"
@@ -42,13 +44,13 @@ class Client:
         self.fail = self.channel.unary_unary(f"/{SERVICE}/Fail")
 
     def call(self, kind: str, rid: int):
-        body = str(rid).encode()
+        body, meta = str(rid).encode(), (("x-req-id", str(rid)),)  # the span names its RPC by it
         if kind == "Predict":
-            return self.predict(body, timeout=20)
+            return self.predict(body, timeout=20, metadata=meta)
         if kind == "Stream":
-            return list(self.stream(body, timeout=20))
+            return list(self.stream(body, timeout=20, metadata=meta))
         try:
-            self.fail(body, timeout=20)
+            self.fail(body, timeout=20, metadata=meta)
         except grpc.RpcError as e:
             return e.code()
 
@@ -56,7 +58,7 @@ class Client:
 @pytest.fixture(params=["pool", "aio"])
 def grpc_target(request, start_collector, targets):
     """grpcio's thread-pool server, or grpc.aio (handlers as tasks on one loop)."""
-    collector = start_collector()
+    collector = start_collector("--export-header", "x-req-id")
     t = Target([sys.executable, str(TARGETS / "grpc_server.py"), "0", *(["--aio"] if request.param == "aio" else [])])
     t.kind = request.param
     targets.append(t)
@@ -100,7 +102,7 @@ def test_grpc_rpcs_get_one_span_each_with_rpc_attributes_and_own_calls(grpc_targ
         assert (s.status_code == 2) == (want_status == 13)  # 2: STATUS_CODE_ERROR
         kids = [k for k in children_of(spans, s) if ROLLUP not in k.attributes]
         rids = {_rid(k) for k in kids}
-        assert len(rids) <= 1, f"{s.name}: calls of several RPCs {rids}"  # never a wrong RPC's call
+        assert rids <= {header_id(s)}, f"{s.name} {header_id(s)}: calls of {rids}"  # never a wrong RPC's call
         if rids:
             by_id.setdefault(rids.pop(), []).append((s, kids))
     assert len(servers) == len(plan), f"{len(servers)} server spans for {len(plan)} RPCs"

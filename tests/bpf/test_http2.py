@@ -4,11 +4,13 @@ built on the `h2` package sending several concurrent streams on one connection, 
 several connections at once. One server span per stream, with its path and status;
 every stream's CUDA calls under its own span (task: hypercorn writes each stream's
 response HEADERS from the stream's app task, which binds it; stitcher._responding_stream),
-never under another stream's."""
+never under another stream's: each span names its request (its exported query's id), and
+every child's encoded id must be that one."""
 from __future__ import annotations
 
 import sys
 import time
+from urllib.parse import parse_qs
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -28,7 +30,7 @@ def _rid(span):
 
 @pytest.fixture
 def h2_target(start_collector, targets):
-    collector = start_collector()
+    collector = start_collector("--export-query")  # each span names its request: url.query's id
     t = Target([sys.executable, str(TARGETS / "h2_server.py"), "0"])
     targets.append(t)
     collector.wait_traced(t.pid)
@@ -91,7 +93,8 @@ def own_or_ambiguous(spans, servers, pid: int, ids: list, calls: int = 4) -> int
             assert kids == []
             continue
         rids = {_rid(k) for k in kids}
-        assert len(rids) <= 1 and rids <= set(ids), (s.name, rids)  # never another stream's calls
+        own_id = int(parse_qs(s.attributes["url.query"])["id"][0])  # the id the span itself names
+        assert rids <= {own_id}, (s.name, own_id, rids)  # never another stream's calls
         if kids:
             exact += len(kids) == calls
             own[rids.pop()] = len(kids)

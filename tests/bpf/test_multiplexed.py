@@ -21,9 +21,8 @@ import time
 import grpc
 import pytest
 
-from tests.bpf.targets import h2_apps
-from tests.bpf.targets.grpc_server import SERVICE
-from tests.bpf.test_grpc import _rid as grpc_rid
+from tests.bpf.targets import h2_shape  # the servers' own modules load libcudart: not imported here
+from tests.bpf.test_grpc import SERVICE, _rid as grpc_rid
 from tests.harness import TARGETS, Target, module_collector
 from tests.support.h2_client import h2_get_all
 from tests.support.placement import OUTSIDE, header_id, place
@@ -32,10 +31,10 @@ STREAMS = [1, 8, 32, 128]
 # server -> (argv after the interpreter or binary, calls per request, the id a call encodes,
 #            the stream counts at which every request is exact: where the rules prove it)
 SERVERS = {
-    "hypercorn-asgi": (["asgi"], h2_apps.CALLS, h2_apps.rid_of, STREAMS),  # each stream's task binds
-    "hypercorn-fastapi-async": (["fastapi-async"], h2_apps.CALLS, h2_apps.rid_of, STREAMS),
-    "hypercorn-fastapi-def": (["fastapi-def"], h2_apps.CALLS, h2_apps.rid_of, STREAMS),  # a copy of its context
-    "go-h2c": ([], h2_apps.CALLS, h2_apps.rid_of, []),  # no write is the handler goroutine's: ambiguous
+    "hypercorn-asgi": (["asgi"], h2_shape.CALLS, h2_shape.rid_of, STREAMS),  # each stream's task binds
+    "hypercorn-fastapi-async": (["fastapi-async"], h2_shape.CALLS, h2_shape.rid_of, STREAMS),
+    "hypercorn-fastapi-def": (["fastapi-def"], h2_shape.CALLS, h2_shape.rid_of, STREAMS),  # a copy of its context
+    "go-h2c": ([], h2_shape.CALLS, h2_shape.rid_of, []),  # no write is the handler goroutine's: ambiguous
     "grpc-pool": ([], 3, grpc_rid, [1]),  # one RPC open: process.one; more: where a pool thread wrote alone
     "grpc-aio": (["--aio"], 3, grpc_rid, [1]),  # one RPC open: its task binds
 }
@@ -120,3 +119,27 @@ def most_open(spans) -> int:
         now += step
         most = max(most, now)
     return most
+
+
+def test_frames_cut_anywhere_by_the_reads_are_joined(service):
+    """The client's bytes dribbled 7 at a time: the server's reads cut the preface,
+    frame headers and header blocks anywhere, and the kernel's walk carries a cut frame
+    header over to the next read (bpf/h2_walk.c h2_side.part). Every request is still
+    followed, exactly (hypercorn's ASGI app: its streams' tasks bind)."""
+    collector, t = service
+    if t.server != "hypercorn-asgi":
+        pytest.skip("one server is enough: the walk is the same for all")
+    ids = list(range(9000, 9008))
+    since = time.time_ns()
+    got = h2_get_all(t.port, [f"/infer?id={i}" for i in ids], timeout=60, dribble=7,
+                     headers=lambda path: [("x-req-id", path.rsplit("=", 1)[1])])
+    assert sorted(status for _, status in got.values()) == [200] * len(ids)
+    calls, rid_of = SERVERS[t.server][1], SERVERS[t.server][2]
+
+    def placement():
+        return place(list(collector.receiver.spans), t.pid, ids, rid_of, calls, since)
+
+    collector.receiver.wait_for(lambda _: len(placement().servers) >= len(ids), 60)
+    time.sleep(0.5)
+    p = placement()
+    assert sorted(header_id(s) for s in p.servers) == ids and p.wrong == [] and p.exact == len(ids), p

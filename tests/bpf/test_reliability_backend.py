@@ -44,7 +44,8 @@ def _work(receiver, pid, launches):
 
 
 def test_otlp_endpoint_down_then_back(receiver, start_collector, targets):
-    collector = start_collector("--exe", "relia_otlp", OTEL_BSP_MAX_QUEUE_SIZE="256",
+    collector = start_collector("--exe", "relia_otlp", allow_errors=("Failed to export",),  # the backend is down
+                                OTEL_BSP_MAX_QUEUE_SIZE="256",
                                 OTEL_BSP_MAX_EXPORT_BATCH_SIZE="64", OTEL_EXPORTER_OTLP_TIMEOUT="2")
     target = _target(collector, "relia_otlp", targets)
     target.get("/work?launches=1")

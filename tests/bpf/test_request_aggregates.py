@@ -89,7 +89,7 @@ def test_two_concurrent_requests_each_exact(budgeted, start_target):
 
     def get(n):
         try:
-            target.get(f"/work?launches={n}")
+            target.get(f"/work?launches={n}&meet=1")  # each waits for the other: both open together
         except Exception as e:  # noqa: BLE001 - reported below
             errors.append(e)
     for _ in range(3):
@@ -101,6 +101,8 @@ def test_two_concurrent_requests_each_exact(budgeted, start_target):
     assert not errors
     spans = _spans(receiver, target.pid, "/work", 6)
     assert sorted(s.attributes["gpu.launches"] for s in spans) == sorted(counts * 3)
+    for s in spans:  # each overlapped the other request of its pair
+        assert any(o is not s and o.start_ns < s.end_ns and s.start_ns < o.end_ns for o in spans)
     for s in spans:
         assert s.attributes.get("otel_gpu.calls.ambiguous", 0) == 0
         _children_add_up(receiver, s, s.attributes["gpu.launches"])

@@ -99,7 +99,7 @@ def test_otlp_http_protobuf_exporter(start_target):
     """OTEL_EXPORTER_OTLP_PROTOCOL=http/protobuf: the SDK's HTTP exporter, to a real
     OTLP/HTTP receiver."""
     from tests.support.otlp_receiver import OtlpHttpReceiver
-    from tests.harness import RunningCollector
+    from tests.harness import RunningCollector, check_clean
     http_receiver = OtlpHttpReceiver().start()
     collector = RunningCollector(http_receiver, [], {"OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf"})
     try:
@@ -110,6 +110,8 @@ def test_otlp_http_protobuf_exporter(start_target):
         (span,) = _wait_requests(http_receiver, target.pid, "/work", 1)
         assert span.attributes["gpu.launches"] == 2
         assert len(children_of(http_receiver.spans, span)) == 2
+        collector.stop()
+        check_clean(collector)
     finally:
         collector.stop()
         http_receiver.stop()

@@ -11,15 +11,18 @@ import h2.connection
 import h2.events
 
 
-def h2_get_all(port: int, paths: list[str], timeout: float = 30, headers=None) -> dict:
+def h2_get_all(port: int, paths: list[str], timeout: float = 30, headers=None, dribble: int = 0) -> dict:
     """Sends every path as its own stream on one connection at once; returns {stream id:
     (path, status)} once all have ended (a stream not ended by `timeout`: status None).
-    `headers(path)`: extra request headers for that path's stream."""
+    `headers(path)`: extra request headers for that path's stream. `dribble`: the
+    requests' bytes go out `dribble` bytes at a time, 2 ms apart (the server's reads then
+    cut frames, their headers included, anywhere)."""
     conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
     conn.initiate_connection()
     # A window large enough that no response waits on our WINDOW_UPDATE.
     conn.increment_flow_control_window(1 << 24)
     sock = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     streams = {}
     for path in paths:
         sid = conn.get_next_available_stream_id()
@@ -27,7 +30,11 @@ def h2_get_all(port: int, paths: list[str], timeout: float = 30, headers=None) -
         conn.send_headers(sid, [(":method", "GET"), (":path", path), (":scheme", "http"),
                                 (":authority", f"127.0.0.1:{port}"), *extra], end_stream=True)
         streams[sid] = [path, None]
-    sock.sendall(conn.data_to_send())
+    out = conn.data_to_send()
+    for at in range(0, len(out), dribble or len(out)):
+        sock.sendall(out[at:at + (dribble or len(out))])
+        if dribble:
+            time.sleep(0.002)
     ended, deadline = set(), time.monotonic() + timeout
     while len(ended) < len(streams) and time.monotonic() < deadline:
         data = sock.recv(65536)

@@ -39,7 +39,7 @@ class ReceivedSpan:
 
 
 class OtlpReceiver(trace_service_pb2_grpc.TraceServiceServicer):
-    def __init__(self) -> None:
+    def __init__(self, port: int = 0) -> None:
         self.spans: list[ReceivedSpan] = []
         self._cond = threading.Condition()
         self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
@@ -47,7 +47,8 @@ class OtlpReceiver(trace_service_pb2_grpc.TraceServiceServicer):
         self.metric_names: set[str] = set()
         self.metric_requests: list = []  # every ExportMetricsServiceRequest, for values
         metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server(_Metrics(self), self.server)
-        self.port = self.server.add_insecure_port("127.0.0.1:0")
+        self.port = self.server.add_insecure_port(f"127.0.0.1:{port}")
+        assert self.port, f"cannot bind 127.0.0.1:{port}"
 
     def Export(self, request, context):
         self.keep(request)

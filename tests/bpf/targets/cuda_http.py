@@ -2,7 +2,8 @@
 servers (stdlib ThreadingHTTPServer, a WSGI app on a threaded wsgiref server, an
 ASGI app on uvicorn/asyncio). Routes do exactly the CUDA work their query asks:
 
-  /work?launches=K&copies=M&h2d=B&d2h=B&syncs=S   on the handling thread
+  /work?launches=K&copies=M&h2d=B&d2h=B&syncs=S[&meet=1]   on the handling thread; with
+                                          meet, once another such request is in too (both open together)
   /handoff?launches=K                     on a new thread, joined before replying
   /together?launches=K                    waits until 2 requests are in, then works
                                           on a new thread (ambiguous by design)
@@ -32,6 +33,24 @@ DRIVER = ct.CDLL(os.environ["STUB_LIBCUDA"]) if os.environ.get("STUB_LIBCUDA") e
 STUB_CUDART = ct.CDLL(os.environ["STUB_CUDART"]) if os.environ.get("STUB_CUDART") else None
 BARRIER = threading.Barrier(2, timeout=10)
 PAIR = threading.Barrier(2, timeout=10)
+MEET = threading.Barrier(2, timeout=10)  # /work?meet=1 on the threaded servers
+
+
+class AsyncMeet:
+    """/work?meet=1 on the ASGI server: two requests wait for each other on the loop."""
+
+    def __init__(self) -> None:
+        self.waiting: list = []
+
+    async def wait(self) -> None:
+        import asyncio
+        fut = asyncio.get_running_loop().create_future()
+        self.waiting.append(fut)
+        if len(self.waiting) == 2:
+            for f in self.waiting:
+                f.set_result(None)
+            self.waiting = []
+        await asyncio.wait_for(fut, 10)
 
 
 def do_work(q: dict) -> None:
@@ -54,6 +73,8 @@ def handle(path: str) -> tuple[int, bytes]:
     u = urlparse(path)
     q = {k: v[0] for k, v in parse_qs(u.query).items()}
     if u.path == "/work":
+        if q.get("meet") and not q.get("met"):
+            MEET.wait()
         do_work(q)
     elif u.path == "/handoff":
         t = threading.Thread(target=do_work, args=(q,))
@@ -126,11 +147,15 @@ def serve_wsgi(port: int):
 
 def run_asgi(port: int, ready) -> None:
     import uvicorn
+    meet = AsyncMeet()
 
     async def app(scope, receive, send):
         if scope["type"] != "http":
             return
         path = scope["path"] + ("?" + scope["query_string"].decode() if scope["query_string"] else "")
+        if scope["path"] == "/work" and "meet=1" in path:
+            await meet.wait()  # on the loop: a blocking barrier would hold the other request out
+            path += "&met=1"
         status, body = handle(path)
         await send({"type": "http.response.start", "status": status,
                     "headers": [(b"content-length", str(len(body)).encode())]})

@@ -27,22 +27,9 @@ from hypercorn.config import Config  # noqa: E402
 
 from otel_gpu.demo.cuda_work import D2H, H2D  # noqa: E402
 from tests.bpf.targets.async_servers import WORK, launch  # noqa: E402
+from tests.bpf.targets.h2_shape import D2H_BASE, H2D_BASE  # noqa: E402
 
-H2D_BASE, D2H_BASE, PAUSE_S = 100_000, 200_000, 0.010
-
-
-def rid_of(span):
-    """The request id one of these calls encodes, from its span (None: not one of them)."""
-    a = span.attributes
-    if span.name == "cudaLaunchKernel":
-        return (a.get("gpu.grid") or [None])[0]
-    if span.name == "cudaMemcpy":
-        n = a.get("gpu.memcpy.bytes", 0)
-        return n - D2H_BASE if n >= D2H_BASE else n - H2D_BASE if n >= H2D_BASE else None
-    return None
-
-
-CALLS = 6
+PAUSE_S = 0.010
 
 
 def before(n: int) -> None:

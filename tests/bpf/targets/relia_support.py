@@ -72,26 +72,15 @@ def cudart_path() -> str:
 
 
 def make_receiver_class():
-    """An OtlpReceiver variant (tests/fakes is not edited) that can bind a given port
-    and keeps each span's status message: span_id -> message in `.messages`."""
-    import threading
-    from concurrent import futures
-
-    import grpc
-    from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc
-
+    """An OtlpReceiver variant that keeps each span's status message (span_id -> message
+    in `.messages`) and counts its trace exports."""
     from tests.support.otlp_receiver import OtlpReceiver
 
     class DetailReceiver(OtlpReceiver):
-        def __init__(self, port: int = 0) -> None:  # OtlpReceiver.__init__ binds port 0
-            self.spans = []
+        def __init__(self, port: int = 0) -> None:
+            super().__init__(port)
             self.messages = {}
             self.exports = 0
-            self._cond = threading.Condition()
-            self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
-            trace_service_pb2_grpc.add_TraceServiceServicer_to_server(self, self.server)
-            self.port = self.server.add_insecure_port(f"127.0.0.1:{port}")
-            assert self.port, f"cannot bind 127.0.0.1:{port}"
 
         def Export(self, request, context):
             for rs in request.resource_spans:

@@ -89,3 +89,22 @@ def test_sockets_are_read_for_untracked_connections_each_tick_and_for_all_each_a
     assert {(o.tgid, o.everyone) for o in later} == {(PID, True), (PID + 1, True)}
     stage.process([SockClose(PID, 1, 4, 10)])
     assert all(o.tgid != PID for o in stage.process([Tick(2 + 2 * AUDIT_ALL_NS)]) if isinstance(o, OpenSockets))
+
+
+def test_an_accept_from_the_collectors_own_socket_says_so_and_its_bytes_open_no_request():
+    """The collector's export to a receiver it traces (own_sockets.py): marked at the
+    accept, and the stitcher follows none of its bytes (a span per export otherwise)."""
+    from otel_gpu.pipeline.stitcher import Stitcher
+    from otel_gpu.pipeline.model import Request
+    f = FakeProc()
+    stage = ProcFacts(f.port, f.peer, f.group, f.sockets_of, own_peer=lambda addr, port: port == 4000)
+    ours, theirs = Accept(PID, 1, 1, 10, 3, "127.0.0.1", 4000), Accept(PID, 1, 1, 11, 3, "127.0.0.1", 4001)
+    stage.process([ours, theirs])
+    assert ours.own and not theirs.own
+    s = Stitcher(span_budget=16)
+    head = b"GET /v1/traces HTTP/1.1\r\nHost: x\r\n\r\n"
+    reply = b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n"
+    out = s.process([ours, theirs] + [SockIo(EV_SOCK_READ, PID, 1, 10, fd, len(head), head, b"", 0) for fd in (10, 11)]
+                    + [SockIo(EV_SOCK_WRITE, PID, 1, 20, fd, len(reply), reply, reply[-8:], 0) for fd in (10, 11)])
+    assert [r.fd for r in out if isinstance(r, Request)] == [11]
+    assert s.stats.snapshot()["connections_own_export"] == 1
