@@ -61,6 +61,10 @@ def add_run_arguments(p) -> None:
                    help="do not write the local store")
     p.add_argument("--store-group", help="group (name or gid) that may read the store: file 0640, directory "
                    "0750 (OTEL_GPU_STORE_GROUP; default: root only, 0600/0700)")
+    p.add_argument("--flush-interval", type=int,
+                   help="seconds between flushes of the GPU work no single request owns: the ambiguous, "
+                        "shared and outside windows, and the calls the kernel counted outside requests "
+                        "(OTEL_GPU_FLUSH_INTERVAL; default 5)")
     p.add_argument("--shutdown-timeout", type=int,
                    help="seconds from SIGTERM to exit, whatever the backend does (OTEL_GPU_SHUTDOWN_TIMEOUT; "
                         "default 5)")
@@ -217,6 +221,7 @@ def load_config(args=None, env: Mapping[str, str] = os.environ) -> Config:
         bpf_cache=_off(src.text("bpf_cache", "OTEL_GPU_BPF_CACHE", DEFAULT_BPF_CACHE)),
         store_group=_group(src.text("store_group", "OTEL_GPU_STORE_GROUP", None), src),
         shutdown_timeout_s=src.integer("shutdown_timeout", "OTEL_GPU_SHUTDOWN_TIMEOUT", 5),
+        flush_interval_s=src.integer("flush_interval", "OTEL_GPU_FLUSH_INTERVAL", 5),
         resource_attributes=resource_attributes(env.get("OTEL_RESOURCE_ATTRIBUTES", "")),
         self_service_name=src.text(None, "OTEL_SERVICE_NAME", "otel-gpu"),
         log_level=src.text("log_level", "OTEL_GPU_LOG_LEVEL", "info").lower(),

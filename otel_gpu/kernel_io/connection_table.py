@@ -116,6 +116,10 @@ class ConnectionTable:
             del table[key]
         except KeyError:
             return False
+        try:  # its HTTP/2 frame walk, if any (bpf/h2_walk.c)
+            del self.bpf["h2_walks"][key]
+        except KeyError:
+            pass
         if counted:
             self._add_used(key.tgid, -1)
         return True

@@ -373,7 +373,8 @@ class BpfProgram:
         # One pass per table whatever the number of exits: reading a map key by key is slow.
         for tgid in tgids:
             self._py_threads.pop(tgid, None)
-        for name, tgid_of in [("conns", lambda k: k.tgid), ("req_agg", lambda k: k.tgid), ("ssl_fds", lambda k: k.tgid),
+        for name, tgid_of in [("conns", lambda k: k.tgid), ("h2_walks", lambda k: k.tgid),
+                              ("req_agg", lambda k: k.tgid), ("ssl_fds", lambda k: k.tgid),
                               ("py_threads", lambda k: k.tgid),
                               ("stream_budget", lambda k: k.pid_tgid >> 32)] + [(n, lambda k: k.value >> 32) for n in _BY_PID_TGID]:
             table = self.bpf[name]

@@ -54,20 +54,26 @@ def _start(server: str) -> Target:
     return Target([str(build("h2c_server.go", toolchains()[newest], False)), find_cudart(), "0"])
 
 
+@pytest.fixture(scope="module")
+def collector():
+    """One collector for every server (each test checks its own target's spans)."""
+    with module_collector("--export-header", "x-req-id", "--flush-interval", "1") as c:  # windows each second
+        yield c
+
+
 @pytest.fixture(scope="module", params=list(SERVERS))
-def service(request):
-    with module_collector("--export-header", "x-req-id") as collector:
-        t = _start(request.param)
-        t.server = request.param
-        try:
-            collector.wait_traced(t.pid)
-            t.go_raw()
-            assert t.log.wait_for("serving", 20)
-            time.sleep(1)  # hypercorn listens once its loop runs
-            yield collector, t
-        finally:
-            t.stop()
-        assert collector.errors() == [], collector.errors()
+def service(request, collector):
+    t = _start(request.param)
+    t.server = request.param
+    try:
+        collector.wait_traced(t.pid)
+        t.go_raw()
+        assert t.log.wait_for("serving", 20)
+        time.sleep(1)  # hypercorn listens once its loop runs
+        yield collector, t
+    finally:
+        t.stop()
+    assert collector.errors() == [], collector.errors()
 
 
 def _send(t: Target, ids: list) -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from tests.harness import children_of, server_spans
+from tests.harness import server_spans
 
 ROLLUP = "gpu.rollup.count"
 WINDOW_PREFIX = "GPU work"
@@ -37,19 +37,23 @@ def place(spans, pid: int, ids: list, rid_of, calls_per_request: int, since_ns: 
     their calls of the batch one by one, and their rollup children (whose calls no longer
     say their id) by count, when they began at `since_ns` or later."""
     wanted = set(ids)
-    p = Placement([s for s in server_spans(spans, pid) if header_id(s) in wanted])
+    mine = [s for s in spans if s.resource.get("process.pid") == pid]  # the process's spans: its resource
+    kids_of: dict = {}
+    for s in mine:
+        kids_of.setdefault((s.trace_id, s.parent_span_id), []).append(s)
+    p = Placement([s for s in server_spans(mine, pid) if header_id(s) in wanted])
     for s in p.servers:
         rid = header_id(s)
-        kids = [k for k in children_of(spans, s) if ROLLUP not in k.attributes]
+        kids = [k for k in kids_of.get((s.trace_id, s.span_id), ()) if ROLLUP not in k.attributes]
         p.wrong += [(rid, r) for r in {rid_of(k) for k in kids} if r != rid]
-        mine = sum(1 for k in kids if rid_of(k) == rid)
-        p.own += mine
-        p.exact += mine == calls_per_request == len(kids)
-    for w in spans:
-        if w.resource.get("process.pid") != pid or not w.name.startswith(WINDOW_PREFIX) or w.start_ns < since_ns:
+        own = sum(1 for k in kids if rid_of(k) == rid)
+        p.own += own
+        p.exact += own == calls_per_request == len(kids)
+    for w in mine:
+        if not w.name.startswith(WINDOW_PREFIX) or w.start_ns < since_ns:
             continue
         n = 0
-        for k in children_of(spans, w):
+        for k in kids_of.get((w.trace_id, w.span_id), ()):
             n += k.attributes[ROLLUP] if ROLLUP in k.attributes else rid_of(k) in wanted
         if n:
             p.windows[w.name] = p.windows.get(w.name, 0) + n

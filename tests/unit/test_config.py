@@ -266,3 +266,11 @@ def test_bpf_cache_flag_env_default_and_off():
     with pytest.raises(ConfigError) as e:
         load(OTEL_GPU_BPF_CACHE="relative/dir")
     assert e.value.field == "OTEL_GPU_BPF_CACHE"
+
+
+def test_flush_interval_flag_beats_environment_beats_default():
+    assert load().flush_interval_s == 5
+    assert load(OTEL_GPU_FLUSH_INTERVAL="2").flush_interval_s == 2
+    assert load("--flush-interval", "1", OTEL_GPU_FLUSH_INTERVAL="2").flush_interval_s == 1
+    with pytest.raises(ConfigError, match="OTEL_GPU_FLUSH_INTERVAL"):
+        load(OTEL_GPU_FLUSH_INTERVAL="0")

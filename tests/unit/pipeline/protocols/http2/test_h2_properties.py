@@ -89,7 +89,7 @@ def _feed_walked(session, chunks, preface=True):
     return events
 
 
-@PROPS
+@settings(max_examples=400, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.integers(1, 40), st.integers(0, 3000), st.booleans(), st.lists(st.integers(0, 200_000), max_size=12))
 def test_walked_reads_give_every_request_whatever_the_cuts(n, pad, grpc, points):
     """However many streams one read carries and wherever reads cut frames (a frame

@@ -221,3 +221,17 @@ def test_calls_while_an_unfollowed_http2_connection_is_open_are_ambiguous_never_
     s.process([SockClose(PID, POLLER, T(), FD + 1)])
     s.process([launch(WORKER, 9)])  # gone with it
     assert s.by_rule["process.idle"] == 1 and s.attributed["outside"] == 1
+
+
+def test_a_digest_on_a_connection_user_space_follows_as_http1_drops_it_counted():
+    """The kernel walks a connection as HTTP/2 that user space follows as HTTP/1 (never
+    expected: both decide from the same bytes): the connection is dropped, logged and
+    counted, its request ended with an error, never parsed from a digest as bytes."""
+    from otel_gpu.records import H2Digest
+    s = new()
+    s.process([read(b"GET /a HTTP/1.1\r\nHost: x\r\n\r\n")])
+    frames = settings()
+    out = s.process([SockIo(EV_SOCK_READ, PID, POLLER, T(), FD, len(frames), frames, b"", 0,
+                            digest=H2Digest(((0, frames),)))])
+    [r] = requests(out)
+    assert r.error == "malformed HTTP/2" and s.stats.snapshot()["h2_digest_unexpected"] == 1
