@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import sys
 import time
-from contextlib import contextmanager
 from pathlib import Path
 
 from tests.bpf.targets.h2_shape import CALLS
@@ -37,20 +36,6 @@ def _batches(port: int, seconds: float) -> dict:
     return {"answered": answered, "batches": n, "rps": answered / wall}
 
 
-@contextmanager
-def _bpf_stats():
-    path = bpfstats.STATS
-    with open(path) as f:
-        before = f.read().strip()
-    with open(path, "w") as f:
-        f.write("1")
-    try:
-        yield
-    finally:
-        with open(path, "w") as f:
-            f.write(before)
-
-
 def run(quick: bool, starts: list) -> dict:
     seconds = 3 if quick else 8
     svc = Service(argv=[sys.executable, str(TARGETS / "h2_apps.py"), "asgi", "0"])
@@ -66,16 +51,15 @@ def run(quick: bool, starts: list) -> dict:
             time.sleep(1)  # h2_walk is installed once verified, beside the attach
             warm = _batches(svc.port, 1)
             out["traced"] = _batches(svc.port, seconds)
-            with _bpf_stats():
+            with bpfstats.enabled():
                 s0 = bpfstats.snapshot(col.pid)
                 one = _batches(svc.port, 0)  # one batch
                 s1 = bpfstats.snapshot(col.pid)
             # Every program of the collector: h2_walk is tail-called, and a tail call's time
             # counts in its caller's (the read and write exits'), not under its own name.
-            runs = [(cnt - s0.get(prog, (0, 0, 0))[1], ns - s0.get(prog, (0, 0, 0))[2])
-                    for prog, (_, cnt, ns) in s1.items()]
-            out["bpf"] = {"requests": one["answered"], "runs": sum(c for c, _ in runs),
-                          "run_ns": sum(t for _, t in runs)}
+            runs = bpfstats.delta(s0, s1)
+            out["bpf"] = {"requests": one["answered"], "runs": sum(c for _, c, _ in runs),
+                          "run_ns": sum(t for _, _, t in runs)}
             out["answered_while_traced"] = warm["answered"] + out["traced"]["answered"] + one["answered"]
             time.sleep(2)  # the last batch's spans go out
         finally:

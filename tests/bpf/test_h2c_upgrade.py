@@ -11,10 +11,10 @@ import time
 
 import h2.config
 import h2.connection
-import h2.events
 
 from tests.bpf.test_http2 import h2_target, own_or_ambiguous  # noqa: F401 (h2_target: fixture)
 from tests.harness import server_spans
+from tests.support.h2_client import receive_all
 
 
 def h2c_upgrade_get_all(port: int, first: str, paths: list[str], timeout: float = 30) -> dict:
@@ -39,23 +39,7 @@ def h2c_upgrade_get_all(port: int, first: str, paths: list[str], timeout: float 
                                 (":authority", f"127.0.0.1:{port}")], end_stream=True)
         streams[sid] = [path, None]
     sock.sendall(conn.data_to_send())
-    ended = set()
-    while len(ended) < len(streams) and time.monotonic() < deadline:
-        data, rest = rest or sock.recv(65536), b""
-        if not data:
-            break
-        for ev in conn.receive_data(data):
-            if isinstance(ev, h2.events.ResponseReceived):
-                streams[ev.stream_id][1] = int(dict(ev.headers)[b":status"])
-            elif isinstance(ev, h2.events.DataReceived):
-                conn.acknowledge_received_data(ev.flow_controlled_length, ev.stream_id)
-            elif isinstance(ev, (h2.events.StreamEnded, h2.events.StreamReset)):
-                ended.add(ev.stream_id)
-        sock.sendall(conn.data_to_send())
-    conn.close_connection()
-    sock.sendall(conn.data_to_send())
-    sock.close()
-    return {sid: tuple(v) for sid, v in streams.items()}
+    return receive_all(conn, sock, streams, deadline, rest)
 
 
 def test_upgraded_request_and_three_concurrent_streams_each_get_their_span(h2_target, receiver):

@@ -35,9 +35,16 @@ def h2_get_all(port: int, paths: list[str], timeout: float = 30, headers=None, d
         sock.sendall(out[at:at + (dribble or len(out))])
         if dribble:
             time.sleep(0.002)
-    ended, deadline = set(), time.monotonic() + timeout
+    return receive_all(conn, sock, streams, time.monotonic() + timeout)
+
+
+def receive_all(conn, sock, streams: dict, deadline: float, rest: bytes = b"") -> dict:
+    """Reads the responses of `streams` ({stream id: [path, None]}: their statuses filled
+    in) until all have ended or `deadline`, starting with `rest` (bytes already read);
+    closes the connection; returns {stream id: (path, status)}."""
+    ended = set()
     while len(ended) < len(streams) and time.monotonic() < deadline:
-        data = sock.recv(65536)
+        data, rest = rest or sock.recv(65536), b""
         if not data:
             break
         for ev in conn.receive_data(data):

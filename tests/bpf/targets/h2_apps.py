@@ -82,9 +82,15 @@ def fastapi_app(threads: bool):
 def main() -> None:
     kind = sys.argv[1]
     app = asgi if kind == "asgi" else fastapi_app(threads=kind == "fastapi-def")
+    serve_h2c(app, int(sys.argv[2]))
+
+
+def serve_h2c(app, port: int) -> None:
+    """hypercorn serving `app` on 127.0.0.1:`port` (0: any), h2c by prior knowledge: binds,
+    prints "listening on PORT", serves once a line comes on stdin (tests/harness.py Target)."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", int(sys.argv[2])))
+    sock.bind(("127.0.0.1", port))
     sock.listen(128)
     sock.set_inheritable(True)
     launch(0)  # runtime initialisation before the first request (id 0: no request)

@@ -14,7 +14,6 @@ Binds, prints "listening on PORT" to stderr, waits for a line on stdin, then ser
 from __future__ import annotations
 
 import asyncio
-import socket
 import sys
 from pathlib import Path
 from urllib.parse import parse_qs
@@ -23,10 +22,8 @@ ROOT = Path(__file__).resolve().parents[3]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from hypercorn.asyncio import serve  # noqa: E402
-from hypercorn.config import Config  # noqa: E402
-
 from tests.bpf.targets.async_servers import copy, launch  # noqa: E402
+from tests.bpf.targets.h2_apps import serve_h2c  # noqa: E402
 
 
 async def app(scope, receive, send):
@@ -50,20 +47,7 @@ async def app(scope, receive, send):
 
 
 def main() -> None:
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", int(sys.argv[1]) if len(sys.argv) > 1 else 0))
-    sock.listen(128)
-    sock.set_inheritable(True)
-    launch(0)  # runtime initialisation before the first request (id 0: no request)
-    print(f"listening on {sock.getsockname()[1]}", file=sys.stderr, flush=True)
-    sys.stdin.readline()
-    config = Config()
-    config.bind = [f"fd://{sock.fileno()}"]
-    config.loglevel = "WARNING"
-    config.h2_max_concurrent_streams = 256  # 128 streams at once on one connection (the default is 100)
-    print("serving", file=sys.stderr, flush=True)
-    asyncio.run(serve(app, config))
+    serve_h2c(app, int(sys.argv[1]) if len(sys.argv) > 1 else 0)
 
 
 if __name__ == "__main__":
