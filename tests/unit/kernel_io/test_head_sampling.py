@@ -1,7 +1,8 @@
 """kernel_io/program.py sample_heads: a kernel whose verifier refuses the head programs
 (bpf/head_sampling.c) leaves sampling to the collector, said once and counted, and the
 kernel is never told to draw (head_settings stays off), so nothing waits on a scan.
-Programs wanted while requests flow are verified beside the poll loop."""
+Programs wanted while requests flow are verified beside the poll loop; so is the HTTP/2
+frame walk (bpf/h2_walk.c) at the start."""
 import logging
 import sys
 import threading
@@ -95,3 +96,41 @@ def test_head_programs_wanted_mid_traffic_are_verified_beside_the_poll_loop(monk
     settings = program.bpf.tables["head_settings"][0]
     assert (settings.bound, settings.on, settings.parents) == (7, 1, 1)
     assert program._heads_verifying is None and not program.stats.snapshot().get("head_sampling_unavailable")
+
+
+def test_h2_walk_is_verified_beside_the_poll_loop_then_switched_on(monkeypatch):
+    """bpf/h2_walk.c at the program's load: verified on a thread, one CPU or not, while the
+    poll loop hands records over (in the loop it held a new library's probes ~0.5 s); the
+    poll after it has finished puts it in h2_walkers, then switches the walk on."""
+    pytest.importorskip("bcc")
+    from otel_gpu.kernel_io.program import H2_PROGRAMS
+    from otel_gpu.probes import cached_bpf
+
+    class HeldVerifier(cached_bpf.CachedBPF):
+        def __init__(self) -> None:  # none of bcc's state: only what preload and load_func use
+            self.funcs, self._loading, self.verified = {}, {}, threading.Event()
+            self.tables = {"h2_walkers": Table(), "h2_walk_on": Table()}
+
+        def __getitem__(self, name):
+            return self.tables[name]
+
+        def _load(self, name, prog_type, device=None, attach_type=-1):
+            assert self.verified.wait(10)
+            fn = self.funcs[name] = types.SimpleNamespace(fd=200)
+            return fn
+
+    monkeypatch.setattr(cached_bpf.os, "cpu_count", lambda: 1)  # one CPU: still on a thread
+    program = object.__new__(BpfProgram)  # no kernel: only what the h2 walk's start and poll touch
+    program.bpf, program.stats, program._heads_verifying = HeldVerifier(), Stats(), None
+    program.ring = types.SimpleNamespace(poll=lambda timeout_ms: (["record"], -1))
+    program.aggregates = types.SimpleNamespace(merge=lambda batch: batch)
+    program._h2_walk_verifying = program._start_h2_walk()
+    assert program._h2_walk_verifying and program.poll(0) == ["record"]  # the loop goes on
+    assert program.bpf.tables["h2_walkers"] == {} and program.bpf.tables["h2_walk_on"] == {}
+    program.bpf.verified.set()
+    deadline = time.monotonic() + 10
+    while program.bpf.loading(H2_PROGRAMS) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert program.poll(0) == ["record"]
+    assert program.bpf.tables["h2_walkers"] == {0: 200} and program.bpf.tables["h2_walk_on"] == {0: 1}
+    assert not program._h2_walk_verifying and not program.stats.snapshot().get("h2_walk_unavailable")
