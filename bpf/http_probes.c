@@ -120,7 +120,8 @@ BPF_PROG_ARRAY(h2_walkers, 1);
  * then (or where the verifier refused it) HTTP/2 connections are copied as any other. */
 BPF_ARRAY(h2_walk_on, u32, 1);
 #define EMIT_HEAD_SCAN 1 /* emit_sock_io: its read's head is to be decided (head_sampling.c) */
-#define EMIT_H2_WALK 2   /* emit_sock_io sent nothing: the transfer is h2_walk's */
+#define EMIT_H2_WALK 2   /* emit_sock_io sent nothing: the transfer is h2_walk's (io_exit hands a
+                          * walked connection's later transfers to it without copying them first) */
 
 /* The connection is HTTP/2 from here on: its frames are walked, reads from the client
  * preface (`preface`) or a frame boundary. */
@@ -296,7 +297,7 @@ static __always_inline int emit_sock_io(struct sock_io_scratch *scratch, u8 kind
     } else if (kind == EV_SOCK_WRITE && st->state != CONN_HTTP) {
         return 0;
     }
-    if (st->req.unframed && !flags && h2_walks.lookup(key))
+    if (st->req.unframed && !flags && h2_walks.lookup(key)) /* the read that started the walk */
         return EMIT_H2_WALK;
     fill_header(&e->h, kind, id);
     e->h.flags = flags | request_boundary(key->tgid, &st->req, kind, e->h.ts_ns);
@@ -405,6 +406,21 @@ static __always_inline void io_enter(u8 kind, s32 fd, u64 buf, u32 is_iov)
         writing.update(&id, &p);
 }
 
+/* Hands the transfer to h2_walk (tail-called: it returns only where h2_walk is not
+ * installed, counted). */
+static __always_inline void h2_walk_transfer(void *ctx, u8 kind, u64 id, struct pending_io *p, long ret, int iovec)
+{
+    u32 zero = 0;
+    struct h2_transfer *t = h2_transfers.lookup(&zero);
+    if (!t)
+        return;
+    struct h2_transfer z = {.id = id, .buf = p->buf, .ret = (u64)ret, .fd = p->fd, .iovs = iovec ? p->is_iov : 0,
+                            .kind = kind, .seg = p->buf, .seg_len = iovec ? 0 : (u64)ret};
+    *t = z;
+    h2_walkers.call(ctx, 0);
+    count(CNT_H2_UNWALKED);
+}
+
 /* `iovec`: the syscall's buffer is an iovec array (readv, writev, recvmsg, sendmsg); a
  * constant, so each program holds one path only (each path is verified once, not for
  * every state of the other). */
@@ -428,6 +444,10 @@ static __always_inline void io_exit(void *ctx, u8 kind, long ret, int iovec)
     struct conn_state *st = conns.lookup(&key);
     if (!st)
         return;
+    if (st->req.unframed && h2_walks.lookup(&key)) { /* walked: h2_walk alone reads its bytes */
+        h2_walk_transfer(ctx, kind, id, &p, ret, iovec);
+        return;
+    }
     if (iovec) { /* struct iovec { void *base; size_t len; } x is_iov */
         copy_max = gather_iov(buf, p.is_iov, (u64)ret);
         buf = 0;
@@ -442,14 +462,7 @@ static __always_inline void io_exit(void *ctx, u8 kind, long ret, int iovec)
     int next = emit_sock_io(scratch, kind, id, &key, st, buf, copy_max, ret, 0);
     if (next == EMIT_HEAD_SCAN) {
         head_scans.call(ctx, HEAD_SCAN); /* returns only where no head_scan is installed */
-    } else if (next == EMIT_H2_WALK) {
-        struct h2_transfer *t = h2_transfers.lookup(&zero);
-        if (!t)
-            return;
-        struct h2_transfer z = {.id = id, .buf = p.buf, .ret = (u64)ret, .fd = p.fd, .iovs = iovec ? p.is_iov : 0,
-                                .kind = kind, .seg = p.buf, .seg_len = iovec ? 0 : (u64)ret};
-        *t = z;
-        h2_walkers.call(ctx, 0);
-        count(CNT_H2_UNWALKED); /* returns only where h2_walk is not installed */
+    } else if (next == EMIT_H2_WALK) { /* its first read, the preface: HTTP/2 from here on */
+        h2_walk_transfer(ctx, kind, id, &p, ret, iovec);
     }
 }

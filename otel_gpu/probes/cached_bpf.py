@@ -218,7 +218,6 @@ class CachedBPF(BPF):
         workers = min(len(todo), os.cpu_count() or 1, MAX_LOAD_THREADS)
         if workers < 2 and not (beside and todo):
             return  # one by one at each attach, as before
-        workers = max(workers, 1)
 
         def load(name):
             try:
