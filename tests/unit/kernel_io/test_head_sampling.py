@@ -3,6 +3,7 @@
 kernel is never told to draw (head_settings stays off), so nothing waits on a scan.
 Programs wanted while requests flow are verified beside the poll loop; so is the HTTP/2
 frame walk (bpf/h2_walk.c) at the start."""
+import collections
 import logging
 import sys
 import threading
@@ -56,6 +57,28 @@ class Table(dict):
         super().__setitem__(getattr(key, "value", key), getattr(value, "value", value))
 
 
+def held_verifier(fds: dict):
+    """A cached program (CachedBPF, none of bcc's state: only what preload, load_func and
+    the tables touch) whose loads wait until the test sets `.verified`; each function
+    gets its fd from `fds`; its maps are Tables."""
+    from otel_gpu.probes import cached_bpf
+
+    class HeldVerifier(cached_bpf.CachedBPF):
+        def __init__(self) -> None:
+            self.funcs, self._loading, self.verified = {}, {}, threading.Event()
+            self.tables = collections.defaultdict(Table)  # the program's maps, by name
+
+        def __getitem__(self, name):
+            return self.tables[name]
+
+        def _load(self, name, prog_type, device=None, attach_type=-1):
+            assert self.verified.wait(10)
+            fn = self.funcs[name] = types.SimpleNamespace(fd=fds[name])
+            return fn
+
+    return HeldVerifier()
+
+
 def test_head_programs_wanted_mid_traffic_are_verified_beside_the_poll_loop(monkeypatch):
     """sample_heads(wait=False), as the first unsampled parent asks for them: the poll
     loop goes on handing records over while the verifier runs (~1 s) on a thread, and the
@@ -64,24 +87,10 @@ def test_head_programs_wanted_mid_traffic_are_verified_beside_the_poll_loop(monk
     pytest.importorskip("bcc")
     from otel_gpu.probes import cached_bpf
 
-    class HeldVerifier(cached_bpf.CachedBPF):
-        """A cached program whose loads wait until the test lets them finish."""
-
-        def __init__(self) -> None:  # none of bcc's state: only what preload and load_func use
-            self.funcs, self._loading, self.verified = {}, {}, threading.Event()
-            self.tables = {"head_scans": Table(), "head_settings": Table()}
-
-        def __getitem__(self, name):
-            return self.tables[name]
-
-        def _load(self, name, prog_type, device=None, attach_type=-1):
-            assert self.verified.wait(10)
-            fn = self.funcs[name] = types.SimpleNamespace(fd={b"head_scan": 100, b"head_parent": 101}[name])
-            return fn
-
     monkeypatch.setattr(cached_bpf.os, "cpu_count", lambda: 2)  # preload loads ahead from 2 CPUs
     program = object.__new__(BpfProgram)  # no kernel: only what sample_heads and poll touch
-    program.bpf, program.stats, program._heads_verifying = HeldVerifier(), Stats(), None
+    program.bpf, program.stats, program._heads_verifying = held_verifier({b"head_scan": 100, b"head_parent": 101}), \
+        Stats(), None
     program.ring = types.SimpleNamespace(poll=lambda timeout_ms: (["record"], -1))
     program.aggregates = types.SimpleNamespace(merge=lambda batch: batch)
     program.sample_heads(7, parents=True, wait=False)
@@ -106,22 +115,9 @@ def test_h2_walk_is_verified_beside_the_poll_loop_then_switched_on(monkeypatch):
     from otel_gpu.kernel_io.program import H2_PROGRAMS
     from otel_gpu.probes import cached_bpf
 
-    class HeldVerifier(cached_bpf.CachedBPF):
-        def __init__(self) -> None:  # none of bcc's state: only what preload and load_func use
-            self.funcs, self._loading, self.verified = {}, {}, threading.Event()
-            self.tables = {"h2_walkers": Table(), "h2_walk_on": Table()}
-
-        def __getitem__(self, name):
-            return self.tables[name]
-
-        def _load(self, name, prog_type, device=None, attach_type=-1):
-            assert self.verified.wait(10)
-            fn = self.funcs[name] = types.SimpleNamespace(fd=200)
-            return fn
-
     monkeypatch.setattr(cached_bpf.os, "cpu_count", lambda: 1)  # one CPU: still on a thread
     program = object.__new__(BpfProgram)  # no kernel: only what the h2 walk's start and poll touch
-    program.bpf, program.stats, program._heads_verifying = HeldVerifier(), Stats(), None
+    program.bpf, program.stats, program._heads_verifying = held_verifier({b"h2_walk": 200}), Stats(), None
     program.ring = types.SimpleNamespace(poll=lambda timeout_ms: (["record"], -1))
     program.aggregates = types.SimpleNamespace(merge=lambda batch: batch)
     program._h2_walk_verifying = program._start_h2_walk()
