@@ -104,7 +104,7 @@ class Collector:
         bound, self._heads_deferred = self._heads_deferred, None
         log.info("an incoming traceparent is not sampled: the kernel decides each request's sampling "
                  "from now on")
-        self.wiring.stitcher.kernel_bound = bound
+        self.wiring.stitcher.http.kernel_bound = bound
         self.program.sample_heads(bound, True, wait=False)
 
     def _probe_known_files(self) -> None:
@@ -195,7 +195,7 @@ class Collector:
 
     def _trace(self, pid: int) -> None:
         self.program.trace(pid)
-        if self.wiring.stitcher.quiet_when_idle:  # quiet from the start: its first requests too
+        if self.wiring.stitcher.s.quiet_when_idle:  # quiet from the start: its first requests too
             self.program.set_quiet({pid: True})
 
     def _settle(self) -> None:
@@ -281,11 +281,11 @@ class Collector:
     def _push(self, batch: list) -> None:
         """One batch through the pipeline; then the program forgets processes that left."""
         out = self.pipeline.push(batch)
-        if self._heads_deferred is not None and self.wiring.stitcher.unsampled_parent_seen:
+        if self._heads_deferred is not None and self.wiring.stitcher.http.unsampled_parent_seen:
             self._sample_heads_by_parents()
-        if self.wiring.stitcher.quiet:  # processes whose open requests became all unsampled, or not
-            self.program.set_quiet(self.wiring.stitcher.quiet)
-            self.wiring.stitcher.quiet = {}
+        if self.wiring.stitcher.http.quiet:  # processes whose open requests became all unsampled, or not
+            self.program.set_quiet(self.wiring.stitcher.http.quiet)
+            self.wiring.stitcher.http.quiet = {}
         gone = {r.tgid for r in out if type(r) is ProcessGone}
         if gone:
             self.program.forget(gone)

@@ -7,10 +7,11 @@ requests to the Python contexts that serve them (pipeline/contexts.py,
 pipeline/handlers.py). Nothing here knows a protocol's bytes: the sessions
 (protocols/<name>/) turn them into request events.
 
-Connections reads and writes the Stitcher's state (pipeline/process_state.py: Proc,
-Conn): procs (via _proc, _conn), _serving, stats, _log, _rng, _sampler, span_budget,
-_session_config, kernel_bound, unsampled_parent_seen; and calls its _settle,
-_handler_pair and _note_quiet. The /proc facts it needs come on the records
+Connections reads and writes the StitchState it shares with the CUDA half
+(pipeline/process_state.py: Proc, Conn), tells that half (pipeline/attribution.py
+CallAttribution) when requests open and finish and hands it the held calls a binding
+settles, and keeps the sampling state the collector reads (quiet, kernel_bound,
+unsampled_parent_seen). The /proc facts it needs come on the records
 (pipeline/proc_facts.py)."""
 from __future__ import annotations
 
@@ -22,20 +23,34 @@ from opentelemetry.trace import SpanKind
 from ..kernel_io.abi import GO_UNIT
 from ..records import EV_SOCK_READ, Accept, RequestOpened, SockClose, SockIo
 from . import protocols, sampling
+from .attribution import CallAttribution
 from .model import CallSink, Request
-from .process_state import Conn, Proc
+from .process_state import Conn, Proc, StitchState
 from .protocols.base import (DETECT_MAX, Notice, ProtocolError, RequestFinished, RequestStarted, ResponseStatus,
-                             StreamReset, SwitchProtocol)
+                             SessionConfig, StreamReset, SwitchProtocol)
 from .traceparent import parse_traceparent, traceparent_sampled
 
 
 class Connections:
-    """Socket records -> requests (mixed into Stitcher)."""
+    """Socket records -> requests."""
 
-    def _on_accept(self, ev: Accept, out: list) -> None:
-        p = self._proc(ev.tgid, out)
+    def __init__(self, state: StitchState, calls: CallAttribution, extra_headers: frozenset, rng,
+                 sampler=None, kernel_bound: Optional[int] = None) -> None:
+        self.s, self.calls = state, calls
+        self.stats, self._log = state.stats, state.log
+        self._session_config = SessionConfig(extra_headers)
+        self._rng = rng
+        self._sampler = sampler  # pipeline/sampling.py; None: every trace sampled
+        self.kernel_bound = kernel_bound  # sampling.kernel_bound(): the kernel's draws decide roots against it
+        # An incoming traceparent said "not sampled": the collector may have the kernel decide
+        # parents from now on (sampling.bound_once_parents_unsampled).
+        self.unsampled_parent_seen = False
+        self.quiet: dict[int, bool] = {}  # tgid -> whether all its open requests are unsampled, as changed
+
+    def on_accept(self, ev: Accept, out: list) -> None:
+        p = self.s.proc(ev.tgid, out)
         if ev.fd in p.conns:  # the old connection's close was not seen (or it is seeded again)
-            self._drop_conn(p, p.conns[ev.fd], ev.ts_ns, "connection replaced", out)
+            self.drop_conn(p, p.conns[ev.fd], ev.ts_ns, "connection replaced", out)
         if ev.own:  # the collector's own export: a span for it would be exported in turn
             p.conns[ev.fd] = Conn(ev.fd, own=True)
             self.stats.add("connections_own_export")
@@ -47,9 +62,9 @@ class Connections:
         c = p.conns[ev.fd] = Conn(ev.fd, ev.peer_addr, ev.peer_port, ev.listen_fd)
         c.server_port = ev.server_port
 
-    def _on_read(self, ev: SockIo, out: list) -> None:
-        p = self._proc(ev.tgid, out)
-        c = self._conn(p, ev.fd)
+    def on_read(self, ev: SockIo, out: list) -> None:
+        p = self.s.proc(ev.tgid, out)
+        c = self.s.conn(p, ev.fd)
         if c.own:
             return
         p.threads.io(ev.tid, ev.fd, c.streams.values())
@@ -137,7 +152,7 @@ class Connections:
                 req = self._new_request(p, c, e.head, e.start_ns, e.tid)
                 self._activate(p, c, e.stream, req, out)
                 if unit and c.session.serial:
-                    self._settle(p, p.contexts.read_head(req, unit, tid, ts))
+                    self.calls.settle(p, p.contexts.read_head(req, unit, tid, ts))
             elif kind is ResponseStatus:
                 if (req := c.streams.get(e.stream)) is not None:
                     req.status = e.status
@@ -184,7 +199,7 @@ class Connections:
         req = Request(p.tgid, tid, c.fd, head, start_ns,
                       trace_id=self._rng.getrandbits(128) or 1,
                       span_id=self._rng.getrandbits(64) or 1,
-                      sink=CallSink(self.span_budget), peer_addr=c.peer_addr,
+                      sink=CallSink(self.s.span_budget), peer_addr=c.peer_addr,
                       peer_port=c.peer_port, listen_fd=c.listen_fd, server_port=c.server_port, tls=c.tls,
                       lost_before=p.records_lost)
         parent = parse_traceparent(head.headers.get("traceparent"))
@@ -206,13 +221,12 @@ class Connections:
         p.open.append(req)
         p.sampled_open += req.sampled
         self._note_quiet(p)
-        self._serving[p.tgid] = p
-        p.contexts.opened(req)
-        p.threads.opened(req)
+        self.s.serving[p.tgid] = p
+        self.calls.opened(p, req)
         out.append(RequestOpened(req))  # the cost stage learns which requests may still overlap
 
-    def _on_write(self, ev: SockIo, out: list) -> None:
-        p = self._proc(ev.tgid, out)
+    def on_write(self, ev: SockIo, out: list) -> None:
+        p = self.s.proc(ev.tgid, out)
         c = p.conns.get(ev.fd)
         if c is not None and c.own:
             return
@@ -230,13 +244,13 @@ class Connections:
         if binds and len(c.streams) == 1:  # the writing context serves that request
             (req,) = c.streams.values()
             if not req.head.binds_at_own_headers:  # those: _responding_stream
-                self._settle(p, p.contexts.bind(req, ev))
+                self.calls.settle(p, p.contexts.bind(req, ev))
         events = c.session.on_write(ev.digest or ev.data, ev.ret, ev.tail, ev.ts_ns, ev.tid)
         self._note_response(c, events, ev.ts_ns)
         if binds and (req := self._responding_stream(c, events)) is not None:
-            self._settle(p, p.contexts.bind(req, ev, ancestors=False))
-        if c.session.written and self._handler_pair(p, ev, c.streams.values()):  # before the events end streams
-            p.pairs.wrote((ev.tid, ev.ctx), c.session.written, c.streams, ev.ts_ns)
+            self.calls.settle(p, p.contexts.bind(req, ev, ancestors=False))
+        if c.session.written and p.handlers.pair_of_call(ev, c.streams.values()):  # before the events end streams
+            p.handlers.wrote((ev.tid, ev.ctx), c.session.written, c.streams, ev.ts_ns)
         self._apply(p, c, events, ev.tid, ev.ts_ns, out, ev.ctx)
 
     @staticmethod
@@ -296,9 +310,9 @@ class Connections:
             return None
         return req if any(type(e) is ResponseStatus and e.stream == stream for e in events) else None
 
-    def _on_close(self, ev: SockClose, out: list) -> None:
+    def on_close(self, ev: SockClose, out: list) -> None:
         tgid, fd, ts = ev.tgid, ev.fd, ev.ts_ns
-        p = self.procs.get(tgid)
+        p = self.s.procs.get(tgid)
         c = p.conns.get(fd) if p else None
         if c is None:
             return
@@ -310,7 +324,7 @@ class Connections:
             self._log.event("connections_unknown_protocol", logging.INFO,
                             "pid %d fd %d: connection closed after %d bytes, too few to tell its protocol",
                             tgid, fd, len(c.prefix))
-        self._drop_conn(p, c, ts, "connection closed before the response completed", out)
+        self.drop_conn(p, c, ts, "connection closed before the response completed", out)
 
     def _resync(self, p: Proc, c: Conn, ev: SockIo, out: list) -> bool:
         """After records of `c` were lost (ev.lost; the kernel summarised their requests):
@@ -346,7 +360,7 @@ class Connections:
             return
         c.resync = True
 
-    def _drop_conn(self, p: Proc, c: Conn, ts: int, reason: str, out: list) -> None:
+    def drop_conn(self, p: Proc, c: Conn, ts: int, reason: str, out: list) -> None:
         self._drop_requests(p, c, ts, reason, out)
         if p.conns.pop(c.fd, None) is c:
             p.untracked -= not c.tracked
@@ -375,8 +389,8 @@ class Connections:
             p.sampled_open -= req.sampled
             self._note_quiet(p)
             if not p.open:
-                self._serving.pop(p.tgid, None)
-        self._settle(p, p.contexts.finished(req) + p.pairs.finished(req) + p.threads.finished(req))
+                self.s.serving.pop(p.tgid, None)
+        self.calls.finished(p, req)
         if not req.sampled and req.sink.streamed:  # work the kernel could have counted (sampling.py)
             self.stats.add("cuda_calls_streamed_unsampled", req.sink.streamed)
         if p.untracked:
@@ -387,3 +401,13 @@ class Connections:
             self.stats.add("requests_before_probes")
         self.stats.add("requests_finished")
         out.append(req)
+
+    def _note_quiet(self, p: Proc) -> None:
+        """Whether `p` has no sampled request open (and, unless the sampler drops traces
+        that start here, some request open), when that changes: the collector tells the
+        kernel (bpf/maps.h quiet_procs)."""
+        if self._sampler is None:
+            return
+        quiet = not p.sampled_open and (bool(p.open) or self.s.quiet_when_idle)
+        if quiet != p.quiet:
+            p.quiet = self.quiet[p.tgid] = quiet

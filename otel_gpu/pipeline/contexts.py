@@ -37,26 +37,21 @@ goroutine start is a ContextCopy (made by its creator), every goroutine met is t
   calls while requests are open are shared, linked to them; a goroutine with no such
   hand-off (background work) is outside, even while a request is open.
 
-Nothing is guessed: a call reaches a request only through a binding. Tables are bounded:
-contexts by an LRU cap and an idle sweep at each Tick, held calls by a per-context cap
-(past the span budget they are folded by (call, detail)) and a per-process cap past
-which calls are ambiguous at once, counted."""
+This is the `unit` policy of the hold engine (pipeline/held.py): its held calls are
+keyed by the unit they were made in and watched by their candidates; a binding settles
+them (Holds.bound), a finish never proves one (PASS). Nothing is guessed: a call reaches
+a request only through a binding. Contexts are bounded by an LRU cap and an idle sweep
+at each Tick."""
 from __future__ import annotations
 
-import logging
 from collections import OrderedDict
 from typing import Optional
 
 from ..kernel_io.abi import GO_UNIT
-from ..ratelimit import RateLimitedLog, Stats
-from ..records import CallAggregate, ContextCopy, CudaCall, UnitWake
-from .held import HeldCalls, Outcome
+from ..records import ContextCopy, CudaCall, UnitWake
+from .held import PASS, Holds, Outcome
 from .model import Request
-from .rules import HELD, MAX_HELD, rule, share
-
-UNIT_BOUND, UNIT_BOUND_LATER, UNIT_HELD_FULL, UNIT_UNBOUND, UNIT_HAND_OFF, UNIT_UNOWNED, PROCESS_IDLE = (
-    rule(n) for n in ("unit.bound", "unit.bound_later", "unit.held_full", "unit.unbound", "unit.hand_off",
-                      "unit.unowned", "process.idle"))
+from .rule_facts import UnitFacts
 
 MAX_CONTEXTS = 50_000     # tracked contexts per process (LRU past it)
 MAX_DEPTH = 64            # ancestors walked from a context
@@ -67,33 +62,20 @@ MAX_PARTNERS = 256        # hand-off partners remembered per goroutine
 
 class Node:
     """One incarnation of a context (an address can be reused once it is freed)."""
-    __slots__ = ("addr", "parent", "parent_created", "created", "used", "bound", "held", "kept",
-                 "worked")
+    __slots__ = ("addr", "parent", "parent_created", "created", "used", "bound", "worked")
 
     def __init__(self, addr: int, parent: int, parent_created: Optional[int], created: int) -> None:
         self.addr, self.parent, self.parent_created = addr, parent, parent_created
         self.created = self.used = created
         self.bound: Optional[Request] = None
-        self.held: list[Held] = []
-        self.kept = 0          # calls held one by one in this context (the rest are folded)
         self.worked = False    # made a CUDA call since it was last passed over for eviction
 
 
-class Held(HeldCalls):
-    """Calls made in one context while one set of requests could still own them."""
-    __slots__ = ("node", "live", "unbound")
-
-    def __init__(self, node: Node, cands: tuple) -> None:
-        super().__init__(cands)
-        self.node, self.live = node, len(cands)
-        self.unbound: list[Request] = []  # candidates that finished without binding
-
-
 class ProcessContexts:
-    def __init__(self, tgid: int, keep: int, stats: Stats, ratelog: RateLimitedLog,
-                 max_contexts: int = MAX_CONTEXTS, max_held: int = MAX_HELD) -> None:
-        self.tgid, self.keep, self.stats, self._log = tgid, keep, stats, ratelog
-        self.max_contexts, self.max_held = max_contexts, max_held
+    name = "unit"  # the hold policy (pipeline/rules.py unit.held)
+
+    def __init__(self, holds: Holds, stats, max_contexts: int = MAX_CONTEXTS) -> None:
+        self.holds, self.stats, self.max_contexts = holds, stats, max_contexts
         self.nodes: OrderedDict[int, Node] = OrderedDict()  # addr -> Node, least recently used first
         self.threads: dict[int, int] = {}    # context thread -> last seen
         self.unbound: dict[int, Request] = {}  # id -> open request not bound yet
@@ -101,9 +83,6 @@ class ProcessContexts:
         self.partners: dict[int, set] = {}     # goroutine -> goroutines it woke or was woken by
         self._cands: Optional[tuple] = None  # the same tuple while `unbound` is unchanged
         self.bindings: dict[int, list] = {}  # id(request) -> Nodes bound to it
-        self.index: dict[int, dict] = {}     # id(request) -> {Held it is a candidate of: None}
-        self.entries = 0  # held calls and folds
-        self.held = 0     # calls held (folded ones counted one by one)
 
     # --- the forest ------------------------------------------------------------------
     def copied(self, ev: ContextCopy) -> None:
@@ -127,9 +106,9 @@ class ProcessContexts:
         while len(self.partners) > self.max_contexts:
             del self.partners[next(iter(self.partners))]
 
-    def _hands_off(self, unit: int) -> bool:
-        """`unit` woke, or was woken by, a goroutine that read a request."""
-        return not self.readers.isdisjoint(self.partners.get(unit, ()))
+    def hands_off(self, unit: int) -> bool:
+        """`unit` is a goroutine that woke, or was woken by, one that read a request."""
+        return bool(unit & GO_UNIT) and not self.readers.isdisjoint(self.partners.get(unit, ()))
 
     def _adopt(self, addr: int) -> Node:
         """A context whose creation we never saw, met on a context thread (a task started
@@ -177,7 +156,7 @@ class ProcessContexts:
         made CUDA calls get a second chance."""
         for _ in range(64):
             addr, node = next(iter(self.nodes.items()))
-            if node.bound is not None or node.held or node.worked:
+            if node.bound is not None or node.worked or self.holds.holding(self.name, node):
                 node.worked = False
                 self.nodes.move_to_end(addr)
                 continue
@@ -189,7 +168,7 @@ class ProcessContexts:
         """At each Tick: forgets contexts no open request may own (created before the
         oldest open request), neither bound nor holding calls, unused for IDLE_NS."""
         gone = [a for a, n in self.nodes.items()
-                if n.bound is None and not n.held and now_ns - n.used > IDLE_NS
+                if n.bound is None and now_ns - n.used > IDLE_NS and not self.holds.holding(self.name, n)
                 and (oldest_open_ns is None or n.created < oldest_open_ns)]
         for a in gone:
             del self.nodes[a]
@@ -241,44 +220,23 @@ class ProcessContexts:
         self.bindings[id(req)] = chain
         del self.unbound[id(req)]
         self._cands = None
-        out = []
-        for h in self.index.pop(id(req), ()):
-            if self._owner(h.node) is req:
-                out.append(self._settle(h, req))
-            else:
-                out += self._lose(h)
-        return out
+        return self.holds.bound(req, lambda g: self._owner(g.key) is req)
 
-    def finished(self, req: Request) -> list[Outcome]:
-        """`req` is done: its bindings end; held calls it never owned count on it as
-        ambiguous and settle once no other candidate may own them."""
+    def on_finish(self, group, req: Request) -> str:
+        """A candidate finished without binding the group's unit: it proves nothing."""
+        return PASS
+
+    def finished(self, req: Request) -> None:
+        """`req` is done: its bindings end."""
         if self.unbound.pop(id(req), None) is not None:
             self._cands = None
         for n in self.bindings.pop(id(req), ()):
             if n.bound is req:
                 n.bound = None
-        out = []
-        for h in self.index.pop(id(req), ()):
-            share([req], h.count, len(h.cands))
-            h.unbound.append(req)
-            out += self._lose(h)
-        return out
-
-    def drain(self) -> list[Outcome]:
-        """Every held call settles now; candidates still open count as never bound."""
-        out = []
-        for h in list(dict.fromkeys(h for hs in self.index.values() for h in hs)):
-            for c in h.cands:
-                if id(c) in self.unbound:
-                    share([c], h.count, len(h.cands))
-                    h.unbound.append(c)
-            out.append(self._settle(h, None))
-        return out
 
     # --- calls -----------------------------------------------------------------------
-    def call(self, ev: CudaCall, device: int, open_requests: list):
-        """HELD, (rule, request or candidates), or None: the thread rules decide.
-        `open_requests`: the process's (read only)."""
+    def call(self, ev: CudaCall) -> Optional[UnitFacts]:
+        """The unit facts of a call, or None: made in no tracked unit (the thread rules)."""
         node = self.nodes.get(ev.ctx)
         if node is None:
             if ev.tid not in self.threads and not ev.ctx & GO_UNIT:
@@ -288,57 +246,7 @@ class ProcessContexts:
         self._touch(node, ev.ts_ns)
         node.worked = True
         owner = self._owner(node, ev.ts_ns)
-        if owner is not None:
-            return UNIT_BOUND, owner
-        cands = self.candidates()
-        if not cands:
-            if not open_requests:
-                return PROCESS_IDLE, None
-            if ev.ctx & GO_UNIT and self._hands_off(ev.ctx):
-                return UNIT_HAND_OFF, list(open_requests)
-            return UNIT_UNOWNED, None
-        if self.entries >= self.max_held:
-            self._log.event("held_calls_overflow", logging.WARNING,
-                            "pid %d: %d CUDA calls wait for their request's context; more are "
-                            "attributed ambiguous at once", self.tgid, self.held)
-            return UNIT_HELD_FULL, list(cands)
-        self._hold(node, cands, ev, device)
-        return HELD
-
-    def _hold(self, node: Node, cands: tuple, ev: CudaCall, device: int) -> None:
-        h = node.held[-1] if node.held and node.held[-1].cands is cands else None
-        if h is None:
-            h = Held(node, cands)
-            node.held.append(h)
-            for c in cands:
-                self.index.setdefault(id(c), {})[h] = None
-        one = node.kept < self.keep and ev.__class__ is not CallAggregate
-        node.kept += one
-        entries, calls = h.add(ev, device, one)
-        self.entries += entries
-        self.held += calls
-
-    def _lose(self, h: Held) -> list[Outcome]:
-        """One candidate of `h` can no longer own it."""
-        h.live -= 1
-        return [self._settle(h, None)] if h.live <= 0 else []
-
-    def _settle(self, h: Held, req: Optional[Request]) -> Outcome:
-        node = h.node
-        if h in node.held:
-            node.held.remove(h)
-        node.kept -= len(h.calls)
-        for c in h.cands:
-            hs = self.index.get(id(c))
-            if hs is not None:
-                hs.pop(h, None)
-                if not hs:
-                    del self.index[id(c)]
-        self.entries -= h.entries
-        self.held -= h.count
-        return h.outcome(UNIT_BOUND_LATER if req is not None else UNIT_UNBOUND if h.unbound else UNIT_UNOWNED,
-                         req, h.unbound)
+        return UnitFacts(node, owner, () if owner is not None else self.candidates())
 
     def state(self) -> dict:
-        return {"contexts_tracked": len(self.nodes), "pending_calls": self.held,
-                "contexts_bound": sum(len(c) for c in self.bindings.values())}
+        return {"contexts_tracked": len(self.nodes), "contexts_bound": sum(len(c) for c in self.bindings.values())}

@@ -34,45 +34,39 @@ context breaks it, and is caught only when it writes another stream's frames whi
 bound); a pair's write with frames of one stream only is its own RPC's (C-core runs the
 writing thread's own operation first when it takes the combiner); and an RPC's context
 lives until its END_STREAM is written (grpcio's _RPCState holds it until the status
-operation completes). Bounded: past MAX_HELD held
-calls a process's calls are ambiguous at once, counted (`handler_calls_overflow`).
-Calls the kernel counted itself (CallAggregate) are not held: ambiguous as before."""
+operation completes).
+
+This is the `handler` policy of the hold engine (pipeline/held.py): its held calls are
+keyed by their pair and watched by every candidate; R's finish settles its pair's held
+calls (OWNS, or GIVE_UP), another pair's wait for their other candidates (PASS). Calls
+the kernel counted itself (CallAggregate) are not held: ambiguous as before."""
 from __future__ import annotations
 
 import logging
-from typing import Optional
 
-from ..ratelimit import RateLimitedLog, Stats
-from .held import HeldCalls, Outcome
+from ..ratelimit import RateLimitedLog
+from .held import GIVE_UP, OWNS, PASS, Holds
 from .model import Request
-from .rules import MAX_HELD, rule, share
-
-STREAM, UNPROVEN = rule("handler.stream"), rule("handler.unproven")
-
-
-class _Held(HeldCalls):
-    """Calls of one pair made while one set of requests was open (one by one: the
-    kernel's own counts are not held)."""
-    __slots__ = ("pair", "live", "settled")
-
-    def __init__(self, pair: tuple, cands: tuple) -> None:
-        super().__init__(cands)
-        self.pair, self.live = pair, len(cands)
-        self.settled = False
 
 
 class HandlerPairs:
-    def __init__(self, tgid: int, stats: Stats, ratelog: RateLimitedLog, max_held: int = MAX_HELD) -> None:
-        self.tgid, self.stats, self._log, self.max_held = tgid, stats, ratelog, max_held
+    name = "handler"  # the hold policy (pipeline/rules.py handler.held)
+
+    def __init__(self, tgid: int, holds: Holds, contexts, ratelog: RateLimitedLog) -> None:
+        self.tgid, self.holds, self.contexts, self._log = tgid, holds, contexts, ratelog
         self.pair_of: dict[int, tuple] = {}      # id(open request) -> its pair
         self.req_of: dict[tuple, Request] = {}   # pair -> the open request it is bound to
         self.bound_at: dict[int, int] = {}       # id(open request) -> when its pair bound (w_R)
         self.conflicted: set[int] = set()        # id(open request)
         # id(finished candidate of a held call) -> (its pair if trusted, else None; its end)
         self.verdict: dict[int, tuple] = {}
-        self.index: dict[int, dict] = {}         # id(request) -> {_Held it is a candidate of: None}
-        self.last: dict[tuple, _Held] = {}       # pair -> its newest _Held
-        self.held = 0
+        self.ending: dict[int, tuple] = {}       # id(request finishing) -> (pair, trusted, w_R)
+
+    def pair_of_call(self, ev, requests) -> bool:
+        """Made in a Python context the probes never saw created, on a thread that never
+        ran a tracked one and read none of `requests` (a call or a write)."""
+        return bool(ev.ctx) and ev.ctx not in self.contexts.nodes and ev.tid not in self.contexts.threads \
+            and all(r.tid != ev.tid for r in requests)
 
     # --- writes ----------------------------------------------------------------------
     def wrote(self, pair: tuple, streams: frozenset, open_streams: dict, ts_ns: int) -> None:
@@ -105,87 +99,58 @@ class HandlerPairs:
                             self.tgid, why)
 
     # --- calls -----------------------------------------------------------------------
-    @staticmethod
-    def applies(candidates: list) -> bool:
-        return any(r.head.multiplexed for r in candidates)
-
-    def hold(self, pair: tuple, cands: list, ev, device: int) -> bool:
-        """Holds an ambiguous call of `pair`; False when past the cap (counted)."""
-        if self.held >= self.max_held:
-            self._log.event("handler_calls_overflow", logging.WARNING,
-                            "pid %d: %d CUDA calls of handler threads wait for their stream; more are "
-                            "attributed ambiguous at once", self.tgid, self.held)
-            return False
-        h = self.last.get(pair)
-        if h is None or h.settled or len(h.cands) != len(cands) or any(a is not b for a, b in zip(h.cands, cands)):
-            h = self.last[pair] = _Held(pair, tuple(cands))
-            for c in h.cands:
-                self.index.setdefault(id(c), {})[h] = None
-        h.add(ev, device, True)
-        self.held += 1
-        return True
+    def hold(self, pair: tuple, ev, device: int, open_requests: list) -> None:
+        """Holds an ambiguous call of `pair` (handler.held)."""
+        cands = tuple(open_requests)
+        self.holds.hold(self, pair, cands, cands, ev, device)
 
     # --- requests --------------------------------------------------------------------
-    def finished(self, req: Request) -> list[Outcome]:
-        """`req` is done: the held calls of its pair land on it or become ambiguous; the
-        others wait for their other candidates (module docstring)."""
-        pair = self.pair_of.pop(id(req), None)
-        bound_at = self.bound_at.pop(id(req), 0)
-        if pair is not None and self.req_of.get(pair) is req:
-            del self.req_of[pair]
-        trusted = pair is not None and id(req) not in self.conflicted
-        self.conflicted.discard(id(req))
-        held = self.index.pop(id(req), {})
-        if held:
-            self.verdict[id(req)] = (pair if trusted else None, req.end_ns)
-        out: list[Outcome] = []
-        for h in held:
-            if h.settled:
-                continue
-            h.live -= 1
-            if trusted and h.pair == pair and self._others_elsewhere(h, req, pair, bound_at):
-                out.append(self._settle(h, req))
-                continue
-            share([req], len(h.calls), len(h.cands))
-            if h.pair == pair or h.live <= 0:  # its pair's calls it cannot prove its, or nobody left
-                out.append(self._settle(h, None))
-        self._forget()
-        return out
+    def on_finish(self, group, req: Request) -> str:
+        """`req`, a candidate of `group`, is done: the held calls of its pair are its or
+        nobody's provably; another pair's wait for their other candidates."""
+        pair, trusted, bound_at = self._ending(req)
+        if group.key != pair:
+            return PASS
+        return OWNS if trusted and self._others_elsewhere(group, req, pair, bound_at) else GIVE_UP
 
-    def _others_elsewhere(self, h: _Held, req: Request, pair: tuple, bound_at: int) -> bool:
-        """Every other candidate of `h` that finished before `req`'s pair bound was bound,
-        trusted, to another pair."""
-        for c in h.cands:
+    def _ending(self, req: Request) -> tuple:
+        """(its pair, whether its binding is trusted, w_R) once per finish; remembered
+        for the held calls it was a candidate of (verdict)."""
+        e = self.ending.get(id(req))
+        if e is None:
+            pair = self.pair_of.pop(id(req), None)
+            bound_at = self.bound_at.pop(id(req), 0)
+            if pair is not None and self.req_of.get(pair) is req:
+                del self.req_of[pair]
+            trusted = pair is not None and id(req) not in self.conflicted
+            self.conflicted.discard(id(req))
+            e = self.ending[id(req)] = (pair, trusted, bound_at)
+            self.verdict[id(req)] = (pair if trusted else None, req.end_ns)
+        return e
+
+    def _others_elsewhere(self, group, req: Request, pair: tuple, bound_at: int) -> bool:
+        """Every other candidate of `group` that finished before `req`'s pair bound was
+        bound, trusted, to another pair."""
+        for c in group.cands:
             v = self.verdict.get(id(c)) if c is not req else None
             if v is not None and v[1] <= bound_at and (v[0] is None or v[0] == pair):
                 return False
         return True
 
-    def drain(self) -> list[Outcome]:
-        """Every held call settles now, ambiguous (collector stopping, process gone)."""
-        out = [self._settle(h, None) for hs in list(self.index.values()) for h in list(hs) if not h.settled]
-        self.index.clear()
-        self._forget()
-        return out
-
-    def _settle(self, h: _Held, req: Optional[Request]) -> Outcome:
-        h.settled = True
-        self.held -= len(h.calls)
-        if self.last.get(h.pair) is h:
-            del self.last[h.pair]
-        links: list = []
-        if req is None:
-            for c in h.cands:
-                hs = self.index.get(id(c))
-                if hs is not None and hs.pop(h, 0) is None:  # still open: its share now
-                    share([c], len(h.calls), len(h.cands))
-                links.append(c)
-        return h.outcome(STREAM if req is not None else UNPROVEN, req, links)
-
-    def _forget(self) -> None:
-        """Verdicts of finished requests no held call needs any more."""
-        if not self.index:
+    def finished(self, req: Request) -> None:
+        """After the held calls were told: its pair's state goes, verdicts no held call
+        needs any more too."""
+        if self.ending.pop(id(req), None) is None:
+            pair = self.pair_of.pop(id(req), None)
+            self.bound_at.pop(id(req), None)
+            if pair is not None and self.req_of.get(pair) is req:
+                del self.req_of[pair]
+            self.conflicted.discard(id(req))
+        if not self.verdict:
+            return
+        n = self.holds.count(self.name)
+        if not n:
             self.verdict.clear()
-        elif len(self.verdict) > 4 * len(self.index) + 64:
-            live = {id(c) for hs in self.index.values() for h in hs for c in h.cands}
+        elif len(self.verdict) > 4 * n + 64:
+            live = {id(c) for g in self.holds.groups(self.name) for c in g.cands}
             self.verdict = {k: v for k, v in self.verdict.items() if k in live}

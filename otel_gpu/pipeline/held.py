@@ -1,17 +1,46 @@
-"""Calls held until their owner is known (pipeline/rules.py HELD), the one container the
-hold engines share: execution units waiting for a binding (pipeline/contexts.py),
-handler threads waiting for their stream (pipeline/handlers.py) and threads waiting
-for proof that they served one request alone (pipeline/threads.py). Each keeps calls
-one by one while the engine says so (what a span can show) and folds the rest by
-(call, detail), so counts always add up; it settles into one Outcome."""
+"""Calls held until their owner is known (a hold rule of pipeline/rules.py): one engine
+per process, with one cap (MAX_HELD), one candidate index and one share, for every unit
+policy (pipeline/contexts.py: execution units waiting for a binding; pipeline/threads.py:
+threads waiting for proof that they served one request alone; pipeline/handlers.py:
+handler threads waiting for their stream).
+
+A hold keeps calls in a Group: one policy's key (a unit, a request, a handler pair) and
+the requests that could own them (`cands`). The group is indexed under the candidates
+its policy watches; each watched candidate ends its part one way:
+  - it binds a unit (Holds.bound): the group is its, or it can no longer be (lost);
+  - it finishes (Holds.finished), and the policy says (policy.on_finish):
+    OWNS: the group is its; GIVE_UP: nobody can be proven its owner any more;
+    PASS: not proven its, the others may still be.
+A group settles when it has an owner, when its policy gives up, or when no watched
+candidate is left; pipeline/rules.py settled() names the rule. Calls are kept one by one
+up to the span budget per key (what a span can show) and folded by (call, detail) past
+it, so counts always add up.
+
+The share: a candidate counts 1/N of a group's calls (N: its candidates) when it finishes
+while the group may still be ambiguous to it, or when the group settles ambiguous while
+it is still open; never twice, and never one that bound another unit. So the shares
+summed over spans never exceed the calls."""
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Callable, Optional
 
+from ..ratelimit import RateLimitedLog, Stats
 from ..records import CallAggregate
 from .model import Request, RollupAgg, busy_end
-from .rules import Rule
+from .rule_facts import SettleFacts
+from .rules import MAX_HELD, Rule, settled
+
+OWNS, GIVE_UP, PASS = "owns", "give_up", "pass"  # a policy's word on a watched candidate that finished
+
+
+def share(requests, count: float, among: int = 0) -> None:
+    """`count` ambiguous calls may be any of their `among` candidates' (default: the
+    requests given): each of `requests` counts its 1/N."""
+    n = among or len(requests)
+    for r in requests:
+        r.sink.summary.ambiguous += count / n
 
 
 @dataclass
@@ -69,5 +98,139 @@ class HeldCalls:
     def entries(self) -> int:
         return len(self.calls) + len(self.folds)
 
-    def outcome(self, rule: Rule, request: Optional[Request], links: list) -> Outcome:
-        return Outcome(rule, request, links, self.calls, list(self.folds.values()), self.count, self.first_ts)
+
+class Group(HeldCalls):
+    """Calls one policy holds under one key while one set of requests could own them."""
+    __slots__ = ("policy", "key", "waiting", "lost", "passed", "settled")
+
+    def __init__(self, policy, key, cands: tuple, watched: int) -> None:
+        super().__init__(cands)
+        self.policy, self.key = policy, key
+        self.waiting = watched   # watched candidates that have not ended their part
+        self.lost: set = set()   # id(candidate) that bound another unit
+        self.passed: set = set()  # id(candidate) that finished and counted its share
+        self.settled = False
+
+
+class Holds:
+    """One process's held calls (module docstring). `proc`: its Proc (what settle rules read)."""
+
+    def __init__(self, proc, keep: int, stats: Stats, ratelog: RateLimitedLog, max_held: int = MAX_HELD) -> None:
+        self.proc, self.keep, self.stats, self._log, self.max_held = proc, keep, stats, ratelog, max_held
+        self.index: dict[int, dict] = {}   # id(request) -> {Group watching it: None}
+        self.last: dict[tuple, Group] = {}  # (policy name, key) -> its newest unsettled group
+        self.pending: dict[tuple, int] = {}  # (policy name, key) -> its unsettled groups
+        self.kept: dict[tuple, int] = {}    # (policy name, key) -> calls held one by one
+        self.by_policy: dict[str, int] = {}  # policy name -> its unsettled groups
+        self.open: set[int] = set()         # id(open request)
+        self.entries = 0  # held calls and folds
+        self.held = 0     # calls held (folded ones counted one by one)
+
+    def opened(self, req: Request) -> None:
+        self.open.add(id(req))
+
+    def full(self) -> bool:
+        """Past the cap (logged and counted): a hold rule's call is process.held_full."""
+        if self.entries < self.max_held:
+            return False
+        self._log.event("held_calls_overflow", logging.WARNING,
+                        "pid %d: %d CUDA calls wait for their owner; more are attributed ambiguous at once",
+                        self.proc.tgid, self.held)
+        return True
+
+    def hold(self, policy, key, cands: tuple, watch, ev, device: int) -> None:
+        """Holds a call for `policy` under `key`, owned by one of `cands` once proven;
+        `watch`: the candidates whose binding or finish may settle it."""
+        k = (policy.name, key)
+        g = self.last.get(k)
+        if g is None or not _same(g.cands, cands):
+            watch = tuple(watch)
+            g = self.last[k] = Group(policy, key, cands, len(watch))
+            self.pending[k] = self.pending.get(k, 0) + 1
+            self.by_policy[policy.name] = self.by_policy.get(policy.name, 0) + 1
+            for c in watch:
+                self.index.setdefault(id(c), {})[g] = None
+        kept = self.kept.get(k, 0)
+        one = kept < self.keep and ev.__class__ is not CallAggregate
+        if one:
+            self.kept[k] = kept + 1
+        entries, calls = g.add(ev, device, one)
+        self.entries += entries
+        self.held += calls
+
+    def holding(self, policy_name: str, key) -> bool:
+        return (policy_name, key) in self.pending
+
+    def count(self, policy_name: str) -> int:
+        """How many groups of one policy are unsettled."""
+        return self.by_policy.get(policy_name, 0)
+
+    def groups(self, policy_name: str) -> set:
+        """The unsettled groups of one policy (rarely: a policy trimming its memory)."""
+        return {g for gs in self.index.values() for g in gs if g.policy.name == policy_name}
+
+    # --- a watched candidate ends its part -----------------------------------------
+    def bound(self, req: Request, owns: Callable[[Group], bool]) -> list[Outcome]:
+        """`req` bound a unit: each group watching it is its (`owns`), or can no longer be."""
+        out: list[Outcome] = []
+        for g in self.index.pop(id(req), ()):
+            if owns(g):
+                out.append(self._settle(g, req))
+            else:
+                g.lost.add(id(req))
+                out += self._step(g)
+        return out
+
+    def finished(self, req: Request) -> list[Outcome]:
+        """`req` is done: each group watching it settles or waits, as its policy says."""
+        self.open.discard(id(req))
+        out: list[Outcome] = []
+        for g in self.index.pop(id(req), ()):
+            word = g.policy.on_finish(g, req)
+            if word is OWNS:
+                out.append(self._settle(g, req))
+                continue
+            share((req,), g.count, len(g.cands))
+            g.passed.add(id(req))
+            out += [self._settle(g, None)] if word is GIVE_UP else self._step(g)
+        return out
+
+    def drain(self) -> list[Outcome]:
+        """Every held call settles now (collector stopping, process gone)."""
+        return [self._settle(g, None) for g in list(dict.fromkeys(g for gs in self.index.values() for g in gs))]
+
+    def _step(self, g: Group) -> list[Outcome]:
+        g.waiting -= 1
+        return [self._settle(g, None)] if g.waiting <= 0 else []
+
+    def _settle(self, g: Group, owner: Optional[Request]) -> Outcome:
+        g.settled = True
+        for c in g.cands:
+            gs = self.index.get(id(c))
+            if gs is not None and gs.pop(g, 0) is None and not gs:
+                del self.index[id(c)]
+        links: list = []
+        if owner is None:
+            share([c for c in g.cands if id(c) in self.open and id(c) not in g.lost and id(c) not in g.passed],
+                  g.count, len(g.cands))
+            links = [c for c in g.cands if id(c) not in g.lost]
+        k = (g.policy.name, g.key)
+        if self.last.get(k) is g:
+            del self.last[k]
+        self.pending[k] -= 1
+        self.by_policy[g.policy.name] -= 1
+        if not self.pending[k]:
+            del self.pending[k]
+        kept = self.kept.get(k, 0) - len(g.calls)
+        if kept > 0:
+            self.kept[k] = kept
+        else:
+            self.kept.pop(k, None)
+        self.entries -= g.entries
+        self.held -= g.count
+        rule = settled(SettleFacts(g.policy.name, owner, links, self.proc))
+        return Outcome(rule, owner, links, g.calls, list(g.folds.values()), g.count, g.first_ts)
+
+
+def _same(a: tuple, b: tuple) -> bool:
+    return a is b or (len(a) == len(b) and all(x is y for x, y in zip(a, b)))

@@ -1,12 +1,16 @@
-"""What the stitcher keeps per traced process (Proc) and per server connection (Conn);
-its two halves, pipeline/connections.py and pipeline/attribution.py, read and change it."""
+"""What the stitcher keeps (StitchState): per traced process (Proc) and per server
+connection (Conn); its two halves, pipeline/connections.py and pipeline/attribution.py,
+share one StitchState and read and change it."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Optional
 
+from ..ratelimit import RateLimitedLog, Stats
+from ..records import ProcessSeen
 from .contexts import ProcessContexts
 from .handlers import HandlerPairs
+from .held import Holds
 from .model import ProcessWindow
 from .protocols.base import Session
 from .threads import ThreadProof
@@ -52,10 +56,43 @@ class Proc:
     partial_heads: dict = field(default_factory=dict)
     # Threads that served a connection that is not HTTP/1.x (tid -> fds): nor "thread".
     broken: dict = field(default_factory=dict)
-    contexts: Optional[ProcessContexts] = None
-    pairs: Optional[HandlerPairs] = None  # handler threads of multiplexed connections
+    # Its one hold engine and the unit policies that feed it (pipeline/held.py):
+    holds: Optional[Holds] = None
+    contexts: Optional[ProcessContexts] = None  # Python contexts and goroutines
     threads: Optional[ThreadProof] = None  # threads' proof that they served one request alone
+    handlers: Optional[HandlerPairs] = None  # handler threads of multiplexed connections
     untracked: int = 0  # open connections the kernel does not track (Conn.tracked False)
     hidden: int = 0  # open multiplexed connections no session follows any more (Conn.hides)
     sampled_open: int = 0  # open requests whose trace is sampled
     quiet: bool = False    # all its open requests are unsampled (as the kernel was last told)
+
+
+class StitchState:
+    """Every traced process, by tgid, and what both halves of the stitcher read of them:
+    the processes with open requests (serving), their groups of related processes
+    (ProcessGroup records), the span budget, the counters and the rate-limited log."""
+
+    def __init__(self, span_budget: int, stats: Stats, ratelog: RateLimitedLog, quiet_when_idle: bool) -> None:
+        self.span_budget, self.stats, self.log = span_budget, stats, ratelog
+        self.quiet_when_idle = quiet_when_idle  # sampling.drops_roots(): new processes start quiet
+        self.procs: dict[int, Proc] = {}
+        self.groups: dict[int, Optional[str]] = {}  # tgid -> its group of related processes
+        self.serving: dict[int, Proc] = {}  # processes with open requests
+
+    def proc(self, tgid: int, out: list) -> Proc:
+        """The process's state, made (with a ProcessSeen record) when first met."""
+        p = self.procs.get(tgid)
+        if p is None:
+            p = self.procs[tgid] = Proc(tgid, quiet=self.quiet_when_idle)
+            p.holds = Holds(p, self.span_budget, self.stats, self.log)
+            p.contexts = ProcessContexts(p.holds, self.stats)
+            p.threads = ThreadProof(p.holds)
+            p.handlers = HandlerPairs(tgid, p.holds, p.contexts, self.log)
+            out.append(ProcessSeen(tgid))
+        return p
+
+    def conn(self, p: Proc, fd: int) -> Conn:
+        c = p.conns.get(fd)
+        if c is None:  # accepted before the collector saw it: peer unknown
+            c = p.conns[fd] = Conn(fd)  # (pipeline/proc_facts.py makes an Accept for it first)
+        return c

@@ -1,15 +1,19 @@
-"""The attribution rules: where each CUDA call goes, one ordered table.
+"""The attribution rules: where each CUDA call goes, one ordered table and its evaluator.
 
 A call carries its execution unit (`ctx`: a Python context, a goroutine, or 0 for a
-plain OS thread). The first rule of RULES that applies decides; every call counts under
-the rule that decided it (`otel-gpu status`: attribution_rules; the `stopped:` line).
-Which rules apply is decided in three places, each named here by its rules' prefix:
-  unit.*     pipeline/contexts.py: execution units, their bindings and lineage
-  handler.*  pipeline/handlers.py: handler threads of multiplexed servers (gRPC)
-  thread.*, process.*, group.*   pipeline/attribution.py: the rest; a thread's proof
-             that it served one request alone, pipeline/threads.py
-A held call (HELD) waits until its rule can settle it; it counts under the rule that
-settles it. docs/attribution.md lists this table (a unit test keeps them equal).
+plain OS thread). decide() walks RULES in order and the first rule whose predicate holds
+decides, for two kinds of moment:
+  at the call (`call`: a CallFacts, pipeline/facts.py), and
+  when held calls settle (`settle`: a SettleFacts), the calls a hold rule kept.
+A hold rule (`holds`) keeps the call in its process's one hold engine (pipeline/held.py)
+under a unit policy, which proves or voids an owner later (`unit`: pipeline/contexts.py,
+Python contexts and goroutines; `thread`: pipeline/threads.py, a thread that served one
+request alone; `handler`: pipeline/handlers.py, gRPC handler threads). Past the engine's
+one cap, process.held_full decides instead. Every call counts under the rule that
+decided it (`otel-gpu status`: attribution_rules; the `stopped:` line); a held call
+under the rule that settled it. `gives` names the fact that becomes the call's request
+(task, thread, process) or its links (ambiguous, shared). docs/attribution.md carries
+this table (a unit test keeps them equal).
 
 Nothing is guessed: a call reaches one request only through a binding, a lineage, a
 handler's proof, or a thread or process that had that request alone open; otherwise it
@@ -18,83 +22,123 @@ for requests in flight, linked to all) or outside."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable, Optional
 
 from .model import AMBIGUOUS, OUTSIDE, PROCESS, SHARED, TASK, THREAD
 
-HELD = "held"      # a verdict: kept until its request is known (then a rule below decides)
-MAX_HELD = 100_000  # held calls and folds per process and engine; past it, ambiguous at once
+HELD = "held"       # the outcome of a hold rule: kept until a rule can settle it
+MAX_HELD = 100_000  # held calls and folds per process (one engine); past it, process.held_full
 
 
 @dataclass(frozen=True)
 class Rule:
     name: str
-    attribution: str  # model.ATTRIBUTIONS
+    attribution: str  # model.ATTRIBUTIONS, or HELD
     when: str
+    call: Optional[Callable] = None    # CallFacts -> bool: decides at the call
+    settle: Optional[Callable] = None  # SettleFacts -> bool: decides held calls
+    gives: Optional[str] = None        # the fact naming the request or the links
+    holds: Optional[str] = None        # the unit policy a hold rule keeps the call under
 
 
 RULES: tuple[Rule, ...] = (
-    # Execution units (pipeline/contexts.py)
     Rule("unit.bound", TASK, "made in an execution unit bound to a request, or in a unit that a bound one made "
          "after that request began (a Python task or a context copied from it; the goroutine that read an HTTP/1 "
-         "head, or one it started)"),
-    Rule("unit.bound_later", TASK, "held (see unit.unbound), then a request bound the unit or an ancestor"),
-    Rule("unit.held_full", AMBIGUOUS, "would be held, but the process holds MAX_HELD calls already"),
-    Rule("unit.unbound", AMBIGUOUS, "held while requests that had not bound a unit were open; the ones that never "
-         "did may own it: linked to them"),
+         "head, or one it started)", call=lambda f: f.unit is not None and f.unit.owner is not None,
+         gives="owner"),
+    Rule("unit.bound_later", TASK, "held (unit.held), then a request bound the unit or an ancestor",
+         settle=lambda f: f.policy == "unit" and f.owner is not None, gives="owner"),
+    Rule("unit.held", HELD, "made in a tracked unit bound to no request while requests that had not bound a "
+         "unit were open: kept until one binds it or every one of them bound another unit or finished",
+         call=lambda f: f.unit is not None and bool(f.unit.cands), gives="unit_cands", holds="unit"),
+    Rule("unit.unbound", AMBIGUOUS, "held (unit.held); requests finished without binding a unit: they may own "
+         "it, linked to them", settle=lambda f: f.policy == "unit" and bool(f.links), gives="links"),
     Rule("unit.hand_off", SHARED, "a goroutine bound to no request that took work from or handed work to a "
-         "request's goroutine (a batcher), while requests are open: linked to every open request"),
-    Rule("unit.unowned", OUTSIDE, "made in a unit no open request can own: every open request bound a unit of its "
-         "own (a background task or goroutine; a unit made for an earlier request)"),
-    # Handler threads of multiplexed servers (pipeline/handlers.py)
-    Rule("handler.stream", TASK, "held, then proven its stream's: a gRPC handler thread's call, the thread and "
-         "context that wrote that stream's frames alone"),
-    Rule("handler.unproven", AMBIGUOUS, "held for a handler thread, not proven any one stream's"),
-    Rule("handler.held_full", AMBIGUOUS, "would be held for a handler thread, past MAX_HELD"),
-    # Threads and processes (pipeline/attribution.py)
-    Rule("process.idle", OUTSIDE, "no request open in the process, nor in a related one"),
+         "request's goroutine (a batcher), while requests are open: linked to every open request",
+         call=lambda f: f.unit is not None and bool(f.open) and f.hands_off, gives="open"),
+    Rule("process.unfollowed", AMBIGUOUS, "the call would be outside every request (or held calls would settle "
+         "so), or thread.held's or process.one's, but the process has an open HTTP/2 connection no session "
+         "follows any more (its framing or header state was lost): requests not seen may own the call",
+         call=lambda f: f.p.hidden > 0 and (not f.open or f.unit is not None or f.sole is not None),
+         settle=lambda f: f.p.hidden > 0 and f.policy == "unit", gives="open"),
     Rule("group.batch", SHARED, "no request open in the process, some open in related processes (same cgroup, "
-         "parent or child): a batch step for them, cut at the process's synchronising calls, linked to all"),
-    Rule("thread.unfollowed", AMBIGUOUS, "the thread also serves a connection no protocol session can follow"),
-    Rule("thread.one", THREAD, "the thread read the head of exactly one open request, served that request's "
-         "connection alone and no other connection while the request was open (held until it finishes: "
-         "pipeline/threads.py)"),
-    Rule("thread.unproven", AMBIGUOUS, "as thread.one, but the thread read or wrote another connection while the "
-         "request was open, or another thread its connection (a pool or an M:N runtime moved work between "
-         "threads): linked to the requests open at the call"),
-    Rule("thread.held_full", AMBIGUOUS, "would be held for its thread's proof, past MAX_HELD"),
-    Rule("thread.several", AMBIGUOUS, "the thread read the heads of several open requests"),
-    Rule("process.one", PROCESS, "another thread, while the process has exactly one request open and the thread "
-         "holds no half-read head"),
-    Rule("process.several", AMBIGUOUS, "several requests open, none read by this thread"),
-    Rule("process.untracked", AMBIGUOUS, "thread.one or process.one would decide, but the process has connections "
-         "the kernel could not track: a request not seen may own the call"),
-    Rule("process.unfollowed", AMBIGUOUS, "the call would be outside every request, or thread.one's or "
-         "process.one's, but the process has an open HTTP/2 connection no session follows any more (its framing "
-         "or header state was lost): requests not seen may own the call"),
-    Rule("process.unseen", AMBIGUOUS, "thread.one or process.one would decide, but the call was made while HTTP "
+         "parent or child): a batch step for them, cut at the process's synchronising calls, linked to all",
+         call=lambda f: not f.open and bool(f.group), gives="group"),
+    Rule("process.idle", OUTSIDE, "no request open in the process, nor in a related one",
+         call=lambda f: not f.open),
+    Rule("unit.unowned", OUTSIDE, "made in a unit no open request can own: every open request bound a unit of its "
+         "own (a background task or goroutine; a unit made for an earlier request)",
+         call=lambda f: f.unit is not None, settle=lambda f: f.policy == "unit"),
+    Rule("thread.unfollowed", AMBIGUOUS, "the thread also serves a connection no protocol session can follow",
+         call=lambda f: f.broken, gives="thread_or_open"),
+    Rule("process.untracked", AMBIGUOUS, "thread.held or process.one would decide, but the process has "
+         "connections the kernel could not track: a request not seen may own the call",
+         call=lambda f: f.p.untracked > 0 and f.sole is not None, gives="open"),
+    Rule("process.unseen", AMBIGUOUS, "thread.held or process.one would decide, but the call was made while HTTP "
          "records of the process were lost (ring buffer full) and their connections had not told so yet: a "
-         "request not seen may own the call"),
+         "request not seen may own the call", call=lambda f: f.ev.http_unseen and f.sole is not None,
+         gives="open"),
+    Rule("thread.held", HELD, "the thread read the head of exactly one open request: kept until that request "
+         "finishes, for the thread's proof (pipeline/threads.py)",
+         call=lambda f: f.sole_on_thread, gives="open", holds="thread"),
+    Rule("thread.one", THREAD, "held (thread.held), and the thread served that request's connection alone and no "
+         "other connection while the request was open",
+         settle=lambda f: f.policy == "thread" and f.owner is not None, gives="owner"),
+    Rule("thread.unproven", AMBIGUOUS, "held (thread.held), but the thread read or wrote another connection while "
+         "the request was open, or another thread its connection (a pool or an M:N runtime moved work between "
+         "threads): linked to the requests open at the call", settle=lambda f: f.policy == "thread",
+         gives="links"),
+    Rule("thread.several", AMBIGUOUS, "the thread read the heads of several open requests",
+         call=lambda f: len(f.on_thread) > 1, gives="on_thread"),
+    Rule("process.one", PROCESS, "another thread, while the process has exactly one request open and the thread "
+         "holds no half-read head", call=lambda f: f.sole is not None, gives="sole"),
+    Rule("handler.held", HELD, "several requests open, one an HTTP/2 stream; made in a Python context the probes "
+         "never saw created, on a thread that never ran a tracked one and read none of them (a gRPC handler "
+         "thread): kept until its stream is proven (pipeline/handlers.py)",
+         call=lambda f: f.handler_pair, gives="open", holds="handler"),
+    Rule("handler.stream", TASK, "held (handler.held), then proven its stream's: the thread and context that "
+         "wrote that stream's frames alone", settle=lambda f: f.policy == "handler" and f.owner is not None,
+         gives="owner"),
+    Rule("handler.unproven", AMBIGUOUS, "held (handler.held), not proven any one stream's",
+         settle=lambda f: f.policy == "handler", gives="links"),
+    Rule("process.several", AMBIGUOUS, "several requests open, none read by this thread alone",
+         call=lambda f: True, gives="open"),
+    Rule("process.held_full", AMBIGUOUS, "a hold rule applies, but the process holds MAX_HELD calls already: "
+         "linked to the hold's candidates (counted: held_calls_overflow)"),
 )
 BY_NAME = {r.name: r for r in RULES}
+CALL_RULES = tuple(r for r in RULES if r.call is not None)
+SETTLE_RULES = tuple(r for r in RULES if r.settle is not None)
+HELD_FULL = BY_NAME["process.held_full"]
 
 
 def rule(name: str) -> Rule:
     return BY_NAME[name]
 
 
-def share(requests, count: float, among: int = 0) -> None:
-    """`count` ambiguous calls may be any of their `among` candidates' (default: the
-    requests given): each of `requests` counts its 1/N, so the shares summed over spans
-    never exceed the calls."""
-    n = among or len(requests)
-    for r in requests:
-        r.sink.summary.ambiguous += count / n
+def decide(facts) -> Rule:
+    """The first call rule that applies to `facts` (pipeline/facts.py CallFacts)."""
+    for r in CALL_RULES:
+        if r.call(facts):
+            return r
+    raise AssertionError("process.several applies to every call")
+
+
+def settled(facts) -> Rule:
+    """The first settle rule that applies to held calls (pipeline/facts.py SettleFacts)."""
+    for r in SETTLE_RULES:
+        if r.settle(facts):
+            return r
+    raise AssertionError(f"no settle rule for policy {facts.policy!r}")
 
 
 def markdown() -> str:
     """RULES as the table docs/attribution.md carries (`python -m otel_gpu.pipeline.rules`)."""
-    rows = ["| # | rule | outcome | when |", "|---|---|---|---|"]
-    rows += [f"| {i} | `{r.name}` | {r.attribution} | {r.when} |" for i, r in enumerate(RULES, 1)]
+    rows = ["| # | rule | outcome | decides | when |", "|---|---|---|---|---|"]
+    for i, r in enumerate(RULES, 1):
+        moments = [m for m, p in (("call", r.call), ("settle", r.settle)) if p is not None] or ["hold full"]
+        outcome = f"held ({r.holds})" if r.holds else r.attribution
+        rows.append(f"| {i} | `{r.name}` | {outcome} | {', '.join(moments)} | {r.when} |")
     return "\n".join(rows)
 
 

@@ -41,9 +41,9 @@ def test_the_kernel_decides_once_an_unsampled_parent_arrives(tmp_path):
     c = collector(tmp_path)
     read_head(c, 0)           # a root
     read_head(c, 1, "01")     # a sampled parent
-    assert c.program.heads == [] and c.wiring.stitcher.kernel_bound is None
+    assert c.program.heads == [] and c.wiring.stitcher.http.kernel_bound is None
     read_head(c, 2, "00")     # not sampled: from now on the kernel decides
-    assert c.program.heads == [(ALL_ROOTS, True, False)] and c.wiring.stitcher.kernel_bound == ALL_ROOTS
+    assert c.program.heads == [(ALL_ROOTS, True, False)] and c.wiring.stitcher.http.kernel_bound == ALL_ROOTS
     read_head(c, 3, "00")
     assert c.program.heads == [(ALL_ROOTS, True, False)]  # once
 

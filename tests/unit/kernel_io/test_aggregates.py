@@ -129,7 +129,7 @@ def test_stitcher_holds_an_aggregate_in_a_context_until_its_request_binds():
            write(2, ts=9, ctx=task)]
     (req,) = [o for o in s.process(evs) if isinstance(o, Request)]
     assert req.sink.summary.launches == 21 and req.sink.attributed == {"task": 21}
-    assert s.procs[PID].contexts.state()["pending_calls"] == 0
+    assert s.procs[PID].holds.held == 0
 
 
 def test_the_map_is_read_only_when_the_kernel_counted_more_or_a_waiting_epoch_ended():

@@ -7,6 +7,8 @@ import logging
 import random
 
 from otel_gpu.pipeline.contexts import ProcessContexts
+from otel_gpu.pipeline.held import Holds
+from otel_gpu.pipeline.process_state import Proc
 from otel_gpu.pipeline.model import ProcessWindow, Request
 from otel_gpu.records import (EV_SOCK_READ, EV_SOCK_WRITE, Accept, RequestOpened, ContextCopy, ProcessGone,
                               ProcExit, SockClose, SockIo, Tick)
@@ -273,7 +275,7 @@ def test_held_calls_past_the_span_budget_are_folded_and_counts_add_up():
     s.process([e.accept(10), e.read(10), e.copy(t, BASE)])
     s.process([e.call(t, 0x10 + i % 2) for i in range(10)] + [e.call(t, 0x30, name="cudaDeviceSynchronize",
                                                                       duration=700)])
-    assert s.procs[PID].contexts.entries == 3 + 3  # three one by one, three folds
+    assert s.procs[PID].holds.entries == 3 + 3  # three one by one, three folds
     sync_ts = e.t  # the sync's entry: the last timestamp drawn
     out = s.process([e.write(10, t)])
     (r,) = requests(out).values()
@@ -286,25 +288,26 @@ def test_held_calls_past_the_span_budget_are_folded_and_counts_add_up():
 def test_past_the_hard_cap_calls_are_ambiguous_at_once_and_counted():
     e, s = Events(), new()
     s.process([e.accept(10), e.read(10), e.copy(task(10), BASE)])
-    s.procs[PID].contexts.max_held = 2
+    s.procs[PID].holds.max_held = 2
     out = s.process([e.call(task(10), 10) for _ in range(4)] + [e.write(10, task(10)), e.tick()])
     (r,) = requests(out).values()
     assert funcs(r.sink) == [10, 10] and r.sink.summary.ambiguous == 2
     assert funcs(windows(out)["ambiguous"].sink) == [10, 10]
-    assert s.stats.snapshot()["held_calls_overflow"] == 2
+    assert s.stats.snapshot()["held_calls_overflow"] == 2 and s.by_rule["process.held_full"] == 2
 
 
 # --- the forest on its own --------------------------------------------------------------
 def table(**kw):
     stats = Stats()
-    return ProcessContexts(PID, 256, stats, RateLimitedLog(logging.getLogger("test"), stats), **kw)
+    holds = Holds(Proc(PID), 256, stats, RateLimitedLog(logging.getLogger("test"), stats))
+    return ProcessContexts(holds, stats, **kw)
 
 
 def test_lru_keeps_bound_holding_and_working_contexts():
     e, c = Events(), table(max_contexts=3)
     c.copied(e.copy(1, BASE))
     c.copied(e.copy(2, BASE))
-    c.call(e.call(2, 0), 0, [])  # worked: a second chance (no request open)
+    c.call(e.call(2, 0))  # worked: a second chance (no request open)
     c.copied(e.copy(3, BASE))
     c.copied(e.copy(4, BASE))  # over the cap: 1 goes (least recent, idle)
     assert list(c.nodes) == [2, 3, 4] and c.stats.snapshot()["contexts_evicted"] == 1

@@ -104,18 +104,18 @@ def test_calls_of_a_pair_that_never_binds_are_ambiguous_once_every_candidate_fin
     out = s.process([write(response(server, 1)), write(response(server, 3))])  # all from C-core threads
     assert all(grids(r) == [] for r in requests(out))
     assert s.attributed["ambiguous"] == 1
-    assert s.procs[PID].pairs.held == 0 and s.procs[PID].pairs.index == {}
+    assert s.procs[PID].holds.held == 0 and s.procs[PID].holds.index == {}
 
 
 def test_past_the_cap_calls_are_ambiguous_at_once_and_counted():
     s, server = opened(1, 3)
-    s.procs[PID].pairs.max_held = 1
+    s.procs[PID].holds.max_held = 1
     s.process([call(W1, X, 1), call(W1, X, 1)])
     assert s.attributed["ambiguous"] == 1
-    assert s.stats.snapshot()["handler_calls_overflow"] == 1
+    assert s.stats.snapshot()["held_calls_overflow"] == 1 and s.by_rule["process.held_full"] == 1
 
 
 def test_calls_on_the_reading_thread_or_without_a_context_are_not_held():
     s, server = opened(1, 3)
     s.process([call(POLLER, X, 1), launch(W1, 1)])
-    assert s.attributed["ambiguous"] == 2 and s.procs[PID].pairs.held == 0
+    assert s.attributed["ambiguous"] == 2 and s.procs[PID].holds.held == 0

@@ -89,15 +89,15 @@ def test_the_stitcher_decides_and_says_when_a_process_is_quiet():
     tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-0{}"
     s.process([accept(fd=5, pid=9), accept(fd=6, pid=9)])
     s.process([read(get("/a", f"traceparent: {tp.format(0)}\r\n".encode()), fd=5, tid=5, pid=9)])
-    assert s.quiet == {9: True}  # its one open request is unsampled
-    s.quiet = {}
+    assert s.http.quiet == {9: True}  # its one open request is unsampled
+    s.http.quiet = {}
     s.process([read(get("/b", f"traceparent: {tp.format(1)}\r\n".encode()), fd=6, tid=6, pid=9)])
-    assert s.quiet == {9: False}  # a sampled one opened
-    s.quiet = {}
+    assert s.http.quiet == {9: False}  # a sampled one opened
+    s.http.quiet = {}
     out = s.process([write(OK, fd=6, tid=6, pid=9)])
-    assert s.quiet == {9: True}
+    assert s.http.quiet == {9: True}
     out += s.process([write(OK, fd=5, tid=5, pid=9)])
-    assert s.quiet == {9: False}  # nothing open
+    assert s.http.quiet == {9: False}  # nothing open
     assert sorted(r.sampled for r in out if hasattr(r, "sampled")) == [False, True]
 
 
@@ -110,15 +110,15 @@ def test_a_sampler_that_drops_new_traces_keeps_a_process_quiet_but_for_sampled_r
                  quiet_when_idle=True)
     sampled = b"traceparent: 00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01\r\n"
     s.process([accept(fd=5, pid=9), accept(fd=6, pid=9), read(get("/a"), fd=5, tid=5, pid=9)])
-    assert s.quiet == {}  # quiet from the start (the collector marks it as it traces it)
+    assert s.http.quiet == {}  # quiet from the start (the collector marks it as it traces it)
     s.process([read(get("/b", sampled), fd=6, tid=6, pid=9)])
-    assert s.quiet == {9: False}
-    s.quiet = {}
+    assert s.http.quiet == {9: False}
+    s.http.quiet = {}
     s.process([write(OK, fd=6, tid=6, pid=9)])
-    assert s.quiet == {9: True}
-    s.quiet = {}
+    assert s.http.quiet == {9: True}
+    s.http.quiet = {}
     s.process([write(OK, fd=5, tid=5, pid=9)])
-    assert s.quiet == {}  # still quiet once idle
+    assert s.http.quiet == {}  # still quiet once idle
 
 
 def test_a_window_linked_to_a_sampled_request_goes_out_with_it():
@@ -187,7 +187,7 @@ def test_one_plan_is_what_the_stitcher_spans_and_kernel_act_on(tmp_path, name, a
     w = build_pipeline(Config(proc_root=str(tmp_path), traces_sampler=name, traces_sampler_arg=arg), Stats(),
                        metric_readers=[])
     assert dataclasses.replace(w.sampling, sampler=p.sampler) == p  # samplers compare by identity
-    assert (w.stitcher._sampler, w.stitcher.kernel_bound, w.stitcher.quiet_when_idle) == (
+    assert (w.stitcher.http._sampler, w.stitcher.http.kernel_bound, w.stitcher.s.quiet_when_idle) == (
         w.sampling.sampler, p.kernel_bound, p.quiet_when_idle)
 
 
