@@ -22,7 +22,7 @@ from ..records import CallAggregate, CudaCall, DeviceCall, KernelRollup, SyncCal
 from .held import Outcome, share
 from .model import AMBIGUOUS, ATTRIBUTIONS, PROCESS, SHARED, TASK, THREAD, CallSink, ProcessWindow, RollupAgg
 from .process_state import Proc, StitchState
-from .rule_facts import CallFacts
+from .rule_facts import CallFacts, begun
 from .rules import HELD, HELD_FULL, RULES, Rule, decide
 from .steps import BatchSteps
 
@@ -32,6 +32,8 @@ class CallAttribution:
         self.s, self.steps = state, steps
         self.attributed = dict.fromkeys(ATTRIBUTIONS, 0)
         self.by_rule = dict.fromkeys((r.name for r in RULES), 0)  # calls by the rule that decided them
+        # A KernelRollup's calls were made while none of its process's requests could be open.
+        self._rollup_groups = lambda p: [] if p.open else self._group_requests(p)
 
     # --- records -----------------------------------------------------------------------
     def on_cuda(self, ev: CudaCall, out: list) -> None:
@@ -82,7 +84,7 @@ class CallAttribution:
         made some time between `since_ns` (the previous read) and `now_ns`: shared
         (one window per Tick: no cut points) while related processes have requests open."""
         p = self.s.proc(k.tgid, out)
-        facts = CallFacts(p, None, [], None, lambda: [] if p.open else self._group_requests(p))
+        facts = CallFacts(p, None, k.now_ns, [], None, None, self._rollup_groups)
         decided = decide(facts)
         attribution = decided.attribution
         self._count(decided, k.count)
@@ -94,9 +96,8 @@ class CallAttribution:
     def _decide(self, p: Proc, ev, ts: int, device: int, aggregate: bool):
         """(rule, its request or links) for a call or CallAggregate made at `ts`, or
         (None, None) when a hold rule kept it (counted when it settles)."""
-        open_requests = begun(p.open, ts)
-        facts = CallFacts(p, ev, open_requests, p.contexts.call(ev) if ev.ctx else None,
-                          lambda: begun(self._group_requests(p), ts), aggregate)
+        unit, owner = (p.contexts.call(ev) or (None, None)) if ev.ctx else (None, None)
+        facts = CallFacts(p, ev, ts, begun(p.open, ts), unit, owner, self._group_requests, aggregate)
         decided = decide(facts)
         target = getattr(facts, decided.gives) if decided.gives else None
         if decided.attribution is not HELD:
@@ -104,7 +105,7 @@ class CallAttribution:
         if p.holds.full():
             return HELD_FULL, target
         if decided.holds == "unit":
-            p.holds.hold(p.contexts, facts.unit.node, target, target, ev, device)
+            p.holds.hold(p.contexts, facts.unit, target, target, ev, device)
         elif decided.holds == "thread":
             p.threads.hold(facts.sole, ev, device, target)
         else:
@@ -211,13 +212,3 @@ class CallAttribution:
                 out.append(w)
                 setattr(p, attr, None)
 
-
-def begun(open_requests: list, ts: int) -> list:
-    """The open requests that had begun by `ts`, a call's time: records of different CPUs
-    come out of the ring buffer out of time order, so a request's head read on another
-    CPU can come before a call made earlier (by microseconds; by milliseconds on a
-    starved host). Such a request is no owner or candidate of that call."""
-    for r in open_requests:
-        if r.start_ns > ts:
-            return [r for r in open_requests if r.start_ns <= ts]
-    return open_requests

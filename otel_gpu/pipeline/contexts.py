@@ -51,7 +51,6 @@ from ..kernel_io.abi import GO_UNIT
 from ..records import ContextCopy, CudaCall, UnitWake
 from .held import PASS, Holds, Outcome
 from .model import Request
-from .rule_facts import UnitFacts
 
 MAX_CONTEXTS = 50_000     # tracked contexts per process (LRU past it)
 MAX_DEPTH = 64            # ancestors walked from a context
@@ -235,8 +234,9 @@ class ProcessContexts:
                 n.bound = None
 
     # --- calls -----------------------------------------------------------------------
-    def call(self, ev: CudaCall) -> Optional[UnitFacts]:
-        """The unit facts of a call, or None: made in no tracked unit (the thread rules)."""
+    def call(self, ev: CudaCall):
+        """(the tracked unit the call was made in, the request that owns it or None), or
+        None: made in no tracked unit (the thread rules)."""
         node = self.nodes.get(ev.ctx)
         if node is None:
             if ev.tid not in self.threads and not ev.ctx & GO_UNIT:
@@ -245,8 +245,7 @@ class ProcessContexts:
         self.threads[ev.tid] = ev.ts_ns
         self._touch(node, ev.ts_ns)
         node.worked = True
-        owner = self._owner(node, ev.ts_ns)
-        return UnitFacts(node, owner, () if owner is not None else self.candidates())
+        return node, self._owner(node, ev.ts_ns)
 
     def state(self) -> dict:
         return {"contexts_tracked": len(self.nodes), "contexts_bound": sum(len(c) for c in self.bindings.values())}

@@ -101,7 +101,7 @@ class HandlerPairs:
     # --- calls -----------------------------------------------------------------------
     def hold(self, pair: tuple, ev, device: int, open_requests: list) -> None:
         """Holds an ambiguous call of `pair` (handler.held)."""
-        cands = tuple(open_requests)
+        cands = self.holds.cands(open_requests)
         self.holds.hold(self, pair, cands, cands, ev, device)
 
     # --- requests --------------------------------------------------------------------

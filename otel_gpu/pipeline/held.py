@@ -123,11 +123,22 @@ class Holds:
         self.kept: dict[tuple, int] = {}    # (policy name, key) -> calls held one by one
         self.by_policy: dict[str, int] = {}  # policy name -> its unsettled groups
         self.open: set[int] = set()         # id(open request)
+        self._open_cands: Optional[tuple] = None  # proc.open as a tuple, while no request opens or finishes
         self.entries = 0  # held calls and folds
         self.held = 0     # calls held (folded ones counted one by one)
 
     def opened(self, req: Request) -> None:
         self.open.add(id(req))
+        self._open_cands = None
+
+    def cands(self, requests: list) -> tuple:
+        """`requests` as a hold's candidates: the same tuple for the process's open
+        requests while none opens or finishes (a group goes on while they are the same)."""
+        if requests is not self.proc.open:
+            return tuple(requests)
+        if self._open_cands is None:
+            self._open_cands = tuple(requests)
+        return self._open_cands
 
     def full(self) -> bool:
         """Past the cap (logged and counted): a hold rule's call is process.held_full."""
@@ -184,6 +195,7 @@ class Holds:
     def finished(self, req: Request) -> list[Outcome]:
         """`req` is done: each group watching it settles or waits, as its policy says."""
         self.open.discard(id(req))
+        self._open_cands = None
         out: list[Outcome] = []
         for g in self.index.pop(id(req), ()):
             word = g.policy.on_finish(g, req)

@@ -1,53 +1,63 @@
 """What the attribution rules (pipeline/rules.py) read: the facts of one call (CallFacts)
-or of held calls settling (SettleFacts). A fact is computed when a rule first reads it
-(the hot path: most calls are decided by the first rules)."""
+or of held calls settling (SettleFacts). A fact is computed when a rule first reads it,
+once (the hot path: a call is decided by the first rules that apply)."""
 from __future__ import annotations
 
-from functools import cached_property
-from typing import Callable, NamedTuple, Optional
-
-
-class UnitFacts(NamedTuple):
-    """A call made in a tracked execution unit (pipeline/contexts.py ProcessContexts.call)."""
-    node: object
-    owner: object  # the request bound to it or to an ancestor, or None
-    cands: tuple   # the open requests that have not bound a unit yet (may own it)
+from typing import Callable, NamedTuple
 
 
 class CallFacts:
     """One call of process `p` (a CudaCall or CallAggregate; for a KernelRollup, ev is
-    None and no request is open). `open`: the requests open at the call (begun);
-    `unit`: UnitFacts or None (no tracked unit: the thread rules); `group_of`: the
-    requests open in related processes."""
+    None and no request is open) made at `ts`. `open`: the requests open at the call
+    (begun); `unit`: the tracked execution unit it was made in (pipeline/contexts.py
+    Node) or None (the thread rules), with `owner`, the request bound to it or to an
+    ancestor; `groups`: p -> the requests open in its related processes."""
+    __slots__ = ("p", "ev", "ts", "open", "unit", "owner", "aggregate", "_groups", "_group", "_on_thread",
+                 "_sole")
 
-    def __init__(self, p, ev, open_requests: list, unit: Optional[UnitFacts],
-                 group_of: Callable[[], list], aggregate: bool = False) -> None:
-        self.p, self.ev, self.open, self.unit = p, ev, open_requests, unit
-        self._group_of, self.aggregate = group_of, aggregate
+    def __init__(self, p, ev, ts: int, open_requests: list, unit, owner, groups: Callable,
+                 aggregate: bool = False) -> None:
+        self.p, self.ev, self.ts, self.open, self.unit, self.owner = p, ev, ts, open_requests, unit, owner
+        self._groups, self.aggregate = groups, aggregate
+        self._group = self._on_thread = self._sole = None
 
-    @cached_property
+    @property
+    def unit_cands(self) -> tuple:
+        """The open requests that have not bound a unit yet: they may own `unit`."""
+        return self.p.contexts.candidates()
+
+    @property
     def group(self) -> list:
-        return self._group_of()
+        if self._group is None:
+            self._group = begun(self._groups(self.p), self.ts)
+        return self._group
 
-    @cached_property
+    @property
     def hands_off(self) -> bool:
         return self.p.contexts.hands_off(self.ev.ctx)
 
-    @cached_property
+    @property
     def broken(self) -> bool:
         """The thread also serves a connection no session can follow."""
         return self.ev.tid in self.p.broken
 
-    @cached_property
+    @property
     def on_thread(self) -> list:
-        tid = self.ev.tid
-        return [r for r in self.open if r.tid == tid]
+        if self._on_thread is None:
+            tid = self.ev.tid
+            self._on_thread = [r for r in self.open if r.tid == tid]
+        return self._on_thread
 
-    @cached_property
+    @property
     def sole(self):
         """The one request thread.held or process.one would give the call: the one open
         request its thread read, or the process's one open request while the thread read
         none and holds no half-read head."""
+        if self._sole is None:
+            self._sole = self._find_sole() or ()
+        return self._sole or None
+
+    def _find_sole(self):
         if self.broken:
             return None
         on = self.on_thread
@@ -58,23 +68,11 @@ class CallFacts:
         return None
 
     @property
-    def sole_on_thread(self) -> bool:
-        return not self.broken and len(self.on_thread) == 1
-
-    @cached_property
     def handler_pair(self) -> bool:
         """A gRPC handler thread's call (pipeline/handlers.py): calls the kernel counted
         are never held for one, nor calls of a process with untracked connections."""
         return not self.aggregate and not self.p.untracked and any(r.head.multiplexed for r in self.open) \
             and self.p.handlers.pair_of_call(self.ev, self.open)
-
-    @property
-    def owner(self):
-        return self.unit.owner
-
-    @property
-    def unit_cands(self) -> tuple:
-        return self.unit.cands
 
     @property
     def thread_or_open(self) -> list:
@@ -88,3 +86,14 @@ class SettleFacts(NamedTuple):
     owner: object
     links: list
     p: object
+
+
+def begun(open_requests: list, ts: int) -> list:
+    """The open requests that had begun by `ts`, a call's time: records of different CPUs
+    come out of the ring buffer out of time order, so a request's head read on another
+    CPU can come before a call made earlier (by microseconds; by milliseconds on a
+    starved host). Such a request is no owner or candidate of that call."""
+    for r in open_requests:
+        if r.start_ns > ts:
+            return [r for r in open_requests if r.start_ns <= ts]
+    return open_requests

@@ -44,7 +44,7 @@ class ThreadProof:
 
     def hold(self, req: Request, ev, device: int, open_requests: list) -> None:
         """Holds a call the thread rule gives to `req` (thread.held)."""
-        self.holds.hold(self, id(req), tuple(open_requests), (req,), ev, device)
+        self.holds.hold(self, id(req), self.holds.cands(open_requests), (req,), ev, device)
 
     def on_finish(self, group, req: Request) -> str:
         """`req`, the group's one watched candidate, is done: proven if its thread was not mixed."""

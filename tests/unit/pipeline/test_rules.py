@@ -11,7 +11,7 @@ import pytest
 
 from otel_gpu.pipeline.model import ATTRIBUTIONS
 from otel_gpu.pipeline.process_state import Proc
-from otel_gpu.pipeline.rule_facts import CallFacts, SettleFacts, UnitFacts
+from otel_gpu.pipeline.rule_facts import CallFacts, SettleFacts
 from otel_gpu.pipeline.rules import HELD, RULES, decide, markdown, settled
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -29,18 +29,20 @@ def facts(open_=(), unit=None, tid=1, hidden=0, untracked=0, broken=(), partial=
           hands_off=False, pair=False, group=(), aggregate=False):
     p = Proc(900, hidden=hidden, untracked=untracked, broken={t: {9} for t in broken},
              partial_heads={t: 9 for t in partial})
-    p.contexts = SimpleNamespace(hands_off=lambda unit: hands_off)
+    node, owner, cands = unit or (None, None, ())
+    p.contexts = SimpleNamespace(hands_off=lambda unit: hands_off, candidates=lambda: cands)
     p.handlers = SimpleNamespace(pair_of_call=lambda ev, requests: pair)
     ev = SimpleNamespace(tid=tid, ctx=0x77, http_unseen=unseen)
-    return CallFacts(p, ev, list(open_), unit, lambda: list(group), aggregate)
+    return CallFacts(p, ev, 10, list(open_), node, owner, lambda p: [SimpleNamespace(start_ns=0, r=r) for r in group],
+                     aggregate)
 
 
 def bound(owner):
-    return UnitFacts(NODE, owner, ())
+    return NODE, owner, ()
 
 
 def unbound(*cands):
-    return UnitFacts(NODE, None, tuple(cands))
+    return NODE, None, tuple(cands)
 
 
 CALLS = [  # (the rule that decides, the call's facts, what it gives)
@@ -107,7 +109,8 @@ def test_the_rule_that_decides_a_call(name, f, gives):
     r = decide(f)
     assert r.name == name
     if gives is not None:
-        assert getattr(f, r.gives) == gives
+        given = getattr(f, r.gives)
+        assert (given if r.gives != "group" else [g.r for g in given]) == gives
 
 
 @pytest.mark.parametrize("name,policy,owner,links,hidden", SETTLES)
