@@ -40,6 +40,8 @@ enum event_kind {
     EV_GRAPH_OP = 14,   /* CUDA graph capture begin/end, instantiate, destroy (graph_op_event) */
     EV_GO_SPAWN = 17,   /* a traced Go process started a goroutine (py_context_event: ctx new, parent its creator) */
     EV_GO_WAKE = 18,    /* a goroutine made another runnable (py_context_event: ctx the woken, parent the waker) */
+    EV_GO_H2_UNIT = 19, /* a goroutine of Go's HTTP/2 server began a connection's frame reader or a stream's
+                         * handler (go_h2_event) */
 };
 
 /* event_header.flags bits. */
@@ -279,6 +281,16 @@ struct py_context_event {
     struct event_header h;
     u64 ctx;          /* the new copy */
     u64 parent;       /* the context running on the thread when it was copied; 0: unknown */
+};
+
+/* EV_GO_H2_UNIT (bpf/go_probes.c): goroutine `unit` began serverConn `conn`'s frame
+ * reader (stream 0) or the handler of its stream `stream`. */
+struct go_h2_event {
+    struct event_header h;
+    u64 unit;         /* GO_UNIT | goid */
+    u64 conn;         /* the *serverConn: one per connection while it is served */
+    u32 stream;       /* 0: the frame reader */
+    u32 pad;
 };
 
 struct proc_exit_event {

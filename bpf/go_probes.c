@@ -114,3 +114,47 @@ int go_runqput(struct pt_regs *ctx)
     epoch_submit(&e, sizeof(e), &e.h, 0); /* a new binding: calls counted before it stay before it */
     return 0;
 }
+
+/* Go's HTTP/2 server (net/http's bundled copy, net/http/internal/http2 from Go 1.27,
+ * golang.org/x/net/http2): per connection, its serverConn `sc` reads every frame in a
+ * goroutine of its own, `go sc.readFrames()`, and starts each stream's handler in a new
+ * goroutine, `go sc.runHandler(rw, req, handler)`, with rw.rws.stream.id its stream
+ * (responseWriter{rws}, responseWriterState{stream, ...}, stream{sc, id uint32}: the
+ * same first fields in every release). Both run at the entry of the goroutine they
+ * name; the register ABI puts the receiver sc in RAX and rw in RBX. User space then
+ * knows the connection of sc (the reader's reads) and binds the handler goroutine to its
+ * stream's request: proof, not timing (pipeline/contexts.py). Once per connection and
+ * per stream, whatever the HTTP state. */
+static __always_inline int go_h2_submit(struct pt_regs *ctx, u64 conn, u32 stream)
+{
+    u64 id = bpf_get_current_pid_tgid();
+    u32 tgid = id >> 32;
+    struct go_proc *p = go_procs.lookup(&tgid);
+    if (!p || !conn)
+        return 0;
+    struct go_h2_event e = {};
+    e.unit = go_goroutine(p);
+    if (!e.unit)
+        return 0;
+    fill_header(&e.h, EV_GO_H2_UNIT, id);
+    e.conn = conn;
+    e.stream = stream;
+    epoch_submit(&e, sizeof(e), &e.h, 0); /* a new binding: calls counted before it stay before it */
+    return 0;
+}
+
+int go_h2_reader(struct pt_regs *ctx)
+{
+    return go_h2_submit(ctx, ctx->ax, 0);
+}
+
+int go_h2_handler(struct pt_regs *ctx)
+{
+    u64 rws = 0, stream = 0;
+    u32 sid = 0;
+    if (bpf_probe_read_user(&rws, sizeof(rws), (void *)ctx->bx) || !rws ||
+        bpf_probe_read_user(&stream, sizeof(stream), (void *)rws) || !stream ||
+        bpf_probe_read_user(&sid, sizeof(sid), (void *)(stream + 8)) || !sid)
+        return 0;
+    return go_h2_submit(ctx, ctx->ax, sid);
+}

@@ -241,11 +241,15 @@ PYTHON_PROBES: tuple[UprobeRow, ...] = (
 
 
 # The Go runtime probes (bpf/go_probes.c), at addresses from .gopclntab (stripped
-# binaries too: probes/go_functions.py): which goroutine started which, and hand-offs.
+# binaries too: probes/go_functions.py): which goroutine started which, and hand-offs;
+# and the goroutines of Go's HTTP/2 server, wherever its package lives in that release.
+GO_H2_PACKAGES = ("net/http.(*http2serverConn)", "net/http/internal/http2.(*serverConn)",
+                  "golang.org/x/net/http2.(*serverConn)")
 GO_PROBES: tuple[UprobeRow, ...] = (
     UprobeRow(GO, "runtime.newproc1", "go_newproc1"),
     UprobeRow(GO, "runtime.runqput", "go_runqput"),
-)
+) + tuple(UprobeRow(GO, f"{package}.{function}", probe) for package in GO_H2_PACKAGES
+          for function, probe in (("readFrames", "go_h2_reader"), ("runHandler", "go_h2_handler")))
 
 
 # NCCL state, not calls of their own (bpf/nccl_probes.c): the thread's group nesting, and

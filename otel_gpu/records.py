@@ -226,6 +226,19 @@ class UnitWake:
 
 
 @dataclass(slots=True)
+class GoH2Unit:
+    """Goroutine `unit` began serverConn `conn`'s frame reader (stream 0) or the handler
+    of its stream `stream` (Go's HTTP/2 server: bpf/go_probes.c)."""
+    tgid: int
+    tid: int
+    ts_ns: int
+    unit: int
+    conn: int
+    stream: int
+    epoch: int = 0  # as ContextCopy's
+
+
+@dataclass(slots=True)
 class KernelHandle:
     """A call handed out a kernel handle (cuda_calls.py Category.NAME): later launches
     of `handle` run the kernel `name` (the mangled symbol asked for), or whatever

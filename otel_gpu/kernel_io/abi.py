@@ -34,6 +34,7 @@ EV_GRAPH_OP = 14
 EV_NCCL = 16
 EV_GO_SPAWN = 17
 EV_GO_WAKE = 18
+EV_GO_H2_UNIT = 19
 GO_UNIT = 1 << 63  # a record's ctx names a goroutine (GO_UNIT | goid), not a Python context
 
 # enum event_flag: bits of event_header.flags
@@ -93,6 +94,10 @@ class CloseEvent(ct.Structure):
 
 class PyContextEvent(ct.Structure):
     _fields_ = [("h", EventHeader), ("ctx", u64), ("parent", u64)]
+
+
+class GoH2Event(ct.Structure):
+    _fields_ = [("h", EventHeader), ("unit", u64), ("conn", u64), ("stream", u32), ("pad", u32)]
 
 
 class KernelHandleEvent(ct.Structure):
@@ -228,7 +233,7 @@ class HttpSeq(ct.Structure):
 # C struct name -> mirror (the layout test walks this).
 STRUCTS: dict[str, type] = {
     "event_header": EventHeader, "accept_event": AcceptEvent, "sock_io_event": SockIoEvent,
-    "close_event": CloseEvent, "py_context_event": PyContextEvent,
+    "close_event": CloseEvent, "py_context_event": PyContextEvent, "go_h2_event": GoH2Event,
     "kernel_handle_event": KernelHandleEvent, "proc_exit_event": ProcExitEvent,
     "cuda_header": CudaHeader, "launch_dims": LaunchDims, "launch_event": LaunchEvent,
     "memcpy_event": MemcpyEvent, "memory_event": MemoryEvent, "sync_event": SyncEvent,

@@ -12,14 +12,14 @@ import ipaddress
 import struct
 from typing import Optional
 
-from ..records import (Accept, ContextCopy, CudaCall, DeviceCall, GraphCall, KernelHandle, LaunchCall, MemcpyCall,
-                       GraphOp, H2Digest, MemoryCall, NcclCall, ProcExit, SockClose, SockIo, SyncCall, UnitWake)
+from ..records import (Accept, ContextCopy, CudaCall, DeviceCall, GoH2Unit, GraphCall, GraphOp, H2Digest, KernelHandle,
+                       LaunchCall, MemcpyCall, MemoryCall, NcclCall, ProcExit, SockClose, SockIo, SyncCall, UnitWake)
 from . import abi
 from .abi import (EV_ACCEPT, EV_CUDA_DEVICE, EV_CUDA_GRAPH, EV_CUDA_LAUNCH, EV_CUDA_MEMCPY, EV_CUDA_MEMORY,
                   EV_CUDA_SYNC, EV_PROC_EXIT, EV_FLAG_UNREADABLE, EV_PY_CONTEXT, EV_SOCK_CLOSE, EV_SOCK_READ,
                   EV_SOCK_WRITE, HTTP_DATA_CAP, HTTP_TAIL_CAP)
-from .abi import (EV_FLAG_CAPTURE, EV_FLAG_HTTP_UNSEEN, EV_FLAG_REQ_START, EV_FLAG_TLS, EV_GO_SPAWN, EV_GO_WAKE,
-                  EV_GRAPH_OP, EV_KERNEL_HANDLE, EV_NCCL)
+from .abi import (EV_FLAG_CAPTURE, EV_FLAG_HTTP_UNSEEN, EV_FLAG_REQ_START, EV_FLAG_TLS, EV_GO_H2_UNIT, EV_GO_SPAWN,
+                  EV_GO_WAKE, EV_GRAPH_OP, EV_KERNEL_HANDLE, EV_NCCL)
 from .abi import EV_FLAG_H2_DIGEST, H2_DIGEST_CAP, H2_DIGEST_HEAD, H2_PIECE_HEAD
 
 
@@ -42,6 +42,7 @@ GRAPH_OP = struct.Struct(_CUDA_HEADER + "QQQ")    # stream, graph, graph_exec
 # count, bytes, comm, stream, group, datatype, redop, peer, nranks, rank, pad
 NCCL = struct.Struct(_CUDA_HEADER + "QQQQQIIiIi4x")
 PY_CONTEXT = struct.Struct("<B3xIIIQQQ")          # header (epoch kept), ctx, parent (and the Go unit records)
+GO_H2 = struct.Struct("<B3xIIIQQQI4x")            # header (epoch kept), unit, conn, stream, pad
 # kernel_handle_event up to its name: header, call, ret, handle, source, name_len, pad
 KERNEL_HANDLE = struct.Struct("<BBxxII4xQIiQQI4x")
 # A socket record's fixed part (header, fd, data_len, ret, ctx, tail_len, lost, draw, tail);
@@ -53,7 +54,7 @@ _PIECE = struct.Struct("<IH")  # an HTTP/2 digest piece's head: offset in the tr
 STRUCT_MIRRORS = ((LAUNCH, abi.LaunchEvent), (MEMCPY, abi.MemcpyEvent), (MEMORY, abi.MemoryEvent),
                   (SYNC, abi.SyncEvent), (GRAPH, abi.GraphEvent), (DEVICE, abi.DeviceEvent), (NCCL, abi.NcclEvent),
                   (GRAPH_OP, abi.GraphOpEvent),
-                  (PY_CONTEXT, abi.PyContextEvent))
+                  (PY_CONTEXT, abi.PyContextEvent), (GO_H2, abi.GoH2Event))
 
 _HEADER_SIZE = ct.sizeof(abi.EventHeader)
 _IO_FIXED = abi.SockIoEvent.data.offset
@@ -120,6 +121,11 @@ def _go_spawn(buf, size):
 def _go_wake(buf, size):
     _, tgid, tid, epoch, ts, woken, waker = _exact(buf, size, PY_CONTEXT, "goroutine wake-up")
     return UnitWake(tgid, tid, ts, woken, waker, epoch)
+
+
+def _go_h2(buf, size):
+    _, tgid, tid, epoch, ts, unit, conn, stream = _exact(buf, size, GO_H2, "Go HTTP/2 goroutine")
+    return GoH2Unit(tgid, tid, ts, unit, conn, stream, epoch)
 
 
 def _kernel_handle(buf, size):
@@ -208,7 +214,8 @@ _BY_KIND = {EV_CUDA_MEMCPY: _memcpy, EV_CUDA_MEMORY: _memory, EV_CUDA_SYNC: _syn
             EV_CUDA_GRAPH: _graph, EV_CUDA_DEVICE: _device, EV_SOCK_READ: _sock_io,
             EV_SOCK_WRITE: _sock_io, EV_ACCEPT: _accept, EV_SOCK_CLOSE: _close,
             EV_PROC_EXIT: _proc_exit, EV_GRAPH_OP: _graph_op, EV_PY_CONTEXT: _py_context, EV_KERNEL_HANDLE: _kernel_handle,
-            EV_NCCL: _nccl, EV_GO_SPAWN: _go_spawn, EV_GO_WAKE: _go_wake}
+            EV_NCCL: _nccl, EV_GO_SPAWN: _go_spawn, EV_GO_WAKE: _go_wake,
+            EV_GO_H2_UNIT: _go_h2}
 # Indexing bytes gives an int, a ctypes c_char array (the reader's zero-copy view)
 # a 1-byte bytes: both spellings are keys, so one lookup serves either buffer.
 _BY_KIND.update({bytes([k]): fn for k, fn in list(_BY_KIND.items())})

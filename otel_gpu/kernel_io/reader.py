@@ -11,7 +11,7 @@ from typing import Optional
 
 from ..cuda_calls import call_id
 from ..ratelimit import RateLimitedLog, Stats
-from ..records import CallAggregate, ContextCopy, KernelRollup, ProcExit, SockClose, SockIo, UnitWake
+from ..records import CallAggregate, ContextCopy, GoH2Unit, KernelRollup, ProcExit, SockClose, SockIo, UnitWake
 from .abi import AGG_HTTP_UNSEEN, RollupKey
 from .decode import DecodeError, decode
 from .launch_slots import LaunchSlots
@@ -110,7 +110,7 @@ def epoch_after(a: int, b: int) -> bool:
 class AggregateReader:
     """CallAggregate records from req_agg (bpf/call_out.c). An entry is taken once its
     epoch has ended, i.e. the stream holds an HTTP record or a binding of an execution
-    unit (ContextCopy, UnitWake) of its process with a later epoch (or the process exited, or the collector stops): then no call of it is still
+    unit (ContextCopy, UnitWake, GoH2Unit) of its process with a later epoch (or the process exited, or the collector stops): then no call of it is still
     counting (but one whose probe read the epoch just before the HTTP probe bumped it,
     a window of nanoseconds, which then lands in a new entry: placed late and counted,
     `aggregates_late`). It goes just before that record, where its calls one by one would
@@ -138,7 +138,7 @@ class AggregateReader:
         epochs = self.epochs
         for i, r in enumerate(batch):
             cls = r.__class__
-            if (cls is SockIo or cls is SockClose or cls is ContextCopy or cls is UnitWake) and r.epoch:
+            if (cls is SockIo or cls is SockClose or cls is ContextCopy or cls is UnitWake or cls is GoH2Unit) and r.epoch:
                 tgid, epoch = r.tgid, r.epoch
                 b = bounds.get(tgid)
                 if b is None:

@@ -104,12 +104,7 @@ class CallAttribution:
             return decided, target
         if p.holds.full():
             return HELD_FULL, target
-        if decided.holds == "unit":
-            p.holds.hold(p.contexts, facts.unit, target, target, ev, device)
-        elif decided.holds == "thread":
-            p.threads.hold(facts.sole, ev, device, target)
-        else:
-            p.handlers.hold((ev.tid, ev.ctx), ev, device, target)
+        p.policies[decided.holds].hold(facts, ev, device, target)
         return None, None
 
     def _spread(self, window: ProcessWindow, target, count: int = 1) -> None:

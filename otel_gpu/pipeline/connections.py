@@ -21,7 +21,7 @@ from typing import Optional
 from opentelemetry.trace import SpanKind
 
 from ..kernel_io.abi import GO_UNIT
-from ..records import EV_SOCK_READ, Accept, RequestOpened, SockClose, SockIo
+from ..records import EV_SOCK_READ, Accept, GoH2Unit, RequestOpened, SockClose, SockIo
 from . import protocols, sampling
 from .attribution import CallAttribution
 from .model import CallSink, Request
@@ -88,6 +88,9 @@ class Connections:
             self._apply(p, c, c.session.on_read(data, length, ts, tid), tid, ts, out, unit)
             if c.broken:
                 return
+        if ev.ctx & GO_UNIT and not c.session.serial:
+            c.read_by = ev.ctx
+            self._go_read(p, c, ev.ctx, ev.tid, ev.ts_ns)
         if c.session.partial:
             p.partial_heads[ev.tid] = ev.fd
         elif p.partial_heads.get(ev.tid) == ev.fd:
@@ -152,7 +155,7 @@ class Connections:
                 req = self._new_request(p, c, e.head, e.start_ns, e.tid)
                 self._activate(p, c, e.stream, req, out)
                 if unit and c.session.serial:
-                    self.calls.settle(p, p.contexts.read_head(req, unit, tid, ts))
+                    self.calls.settle(p, p.contexts.serves(req, unit, tid, ts))
             elif kind is ResponseStatus:
                 if (req := c.streams.get(e.stream)) is not None:
                     req.status = e.status
@@ -218,12 +221,44 @@ class Connections:
 
     def _activate(self, p: Proc, c: Conn, stream: int, req: Request, out: list) -> None:
         c.streams[stream] = req
+        c.last_stream = max(c.last_stream, stream)
         p.open.append(req)
         p.sampled_open += req.sampled
         self._note_quiet(p)
         self.s.serving[p.tgid] = p
         self.calls.opened(p, req)
         out.append(RequestOpened(req))  # the cost stage learns which requests may still overlap
+        if c.go_h2_server is not None and (handler := p.go_h2.handler(c, stream)) is not None:
+            self.calls.settle(p, p.contexts.serves(req, handler, req.tid, req.start_ns))
+
+    def on_go_h2(self, ev: GoH2Unit, out: list) -> None:
+        """A goroutine of Go's HTTP/2 server began: a connection's reader or a stream's
+        handler (pipeline/go_h2.py)."""
+        p = self.s.proc(ev.tgid, out)
+        placed = p.go_h2.began(ev)
+        if placed is not None:
+            self._go_handler(p, placed[1], placed[0], placed[2], ev.tid, ev.ts_ns)
+        elif not ev.stream:  # a reader whose reads came first (records of other CPUs)
+            for c in [c for c in p.conns.values() if c.read_by == ev.unit]:
+                self._go_read(p, c, ev.unit, ev.tid, ev.ts_ns)
+
+    def _go_read(self, p: Proc, c: Conn, unit: int, tid: int, ts: int) -> None:
+        """Goroutine `unit` read multiplexed connection `c`: the handlers waiting for it
+        if `unit` is a Go HTTP/2 reader."""
+        if p.go_h2.readers:
+            for handler, stream in p.go_h2.read(unit, c):
+                self._go_handler(p, c, handler, stream, tid, ts)
+
+    def _go_handler(self, p: Proc, c: Conn, handler: int, stream: int, tid: int, ts: int) -> None:
+        """Handler goroutine `handler` serves stream `stream` of `c`: bound to its request,
+        or waiting for it to open, or late (its stream has come and gone)."""
+        req = c.streams.get(stream)
+        if req is not None:
+            self.calls.settle(p, p.contexts.serves(req, handler, tid, ts))
+        elif stream > c.last_stream:
+            p.go_h2.wait(c, stream, handler)
+        else:
+            p.go_h2.late()
 
     def on_write(self, ev: SockIo, out: list) -> None:
         p = self.s.proc(ev.tgid, out)
@@ -362,6 +397,8 @@ class Connections:
 
     def drop_conn(self, p: Proc, c: Conn, ts: int, reason: str, out: list) -> None:
         self._drop_requests(p, c, ts, reason, out)
+        if c.go_h2_server is not None:
+            p.go_h2.closed(c)
         if p.conns.pop(c.fd, None) is c:
             p.untracked -= not c.tracked
             p.hidden -= c.hides

@@ -29,6 +29,8 @@ goroutine start is a ContextCopy (made by its creator), every goroutine met is t
 - binding: on a connection that serves one request at a time (HTTP/1), the goroutine
   that reads a request's head is bound to it until it finishes (net/http's connection
   goroutine runs the handler, and the next request only after this one is answered).
+  On HTTP/2, the goroutine Go's server started as the handler of a request's stream
+  (pipeline/go_h2.py) is bound to it until it finishes.
   A goroutine started after the request began by a goroutine bound to it is the
   request's too (a handler's fan-out); one started before belongs to no request the
   connection serves later.
@@ -78,7 +80,7 @@ class ProcessContexts:
         self.nodes: OrderedDict[int, Node] = OrderedDict()  # addr -> Node, least recently used first
         self.threads: dict[int, int] = {}    # context thread -> last seen
         self.unbound: dict[int, Request] = {}  # id -> open request not bound yet
-        self.readers: set[int] = set()         # goroutines that read a request's head
+        self.readers: set[int] = set()         # goroutines that served a request (serves())
         self.partners: dict[int, set] = {}     # goroutine -> goroutines it woke or was woken by
         self._cands: Optional[tuple] = None  # the same tuple while `unbound` is unchanged
         self.bindings: dict[int, list] = {}  # id(request) -> Nodes bound to it
@@ -200,10 +202,12 @@ class ProcessContexts:
             n = self._parent(n) if ancestors else None
         return self._bound(req, node, chain)
 
-    def read_head(self, req: Request, unit: int, tid: int, ts: int) -> list[Outcome]:
-        """Goroutine `unit` read `req`'s head on a connection serving one request at a
-        time: it serves `req` until `req` finishes. Python contexts are not bound so
-        (the loop's connection callbacks read; a task serves)."""
+    def serves(self, req: Request, unit: int, tid: int, ts: int) -> list[Outcome]:
+        """Goroutine `unit` serves `req` until `req` finishes: it read `req`'s head on a
+        connection serving one request at a time (net/http's connection goroutine runs
+        the handler), or Go's HTTP/2 server started it as the handler of `req`'s stream
+        (pipeline/go_h2.py). Python contexts are not bound so (the loop's connection
+        callbacks read; a task serves)."""
         if not unit & GO_UNIT or id(req) not in self.unbound:
             return []
         node = self.seen(tid, unit, ts) or self._adopt(unit)
@@ -220,6 +224,10 @@ class ProcessContexts:
         del self.unbound[id(req)]
         self._cands = None
         return self.holds.bound(req, lambda g: self._owner(g.key) is req)
+
+    def hold(self, facts, ev, device: int, cands: tuple) -> None:
+        """Holds a call made in unit facts.unit while `cands` may still bind it (unit.held)."""
+        self.holds.hold(self, facts.unit, cands, cands, ev, device)
 
     def on_finish(self, group, req: Request) -> str:
         """A candidate finished without binding the group's unit: it proves nothing."""

@@ -9,6 +9,7 @@ from typing import Optional
 from ..ratelimit import RateLimitedLog, Stats
 from ..records import ProcessSeen
 from .contexts import ProcessContexts
+from .go_h2 import GoH2Streams
 from .handlers import HandlerPairs
 from .held import Holds
 from .model import ProcessWindow
@@ -33,6 +34,9 @@ class Conn:
     resync: bool = False    # records of it were lost: ignored until a read starts a request (HTTP/1)
     tracked: bool = True    # False: accepted while the kernel's table was full; its I/O is not seen
     own: bool = False       # the collector's own export connection (Accept.own): ignored
+    go_h2_server: Optional[int] = None  # the Go serverConn serving it (pipeline/go_h2.py)
+    read_by: int = 0        # the goroutine of its latest read (multiplexed sessions)
+    last_stream: int = 0    # the highest stream id a request opened on (HTTP/2 ids only grow)
     inode: Optional[int] = None  # its socket, learnt at the first audit (a reused fd is another socket)
     # The kernel's draw for the request it delimits now (SockIo.draw), and whether a
     # request took it: pipelining's next heads take draws on the same side of the bound.
@@ -61,6 +65,8 @@ class Proc:
     contexts: Optional[ProcessContexts] = None  # Python contexts and goroutines
     threads: Optional[ThreadProof] = None  # threads' proof that they served one request alone
     handlers: Optional[HandlerPairs] = None  # handler threads of multiplexed connections
+    policies: dict = field(default_factory=dict)  # policy name (rules.Rule.holds) -> the policy
+    go_h2: Optional[GoH2Streams] = None  # Go HTTP/2 handler goroutines and their streams
     untracked: int = 0  # open connections the kernel does not track (Conn.tracked False)
     hidden: int = 0  # open multiplexed connections no session follows any more (Conn.hides)
     sampled_open: int = 0  # open requests whose trace is sampled
@@ -88,6 +94,8 @@ class StitchState:
             p.contexts = ProcessContexts(p.holds, self.stats)
             p.threads = ThreadProof(p.holds)
             p.handlers = HandlerPairs(tgid, p.holds, p.contexts, self.log)
+            p.policies = {policy.name: policy for policy in (p.contexts, p.threads, p.handlers)}
+            p.go_h2 = GoH2Streams(tgid, self.log)
             out.append(ProcessSeen(tgid))
         return p
 

@@ -22,8 +22,9 @@ import random
 from typing import Optional
 
 from ..ratelimit import RateLimitedLog, Stats
-from ..records import (Accept, CallAggregate, ContextCopy, CudaCall, EV_SOCK_READ, KernelRollup, OpenSockets,
-                       ProcessGone, ProcessGroup, ProcessSeen, ProcExit, SockClose, SockIo, Tick, UnitWake)
+from ..records import (Accept, CallAggregate, ContextCopy, CudaCall, EV_SOCK_READ, GoH2Unit, KernelRollup,
+                       OpenSockets, ProcessGone, ProcessGroup, ProcessSeen, ProcExit, SockClose, SockIo, Tick,
+                       UnitWake)
 from .attribution import CallAttribution
 from .connections import Connections
 from .process_state import StitchState
@@ -61,6 +62,8 @@ class Stitcher:
                 self.s.proc(ev.tgid, out).contexts.copied(ev)
             elif isinstance(ev, UnitWake):
                 self.s.proc(ev.tgid, out).contexts.wake(ev)
+            elif isinstance(ev, GoH2Unit):
+                http.on_go_h2(ev, out)
             elif isinstance(ev, Accept):
                 http.on_accept(ev, out)
             elif isinstance(ev, ProcessGroup):

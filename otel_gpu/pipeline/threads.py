@@ -42,8 +42,10 @@ class ThreadProof:
             if r.tid != tid:
                 self.mixed.add(id(r))
 
-    def hold(self, req: Request, ev, device: int, open_requests: list) -> None:
-        """Holds a call the thread rule gives to `req` (thread.held)."""
+    def hold(self, facts, ev, device: int, open_requests: list) -> None:
+        """Holds a call on a thread that read one open request's head (thread.held), for
+        that request's proof."""
+        (req,) = facts.on_thread
         self.holds.hold(self, id(req), self.holds.cands(open_requests), (req,), ev, device)
 
     def on_finish(self, group, req: Request) -> str:

@@ -34,7 +34,7 @@ SERVERS = {
     "hypercorn-asgi": (["asgi"], h2_shape.CALLS, h2_shape.rid_of, STREAMS),  # each stream's task binds
     "hypercorn-fastapi-async": (["fastapi-async"], h2_shape.CALLS, h2_shape.rid_of, STREAMS),
     "hypercorn-fastapi-def": (["fastapi-def"], h2_shape.CALLS, h2_shape.rid_of, STREAMS),  # a copy of its context
-    "go-h2c": ([], h2_shape.CALLS, h2_shape.rid_of, []),  # no write is the handler goroutine's: ambiguous
+    "go-h2c": ([], h2_shape.CALLS, h2_shape.rid_of, STREAMS),  # each stream's handler goroutine binds (go_h2.py)
     "grpc-pool": ([], 3, grpc_rid, [1]),  # one RPC open: process.one; more: where a pool thread wrote alone
     "grpc-aio": (["--aio"], 3, grpc_rid, [1]),  # one RPC open: its task binds
 }

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from otel_gpu.kernel_io import abi
 from otel_gpu.kernel_io.decode import SOCK_IO, DecodeError, decode
-from otel_gpu.records import (Accept, ContextCopy, CudaCall, DeviceCall, GraphCall, LaunchCall, MemcpyCall,
+from otel_gpu.records import (Accept, ContextCopy, CudaCall, DeviceCall, GoH2Unit, GraphCall, LaunchCall, MemcpyCall,
                               MemoryCall, ProcExit, SockClose, SockIo, SyncCall)
 from otel_gpu.cuda_calls import call_id
 
@@ -103,6 +103,15 @@ def test_context_copy():
     for bad in (rec[:-1], rec + bytes(8)):
         with pytest.raises(DecodeError):
             decode(bad)
+
+
+def test_go_h2_unit():
+    h = header(abi.EV_GO_H2_UNIT)
+    h.epoch = 78  # a handler binds its goroutine: it ends an epoch too
+    rec = bytes(abi.GoH2Event(h=h, unit=abi.GO_UNIT | 42, conn=0xC000_1000, stream=7))
+    assert decode(rec) == decode(view(rec)) == GoH2Unit(*HEAD, abi.GO_UNIT | 42, 0xC000_1000, 7, 78)
+    with pytest.raises(DecodeError):
+        decode(rec[:-1])
 
 
 def test_sock_io_full_cap_and_empty():

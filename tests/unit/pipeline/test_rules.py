@@ -4,15 +4,17 @@ and when held calls settle), with the precedence between rules that could both a
 Every rule decides at least one case here (a rule no case reaches would be a promise
 nothing keeps); process.held_full is reached through the stitcher (test_contexts.py,
 test_handlers.py)."""
+import logging
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
 from otel_gpu.pipeline.model import ATTRIBUTIONS
-from otel_gpu.pipeline.process_state import Proc
+from otel_gpu.pipeline.process_state import Proc, StitchState
 from otel_gpu.pipeline.rule_facts import CallFacts, SettleFacts
 from otel_gpu.pipeline.rules import HELD, RULES, decide, markdown, settled
+from otel_gpu.ratelimit import RateLimitedLog, Stats
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -98,6 +100,13 @@ def test_rules_are_unique_and_name_real_outcomes():
         assert r.attribution in ATTRIBUTIONS or (r.attribution == HELD and r.holds in ("unit", "thread", "handler"))
         assert (r.holds is None) == (r.attribution != HELD)
         assert r.gives is None or r.call is not None or r.settle is not None
+
+
+def test_every_hold_rule_names_a_policy_of_each_process():
+    stats = Stats()
+    p = StitchState(256, stats, RateLimitedLog(logging.getLogger("test"), stats), False).proc(900, [])
+    assert {r.holds for r in RULES if r.holds} == set(p.policies)
+    assert all(name == policy.name for name, policy in p.policies.items())
 
 
 def test_the_docs_carry_the_table():
