@@ -102,7 +102,7 @@ class CallAttribution:
         target = getattr(facts, decided.gives) if decided.gives else None
         if decided.attribution is not HELD:
             return decided, target
-        if p.holds.full():
+        if p.holds.entries >= p.holds.max_held and p.holds.full():
             return HELD_FULL, target
         p.policies[decided.holds].hold(facts, ev, device, target)
         return None, None

@@ -101,12 +101,12 @@ class HeldCalls:
 
 class Group(HeldCalls):
     """Calls one policy holds under one key while one set of requests could own them."""
-    __slots__ = ("policy", "key", "waiting", "lost", "passed", "settled")
+    __slots__ = ("policy", "key", "watched", "waiting", "lost", "passed", "settled")
 
-    def __init__(self, policy, key, cands: tuple, watched: int) -> None:
+    def __init__(self, policy, key, cands: tuple, watched: tuple) -> None:
         super().__init__(cands)
-        self.policy, self.key = policy, key
-        self.waiting = watched   # watched candidates that have not ended their part
+        self.policy, self.key, self.watched = policy, key, watched
+        self.waiting = len(watched)  # watched candidates that have not ended their part
         self.lost: set = set()   # id(candidate) that bound another unit
         self.passed: set = set()  # id(candidate) that finished and counted its share
         self.settled = False
@@ -154,17 +154,17 @@ class Holds:
         `watch`: the candidates whose binding or finish may settle it."""
         k = (policy.name, key)
         g = self.last.get(k)
-        if g is None or not _same(g.cands, cands):
-            watch = tuple(watch)
-            g = self.last[k] = Group(policy, key, cands, len(watch))
+        if g is None or (g.cands is not cands and not _same(g.cands, cands)):
+            g = self.last[k] = Group(policy, key, cands, tuple(watch))
             self.pending[k] = self.pending.get(k, 0) + 1
             self.by_policy[policy.name] = self.by_policy.get(policy.name, 0) + 1
-            for c in watch:
+            for c in g.watched:
                 self.index.setdefault(id(c), {})[g] = None
-        kept = self.kept.get(k, 0)
-        one = kept < self.keep and ev.__class__ is not CallAggregate
-        if one:
-            self.kept[k] = kept + 1
+        one = False
+        if ev.__class__ is not CallAggregate:
+            kept = self.kept.get(k, 0)
+            if kept < self.keep:
+                one, self.kept[k] = True, kept + 1
         entries, calls = g.add(ev, device, one)
         self.entries += entries
         self.held += calls
@@ -217,7 +217,7 @@ class Holds:
 
     def _settle(self, g: Group, owner: Optional[Request]) -> Outcome:
         g.settled = True
-        for c in g.cands:
+        for c in g.watched:
             gs = self.index.get(id(c))
             if gs is not None and gs.pop(g, 0) is None and not gs:
                 del self.index[id(c)]

@@ -10,16 +10,25 @@ class CallFacts:
     """One call of process `p` (a CudaCall or CallAggregate; for a KernelRollup, ev is
     None and no request is open) made at `ts`. `open`: the requests open at the call
     (begun); `unit`: the tracked execution unit it was made in (pipeline/contexts.py
-    Node) or None (the thread rules), with `owner`, the request bound to it or to an
-    ancestor; `groups`: p -> the requests open in its related processes."""
-    __slots__ = ("p", "ev", "ts", "open", "unit", "owner", "aggregate", "_groups", "_group", "_on_thread",
+    Node) or None, with `owner`, the request bound to it or to an ancestor; `groups`:
+    p -> the requests open in its related processes.
+    The thread facts (`on_thread`, `broken`) are set for a call made in no unit, the only
+    calls the thread rules see (the unit rules decide every call made in one): None
+    otherwise, so a rule reading them out of place fails loudly. The rarer facts are
+    computed when a rule reads them."""
+    __slots__ = ("p", "ev", "ts", "open", "unit", "owner", "aggregate", "on_thread", "broken", "_groups",
                  "_sole")
 
     def __init__(self, p, ev, ts: int, open_requests: list, unit, owner, groups: Callable,
                  aggregate: bool = False) -> None:
         self.p, self.ev, self.ts, self.open, self.unit, self.owner = p, ev, ts, open_requests, unit, owner
-        self._groups, self.aggregate = groups, aggregate
-        self._group = self._on_thread = self._sole = None
+        self._groups, self.aggregate, self._sole = groups, aggregate, False
+        if unit is None and ev is not None:
+            tid = ev.tid
+            self.on_thread = [r for r in open_requests if r.tid == tid]
+            self.broken = tid in p.broken  # the thread also serves a connection no session can follow
+        else:
+            self.on_thread = self.broken = None
 
     @property
     def unit_cands(self) -> tuple:
@@ -28,44 +37,26 @@ class CallFacts:
 
     @property
     def group(self) -> list:
-        if self._group is None:
-            self._group = begun(self._groups(self.p), self.ts)
-        return self._group
+        return begun(self._groups(self.p), self.ts)
 
     @property
     def hands_off(self) -> bool:
         return self.p.contexts.hands_off(self.ev.ctx)
 
     @property
-    def broken(self) -> bool:
-        """The thread also serves a connection no session can follow."""
-        return self.ev.tid in self.p.broken
-
-    @property
-    def on_thread(self) -> list:
-        if self._on_thread is None:
-            tid = self.ev.tid
-            self._on_thread = [r for r in self.open if r.tid == tid]
-        return self._on_thread
-
-    @property
     def sole(self):
         """The one request thread.held or process.one would give the call: the one open
         request its thread read, or the process's one open request while the thread read
         none and holds no half-read head."""
-        if self._sole is None:
-            self._sole = self._find_sole() or ()
-        return self._sole or None
-
-    def _find_sole(self):
-        if self.broken:
-            return None
-        on = self.on_thread
-        if len(on) == 1:
-            return on[0]
-        if not on and len(self.open) == 1 and self.ev.tid not in self.p.partial_heads:
-            return self.open[0]
-        return None
+        if self._sole is False:
+            on, self._sole = self.on_thread, None
+            if self.broken:
+                pass
+            elif len(on) == 1:
+                self._sole = on[0]
+            elif not on and len(self.open) == 1 and self.ev.tid not in self.p.partial_heads:
+                self._sole = self.open[0]
+        return self._sole
 
     @property
     def handler_pair(self) -> bool:
