@@ -46,7 +46,7 @@ class Rule:
 RULES: tuple[Rule, ...] = (
     Rule("unit.bound", TASK, "made in an execution unit bound to a request, or in a unit that a bound one made "
          "after that request began (a Python task or a context copied from it; the goroutine that read an HTTP/1 "
-         "head, or one it started)",
+         "head or that Go's HTTP/2 server started for the request's stream, or one it started)",
          call="f.owner is not None", gives="owner"),
     Rule("unit.bound_later", TASK, "held (unit.held), then a request bound the unit or an ancestor",
          settle="f.policy == 'unit' and f.owner is not None", gives="owner"),

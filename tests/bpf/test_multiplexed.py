@@ -35,6 +35,7 @@ SERVERS = {
     "hypercorn-fastapi-async": (["fastapi-async"], h2_shape.CALLS, h2_shape.rid_of, STREAMS),
     "hypercorn-fastapi-def": (["fastapi-def"], h2_shape.CALLS, h2_shape.rid_of, STREAMS),  # a copy of its context
     "go-h2c": ([], h2_shape.CALLS, h2_shape.rid_of, STREAMS),  # each stream's handler goroutine binds (go_h2.py)
+    "go-h2c-stripped": ([], h2_shape.CALLS, h2_shape.rid_of, STREAMS),  # its functions found in .gopclntab
     "grpc-pool": ([], 3, grpc_rid, [1]),  # one RPC open: process.one; more: where a pool thread wrote alone
     "grpc-aio": (["--aio"], 3, grpc_rid, [1]),  # one RPC open: its task binds
 }
@@ -51,7 +52,8 @@ def _start(server: str) -> Target:
     newest = max(toolchains(), key=lambda v: tuple(map(int, v.split("."))), default=None)
     if newest is None or tuple(map(int, newest.split(".")))[:2] < (1, 24):
         pytest.skip("no Go 1.24+ under .go/ (scripts/setup.sh installs it): h2c needs http.Protocols")
-    return Target([str(build("h2c_server.go", toolchains()[newest], False)), find_cudart(), "0"])
+    stripped = server.endswith("-stripped")
+    return Target([str(build("h2c_server.go", toolchains()[newest], stripped)), find_cudart(), "0"])
 
 
 @pytest.fixture(scope="module")
