@@ -266,7 +266,15 @@ NCCL_STATE_PROBES: tuple[UprobeRow, ...] = (
 
 
 # The OpenSSL probes (bpf/tls_probes.c): the SSL* and buffer at entry, the count at
-# return; the handshake ties a socket to its SSL*, SSL_free forgets the tie.
+# return; the handshake ties a socket to its SSL*, SSL_free forgets the tie. Where the
+# file proves that its reads and writes go through one internal function each
+# (probes/tls_entries.py: addresses from the code), those two take the place of the four
+# public entries (TLS_THROUGH), which x86 would single-step.
+TLS_INTERNAL_PROBES: tuple[UprobeRow, ...] = (
+    UprobeRow(TLS, "ssl_read_internal", "tls_read_ex_enter", "tls_read_return"),
+    UprobeRow(TLS, "ssl_write_internal", "tls_write_ex_enter", "tls_write_return"),
+)
+TLS_THROUGH = frozenset(("SSL_read", "SSL_read_ex", "SSL_write", "SSL_write_ex"))
 TLS_PROBES: tuple[UprobeRow, ...] = (
     UprobeRow(TLS, "SSL_read", "tls_read_enter", "tls_read_return"),
     UprobeRow(TLS, "SSL_read_ex", "tls_read_ex_enter", "tls_read_return"),
@@ -277,10 +285,15 @@ TLS_PROBES: tuple[UprobeRow, ...] = (
 )
 
 
-def rows_for(library: str) -> list[UprobeRow]:
+def rows_for(library: str, addresses: tuple = ()) -> list[UprobeRow]:
+    """The rows to attach to a file of `library`; `addresses`: (symbol, address) the file's
+    code gave (probes/discovery.py ProbeTarget)."""
     if library == PYTHON:
         return list(PYTHON_PROBES)
     if library == TLS:
+        known = dict(addresses)
+        if all(r.symbol in known for r in TLS_INTERNAL_PROBES):
+            return list(TLS_INTERNAL_PROBES) + [r for r in TLS_PROBES if r.symbol not in TLS_THROUGH]
         return list(TLS_PROBES)
     if library == GO:
         return list(GO_PROBES)

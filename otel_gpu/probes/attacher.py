@@ -21,6 +21,7 @@ from ..cuda_calls import CALLS, TLS, Category, UprobeRow, rows_for
 from .closer import ProbeCloser
 from .discovery import ProbeTarget
 from .elf_init import init_address
+from .prologue import SINGLE_STEP_COST, emulated, entry_code
 from .uprobe_links import LinkFd, PerfUprobes
 
 log = logging.getLogger(__name__)
@@ -76,6 +77,8 @@ class Attacher:
         # process pairs) each is attached to; those it failed on and is not attached to now.
         self.by_symbol: Counter[str] = Counter()
         self.failed: Counter[str] = Counter()
+        # Functions probed at an instruction x86 single-steps (prologue.py), by file.
+        self.single_stepped: dict[str, set] = {}
 
     def attach(self, target: ProbeTarget, pid: Optional[int] = None) -> int:
         """Attaches every row that the file defines, for every process mapping it
@@ -92,7 +95,7 @@ class Attacher:
 
     def _attach_new(self, target: ProbeTarget, pid: Optional[int]) -> int:
         events, symbols, failures = [], [], []
-        rows = rows_for(target.kind)
+        rows = rows_for(target.kind, target.addresses)
         self.uprobes.prepare([fn for row in rows for fn in (row.entry, row.ret) if fn])
         for row in rows:
             new, error = self._attach_row(target, row, pid)
@@ -132,10 +135,22 @@ class Attacher:
                 events += self.uprobes.attach(target.path, row.ret, ret=True, pid=pid, **where)
         except Exception as e:
             error = str(e) or type(e).__name__
+        else:
+            self._note_single_step(target, row.symbol, addr)
         if error is not None and events:  # the entry attached, its return probe did not
             self._detach_events(events)
             events = []
         return events, error
+
+    def _note_single_step(self, target: ProbeTarget, symbol: str, addr: Optional[int]) -> None:
+        """Says once per file and function when its probe sits on an instruction x86
+        single-steps (each call then pays two exceptions: prologue.SINGLE_STEP_COST)."""
+        files = self.single_stepped.setdefault(symbol, set())
+        if target.path in files or emulated(entry_code(target.path, symbol, addr)):
+            return
+        files.add(target.path)
+        log.warning("%s in %s: its probe is single-stepped (its first instruction is not one x86 uprobes "
+                    "emulate): %s", symbol, target.path, SINGLE_STEP_COST)
 
     def _retry(self, a: Attached, pid: Optional[int]) -> int:
         """The failed rows of `a` whose backoff is over, tried again; returns probes added."""

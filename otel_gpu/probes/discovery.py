@@ -20,13 +20,13 @@ import logging
 import os
 import re
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Iterable, Optional
 
 from .. import proc
 from .. import sockets
 from ..cuda_calls import DRIVER, GO, GO_PROBES, NCCL, PYTHON, RUNTIME, TLS
-from . import go_functions, go_runtime, python
+from . import go_functions, go_runtime, python, tls_entries
 from .elf_file import ElfFile
 from .runtime_text import runtime_ranges
 
@@ -52,7 +52,7 @@ class ProbeTarget:
     kind: str          # RUNTIME, DRIVER, NCCL, PYTHON, TLS or GO
     path: str          # openable from here (through /proc/<pid>/root for containers)
     key: tuple         # (st_dev, st_ino): the same file seen from several processes
-    addresses: tuple = ()  # (symbol, address) where the file has no symbol table to say (Go)
+    addresses: tuple = ()  # (symbol, address) its symbol table does not say (Go; libssl: tls_entries.py)
 
 
 @dataclass
@@ -116,6 +116,7 @@ class Discovery:
         self._static_cache: dict[tuple, bool] = {}
         self._python_cache: dict[tuple, Optional[python.Interpreter]] = {}  # file (dev, ino) -> facts
         self._go_cache: dict[tuple, Optional[tuple]] = {}  # exe (dev, ino) -> (GoBinary, addresses)
+        self._tls_cache: dict[tuple, tuple] = {}  # libssl (dev, ino) -> tls_entries.internal_entries
         self._known: dict[int, int] = {}  # pid -> start time, once found to use CUDA
         self._quiet: dict[int, tuple] = {}  # pid -> (exe key, when to read its maps again): no CUDA
         self._clock = clock
@@ -161,7 +162,7 @@ class Discovery:
             if go:
                 targets.append(go[0])
                 result.go[pid] = go[1]
-            targets += [t for t in (self._target(pid, TLS, lib) for lib in libssl_in_maps(maps)) if t]
+            targets += [self._tls(t) for t in (self._target(pid, TLS, lib) for lib in libssl_in_maps(maps)) if t]
             result.by_pid[pid] = targets
             for t in targets:
                 if t.key not in seen_keys:
@@ -229,6 +230,13 @@ class Discovery:
         binary, addresses = facts
         return ProbeTarget(GO, path, key, addresses), binary
 
+    def _tls(self, t: ProbeTarget) -> ProbeTarget:
+        """A libssl with the addresses of its internal read and write functions, where its
+        code proves them (probes/tls_entries.py), read once per file."""
+        if t.key not in self._tls_cache:
+            self._tls_cache[t.key] = tls_entries.internal_entries(t.path)
+        return replace(t, addresses=self._tls_cache[t.key])
+
     def _target(self, pid: int, kind: str, path: str) -> Optional[ProbeTarget]:
         # Through the process's root, so a container's files are reached from the host.
         for candidate in (proc.path(self.proc_root, pid, "root") + path, path):
@@ -292,7 +300,8 @@ def known_library_files(host_root: str = "", site_dirs: Iterable[str] = ()) -> l
             continue
         if kind and (st.st_dev, st.st_ino) not in keys:
             keys.add((st.st_dev, st.st_ino))
-            out.append(ProbeTarget(kind, path, (st.st_dev, st.st_ino)))
+            t = ProbeTarget(kind, path, (st.st_dev, st.st_ino))
+            out.append(replace(t, addresses=tls_entries.internal_entries(path)) if kind == TLS else t)
     return out
 
 

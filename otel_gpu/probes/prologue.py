@@ -1,7 +1,8 @@
-"""Where an entry uprobe goes in a function. x86 uprobes emulate a few instructions
-(push, call, jmp, nop, ...) and single-step every other one out of line, which costs two
-exceptions: 9.6-10.3 us per call on this project's VMs against 0.73-0.85 us for an
-emulated push (bench: a loop probed at each). Code built with CET (-fcf-protection, the
+"""Where an entry uprobe goes in a function, and whether x86 emulates the instruction
+there. x86 uprobes emulate a few instructions (push, call, jmp, nop, ...) and
+single-step every other one out of line, which costs two exceptions: 9.6-10.3 us per
+call on this project's VMs against 0.73-0.85 us for an emulated push (bench item 15: a
+loop probed at each). Code built with CET (-fcf-protection, the
 default of Ubuntu's and Fedora's compilers: their Python, OpenSSL, NVIDIA's images)
 starts every function with endbr64, which is not emulated. endbr64 changes no register
 and no memory, so a probe on the instruction after it sees the same arguments, stack
@@ -10,10 +11,25 @@ a jump target: a prologue), else it stays on the entry."""
 from __future__ import annotations
 
 import logging
+from typing import Optional
 
 log = logging.getLogger(__name__)
 
 ENDBR64 = b"\xf3\x0f\x1e\xfa"
+
+
+def entry_code(path: str, symbol: str = "", addr: Optional[int] = None, size: int = 16) -> bytes:
+    """The first `size` bytes of a function, named by its symbol or address (bcc resolves
+    either to its file offset); b"" when it cannot be read (then nothing is claimed)."""
+    from bcc import BPF
+    try:
+        _, offset = BPF._check_path_symbol(path.encode(), symbol.encode(), addr, -1)
+        with open(path, "rb") as f:
+            f.seek(offset)
+            return f.read(size)
+    except Exception as e:  # bcc raises a plain Exception for a symbol it cannot resolve
+        log.debug("cannot read the entry of %s in %s: %s", symbol or hex(addr or 0), path, e)
+        return b""
 
 
 def entry_skip(path: str, file_offset: int) -> int:
@@ -31,3 +47,40 @@ def entry_skip(path: str, file_offset: int) -> int:
         return 0
     push = 0x50 <= head[4] <= 0x57 or (head[4] == 0x41 and 0x50 <= head[5] <= 0x57)
     return len(ENDBR64) if push else 0
+
+
+SINGLE_STEP_COST = "~10 us a call on VMs, ~5 us on a bare host (bench item 15)"
+
+
+def _push(code: bytes) -> bool:
+    """`code` starts with push %r (0x50-0x57, or 0x41 0x50-0x57 for r8-r15)."""
+    return len(code) >= 2 and (0x50 <= code[0] <= 0x57 or (code[0] == 0x41 and 0x50 <= code[1] <= 0x57))
+
+
+def emulated(code: bytes) -> bool:
+    """Whether an entry probe on the function starting with `code` (its first bytes) hits
+    an instruction x86 uprobes emulate, as entry_skip places it: a push (after an endbr64
+    too), a call or jmp rel32/rel8, a one-byte nop. b"" (not read): True, nothing claimed."""
+    if not code:
+        return True
+    if code[:4] == ENDBR64:
+        return _push(code[4:])
+    return _push(code) or (code[:1] in (b"\xe8", b"\xe9", b"\xeb", b"\x90"))
+
+
+def tail_call(code: bytes) -> int | None:
+    """Where the function starting with `code` calls, when it is `[endbr64] sub $imm8,%rsp;
+    call rel32` (nothing touches an argument register before the call, so the callee
+    gets the function's own arguments): the callee's offset from the function's start."""
+    at = len(ENDBR64) if code[:4] == ENDBR64 else 0
+    if code[at:at + 3] != b"\x48\x83\xec" or code[at + 4:at + 5] != b"\xe8" or len(code) < at + 9:
+        return None
+    return at + 9 + int.from_bytes(code[at + 5:at + 9], "little", signed=True)
+
+
+def calls(code: bytes, target: int) -> bool:
+    """Whether `code`, a function's first bytes, holds a call rel32 to offset `target`
+    (from the function's start). A byte scan, not a decode: used to confirm a call the
+    caller already knows of, never to find one."""
+    return any(code[i] == 0xE8 and i + 5 + int.from_bytes(code[i + 1:i + 5], "little", signed=True) == target
+               for i in range(len(code) - 4))

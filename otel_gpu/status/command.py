@@ -14,6 +14,7 @@ import time
 from typing import Optional
 
 from .. import proc, sanitize
+from ..probes.prologue import SINGLE_STEP_COST
 from ..ratelimit import split_drops
 from .file import STALE_INTERVALS, default_status_path, read_state
 
@@ -80,6 +81,9 @@ def to_text(state: dict, now: float, stale: Optional[str]) -> str:
                            initial_indent="  ", subsequent_indent="    ")
     lines += textwrap.wrap(f"FAILED to attach: {_pairs(probes['failed'])}" if probes.get("failed") else
                            "failed to attach: none", 100, initial_indent="  ", subsequent_indent="    ")
+    if probes.get("single_stepped"):  # each call of these pays two exceptions (probes/prologue.py)
+        lines += textwrap.wrap(f"single-stepped by x86 ({SINGLE_STEP_COST}): {', '.join(probes['single_stepped'])}",
+                               100, initial_indent="  ", subsequent_indent="    ")
     req = state.get("requests", {})
     lines.append(f"requests: {req.get('finished', 0)} finished, {req.get('per_second', 0):g}/s over the last interval;"
                  f" spans: {state.get('spans', 0)}")

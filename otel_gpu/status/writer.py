@@ -36,10 +36,12 @@ def destination_counts(name: str, exporter, stats: dict, handed: int) -> dict:
 def probe_status(program) -> dict:
     """Uprobes by function: how many times each is attached (once per file, or per file
     and process with --pid/--exe), and each failure to attach one (a symbol a library
-    does not define is not a failure)."""
+    does not define is not a failure); the functions whose probe x86 single-steps, with
+    their files (probes/prologue.py: each call pays SINGLE_STEP_COST)."""
     a = program.attacher
     return {"tracepoints": program.bpf.num_open_tracepoints(), "files": a.files(),
-            "attached": dict(a.by_symbol), "failed": dict(a.failed)}
+            "attached": dict(a.by_symbol), "failed": dict(a.failed),
+            "single_stepped": {s: sorted(files) for s, files in sorted(a.single_stepped.items()) if files}}
 
 
 class ExportHealth:

@@ -118,6 +118,11 @@ def test_https_with_per_process_probes(certificate, receiver, start_collector, t
     assert collector.log.wait_for("libssl.so", 30)  # attached after its CUDA and Python probes
     ssl_lines = [l for l in collector.log.lines if "libssl.so" in l and "attached" in l]
     assert ssl_lines and all(f"for pid {target.pid} only" in l for l in ssl_lines), ssl_lines
+    # Reads and writes probed where they all go through (probes/tls_entries.py), never on the
+    # single-stepped public entries; the attach log names what x86 still single-steps.
+    stepped = [l for l in collector.log.lines if "single-stepped" in l and "libssl.so" in l]
+    assert [l for l in stepped if "SSL_free in" in l], stepped  # once a connection; it starts with a test
+    assert not [l for l in stepped if "SSL_read" in l or "SSL_write" in l], stepped
     start_https_serving(target)
     ids = list(range(1, 11))
     out = fetch_all(target.port, [f"/infer?id={i}&launches={K}" for i in ids], 2, SECONDS, tls=client_context())

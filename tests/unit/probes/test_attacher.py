@@ -4,9 +4,14 @@ leaves nothing. FakeBpf stands in for bcc's BPF object (no root in this tier; th
 real attach and detach are tests/bpf/test_pid_scoped_probes.py)."""
 from __future__ import annotations
 
+from pathlib import Path
+
+import pytest
+
 from otel_gpu.probes.attacher import RETRY_MAX_S, RETRY_TRIES, Attacher
 from otel_gpu.probes.discovery import ProbeTarget
-from otel_gpu.cuda_calls import RUNTIME, rows_for
+from otel_gpu.probes.tls_entries import internal_entries
+from otel_gpu.cuda_calls import RUNTIME, TLS, rows_for
 from otel_gpu.ratelimit import Stats
 
 
@@ -27,11 +32,11 @@ class FakeBpf:
             raise Exception("Failed to attach BPF to uprobe")
         self.uprobe_fds[b"%s_%s_%s_%d" % (kind, name, sym, pid)] = 1
 
-    def attach_uprobe(self, name, sym, fn_name, pid=-1):
-        self._attach(b"p", name, sym, fn_name, pid)
+    def attach_uprobe(self, name, sym, fn_name, pid=-1, addr=None, sym_off=0):
+        self._attach(b"p", name, sym or b"%x" % addr, fn_name, pid)
 
-    def attach_uretprobe(self, name, sym, fn_name, pid=-1):
-        self._attach(b"r", name, sym, fn_name, pid)
+    def attach_uretprobe(self, name, sym, fn_name, pid=-1, addr=None):
+        self._attach(b"r", name, sym or b"%x" % addr, fn_name, pid)
 
     def detach_uprobe_event(self, ev):
         del self.uprobe_fds[ev]
@@ -201,3 +206,21 @@ def test_a_files_functions_are_prepared_in_its_probes_order_before_they_attach(t
     assert names == [fn for row in ROWS for fn in (row.entry, row.ret) if fn]
     assert [fn for _, fn in attaches] == names  # the same order: the first ready, the first attached
     assert names[0] == "cuda_launch_kernel"
+
+
+def test_a_probe_x86_single_steps_is_named_once_per_file(tmp_path, caplog):
+    """Debian's libssl (read here, probed through FakeBpf): its reads and writes are probed
+    at internal functions that start with a push (tls_entries.py); SSL_free starts with
+    `test %rdi,%rdi`, which x86 single-steps: named in the log and in status, once."""
+    lib = Path("/usr/lib/x86_64-linux-gnu/libssl.so.3")
+    if not lib.exists():
+        pytest.skip("no Debian libssl here")
+    bpf = FakeBpf()
+    a = Attacher(bpf, Stats(), SyncCloser(bpf))
+    t = ProbeTarget(TLS, str(lib), (1, 3), internal_entries(str(lib)))
+    with caplog.at_level("WARNING"):
+        a.attach(t)
+        a.attach(t, 9)  # the same file again, for one process: not named twice
+    assert a.single_stepped == {"SSL_free": {str(lib)}, "SSL_do_handshake": set(), "ssl_read_internal": set(),
+                                "ssl_write_internal": set()}
+    assert [r.getMessage().split(":")[0] for r in caplog.records] == [f"SSL_free in {lib}"]

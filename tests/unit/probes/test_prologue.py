@@ -2,7 +2,7 @@
 fast path), on the entry otherwise (probes/prologue.py)."""
 import pytest
 
-from otel_gpu.probes.prologue import entry_skip
+from otel_gpu.probes.prologue import calls, emulated, entry_skip, tail_call
 
 ENDBR64 = "f30f1efa"
 
@@ -24,3 +24,27 @@ def test_the_skip_follows_the_first_instructions(tmp_path, code, skip):
 
 def test_an_unreadable_file_leaves_the_probe_on_the_entry(tmp_path):
     assert entry_skip(str(tmp_path / "gone.so"), 0) == 0
+
+
+@pytest.mark.parametrize("code,emulated_there", [
+    ("55" + "4889e5", True),             # push %rbp (libcudart's entries)
+    ("4155" + "4154", True),             # push %r13
+    (ENDBR64 + "4157", True),            # probed past the endbr64, on the push
+    (ENDBR64 + "4883ec18", False),       # endbr64; sub: single-stepped there
+    ("4883ec18" + "64488b", False),      # sub $0x18,%rsp (Debian's SSL_read)
+    ("493b6610", False),                 # cmp 0x10(%r14),%rsp (a Go function's stack check)
+    ("e8" + "00000000", True),           # call rel32
+    ("", True),                          # not read: nothing claimed
+])
+def test_which_entries_x86_emulates(code, emulated_there):
+    assert emulated(bytes.fromhex(code)) is emulated_there
+
+
+def test_a_tail_call_is_found_only_after_a_bare_stack_adjustment():
+    # sub $0x8,%rsp; call +0x100 (from the call's end, at 9): the callee at 9 + 0x100
+    assert tail_call(bytes.fromhex("4883ec08" + "e800010000" + "31d2")) == 9 + 0x100
+    assert tail_call(bytes.fromhex(ENDBR64 + "4883ec08" + "e8f0ffffff")) == 13 - 16
+    assert tail_call(bytes.fromhex("4883ec08" + "4889fb" + "e800010000")) is None  # a mov first: not proven
+    assert tail_call(bytes.fromhex("55" + "e800010000")) is None
+    code = bytes.fromhex("4883ec18" + "64488b042528000000" + "e800010000")
+    assert calls(code, 13 + 5 + 0x100) and not calls(code, 13 + 0x100)

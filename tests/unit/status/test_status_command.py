@@ -22,7 +22,7 @@ def state(pid: int, written_at: float, **extra) -> dict:
             "started_at": written_at - 75, "written_at": written_at, "uptime_s": 75, "interval_s": 2.0,
             "processes": {"count": 1, "listed": [{"pid": 4242, "name": "uvicorn", "role": "cuda"}]},
             "probes": {"tracepoints": 22, "files": 1, "attached": {"cudaLaunchKernel": 1},
-                       "failed": {"cudaMalloc": 1}},
+                       "failed": {"cudaMalloc": 1}, "single_stepped": {"SSL_free": ["/lib/libssl.so.3"]}},
             "requests": {"finished": 1234, "per_second": 12.5},
             "attribution": {"thread": 40},
             "counters": {"requests_finished": 1234, "http_parse_errors": 3, "spans_exported": 9},
@@ -45,6 +45,7 @@ def test_running_collector_text(tmp_path):
     assert f"otel-gpu 9.9, pid {os.getpid()}, up 1m15s" in text
     assert "4242  uvicorn" in text
     assert "cudaLaunchKernel 1" in text and "FAILED to attach: cudaMalloc 1" in text
+    assert "single-stepped by x86 (~10 us a call on VMs" in text and text.rstrip().count("SSL_free") == 1
     assert "requests: 1234 finished, 12.5/s" in text
     assert "drops and errors (counters): http_parse_errors 3" in text  # work counters are not drops
     assert "otlp     FAILING since" in text and "(46s): pending 2" in text and "spans failed 4" in text
