@@ -12,6 +12,7 @@ import pytest
 
 from otel_gpu.probes.elf_file import ElfFile
 from otel_gpu.probes.go_functions import addresses
+from otel_gpu.probes.prologue import emulated, entry_code, skip
 from otel_gpu.cuda_calls import GO_PROBES
 from tests.bpf.targets.go.build import build, toolchains
 
@@ -36,6 +37,20 @@ def test_runtime_functions_are_found_stripped_or_not(version):
     for stripped in (False, True):
         with open(build("server.go", go, stripped), "rb") as f:
             assert addresses(ElfFile(f), NAMES) == want, (version, stripped)
+
+
+@pytest.mark.skipif(not TOOLCHAINS, reason="no Go toolchain under .go/ (scripts/setup.sh installs them)")
+@pytest.mark.parametrize("version", sorted(TOOLCHAINS) or ["none"])
+def test_no_go_probe_is_single_stepped(version):
+    """Each function the Go probes take starts with Go's stack check, which x86 single-steps:
+    the probe goes on the push after it (prologue.skip), which it emulates."""
+    path = str(build("server.go", TOOLCHAINS[version], True))
+    with open(path, "rb") as f:
+        found = addresses(ElfFile(f), NAMES)
+    for name in set(NAMES) & set(found) - {"runtime.ready", "main.main"}:
+        code = entry_code(path, addr=found[name])
+        assert code[0] in (0x49, 0x4C), (name, code.hex())  # cmp or lea: the stack check, single-stepped
+        assert skip(code) > 0 and emulated(code), (version, name, code.hex())  # on the push after it
 
 
 def test_a_file_with_no_go_function_table_gives_nothing():

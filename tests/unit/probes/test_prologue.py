@@ -2,7 +2,7 @@
 fast path), on the entry otherwise (probes/prologue.py)."""
 import pytest
 
-from otel_gpu.probes.prologue import calls, emulated, entry_skip, tail_call
+from otel_gpu.probes.prologue import calls, emulated, entry_skip, skip, tail_call
 
 ENDBR64 = "f30f1efa"
 
@@ -48,3 +48,20 @@ def test_a_tail_call_is_found_only_after_a_bare_stack_adjustment():
     assert tail_call(bytes.fromhex("55" + "e800010000")) is None
     code = bytes.fromhex("4883ec18" + "64488b042528000000" + "e800010000")
     assert calls(code, 13 + 5 + 0x100) and not calls(code, 13 + 0x100)
+
+
+GO_CHECK = "493b6610"  # cmp 0x10(%r14),%rsp: Go's stack check
+
+
+@pytest.mark.parametrize("code,at", [
+    (GO_CHECK + "0f86a6000000" + "55" + "4889e5", 10),  # runtime.runqput (Go 1.27): probed on the push
+    (GO_CHECK + "76" + "40" + "55", 6),                  # jbe rel8
+    ("4c8d6424b8" + "4d3b6610" + "0f8695010000" + "55", 15),  # lea -0x48(%rsp),%r12 first (a big frame)
+    ("4c8da42400ffffff" + "4d3b6610" + "0f8695010000" + "4155", 18),
+    (GO_CHECK + "0f86a6000000" + "4883ec10", 0),        # no push after it: stays on the entry
+    ("4c8d6424b8" + "493b6610" + "0f8695010000" + "55", 0),  # the lea's r12 not the one compared: no
+    (GO_CHECK + "7740" + "55", 0),                       # ja, not the stack check's jbe
+])
+def test_a_go_stack_check_is_stepped_over_to_the_push(code, at):
+    assert skip(bytes.fromhex(code)) == at
+    assert emulated(bytes.fromhex(code)) is bool(at)
