@@ -1,8 +1,12 @@
 """Where an entry uprobe goes: past a leading endbr64 when a push follows (the emulated
 fast path), on the entry otherwise (probes/prologue.py)."""
+import glob
+import os
+
 import pytest
 
-from otel_gpu.probes.prologue import calls, emulated, entry_skip, skip, tail_call
+from otel_gpu.cuda_calls import RUNTIME, rows_for
+from otel_gpu.probes.prologue import calls, emulated, entry_code, entry_skip, skip, tail_call
 
 ENDBR64 = "f30f1efa"
 
@@ -65,3 +69,23 @@ GO_CHECK = "493b6610"  # cmp 0x10(%r14),%rsp: Go's stack check
 def test_a_go_stack_check_is_stepped_over_to_the_push(code, at):
     assert skip(bytes.fromhex(code)) == at
     assert emulated(bytes.fromhex(code)) is bool(at)
+
+
+def _cudarts() -> list:
+    from otel_gpu.demo.cuda_work import find_cudart
+    found = [p for p in glob.glob("/usr/local/cuda*/lib*/libcudart.so.1[0-9]") if os.path.isfile(p)]
+    try:
+        found.append(find_cudart())
+    except Exception:  # no PyPI wheel here
+        pass
+    return sorted(set(found))
+
+
+@pytest.mark.skipif(not _cudarts(), reason="no real libcudart here (make setup installs the PyPI wheel)")
+@pytest.mark.parametrize("lib", _cudarts() or ["none"])
+def test_no_runtime_probe_is_single_stepped_on_the_real_libcudart(lib):
+    """libcudart 12 and 13 start every probed entry with a push (emulated)."""
+    codes = {r.symbol: entry_code(lib, r.symbol) for r in rows_for(RUNTIME)}
+    codes = {s: c for s, c in codes.items() if c}  # a symbol this release lacks (_ptsz forms)
+    assert "cudaLaunchKernel" in codes
+    assert [s for s, c in codes.items() if not emulated(c)] == []
