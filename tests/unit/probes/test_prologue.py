@@ -78,7 +78,7 @@ def _cudarts() -> list:
         found.append(find_cudart())
     except Exception:  # no PyPI wheel here
         pass
-    return sorted(set(found))
+    return sorted({os.path.realpath(p) for p in found})  # each file once (cuda -> cuda-13.0, lib -> lib64)
 
 
 @pytest.mark.skipif(not _cudarts(), reason="no real libcudart here (make setup installs the PyPI wheel)")
