@@ -2,7 +2,12 @@
 real libcudart) launches kernels from one goroutine inside an open HTTP request, the
 way a Go inference server calls its engine; each launch's probe then reads the running
 goroutine (bpf/go_probes.c). Untraced, then a --pid collector with --no-go-goroutines
-and with --go-goroutines (default), then untraced again: thread CPU per launch."""
+and with --go-goroutines (default), then untraced again: thread CPU per launch.
+Then goroutine wake-ups (--wakes: two goroutines ping-pong over channels inside the
+request, GOMAXPROCS 1): every send readies the other one through runtime.runqput, which
+the goroutine probes take (on the push after Go's stack check: probes/prologue.py skip).
+Untraced, a --pid collector (default mode), untraced again: process CPU per round trip
+(two runqput hits)."""
 from __future__ import annotations
 
 import statistics
@@ -23,8 +28,9 @@ def _binary() -> str | None:
     return str(build(str(HERE / "go_launch_loop.go"), chains[newest], stripped=False))
 
 
-def _loop(binary: str, iters: int, reps: int, collector_args: tuple | None) -> dict:
-    loop = LaunchLoop("--iters", str(iters), "--reps", str(reps), http=True, binary=binary)
+def _loop(binary: str, iters: int, reps: int, collector_args: tuple | None, wakes: bool = False) -> dict:
+    loop = LaunchLoop("--iters", str(iters), "--reps", str(reps), *(["--wakes"] if wakes else []), http=True,
+                      binary=binary)
     col = Collector(args=("--pid", str(loop.pid), *collector_args)) if collector_args is not None else None
     try:
         if col:
@@ -55,6 +61,11 @@ def run(quick: bool, starts: list) -> dict:
     for mode in MODES:
         m = out[mode.lstrip("-")]
         m["added_ns"] = m["median_ns"] - base
+    trips = iters // 10
+    wakes = [_loop(binary, trips, reps, args, wakes=True) for args in (None, (), None)]
+    out["wakes"] = {"round_trips": trips, "none_ns": wakes[0]["median_ns"], "traced_ns": wakes[1]["median_ns"],
+                    "none_after_ns": wakes[2]["median_ns"],
+                    "added_ns": wakes[1]["median_ns"] - (wakes[0]["median_ns"] + wakes[2]["median_ns"]) / 2}
     return out
 
 
@@ -70,4 +81,6 @@ def rows(r: dict) -> list:
         ("14", "  goroutine read, per launch (on - off, ns)", f"{on['added_ns'] - off['added_ns']:+.0f}"
          + ("" if on["goroutines_read"] else " (goroutines were NOT read: the collector did not recognise Go)"),
          "", None),
-    ]
+    ] + ([("14", "goroutine round trip over channels (2 runqput hits), process CPU ns: untraced/traced/untraced",
+           f"{w['none_ns']:.0f}/{w['traced_ns']:.0f}/{w['none_after_ns']:.0f} ({w['added_ns']:+.0f})", "", None)]
+         if (w := r.get("wakes")) else [])

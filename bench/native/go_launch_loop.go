@@ -5,8 +5,13 @@
 // "ready <pid>", a line on stdin, then the request; "rep <i> <wall ns> <thread CPU ns>"
 // per rep (per launch), "launched <n>", "done".
 //
-// argv: libcudart path [--iters N] [--reps R] [--http] (always a request: --http is
-// taken for launch_loop.c's sake)
+// With --wakes, each rep is `iters` round trips between two goroutines over unbuffered
+// channels instead (GOMAXPROCS 1: every send readies the other goroutine, one
+// runtime.runqput each), timed in the process's CPU: "rep <i> <wall ns> <CPU ns>" per
+// round trip.
+//
+// argv: libcudart path [--iters N] [--reps R] [--wakes] [--http] (always a request:
+// --http is taken for launch_loop.c's sake)
 package main
 
 /*
@@ -41,6 +46,9 @@ static void launch_n(long n, double *wall, double *cpu) {
 	*cpu = clock_s(CLOCK_THREAD_CPUTIME_ID) - c0;
 	*wall = clock_s(CLOCK_MONOTONIC) - t0;
 }
+
+static double process_cpu_s(void) { return clock_s(CLOCK_PROCESS_CPUTIME_ID); }
+static double wall_s(void) { return clock_s(CLOCK_MONOTONIC); }
 */
 import "C"
 
@@ -50,22 +58,49 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"runtime"
 	"strconv"
 	"unsafe"
 )
 
+// pingPong: n round trips between this goroutine and another over unbuffered channels;
+// wall and process CPU seconds.
+func pingPong(n int64) (float64, float64) {
+	ping, pong := make(chan struct{}), make(chan struct{})
+	go func() {
+		for range ping {
+			pong <- struct{}{}
+		}
+	}()
+	t0, c0 := float64(C.wall_s()), float64(C.process_cpu_s())
+	for i := int64(0); i < n; i++ {
+		ping <- struct{}{}
+		<-pong
+	}
+	wall, cpu := float64(C.wall_s())-t0, float64(C.process_cpu_s())-c0
+	close(ping)
+	return wall, cpu
+}
+
 func main() {
 	path := C.CString(os.Args[1])
 	defer C.free(unsafe.Pointer(path))
-	iters, reps := int64(1000000), 5
-	for i := 2; i+1 < len(os.Args); i++ {
+	iters, reps, wakes := int64(1000000), 5, false
+	for i := 2; i < len(os.Args); i++ {
 		switch os.Args[i] {
+		case "--wakes":
+			wakes = true
+			runtime.GOMAXPROCS(1)
 		case "--iters":
-			iters, _ = strconv.ParseInt(os.Args[i+1], 10, 64)
-			i++
+			if i+1 < len(os.Args) {
+				iters, _ = strconv.ParseInt(os.Args[i+1], 10, 64)
+				i++
+			}
 		case "--reps":
-			reps, _ = strconv.Atoi(os.Args[i+1])
-			i++
+			if i+1 < len(os.Args) {
+				reps, _ = strconv.Atoi(os.Args[i+1])
+				i++
+			}
 		}
 	}
 	if C.load(path) != 0 {
@@ -95,8 +130,16 @@ func main() {
 		head = append(head, buf[:n]...)
 	}
 	for r := 0; r < reps; r++ {
+		if wakes {
+			w, c := pingPong(iters)
+			fmt.Printf("rep %d %.2f %.2f\n", r, w*1e9/float64(iters), c*1e9/float64(iters))
+			continue
+		}
 		C.launch_n(C.long(iters), &wall, &cpu)
 		fmt.Printf("rep %d %.2f %.2f\n", r, float64(wall)*1e9/float64(iters), float64(cpu)*1e9/float64(iters))
+	}
+	if wakes {
+		iters = 0 // no launch made
 	}
 	fmt.Printf("launched %d\n", iters*int64(reps))
 	conn.Write([]byte("HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"))

@@ -30,7 +30,13 @@ def _spans(receiver, pid, route, n):
 
 
 def _children_add_up(receiver, span, calls) -> int:
-    """Asserts the span's children count its calls; returns those streamed one by one."""
+    """Asserts the span's children count its calls; returns those streamed one by one.
+    Its children may come in the export batch after it (a request's spans go out
+    together, its rollups last, and a batch holds 512): they are waited for, bounded."""
+    def counted(spans) -> int:
+        kids = children_of(spans, span)
+        return sum(c.attributes.get("gpu.rollup.count", 1) for c in kids)
+    receiver.wait_for(lambda spans: counted(spans) >= calls, timeout=15)
     kids = children_of(receiver.spans, span)
     single = [c for c in kids if "gpu.rollup.count" not in c.attributes]
     rolled = sum(c.attributes["gpu.rollup.count"] for c in kids if "gpu.rollup.count" in c.attributes)
