@@ -118,15 +118,20 @@ class HandlerPairs:
         for the held calls it was a candidate of (verdict)."""
         e = self.ending.get(id(req))
         if e is None:
-            pair = self.pair_of.pop(id(req), None)
-            bound_at = self.bound_at.pop(id(req), 0)
-            if pair is not None and self.req_of.get(pair) is req:
-                del self.req_of[pair]
-            trusted = pair is not None and id(req) not in self.conflicted
-            self.conflicted.discard(id(req))
-            e = self.ending[id(req)] = (pair, trusted, bound_at)
+            e = self.ending[id(req)] = self._take(req)
+            pair, trusted, _ = e
             self.verdict[id(req)] = (pair if trusted else None, req.end_ns)
         return e
+
+    def _take(self, req: Request) -> tuple:
+        """Takes `req`'s pair state: (its pair, whether its binding is trusted, w_R)."""
+        pair = self.pair_of.pop(id(req), None)
+        bound_at = self.bound_at.pop(id(req), 0)
+        if pair is not None and self.req_of.get(pair) is req:
+            del self.req_of[pair]
+        trusted = pair is not None and id(req) not in self.conflicted
+        self.conflicted.discard(id(req))
+        return pair, trusted, bound_at
 
     def _others_elsewhere(self, group, req: Request, pair: tuple, bound_at: int) -> bool:
         """Every other candidate of `group` that finished before `req`'s pair bound was
@@ -141,11 +146,7 @@ class HandlerPairs:
         """After the held calls were told: its pair's state goes, verdicts no held call
         needs any more too."""
         if self.ending.pop(id(req), None) is None:
-            pair = self.pair_of.pop(id(req), None)
-            self.bound_at.pop(id(req), None)
-            if pair is not None and self.req_of.get(pair) is req:
-                del self.req_of[pair]
-            self.conflicted.discard(id(req))
+            self._take(req)
         if not self.verdict:
             return
         n = self.holds.count(self.name)

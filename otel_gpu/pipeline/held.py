@@ -60,12 +60,18 @@ class Outcome:
         return self.rule.attribution
 
 
-class HeldCalls:
-    """Calls made while one set of requests (`cands`) could own them."""
-    __slots__ = ("cands", "calls", "folds", "count", "first_ts")
+class Group:
+    """Calls one policy holds under one key while one set of requests (`cands`) could own
+    them."""
+    __slots__ = ("policy", "key", "cands", "watched", "waiting", "lost", "passed", "settled", "calls", "folds",
+                 "count", "first_ts")
 
-    def __init__(self, cands: tuple) -> None:
-        self.cands = cands
+    def __init__(self, policy, key, cands: tuple, watched: tuple) -> None:
+        self.policy, self.key, self.cands, self.watched = policy, key, cands, watched
+        self.waiting = len(watched)  # watched candidates that have not ended their part
+        self.lost: set = set()   # id(candidate) that bound another unit
+        self.passed: set = set()  # id(candidate) that finished and counted its share
+        self.settled = False
         self.calls: list = []  # (call, device)
         self.folds: dict = {}  # (call, detail[, id]) -> [RollupAgg, device, busy end]
         self.count = 0
@@ -97,19 +103,6 @@ class HeldCalls:
     @property
     def entries(self) -> int:
         return len(self.calls) + len(self.folds)
-
-
-class Group(HeldCalls):
-    """Calls one policy holds under one key while one set of requests could own them."""
-    __slots__ = ("policy", "key", "watched", "waiting", "lost", "passed", "settled")
-
-    def __init__(self, policy, key, cands: tuple, watched: tuple) -> None:
-        super().__init__(cands)
-        self.policy, self.key, self.watched = policy, key, watched
-        self.waiting = len(watched)  # watched candidates that have not ended their part
-        self.lost: set = set()   # id(candidate) that bound another unit
-        self.passed: set = set()  # id(candidate) that finished and counted its share
-        self.settled = False
 
 
 class Holds:

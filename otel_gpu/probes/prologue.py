@@ -24,25 +24,26 @@ def entry_code(path: str, symbol: str = "", addr: Optional[int] = None, size: in
     from bcc import BPF
     try:
         _, offset = BPF._check_path_symbol(path.encode(), symbol.encode(), addr, -1)
-        with open(path, "rb") as f:
-            f.seek(offset)
-            return f.read(size)
     except Exception as e:  # bcc raises a plain Exception for a symbol it cannot resolve
-        log.debug("cannot read the entry of %s in %s: %s", symbol or hex(addr or 0), path, e)
+        log.debug("cannot find the entry of %s in %s: %s", symbol or hex(addr or 0), path, e)
         return b""
+    return _read(path, offset, size)
 
 
 def entry_skip(path: str, file_offset: int) -> int:
     """Bytes to move a function's entry probe by (skip()), reading the file; 0 when it
     cannot be read (the probe then goes on the entry, as bcc places it)."""
+    return skip(_read(path, file_offset, HEAD))
+
+
+def _read(path: str, offset: int, size: int) -> bytes:
     try:
         with open(path, "rb") as f:
-            f.seek(file_offset)
-            head = f.read(HEAD)
+            f.seek(offset)
+            return f.read(size)
     except OSError as e:
-        log.debug("cannot read the prologue at %s+0x%x: %s", path, file_offset, e)
-        return 0
-    return skip(head)
+        log.debug("cannot read the prologue at %s+0x%x: %s", path, offset, e)
+        return b""
 
 
 def skip(code: bytes) -> int:

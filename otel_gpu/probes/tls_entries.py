@@ -20,12 +20,13 @@ from __future__ import annotations
 import logging
 from typing import Optional
 
+from ..cuda_calls import TLS_INTERNAL_PROBES
 from .elf_file import ElfFile
 from .prologue import calls, emulated, tail_call
 
 log = logging.getLogger(__name__)
 
-READ, WRITE = "ssl_read_internal", "ssl_write_internal"
+READ, WRITE = (r.symbol for r in TLS_INTERNAL_PROBES)  # the rows probed at the two functions found
 THROUGH = ((READ, "SSL_read_ex", "SSL_read"), (WRITE, "SSL_write_ex", "SSL_write"))
 HEAD = 96  # bytes of a function's start read
 

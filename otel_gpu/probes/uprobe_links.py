@@ -14,7 +14,7 @@ from typing import Optional
 
 from ..config import UPROBE_LINKS
 from . import uprobe_multi
-from .prologue import entry_skip
+from .prologue import entry_code, entry_skip, skip
 
 log = logging.getLogger(__name__)
 
@@ -56,14 +56,9 @@ class PerfUprobes:
 
 
 def _skip(path: str, symbol: str, addr: Optional[int]) -> int:
-    """prologue.entry_skip for a symbol or an address; 0 where bcc cannot resolve it (the
+    """prologue.skip for a symbol or an address; 0 where bcc cannot resolve it (the
     attach then says why)."""
-    from bcc import BPF
-    try:
-        _, offset = BPF._check_path_symbol(path.encode(), symbol.encode(), addr, -1)
-    except Exception:
-        return 0
-    return entry_skip(path, offset)
+    return skip(entry_code(path, symbol, addr))
 
 
 class MultiLinks:
