@@ -90,7 +90,8 @@ class Connections:
                 return
         if ev.ctx & GO_UNIT and not c.session.serial:
             c.read_by = ev.ctx
-            self._go_read(p, c, ev.ctx, ev.tid, ev.ts_ns)
+            if p.go_h2.readers:
+                self._serve(p, p.go_h2.read(ev.ctx, c), ev.tid, ev.ts_ns)
         if c.session.partial:
             p.partial_heads[ev.tid] = ev.fd
         elif p.partial_heads.get(ev.tid) == ev.fd:
@@ -229,36 +230,18 @@ class Connections:
         self.calls.opened(p, req)
         out.append(RequestOpened(req))  # the cost stage learns which requests may still overlap
         if c.go_h2_server is not None and (handler := p.go_h2.handler(c, stream)) is not None:
-            self.calls.settle(p, p.contexts.serves(req, handler, req.tid, req.start_ns))
+            self._serve(p, [(req, handler)], req.tid, req.start_ns)
 
     def on_go_h2(self, ev: GoH2Unit, out: list) -> None:
         """A goroutine of Go's HTTP/2 server began: a connection's reader or a stream's
         handler (pipeline/go_h2.py)."""
         p = self.s.proc(ev.tgid, out)
-        placed = p.go_h2.began(ev)
-        if placed is not None:
-            self._go_handler(p, placed[1], placed[0], placed[2], ev.tid, ev.ts_ns)
-        elif not ev.stream:  # a reader whose reads came first (records of other CPUs)
-            for c in [c for c in p.conns.values() if c.read_by == ev.unit]:
-                self._go_read(p, c, ev.unit, ev.tid, ev.ts_ns)
+        self._serve(p, p.go_h2.began(ev, p.conns.values()), ev.tid, ev.ts_ns)
 
-    def _go_read(self, p: Proc, c: Conn, unit: int, tid: int, ts: int) -> None:
-        """Goroutine `unit` read multiplexed connection `c`: the handlers waiting for it
-        if `unit` is a Go HTTP/2 reader."""
-        if p.go_h2.readers:
-            for handler, stream in p.go_h2.read(unit, c):
-                self._go_handler(p, c, handler, stream, tid, ts)
-
-    def _go_handler(self, p: Proc, c: Conn, handler: int, stream: int, tid: int, ts: int) -> None:
-        """Handler goroutine `handler` serves stream `stream` of `c`: bound to its request,
-        or waiting for it to open, or late (its stream has come and gone)."""
-        req = c.streams.get(stream)
-        if req is not None:
+    def _serve(self, p: Proc, placed: list, tid: int, ts: int) -> None:
+        """Binds each Go HTTP/2 handler goroutine placed to its request (contexts.serves)."""
+        for req, handler in placed:
             self.calls.settle(p, p.contexts.serves(req, handler, tid, ts))
-        elif stream > c.last_stream:
-            p.go_h2.wait(c, stream, handler)
-        else:
-            p.go_h2.late()
 
     def on_write(self, ev: SockIo, out: list) -> None:
         p = self.s.proc(ev.tgid, out)

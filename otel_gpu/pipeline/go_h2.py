@@ -30,24 +30,25 @@ class GoH2Streams:
         self.conns: dict[int, object] = {}  # serverConn -> the Conn it serves
         self.pending: OrderedDict[tuple, int] = OrderedDict()  # (serverConn, stream) -> handler goroutine
 
-    def began(self, ev: GoH2Unit) -> Optional[tuple]:
-        """A reader or a handler began: (handler goroutine, Conn, stream) when that
-        handler's connection is known; None otherwise (a reader, or a handler waiting)."""
+    def began(self, ev: GoH2Unit, conns) -> list[tuple]:
+        """A reader or a handler began (`conns`: its process's connections): the
+        (request, handler goroutine) pairs that can be bound now."""
         if not ev.stream:
             self.readers[ev.unit] = ev.conn
             if len(self.readers) > MAX_READERS:
                 self.readers.popitem(last=False)
-            return None
+            # a reader whose reads came first (records of other CPUs)
+            return [b for c in [c for c in conns if c.read_by == ev.unit] for b in self.read(ev.unit, c)]
         c = self.conns.get(ev.conn)
-        if c is not None:
-            return ev.unit, c, ev.stream
-        self._wait(ev.conn, ev.stream, ev.unit)
-        return None
+        if c is None:
+            self._wait(ev.conn, ev.stream, ev.unit)
+            return []
+        return self._place(c, ev.unit, ev.stream)
 
     def read(self, unit: int, c) -> list[tuple]:
         """Goroutine `unit` read multiplexed connection `c`: if it is a reader, `c` is its
-        serverConn's, and the handlers waiting for that connection are returned as
-        (handler goroutine, stream)."""
+        serverConn's, and the handlers that waited for that connection are placed: the
+        (request, handler goroutine) pairs that can be bound now."""
         server = self.readers.get(unit)
         if server is None or self.conns.get(server) is c:
             return []
@@ -56,15 +57,27 @@ class GoH2Streams:
             old.go_h2_server = None
         self.conns[server] = c
         c.go_h2_server = server
-        return [(self.pending.pop(k), k[1]) for k in [k for k in self.pending if k[0] == server]]
+        waiting = [(self.pending.pop(k), k[1]) for k in [k for k in self.pending if k[0] == server]]
+        return [b for handler, stream in waiting for b in self._place(c, handler, stream)]
 
     def handler(self, c, stream: int) -> Optional[int]:
         """The handler goroutine waiting for stream `stream` of connection `c`, if any."""
         return self.pending.pop((c.go_h2_server, stream), None) if c.go_h2_server is not None else None
 
-    def wait(self, c, stream: int, unit: int) -> None:
-        """A handler whose stream's request has not opened yet on `c`."""
-        self._wait(c.go_h2_server, stream, unit)
+    def _place(self, c, handler: int, stream: int) -> list[tuple]:
+        """Handler goroutine `handler` serves stream `stream` of `c`: [(its request,
+        handler)], or it waits for the request to open, or it is late (its stream has
+        come and gone): []."""
+        req = c.streams.get(stream)
+        if req is not None:
+            return [(req, handler)]
+        if stream > c.last_stream:
+            self._wait(c.go_h2_server, stream, handler)
+        else:
+            self._log.event("go_h2_handlers_late", logging.INFO,
+                            "pid %d: a Go HTTP/2 handler goroutine's stream had finished before its record came: "
+                            "not bound", self.tgid)
+        return []
 
     def _wait(self, server: int, stream: int, unit: int) -> None:
         self.pending[(server, stream)] = unit
@@ -73,11 +86,6 @@ class GoH2Streams:
             self._log.event("go_h2_handlers_dropped", logging.WARNING,
                             "pid %d: %d Go HTTP/2 handler goroutines wait for their stream; the oldest is "
                             "dropped (its calls stay unbound: ambiguous)", self.tgid, MAX_PENDING)
-
-    def late(self) -> None:
-        self._log.event("go_h2_handlers_late", logging.INFO,
-                        "pid %d: a Go HTTP/2 handler goroutine's stream had finished before its record came: "
-                        "not bound", self.tgid)
 
     def closed(self, c) -> None:
         """`c` is gone: its serverConn serves nothing any more (its address may be reused)."""
