@@ -262,25 +262,25 @@ int cuda_set_device(struct pt_regs *ctx)
     return 0;
 }
 
-/* Calls with a duration or a result: entry stashes, return emits. */
-static __always_inline int call_enter(struct pt_regs *ctx, u32 call)
+/* Calls with a duration or a result: entry stashes (arg0: the stream or event a sync waits
+ * for, 0 for the whole device; the out-pointer of an allocation, arg1 its size), return emits. */
+static __always_inline int call_enter(u32 call, u64 arg0, u64 arg1)
 {
     u64 id = bpf_get_current_pid_tgid();
     u32 tv = cuda_admit(id >> 32);
     if (!tv)
         return 0;
-    struct call_entry c = {.ts_ns = bpf_ktime_get_ns(), .call = call, .tv = tv,
-                           .arg0 = PT_REGS_PARM1(ctx), .arg1 = PT_REGS_PARM2(ctx)};
+    struct call_entry c = {.ts_ns = bpf_ktime_get_ns(), .call = call, .tv = tv, .arg0 = arg0, .arg1 = arg1};
     in_call.update(&id, &c);
     return 0;
 }
 
 /* cudaMalloc(void **devPtr, size_t size) */
-int cuda_malloc_enter(struct pt_regs *ctx) { return call_enter(ctx, CALL_MALLOC); }
+int cuda_malloc_enter(struct pt_regs *ctx) { return call_enter(CALL_MALLOC, PT_REGS_PARM1(ctx), PT_REGS_PARM2(ctx)); }
 /* cudaStreamSynchronize(stream), cudaDeviceSynchronize(), cudaEventSynchronize(event) */
-int cuda_stream_sync_enter(struct pt_regs *ctx) { return call_enter(ctx, CALL_STREAM_SYNC); }
-int cuda_device_sync_enter(struct pt_regs *ctx) { return call_enter(ctx, CALL_DEVICE_SYNC); }
-int cuda_event_sync_enter(struct pt_regs *ctx) { return call_enter(ctx, CALL_EVENT_SYNC); }
+int cuda_stream_sync_enter(struct pt_regs *ctx) { return call_enter(CALL_STREAM_SYNC, PT_REGS_PARM1(ctx), 0); }
+int cuda_device_sync_enter(struct pt_regs *ctx) { return call_enter(CALL_DEVICE_SYNC, 0, 0); }
+int cuda_event_sync_enter(struct pt_regs *ctx) { return call_enter(CALL_EVENT_SYNC, PT_REGS_PARM1(ctx), 0); }
 
 /* Fills the common part at return: the entry's timestamp, the return code. */
 static __always_inline void returned(struct cuda_header *h, u8 kind, u64 id, struct call_entry *c,
@@ -300,7 +300,7 @@ int cuda_call_return(struct pt_regs *ctx)
         return 0;
     u64 duration_ns = bpf_ktime_get_ns() - c->ts_ns;
     u32 tv = c->tv; /* read before the entry is deleted */
-    if (c->call == CALL_MALLOC) {
+    if (CALL_IS_ALLOC(c->call)) {
         struct memory_event e = {};
         returned(&e.c, EV_CUDA_MEMORY, id, c, ctx);
         /* The pointer exists at return: *devPtr. */
@@ -312,7 +312,7 @@ int cuda_call_return(struct pt_regs *ctx)
     } else {
         struct sync_event e = {};
         returned(&e.c, EV_CUDA_SYNC, id, c, ctx);
-        e.handle = c->call == CALL_DEVICE_SYNC ? 0 : c->arg0; /* stream or event */
+        e.handle = c->arg0; /* stream or event; 0: the device */
         e.duration_ns = duration_ns;
         in_call.delete(&id);
         EMIT(e, tv, 0, 0, duration_ns);

@@ -62,6 +62,41 @@ int cuda_get_kernel(struct pt_regs *ctx)
     return handle_call_enter(CALL_CUDA_GET_KERNEL, PT_REGS_PARM1(ctx), PT_REGS_PARM2(ctx), 0);
 }
 
+/* Sends one kernel_handle_event: the handle read from `out`, or `handle` itself where
+ * `out` is 0 (a call that names a handle it is given: __hipRegisterFunction); the name
+ * read from `name`, or the `source` the handle stands for. */
+static __always_inline void handle_send(u64 id, u32 call, s32 ret, u64 out, u64 handle, u64 source, u64 name)
+{
+    int slot = scratch_claim(SCRATCH_HANDLES);
+    if (slot < 0)
+        return;
+    u32 i = slot;
+    struct kernel_handle_event *e = handle_scratch.lookup(&i);
+    if (!e) {
+        scratch_release(SCRATCH_HANDLES, i);
+        return;
+    }
+    fill_header(&e->h, EV_KERNEL_HANDLE, id);
+    e->call = call;
+    e->ret = ret;
+    e->source = source;
+    e->handle = handle;
+    e->name_len = 0;
+    e->pad = 0;
+    if (out)
+        read_user(&e->handle, sizeof(e->handle), (void *)out, &e->h.flags);
+    if (name) {
+        long n = bpf_probe_read_user_str(e->name, KERNEL_NAME_CAP, (void *)name);
+        if (n > 0)
+            e->name_len = n - 1;  /* without the NUL; CAP - 1: may be cut */
+        else
+            e->h.flags |= EV_FLAG_UNREADABLE;
+    }
+    u32 size = offsetof(struct kernel_handle_event, name) + (e->name_len & (KERNEL_NAME_CAP - 1));
+    submit(e, size);
+    scratch_release(SCRATCH_HANDLES, i);
+}
+
 static __always_inline int handle_return(struct pt_regs *ctx, u32 call)
 {
     u64 id = bpf_get_current_pid_tgid();
@@ -69,37 +104,9 @@ static __always_inline int handle_return(struct pt_regs *ctx, u32 call)
     struct handle_call *c = in_handle_call.lookup(&k);
     if (!c)
         return 0;
-    int slot = scratch_claim(SCRATCH_HANDLES);
-    if (slot < 0) {
-        in_handle_call.delete(&k);
-        return 0;
-    }
-    u32 i = slot;
-    struct kernel_handle_event *e = handle_scratch.lookup(&i);
-    if (!e) {
-        scratch_release(SCRATCH_HANDLES, i);
-        in_handle_call.delete(&k);
-        return 0;
-    }
-    fill_header(&e->h, EV_KERNEL_HANDLE, id);
-    e->call = call;
-    e->ret = (s32)PT_REGS_RC(ctx);
-    e->source = c->source;
-    e->handle = 0;
-    e->name_len = 0;
-    e->pad = 0;
-    read_user(&e->handle, sizeof(e->handle), (void *)c->out, &e->h.flags);
-    if (c->name) {
-        long n = bpf_probe_read_user_str(e->name, KERNEL_NAME_CAP, (void *)c->name);
-        if (n > 0)
-            e->name_len = n - 1;  /* without the NUL; CAP - 1: may be cut */
-        else
-            e->h.flags |= EV_FLAG_UNREADABLE;
-    }
+    u64 out = c->out, source = c->source, name = c->name;
     in_handle_call.delete(&k);
-    u32 size = offsetof(struct kernel_handle_event, name) + (e->name_len & (KERNEL_NAME_CAP - 1));
-    submit(e, size);
-    scratch_release(SCRATCH_HANDLES, i);
+    handle_send(id, call, (s32)PT_REGS_RC(ctx), out, 0, source, name);
     return 0;
 }
 

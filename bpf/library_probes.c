@@ -24,8 +24,8 @@ int cuda_library_loaded(struct pt_regs *ctx)
 }
 
 /* A library opened at any path: the open syscalls' tracepoints read each opened file's
- * name, and a process opening a CUDA runtime or driver, NCCL (or, once traced, an
- * OpenSSL libssl) is put in `loaded` too. User space scans it at once and attaches
+ * name, and a process opening a CUDA runtime or driver, NCCL, ROCm's HIP runtime or RCCL
+ * (or, once traced, an OpenSSL libssl) is put in `loaded` too. User space scans it at once and attaches
  * that file wherever it lies (a venv, a conda env, a container's overlay through
  * /proc/<pid>/root), within tens of milliseconds of the open, before the loader has
  * run the library's initialisers in most cases: no wait for the periodic /proc scan.
@@ -74,7 +74,8 @@ static __always_inline void library_opened(const char *filename)
     base += 3;
     u32 tgid = bpf_get_current_pid_tgid() >> 32;
     if (name_is(buf->s, base, "cudart", 6) || name_is(buf->s, base, "cuda.so", 7) ||
-        name_is(buf->s, base, "nccl.so", 7) || (name_is(buf->s, base, "ssl.so", 6) && is_traced(tgid)))
+        name_is(buf->s, base, "nccl.so", 7) || name_is(buf->s, base, "amdhip64", 8) ||
+        name_is(buf->s, base, "rccl.so", 7) || (name_is(buf->s, base, "ssl.so", 6) && is_traced(tgid)))
         loaded.update(&tgid, &zero);
 }
 

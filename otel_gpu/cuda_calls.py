@@ -1,5 +1,5 @@
-"""What is attached where, as data: the CUDA call table, the HTTP tracepoints and the
-Python context probes.
+"""What is attached where, as data: the GPU call table (CUDA, NCCL/RCCL and HIP), the
+HTTP tracepoints and the Python context probes.
 
 One row per CUDA call says everything the rest of otel-gpu needs to know about it:
 its id (shared with the BPF side, which gets the ids as generated #defines), the
@@ -16,7 +16,8 @@ from typing import Optional
 RUNTIME = "cudart"  # libcudart.so*, or an executable with cudart linked statically
 DRIVER = "cuda"     # libcuda.so*
 PYTHON = "python"   # a CPython interpreter (libpython3.X.so* or the executable): not CUDA calls
-NCCL = "nccl"       # libnccl.so*: collectives and point-to-point calls
+NCCL = "nccl"       # libnccl.so*, or ROCm's librccl.so* (the same API): collectives and point-to-point calls
+HIP = "hip"         # libamdhip64.so*: ROCm's HIP runtime (bpf/hip_probes.c)
 TLS = "ssl"         # OpenSSL's libssl.so.3 / .so.1.1: TLS plaintext (bpf/tls_probes.c), not CUDA calls
 GO = "go"           # a Go executable: goroutine starts and hand-offs (bpf/go_probes.c), not CUDA calls
 
@@ -66,7 +67,9 @@ ROLLUP_DETAIL = {
     Category.COLLECTIVE: "communicator (ncclComm_t)",
 }
 
-# cudaMemcpyKind, as the runtime numbers it.
+API_CUDA, API_HIP = "cuda", "hip"
+
+# cudaMemcpyKind, as the runtime numbers it (hipMemcpyKind numbers them the same).
 MEMCPY_DIRECTIONS = {0: "h2h", 1: "h2d", 2: "d2h", 3: "d2d", 4: "default"}
 
 
@@ -75,7 +78,7 @@ class CallSpec:
     id: int                    # enum value shared with the BPF side (CALL_<CONST>)
     name: str                  # the API name: span names, gpu.cuda.call
     category: Category
-    library: str               # RUNTIME, DRIVER or NCCL
+    library: str               # RUNTIME, DRIVER, NCCL or HIP
     symbols: tuple[str, ...]   # every exported variant (per-thread-stream _ptsz/_ptds too)
     entry: str                 # BPF function run at entry
     ret: Optional[str] = None  # BPF function run at return (~2x the cost: only where needed)
@@ -84,6 +87,13 @@ class CallSpec:
     @property
     def shape(self) -> Shape:
         return SHAPE_OF[self.category]
+
+    @property
+    def api(self) -> str:
+        """Whose API the call is, for the names that differ by vendor (semconv.CALL_ATTRIBUTES,
+        the gpu.<api>.* metrics): "hip" for libamdhip64's calls, "cuda" for the rest (NCCL's
+        calls keep gpu.cuda.call, RCCL's too: one API, docs/spans-and-metrics.md)."""
+        return API_HIP if self.library == HIP else API_CUDA
 
     @property
     def is_launch(self) -> bool:
@@ -173,6 +183,54 @@ CALLS: tuple[CallSpec, ...] = (
     _row(38, "cuGraphDestroy", O, ["cuGraphDestroy"], "cu_graph_destroy", library=DRIVER, const="CU_GRAPH_DESTROY"),
     _row(39, "cuGraphExecDestroy", O, ["cuGraphExecDestroy"], "cu_graph_exec_destroy", library=DRIVER,
          const="CU_GRAPH_EXEC_DESTROY"),
+    # ROCm's HIP runtime (bpf/hip_probes.c), ids from 60. hipLaunchKernel has cudaLaunchKernel's
+    # layout and hipModuleLaunchKernel cuLaunchKernel's; the fixed-direction copies carry
+    # their direction in the name. _spt: the per-thread default stream variants (ROCm 6+).
+    # hipExtModuleLaunchKernel is C++-mangled in HIP 5 (hip_ext.h), plain C in later releases.
+    _row(60, "hipLaunchKernel", L, ["hipLaunchKernel", "hipLaunchKernel_spt"], "hip_launch_kernel", library=HIP,
+         const="HIP_LAUNCH_KERNEL"),
+    _row(61, "hipExtLaunchKernel", L, ["hipExtLaunchKernel"], "hip_ext_launch_kernel", library=HIP,
+         const="HIP_EXT_LAUNCH_KERNEL"),
+    _row(62, "hipLaunchCooperativeKernel", L, ["hipLaunchCooperativeKernel", "hipLaunchCooperativeKernel_spt"],
+         "hip_launch_cooperative_kernel", library=HIP, const="HIP_LAUNCH_COOPERATIVE_KERNEL"),
+    _row(63, "hipModuleLaunchKernel", L, ["hipModuleLaunchKernel"], "hip_module_launch_kernel", library=HIP,
+         const="HIP_MODULE_LAUNCH_KERNEL"),
+    _row(64, "hipExtModuleLaunchKernel", L,
+         ["hipExtModuleLaunchKernel",
+          "_Z24hipExtModuleLaunchKernelP18ihipModuleSymbol_tjjjjjjmP12ihipStream_tPPvS4_P11ihipEvent_tS6_j"],
+         "hip_ext_module_launch_kernel", library=HIP, const="HIP_EXT_MODULE_LAUNCH_KERNEL"),
+    _row(65, "hipGraphLaunch", G, ["hipGraphLaunch", "hipGraphLaunch_spt"], "hip_graph_launch", library=HIP,
+         const="HIP_GRAPH_LAUNCH"),
+    _row(66, "hipMemcpy", M, ["hipMemcpy", "hipMemcpy_spt"], "hip_memcpy", library=HIP, const="HIP_MEMCPY"),
+    _row(67, "hipMemcpyAsync", M, ["hipMemcpyAsync", "hipMemcpyAsync_spt"], "hip_memcpy_async", library=HIP,
+         const="HIP_MEMCPY_ASYNC"),
+    _row(68, "hipMemcpyHtoD", M, ["hipMemcpyHtoD"], "hip_memcpy_htod", library=HIP, const="HIP_MEMCPY_HTOD"),
+    _row(69, "hipMemcpyDtoH", M, ["hipMemcpyDtoH"], "hip_memcpy_dtoh", library=HIP, const="HIP_MEMCPY_DTOH"),
+    _row(70, "hipMemcpyDtoD", M, ["hipMemcpyDtoD"], "hip_memcpy_dtod", library=HIP, const="HIP_MEMCPY_DTOD"),
+    _row(71, "hipMemcpyHtoDAsync", M, ["hipMemcpyHtoDAsync"], "hip_memcpy_htod_async", library=HIP,
+         const="HIP_MEMCPY_HTOD_ASYNC"),
+    _row(72, "hipMemcpyDtoHAsync", M, ["hipMemcpyDtoHAsync"], "hip_memcpy_dtoh_async", library=HIP,
+         const="HIP_MEMCPY_DTOH_ASYNC"),
+    _row(73, "hipMemcpyDtoDAsync", M, ["hipMemcpyDtoDAsync"], "hip_memcpy_dtod_async", library=HIP,
+         const="HIP_MEMCPY_DTOD_ASYNC"),
+    _row(74, "hipMemcpy2DAsync", M, ["hipMemcpy2DAsync", "hipMemcpy2DAsync_spt"], "hip_memcpy_2d_async",
+         library=HIP, const="HIP_MEMCPY_2D_ASYNC"),
+    _row(75, "hipMalloc", A, ["hipMalloc"], "hip_malloc_enter", "cuda_call_return", library=HIP, const="HIP_MALLOC"),
+    _row(76, "hipFree", F, ["hipFree"], "hip_free", library=HIP, const="HIP_FREE"),
+    _row(77, "hipStreamSynchronize", S, ["hipStreamSynchronize", "hipStreamSynchronize_spt"],
+         "hip_stream_sync_enter", "cuda_call_return", library=HIP, const="HIP_STREAM_SYNC"),
+    _row(78, "hipDeviceSynchronize", S, ["hipDeviceSynchronize"], "hip_device_sync_enter", "cuda_call_return",
+         library=HIP, const="HIP_DEVICE_SYNC"),
+    _row(79, "hipEventSynchronize", S, ["hipEventSynchronize"], "hip_event_sync_enter", "cuda_call_return",
+         library=HIP, const="HIP_EVENT_SYNC"),
+    _row(80, "hipSetDevice", D, ["hipSetDevice"], "hip_set_device", library=HIP, const="HIP_SET_DEVICE"),
+    # Kernel names: a hipcc program registers each kernel's host handle with its mangled name
+    # (the handle its launches pass: named at entry, no out-parameter); the module API
+    # hands out a hipFunction_t for a name, as cuModuleGetFunction does.
+    _row(81, "__hipRegisterFunction", N, ["__hipRegisterFunction"], "hip_register_function", library=HIP,
+         const="HIP_REGISTER_FUNCTION"),
+    _row(82, "hipModuleGetFunction", N, ["hipModuleGetFunction"], "hip_module_get_function",
+         "hip_module_get_function_return", library=HIP, const="HIP_MODULE_GET_FUNCTION"),
 )
 del L, G, M, A, F, S, D, N, C, O
 
@@ -204,6 +262,9 @@ def c_defines() -> str:
     lines = ["/* Generated from otel_gpu/cuda_calls.py: CUDA call ids. */"]
     lines += [f"#define CALL_{c.const} {c.id}" for c in CALLS]
     lines.append(f"#define CALL_MAX {CALL_MAX}")
+    # The calls whose return handler reads an allocated pointer (bpf/cuda_probes.c cuda_call_return).
+    allocs = " || ".join(f"(c) == CALL_{c.const}" for c in CALLS if c.category is Category.ALLOC)
+    lines.append(f"#define CALL_IS_ALLOC(c) ({allocs})")
     return "\n".join(lines) + "\n"
 
 
@@ -217,7 +278,19 @@ class UprobeRow:
 
 CUDA_PROBES: tuple[UprobeRow, ...] = tuple(
     UprobeRow(c.library, sym, c.entry, c.ret) for c in CALLS for sym in c.symbols)
-CALL_LIBRARIES = frozenset(c.library for c in CALLS)  # the files whose probes see CUDA calls
+CALL_LIBRARIES = frozenset(c.library for c in CALLS)  # the files whose probes see GPU calls
+
+# HIP's graph capture has the CUDA runtime's ABI (hipStreamBeginCapture(stream, mode),
+# hipStreamEndCapture(stream, hipGraph_t *), hipGraphInstantiate(exec *, graph, ...), and
+# hipErrorStreamCaptureInvalidated is 901 as in CUDA), and graph ops are never spans of their
+# own (pipeline/graphs.py): the CUDA runtime's handlers serve them, and a HIP capture's kernels
+# reach its hipGraphLaunch as a CUDA capture's reach cudaGraphLaunch.
+HIP_GRAPH_PROBES: tuple[UprobeRow, ...] = tuple(
+    UprobeRow(HIP, symbol, BY_NAME[cuda].entry, BY_NAME[cuda].ret) for symbol, cuda in (
+        ("hipStreamBeginCapture", "cudaStreamBeginCapture"), ("hipStreamBeginCapture_spt", "cudaStreamBeginCapture"),
+        ("hipStreamEndCapture", "cudaStreamEndCapture"), ("hipStreamEndCapture_spt", "cudaStreamEndCapture"),
+        ("hipGraphInstantiate", "cudaGraphInstantiate"), ("hipGraphInstantiateWithFlags", "cudaGraphInstantiate"),
+        ("hipGraphDestroy", "cudaGraphDestroy"), ("hipGraphExecDestroy", "cudaGraphExecDestroy")))
 
 # Syscall tracepoints of the HTTP probes (bcc attaches TRACEPOINT_PROBE functions
 # by itself; this list is what `otel-gpu run` reports and the detach test checks).
@@ -299,4 +372,6 @@ def rows_for(library: str, addresses: tuple = ()) -> list[UprobeRow]:
         return list(GO_PROBES)
     if library == NCCL:
         return [r for r in CUDA_PROBES if r.library == NCCL] + list(NCCL_STATE_PROBES)
+    if library == HIP:
+        return [r for r in CUDA_PROBES if r.library == HIP] + list(HIP_GRAPH_PROBES)
     return [r for r in CUDA_PROBES if r.library == library]

@@ -48,6 +48,10 @@ K8S_JOB_NAME = "k8s.job.name"
 # CUDA call spans (ours).
 GPU_CUDA_CALL = "gpu.cuda.call"  # e.g. cudaLaunchKernel
 GPU_CUDA_RETURN_CODE = "gpu.cuda.return_code"
+# HIP call spans (ours, beside OBI's gpu.cuda.*; docs/spans-and-metrics.md says why). Every
+# other call attribute (gpu.kernel.*, gpu.grid, gpu.memcpy.*, ...) is the same for both vendors.
+GPU_HIP_CALL = "gpu.hip.call"  # e.g. hipLaunchKernel
+GPU_HIP_RETURN_CODE = "gpu.hip.return_code"  # its hipError_t
 GPU_KERNEL_NAME = "gpu.kernel.name"
 GPU_KERNEL_FUNC = "gpu.kernel.func"  # raw function pointer/handle, hex
 GPU_GRID = "gpu.grid"  # [x, y, z]
@@ -157,3 +161,5 @@ GPU_COST_SPLIT_REST_SECONDS = "otel_gpu.cost.split.rest.gpu_seconds"  # double[]
 GPU_COST_SPLIT_REST_FEATURES = "otel_gpu.cost.split.rest.features"    # string[]: those features, one each
 GPU_COST_SHARE = "otel_gpu.cost.share"  # metric label: exact (a request's own), split, outside
 
+# (call, return code) attribute names by the call's API (cuda_calls.CallSpec.api).
+CALL_ATTRIBUTES = {"cuda": (GPU_CUDA_CALL, GPU_CUDA_RETURN_CODE), "hip": (GPU_HIP_CALL, GPU_HIP_RETURN_CODE)}

@@ -1,6 +1,7 @@
 """A code address of a live process -> the name of the function there: the module
 mapping it (/proc/<pid>/maps), the address's file offset, the ELF symbol covering it
-(.symtab, else .dynsym). What a runtime launch's host stub is called.
+(.symtab, else .dynsym). What a runtime launch's host stub is called; or, for HIP, the
+kernel handle object hipcc emits under the kernel's mangled name (a data symbol).
 
 Our own reader, not bcc's symbolizer: bcc 0.26's (ProcSyms) closes a descriptor it
 never opened each time it reads a process's modules (an uninitialised member of the
@@ -24,12 +25,15 @@ log = logging.getLogger(__name__)
 MAX_FILES = 32        # symbol tables kept (least recently used dropped): a process maps a few CUDA modules
 MAX_NAME = 4096       # bytes read for one name (mangled C++ templates run long)
 WALK_BACK = 8         # symbols stepped back over from the nearest start (nested or zero-sized ones)
-STT_FUNC, STT_GNU_IFUNC = 2, 10
+STT_OBJECT, STT_FUNC, STT_GNU_IFUNC = 1, 2, 10
+# What a launch's func may point at: a function (a CUDA host stub), or a HIP kernel handle,
+# which LLVM 13+ emits as an object named with the kernel's mangled name.
+NAMED_TYPES = (STT_OBJECT, STT_FUNC, STT_GNU_IFUNC)
 
 
 class FileSymbols:
-    """The function symbols of one ELF file, sorted by address: three arrays, names
-    read from the file when asked (a libtorch has hundreds of thousands)."""
+    """The function and object symbols of one ELF file, sorted by address: three arrays,
+    names read from the file when asked (a libtorch has hundreds of thousands)."""
 
     def __init__(self, elf: ElfFile) -> None:
         self.loads = [(s.offset, s.filesz, s.vaddr) for s in elf.segments if s.type == PT_LOAD]
@@ -43,7 +47,7 @@ class FileSymbols:
             strings_at, entries = found
             self.strtabs.append(strings_at)
             for name, info, _, shndx, value, size in entries:
-                if shndx and value and name and info & 0xF in (STT_FUNC, STT_GNU_IFUNC):
+                if shndx and value and name and info & 0xF in NAMED_TYPES:
                     starts.append(value)
                     sizes.append(size)
                     names.append(table | name)
@@ -74,7 +78,7 @@ class FileSymbols:
 
 
 class CodeSymbols:
-    """Names code addresses of live processes. Per process its executable mappings,
+    """Names code addresses of live processes. Per process its readable mappings,
     read again when an address is in none of them (a module loaded since); per file
     (device, inode, size, mtime) its symbols, MAX_FILES at most."""
 
@@ -113,13 +117,14 @@ class CodeSymbols:
         return maps[i] if i >= 0 and maps[i][0] <= addr < maps[i][1] else None
 
     def _read_maps(self, pid: int) -> list[tuple[int, int, int, str]]:
-        """Executable, file-backed mappings, sorted by start."""
+        """Readable, file-backed mappings, sorted by start: code (host stubs) and read-only
+        data (HIP kernel handles)."""
         out = []
         try:
             with open(f"{self.proc_root}/{pid}/maps") as f:
                 for line in f:
                     parts = line.split(None, 5)
-                    if len(parts) < 6 or "x" not in parts[1] or not parts[5].startswith("/"):
+                    if len(parts) < 6 or "r" not in parts[1] or not parts[5].startswith("/"):
                         continue
                     start, end = (int(x, 16) for x in parts[0].split("-"))
                     out.append((start, end, int(parts[2], 16), parts[5].rstrip("\n")))

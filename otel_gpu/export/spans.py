@@ -11,7 +11,7 @@ from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode,
 from .. import __version__
 from .. import semconv as sc
 from ..clock import BpfClock
-from ..cuda_calls import BY_ID, MEMCPY_DIRECTIONS, Category, call_name
+from ..cuda_calls import API_CUDA, BY_ID, MEMCPY_DIRECTIONS, Category, call_name
 from ..pipeline import sampling
 from ..pipeline.model import CallSink, ProcessWindow, Request
 from ..pipeline.protocols.http2.grpc import SERVER_ERROR_CODES
@@ -204,10 +204,10 @@ class SpanBuilder:
             spans.append(ReadableSpan(
                 name=call.name, context=_ctx(trace_id, span_id(64) or 1, sampled=on), parent=parent,
                 resource=resource, attributes=int64_safe(attrs), kind=SpanKind.INTERNAL,
-                status=Status(StatusCode.ERROR, f"CUDA error {call.ret}") if call.ret > 0 else UNSET,
+                status=Status(StatusCode.ERROR, f"{_api_label(call.call)} error {call.ret}") if call.ret > 0 else UNSET,
                 start_time=start, end_time=start + call.amounts()[2], instrumentation_scope=SCOPE))
         for agg in sink.rollups.values():
-            attrs = {sc.GPU_CUDA_CALL: call_name(agg.call),
+            attrs = {_call_keys(agg.call)[0]: call_name(agg.call),
                      sc.GPU_ROLLUP_COUNT: agg.count, sc.GPU_ROLLUP_BYTES: agg.bytes,
                      sc.GPU_ROLLUP_DURATION_NS: agg.duration_ns, sc.GPU_TIMING: "host_enqueue"}
             category = _category(agg.call)
@@ -344,10 +344,22 @@ def int64_safe(attrs: dict) -> dict:
     return attrs
 
 
+def _call_keys(call: int) -> tuple[str, str]:
+    """The call's (name, return code) attribute keys: gpu.cuda.* or gpu.hip.*, by its API."""
+    spec = BY_ID.get(call)
+    return sc.CALL_ATTRIBUTES[spec.api if spec else API_CUDA]
+
+
+def _api_label(call: int) -> str:
+    spec = BY_ID.get(call)
+    return (spec.api if spec else API_CUDA).upper()  # "CUDA error 35", "HIP error 101"
+
+
 def call_attributes(c: CudaCall, kernel_names: dict) -> dict:
-    attrs = {sc.GPU_CUDA_CALL: c.name, sc.GPU_TIMING: "host_enqueue"}
+    name_key, code_key = _call_keys(c.call)
+    attrs = {name_key: c.name, sc.GPU_TIMING: "host_enqueue"}
     if c.ret >= 0:
-        attrs[sc.GPU_CUDA_RETURN_CODE] = c.ret
+        attrs[code_key] = c.ret
     category = _category(c.call)
     if category is not None:
         attrs.update(_ATTRIBUTES[category](c, kernel_names))

@@ -1,6 +1,7 @@
-"""Finds CUDA processes and the files to probe, through /proc: libcudart under any
-name and path (wheels, toolkit, libcudart-<hash>.so.11.0), libcuda, and
-executables with cudart linked in statically (nvcc's default); and, for a CUDA
+"""Finds GPU processes and the files to probe, through /proc: libcudart under any
+name and path (wheels, toolkit, libcudart-<hash>.so.11.0), libcuda, NCCL, ROCm's
+libamdhip64 and RCCL, and executables with cudart linked in statically (nvcc's
+default); and, for a GPU
 process that runs CPython, its interpreter file (probes/python.py says which), and for
 one that is a Go executable, its goroutine layout and runtime functions
 (probes/go_runtime.py, probes/go_functions.py).
@@ -25,7 +26,7 @@ from typing import Callable, Iterable, Optional
 
 from .. import proc
 from .. import sockets
-from ..cuda_calls import DRIVER, GO, GO_PROBES, NCCL, PYTHON, RUNTIME, TLS
+from ..cuda_calls import DRIVER, GO, GO_PROBES, HIP, NCCL, PYTHON, RUNTIME, TLS
 from . import go_functions, go_runtime, python, tls_entries
 from .elf_file import ElfFile
 from .runtime_text import runtime_ranges
@@ -34,11 +35,12 @@ log = logging.getLogger(__name__)
 
 CUDART_RE = re.compile(r"/libcudart(?:[-.][^/]*)?\.so(?:\.[^/]*)?$")
 DRIVER_RE = re.compile(r"/libcuda\.so(?:\.[^/]*)?$")
-NCCL_RE = re.compile(r"/libnccl\.so(?:\.[^/]*)?$")  # bpf/nccl_probes.c
+NCCL_RE = re.compile(r"/lib[nr]ccl\.so(?:\.[^/]*)?$")  # NCCL, and RCCL (its API): bpf/nccl_probes.c
+HIP_RE = re.compile(r"/libamdhip64\.so(?:\.[^/]*)?$")  # ROCm's HIP runtime: bpf/hip_probes.c
 LIBSSL_RE = re.compile(r"/libssl\.so\.(?:3|1\.1)$")  # OpenSSL 3 and 1.1 (bpf/tls_probes.c)
-# A part of every path the three CUDA patterns match: maps text holding none of them maps
-# no CUDA library, told without going through its lines (most processes on a node).
-CUDA_MARKS = ("/libcudart", "/libcuda.so", "/libnccl.so")
+# A part of every path the GPU patterns match: maps text holding none of them maps no GPU
+# library, told without going through its lines (most processes on a node).
+CUDA_MARKS = ("/libcudart", "/libcuda.so", "/libnccl.so", "/librccl.so", "/libamdhip64.so")
 # A process found using no CUDA has its maps read again this often (its exe unchanged):
 # a CUDA library it loads later is seen at its open (bpf/library_probes.c), so a full
 # scan need not read every process's maps each time (~0.45 ms each for a Python process).
@@ -49,7 +51,7 @@ QUIET_RESCAN_S = 30.0
 class ProbeTarget:
     """A file to attach uprobes to: for every process mapping it, or (with
     --pid/--exe) for one process, through that process's root."""
-    kind: str          # RUNTIME, DRIVER, NCCL, PYTHON, TLS or GO
+    kind: str          # RUNTIME, DRIVER, NCCL, HIP, PYTHON, TLS or GO
     path: str          # openable from here (through /proc/<pid>/root for containers)
     key: tuple         # (st_dev, st_ino): the same file seen from several processes
     addresses: tuple = ()  # (symbol, address) its symbol table does not say (Go; libssl: tls_entries.py)
@@ -90,6 +92,8 @@ def libraries_in_maps(maps_text: str) -> list[tuple[str, str]]:
             found[path] = DRIVER
         elif NCCL_RE.search(path):
             found[path] = NCCL
+        elif HIP_RE.search(path):
+            found[path] = HIP
     return [(kind, path) for path, kind in found.items()]
 
 
@@ -274,12 +278,16 @@ WELL_KNOWN_LIBRARIES = (
     "/usr/lib/x86_64-linux-gnu/libcudart.so*", "/usr/lib64/libcudart.so*",
     "/usr/lib/x86_64-linux-gnu/libcuda.so*", "/usr/lib64/libcuda.so*", "/usr/lib/wsl/lib/libcuda.so*",
     "/usr/lib/x86_64-linux-gnu/libnccl.so*", "/usr/lib64/libnccl.so*",
+    # ROCm: Debian's and AMD's packages (/opt/rocm is a link to /opt/rocm-<version>).
+    "/usr/lib/x86_64-linux-gnu/libamdhip64.so*", "/opt/rocm*/lib/libamdhip64.so*",
+    "/usr/lib/x86_64-linux-gnu/librccl.so*", "/opt/rocm*/lib/librccl.so*",
     # The system OpenSSL (Python's ssl module links it): HTTPS from a process's first request.
     "/usr/lib/x86_64-linux-gnu/libssl.so.3", "/usr/lib/x86_64-linux-gnu/libssl.so.1.1", "/usr/lib64/libssl.so.3",
 )
 SITE_DIRS = ("/usr/lib/python3*/dist-packages", "/usr/local/lib/python3*/*-packages",
              "/opt/conda/lib/python3*/site-packages", "/opt/conda/envs/*/lib/python3*/site-packages")
-IN_SITE = ("nvidia/cuda_runtime/lib/libcudart.so*", "torch/lib/libcudart*.so*", "nvidia/nccl/lib/libnccl.so*")
+IN_SITE = ("nvidia/cuda_runtime/lib/libcudart.so*", "torch/lib/libcudart*.so*", "nvidia/nccl/lib/libnccl.so*",
+           "torch/lib/libamdhip64.so*", "torch/lib/librccl.so*")  # PyTorch's ROCm wheels carry both
 
 
 def known_library_files(host_root: str = "", site_dirs: Iterable[str] = ()) -> list[ProbeTarget]:
@@ -293,7 +301,7 @@ def known_library_files(host_root: str = "", site_dirs: Iterable[str] = ()) -> l
     out, keys = [], set()
     for path in sorted({hit for p in patterns for hit in glob.glob(p)}):
         kind = RUNTIME if CUDART_RE.search(path) else DRIVER if DRIVER_RE.search(path) else \
-            TLS if LIBSSL_RE.search(path) else NCCL if NCCL_RE.search(path) else None
+            TLS if LIBSSL_RE.search(path) else NCCL if NCCL_RE.search(path) else HIP if HIP_RE.search(path) else None
         try:
             st = os.stat(path)
         except OSError:

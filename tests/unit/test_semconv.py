@@ -26,6 +26,8 @@ PINNED = {
     "GPU_REQUEST_SUMMARISED": "otel_gpu.request.summarised",
     "GPU_CUDA_CALL": "gpu.cuda.call",
     "GPU_CUDA_RETURN_CODE": "gpu.cuda.return_code",
+    "GPU_HIP_CALL": "gpu.hip.call",
+    "GPU_HIP_RETURN_CODE": "gpu.hip.return_code",
     "GPU_DISTINCT_KERNELS": "gpu.kernels.distinct",
     "GPU_GRAPH_KERNELS": "gpu.graph.kernels",
     "GPU_GRAPH_KERNEL_COUNTS": "gpu.graph.kernel_counts",
