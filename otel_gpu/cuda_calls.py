@@ -236,6 +236,7 @@ del L, G, M, A, F, S, D, N, C, O
 
 BY_ID: dict[int, CallSpec] = {c.id: c for c in CALLS}
 BY_NAME: dict[str, CallSpec] = {c.name: c for c in CALLS}
+API_OF: dict[int, str] = {c.id: c.api for c in CALLS}  # call id -> "cuda" or "hip"
 CALL_MAX = max(BY_ID) + 1
 
 

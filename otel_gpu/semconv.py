@@ -152,6 +152,11 @@ CUDA_DEVICE_INDEX = "cuda.device.index"       # the device ordinal, as gpu.devic
 CUDA_DEVICE_UUID = "cuda.device.uuid"         # as gpu.device.uuid on spans
 CUDA_DEVICE_MODEL = "cuda.device.model"       # as gpu.device.model on spans
 CUDA_MEMCPY_KIND = "cuda.memcpy.kind"         # HostToHost, HostToDevice, DeviceToHost, DeviceToDevice, Default
+# The same labels on the gpu.hip.* metrics, and on a request's metrics whose device is a HIP ordinal.
+HIP_DEVICE_INDEX = "hip.device.index"
+HIP_DEVICE_UUID = "hip.device.uuid"
+HIP_DEVICE_MODEL = "hip.device.model"
+HIP_MEMCPY_KIND = "hip.memcpy.kind"
 
 # On an ambiguous or shared window's span: its GPU seconds split among the candidate requests by
 # how long each was open during the window's busy time; lists aligned with the links.
@@ -163,3 +168,7 @@ GPU_COST_SHARE = "otel_gpu.cost.share"  # metric label: exact (a request's own),
 
 # (call, return code) attribute names by the call's API (cuda_calls.CallSpec.api).
 CALL_ATTRIBUTES = {"cuda": (GPU_CUDA_CALL, GPU_CUDA_RETURN_CODE), "hip": (GPU_HIP_CALL, GPU_HIP_RETURN_CODE)}
+# Metric labels by API: (device index, uuid, model) and the copy direction.
+DEVICE_LABELS = {"cuda": (CUDA_DEVICE_INDEX, CUDA_DEVICE_UUID, CUDA_DEVICE_MODEL),
+                 "hip": (HIP_DEVICE_INDEX, HIP_DEVICE_UUID, HIP_DEVICE_MODEL)}
+MEMCPY_KIND_LABELS = {"cuda": CUDA_MEMCPY_KIND, "hip": HIP_MEMCPY_KIND}

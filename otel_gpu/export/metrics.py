@@ -4,6 +4,10 @@ histograms are aggregated in export/histograms.py (the SDK's per-value path cost
 a value, several per request) and go out through the same readers. A pipeline stage: it
 reads finished, enriched requests and process windows, and passes every record on.
 
+The metrics that name an API are per vendor: OBI's gpu.cuda.* for CUDA calls, and the
+same names under gpu.hip.* for HIP calls (API_METRICS; docs/spans-and-metrics.md says
+why); the rest (sync, memory, NCCL/RCCL, HTTP, cost) are the same for both.
+
 Kernel names are bounded: the first `top_kernels` distinct names keep their own
 series, later ones are reported as "other"; a CUDA graph launch counts each kernel it
 ran (its capture's counts) by name. Grid/block/sync histograms sample the
@@ -22,7 +26,8 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
 from .. import __version__
 from .. import semconv as sc
-from ..cuda_calls import BY_ID, CUDA_PROBES, MEMCPY_DIRECTIONS, NCCL_STATE_PROBES, PYTHON_PROBES, Category
+from ..cuda_calls import (API_CUDA, API_HIP, BY_ID, CUDA_PROBES, MEMCPY_DIRECTIONS, NCCL_STATE_PROBES, PYTHON_PROBES,
+                          Category)
 from ..pipeline.model import ATTRIBUTIONS, ProcessWindow, Request
 from ..probes import nccl
 from ..probes.attacher import ProbeCounts
@@ -63,14 +68,35 @@ def make_readers(config, stats: Optional[Stats] = None) -> list:
 
 
 def device_labels(r: Request) -> dict:
-    """The device of a request's GPU work, by OBI's labels: cuda.device.index, and
-    .uuid/.model where the driver says which GPU that is (gpu_devices.Identity)."""
-    labels = {} if r.busy.device is None else {sc.CUDA_DEVICE_INDEX: r.busy.device}
+    """The device of a request's GPU work, by OBI's labels: cuda.device.index (hip.device.*
+    for a HIP ordinal), and .uuid/.model where the driver says which GPU that is
+    (gpu_devices.Identity)."""
+    index, uuid, model = sc.DEVICE_LABELS[r.busy.api]
+    labels = {} if r.busy.device is None else {index: r.busy.device}
     identity = r.device_identity
     if identity is not None:
-        labels.update((k, v) for k, v in ((sc.CUDA_DEVICE_UUID, identity.uuid), (sc.CUDA_DEVICE_MODEL, identity.model))
-                      if v)
+        labels.update((k, v) for k, v in ((uuid, identity.uuid), (model, identity.model)) if v)
     return labels
+
+
+class ApiMetrics:
+    """The instruments whose name says the API (OBI's gpu.cuda.*, and gpu.hip.* beside them)."""
+
+    def __init__(self, api: str, m, histograms: Histograms, stats: Stats) -> None:
+        runtime = {API_CUDA: "CUDA", API_HIP: "HIP"}[api]
+        copy_call, alloc_call = f"{api}Memcpy*", f"{api}Malloc*"
+        self.launches = CappedCounter(m.create_counter(
+            f"gpu.{api}.kernel.launch.calls", "{call}", f"{runtime} kernel launch calls, by kernel"), stats)
+        self.graph_launches = CappedCounter(m.create_counter(
+            f"gpu.{api}.graph.launch.calls", "{call}", f"{runtime} graph launches"), stats)
+        # Calls counted in the kernel past the span budget are recorded at their mean size:
+        # count and sum exact, the distribution of those approximate.
+        self.copies = histograms.create(f"gpu.{api}.memory.copies", "By", f"Bytes per {copy_call} call, by kind")
+        self.allocations = CappedCounter(m.create_counter(
+            f"gpu.{api}.memory.allocations", "By", f"Bytes allocated by {alloc_call} calls that succeeded"), stats)
+        self.grid = histograms.create(f"gpu.{api}.kernel.grid.size", "1", "Blocks per launch grid")
+        self.block = histograms.create(f"gpu.{api}.kernel.block.size", "1", "Threads per block")
+        self.memcpy_kind = sc.MEMCPY_KIND_LABELS[api]
 
 
 # cuda.memcpy.kind values, as OBI names the cudaMemcpyKind directions.
@@ -102,27 +128,16 @@ class GpuMetrics:
         # Where a metric means what one of the OpenTelemetry eBPF Instrumentation (OBI) means, it
         # has OBI's name and attributes, so a dashboard built for OBI works on these
         # (docs/spans-and-metrics.md has the mapping); our extra labels ride along.
-        self.launches = CappedCounter(m.create_counter(
-            "gpu.cuda.kernel.launch.calls", "{call}", "Kernel launch calls (runtime and driver API), by kernel"),
-            self.stats)
-        self.graph_launches = CappedCounter(m.create_counter(
-            "gpu.cuda.graph.launch.calls", "{call}", "CUDA graph launches"), self.stats)
+        self.apis = {api: ApiMetrics(api, m, histograms, self.stats) for api in (API_CUDA, API_HIP)}
         self.graph_kernels = CappedCounter(m.create_counter(
-            "otel_gpu.graph.kernel.launches", "{launch}", "Kernels run by CUDA graph launches, by kernel"),
+            "otel_gpu.graph.kernel.launches", "{launch}", "Kernels run by graph launches, by kernel"),
             self.stats)
-        # Calls counted in the kernel past the span budget are recorded at their mean size:
-        # count and sum exact, the distribution of those approximate.
-        self.copies = histograms.create("gpu.cuda.memory.copies", "By", "Bytes per cudaMemcpy* call, by kind")
-        self.allocations = CappedCounter(m.create_counter(
-            "gpu.cuda.memory.allocations", "By", "Bytes allocated by cudaMalloc* calls that succeeded"), self.stats)
         # By op: a fixed set of 7 values (probes/nccl.py), whatever a process passes.
         self.nccl_calls = CappedCounter(m.create_counter("gpu.nccl.calls", "{call}",
                                                          "NCCL collectives and send/recv, by op"), self.stats)
         self.nccl_bytes = CappedCounter(m.create_counter("gpu.nccl.bytes", "By",
                                                          "Bytes received by NCCL calls (send: sent), by op"),
                                         self.stats)
-        self.grid = histograms.create("gpu.cuda.kernel.grid.size", "1", "Blocks per launch grid")
-        self.block = histograms.create("gpu.cuda.kernel.block.size", "1", "Threads per block")
         self.sync = histograms.create("gpu.sync.duration", "s", "Duration of synchronising calls")
         # The semantic conventions' boundaries (the SDK's default ones start at 0, 5, 10 s:
         # every request in one bucket, a p95 of ~4.75 s whatever the latency).
@@ -145,7 +160,7 @@ class GpuMetrics:
             "otel_gpu.drops", [self._observe_drops], "1",
             "What the collector dropped, folded or clamped, by reason: the counters of its stopped: line")
         m.create_observable_gauge("gpu.memory.allocated", [self._observe_live], "By",
-                                  "Live bytes from cudaMalloc not yet freed")
+                                  "Live bytes from cudaMalloc / hipMalloc not yet freed")
         m.create_observable_gauge(
             "otel_gpu.probes.attached", [lambda _o: self._observe_probes(self._probes.attached)], "{file}",
             "Files (or file and process pairs) each probed function is attached to")
@@ -203,67 +218,67 @@ class GpuMetrics:
         pid, sink, names = record.tgid, record.sink, record.kernel_names
         for attribution, n in sink.attributed.items():
             self._attributed[attribution] += n
-        launches: dict[str, int] = {}
+        launches: dict[tuple[str, str], int] = {}  # (api, kernel) -> launches
         graph_kernels: dict[str, int] = {}
-        graphs, allocated = 0, 0
-        copies: list[tuple[str, float, int]] = []  # (kind, bytes per call, calls)
+        graphs: dict[str, int] = {}     # api -> graph launches
+        allocated: dict[str, int] = {}  # api -> bytes
+        copies: list[tuple[str, str, float, int]] = []  # (api, kind, bytes per call, calls)
         collectives: dict[str, list] = {}  # op -> [calls, bytes]
 
-        def launched(into, func, count):
-            name = self._bounded(names.get(func))
-            into[name] = into.get(name, 0) + count
-
         def tally(call, detail, count, nbytes, ok=True, kernels=None):
-            nonlocal graphs, allocated
             spec = BY_ID.get(call)
-            category = spec.category if spec else None
+            category, api = (spec.category, spec.api) if spec else (None, API_CUDA)
             if category is Category.LAUNCH:
-                launched(launches, detail, count)
+                key = (api, self._bounded(names.get(detail)))
+                launches[key] = launches.get(key, 0) + count
             elif category is Category.GRAPH:
-                graphs += count
+                graphs[api] = graphs.get(api, 0) + count
                 for func, n in kernels or ():  # what the graph ran (pipeline/graphs.py)
-                    launched(graph_kernels, func, n * count)
+                    name = self._bounded(names.get(func))
+                    graph_kernels[name] = graph_kernels.get(name, 0) + n * count
             elif category is Category.MEMCPY:
                 kind = MEMCPY_KINDS[MEMCPY_DIRECTIONS.get(detail, "default")]
-                copies.append((kind, clamp_call_bytes(nbytes, self.stats, count) / max(count, 1), count))
+                copies.append((api, kind, clamp_call_bytes(nbytes, self.stats, count) / max(count, 1), count))
             elif category is Category.ALLOC and detail and ok:
                 self._live.setdefault(pid, {})[detail] = nbytes
                 self._services[pid] = base[sc.SERVICE_NAME]
-                allocated += nbytes
+                allocated[api] = allocated.get(api, 0) + nbytes
             elif category is Category.FREE:
                 self._live.get(pid, {}).pop(detail, None)
             elif category is Category.COLLECTIVE:
                 op = collectives.setdefault(nccl.op_name(call), [0, 0])
                 op[0] += count
                 op[1] += clamp_call_bytes(nbytes, self.stats, count)
-            return category
+            return category, api
 
         for i, (c, _attribution) in enumerate(sink.calls):
             detail, nbytes, duration_ns = c.amounts()
             # a failed cudaMalloc allocated nothing; an unreadable *devPtr names nothing
-            category = tally(c.call, detail, 1, nbytes, ok=c.ret <= 0 and not c.unreadable,
-                             kernels=getattr(c, "kernels", None))
+            category, api = tally(c.call, detail, 1, nbytes, ok=c.ret <= 0 and not c.unreadable,
+                                  kernels=getattr(c, "kernels", None))
             if i >= HISTOGRAM_SAMPLE:
                 continue
             if category is Category.LAUNCH and not c.unreadable:  # its dims are unknown, not 0
-                self.grid.record(c.grid[0] * c.grid[1] * c.grid[2], base)
-                self.block.record(c.block[0] * c.block[1] * c.block[2], base)
+                self.apis[api].grid.record(c.grid[0] * c.grid[1] * c.grid[2], base)
+                self.apis[api].block.record(c.block[0] * c.block[1] * c.block[2], base)
             elif category is Category.SYNC:
                 self.sync.record(duration_ns / 1e9, base)
         for agg in sink.rollups.values():
             tally(agg.call, agg.detail, agg.count, agg.bytes, kernels=agg.kernels)
-        for name, n in launches.items():
-            self._adds.add(self.launches, n, {**base, sc.GPU_KERNEL_NAME: name})
+        for (api, name), n in launches.items():
+            self._adds.add(self.apis[api].launches, n, {**base, sc.GPU_KERNEL_NAME: name})
         for name, n in graph_kernels.items():
             self._adds.add(self.graph_kernels, n, {**base, sc.GPU_KERNEL_NAME: name})
-        if graphs:
-            self._adds.add(self.graph_launches, graphs, base)
-        if allocated:
-            self._adds.add(self.allocations, allocated, base)
-        for kind, size, n in copies:
-            labels = {**base, sc.CUDA_MEMCPY_KIND: kind}
+        for api, n in graphs.items():
+            self._adds.add(self.apis[api].graph_launches, n, base)
+        for api, n in allocated.items():
+            if n:
+                self._adds.add(self.apis[api].allocations, n, base)
+        for api, kind, size, n in copies:
+            instruments = self.apis[api]
+            labels = {**base, instruments.memcpy_kind: kind}
             for _ in range(n):  # a histogram takes one value at a time
-                self.copies.record(size, labels)
+                instruments.copies.record(size, labels)
         for op, (n, nbytes) in collectives.items():
             self._adds.add(self.nccl_calls, n, {**base, sc.GPU_NCCL_OP: op})
             self._adds.add(self.nccl_bytes, nbytes, {**base, sc.GPU_NCCL_OP: op})

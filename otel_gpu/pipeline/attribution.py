@@ -72,7 +72,7 @@ class CallAttribution:
                         a.kernels)
         if attribution is THREAD or attribution is TASK or attribution is PROCESS:
             target.sink.add_rollup(agg, attribution)
-            target.busy.extend(device, a.ts_ns, a.last_end_ts)
+            target.busy.extend(device, a.ts_ns, a.last_end_ts, a.call)
             return
         window = self._window(p, attribution, a.ts_ns, device)
         window.sink.add_rollup(agg, attribution)
@@ -157,7 +157,7 @@ class CallAttribution:
                     r.busy.add(ev, device)
                 for agg, device, end in o.folds:
                     r.sink.add_rollup(agg, o.attribution)
-                    r.busy.extend(device, agg.first_ts, end)
+                    r.busy.extend(device, agg.first_ts, end, agg.call)
                 continue
             w = self._window(p, o.attribution, o.start_ns)
             for ev, _ in o.calls:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from ..cuda_calls import BY_ID, MEMCPY_DIRECTIONS, Category
+from ..cuda_calls import API_CUDA, API_OF, BY_ID, MEMCPY_DIRECTIONS, Category
 from ..records import CudaCall, GraphCall
 from .protocols.base import RequestHead
 
@@ -183,21 +183,25 @@ class BusyWindow:
     device: Optional[int] = None  # current device of the thread at the first call
     start_ns: int = 0
     end_ns: int = 0
+    api: str = API_CUDA  # whose device that ordinal numbers: the first call's API ("cuda", "hip")
 
     def add(self, c: CudaCall, device: int) -> None:
         # busy_end() and extend(), written out: this runs for every attributed call.
         end = c.ts_ns + c.duration_ns if c.call in _SYNC_IDS else c.ts_ns
         if self.device is None:
             self.device, self.start_ns, self.end_ns = device, c.ts_ns, end
+            self.api = API_OF.get(c.call, API_CUDA)
         else:  # held calls may land late, out of time order
             if c.ts_ns < self.start_ns:
                 self.start_ns = c.ts_ns
             if end > self.end_ns:
                 self.end_ns = end
 
-    def extend(self, device: int, start_ns: int, end_ns: int) -> None:
+    def extend(self, device: int, start_ns: int, end_ns: int, call: int) -> None:
+        """Calls of `call` counted together (a rollup), made from start_ns to end_ns."""
         if self.device is None:
             self.device, self.start_ns, self.end_ns = device, start_ns, end_ns
+            self.api = API_OF.get(call, API_CUDA)
         else:
             self.start_ns = min(self.start_ns, start_ns)
             self.end_ns = max(self.end_ns, end_ns)

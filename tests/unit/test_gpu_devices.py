@@ -3,6 +3,7 @@ FAKE /proc (directories passed as their roots): each ordinal rule, and the unrea
 environment."""
 import os
 
+from otel_gpu.cuda_calls import call_id
 from otel_gpu.gpu_devices import DeviceIdentities, Identity, gpu_model, read_gpus
 from otel_gpu.ratelimit import Stats
 
@@ -108,7 +109,7 @@ def test_server_span_carries_what_is_certain(tmp_path):
     spans = {}
     for pid in (7, 8):
         r = Request(pid, pid, 3, RequestHead("GET", "/infer", "1.1", {}), 10, 1, 2, CallSink(4), end_ns=20)
-        r.busy.extend(0, 10, 20)
+        r.busy.extend(0, 10, 20, call_id("cudaLaunchKernel"))
         enrich.process([r])
         spans[pid] = SpanBuilder(BpfClock(), ids=random.Random(1)).build(r)[0].attributes
     assert (spans[7][sc.GPU_DEVICE], spans[7][sc.GPU_DEVICE_UUID], spans[7][sc.GPU_DEVICE_MODEL]) == (0, L4[2], L4[1])

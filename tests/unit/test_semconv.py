@@ -102,6 +102,10 @@ PINNED = {
     "CUDA_DEVICE_UUID": "cuda.device.uuid",
     "CUDA_DEVICE_MODEL": "cuda.device.model",
     "CUDA_MEMCPY_KIND": "cuda.memcpy.kind",
+    "HIP_DEVICE_INDEX": "hip.device.index",
+    "HIP_DEVICE_UUID": "hip.device.uuid",
+    "HIP_DEVICE_MODEL": "hip.device.model",
+    "HIP_MEMCPY_KIND": "hip.memcpy.kind",
     "GPU_COST_SPLIT_SECONDS": "otel_gpu.cost.split.gpu_seconds",
     "GPU_COST_SPLIT_FEATURES": "otel_gpu.cost.split.features",
     "GPU_COST_SPLIT_REST_SECONDS": "otel_gpu.cost.split.rest.gpu_seconds",
@@ -137,5 +141,7 @@ def test_own_names_live_under_gpu_or_otel_gpu():
             assert name.startswith(("gpu.", "otel_gpu.")), const
         elif const.startswith("CUDA_"):  # the OpenTelemetry eBPF Instrumentation's metric labels
             assert name.startswith("cuda."), const
+        elif const.startswith("HIP_"):  # the same labels of the gpu.hip.* metrics
+            assert name.startswith("hip.") and PINNED["CUDA_" + const[4:]] == "cuda." + name[4:], const
         else:
             assert name.startswith(standard), const

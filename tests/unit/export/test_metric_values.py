@@ -43,9 +43,9 @@ def test_one_absurd_copy_is_clamped_per_call_and_counted():
 def test_no_series_sums_past_int64():
     reader, stats = InMemoryMetricReader(), Stats()
     m = GpuMetrics([reader], stats)
-    m.allocations.add(INT64_MAX - 10, {"k": "v"})
-    m.allocations.add(100, {"k": "v"})
-    m.allocations.add(1, {"k": "w"})
+    m.apis["cuda"].allocations.add(INT64_MAX - 10, {"k": "v"})
+    m.apis["cuda"].allocations.add(100, {"k": "v"})
+    m.apis["cuda"].allocations.add(1, {"k": "w"})
     data = reader.get_metrics_data()
     values = sorted(p.value for rm in data.resource_metrics for sm in rm.scope_metrics for mt in sm.metrics
                     if mt.name == "gpu.cuda.memory.allocations" for p in mt.data.data_points)
@@ -63,7 +63,7 @@ def test_metrics_keep_going_out_over_otlp_after_an_absurd_copy():
         m.process([_request(2**64 - 1)])
         assert reader.force_flush(10_000)
         # even a point past int64 that reached the exporter some other way is encoded
-        m.allocations.counter.add(2**64, {"k": "v"})
+        m.apis["cuda"].allocations.counter.add(2**64, {"k": "v"})
         m.process([_request(4096, 2)])
         assert reader.force_flush(10_000)
         assert len(receiver.metric_requests) == 2
