@@ -3,7 +3,9 @@
 # each step checks first, so a second run takes seconds.
 #   - apt: python3-bpfcc (bcc is not on PyPI), kernel headers, bpftrace (benchmarks),
 #     chromium + chromium-driver (tests/browser), npm (speedscope), prometheus (the
-#     Grafana dashboard's queries, evaluated by tests/bpf/test_dashboard_prometheus.py)
+#     Grafana dashboard's queries, evaluated by tests/bpf/test_dashboard_prometheus.py),
+#     libamdhip64-5 (ROCm's real HIP runtime, for tests/bpf/test_hip_calls.py: without an
+#     AMD GPU each call fails at once, with the arguments the probes read)
 #   - a merged kernel-header tree when the running kernel ships none
 #   - tracefs mounted
 #   - .venv that can import bcc, with the package and its dependencies
@@ -27,10 +29,14 @@ if [ ${#need[@]} -gt 0 ]; then
   as_root apt-get update -qq
   as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
 fi
-if ! command -v prometheus >/dev/null; then  # the server only: its recommends add node exporters
-  log "installing apt package: prometheus"
+# Without their recommends: prometheus's add node exporters, libamdhip64's the ROCm compilers.
+lean=()
+command -v prometheus >/dev/null || lean+=(prometheus)
+dpkg-query -W -f='${Status}' libamdhip64-5 2>/dev/null | grep -q "install ok installed" || lean+=(libamdhip64-5)
+if [ ${#lean[@]} -gt 0 ]; then
+  log "installing apt packages without recommends: ${lean[*]}"
   as_root apt-get update -qq
-  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null
+  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${lean[@]}" >/dev/null
 fi
 
 # 2. Kernel headers: bcc needs one directory; Debian splits it into -common and -amd64.

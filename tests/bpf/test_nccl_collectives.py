@@ -1,6 +1,7 @@
 """NCCL collectives as child spans, end to end through `otel-gpu run`: the real probes on
 a stub libnccl.so.2 (tests/bpf/targets/stub_libnccl.c: the real symbols and signatures;
-the real library needs a GPU to make a communicator), an HTTP service whose requests
+the real library needs a GPU to make a communicator), and the same stub as ROCm's
+librccl.so.1 (RCCL exports NCCL's API: its calls are NCCL calls), an HTTP service whose requests
 make known collectives (tests/bpf/targets/nccl_http.py), 4 clients at once. Every
 request must have exactly its own calls with their op, bytes, datatype, reduction,
 root/peer, communicator (size and rank learnt at its init), stream and group; calls made
@@ -9,6 +10,8 @@ from __future__ import annotations
 
 import subprocess
 import sys
+
+import pytest
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -18,8 +21,8 @@ REQUESTS = 12
 OUTSIDE = 5
 
 
-def _stub(tmp_path: Path) -> str:
-    out = tmp_path / "libnccl.so.2"
+def _stub(tmp_path: Path, name: str) -> str:
+    out = tmp_path / name
     subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(out), str(TARGETS / "stub_libnccl.c")], check=True)
     return str(out)
 
@@ -57,12 +60,13 @@ def _route_k(span) -> int:
     return int(span.attributes["url.path"].rsplit("/", 1)[1])
 
 
-def test_each_request_gets_exactly_its_collectives(tmp_path, receiver, start_collector, targets):
+@pytest.mark.parametrize("library", ["libnccl.so.2", "librccl.so.1"])
+def test_each_request_gets_exactly_its_collectives(tmp_path, receiver, start_collector, targets, library):
     collector = start_collector()
-    target = Target([sys.executable, str(TARGETS / "nccl_http.py")], {"STUB_LIBNCCL": _stub(tmp_path)})
+    target = Target([sys.executable, str(TARGETS / "nccl_http.py")], {"STUB_LIBNCCL": _stub(tmp_path, library)})
     targets.append(target)
     collector.wait_traced(target.pid, 60)  # generous: the bpf tier shares 2 cores
-    assert collector.log.wait_for("libnccl.so.2", 60), "stub libnccl not probed"
+    assert collector.log.wait_for(library, 60), f"stub {library} not probed"
     target.go()
     with ThreadPoolExecutor(4) as pool:
         assert list(pool.map(lambda k: target.get(f"/collect/{k}"), range(1, REQUESTS + 1))) == [b"ok"] * REQUESTS

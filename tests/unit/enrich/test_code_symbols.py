@@ -9,6 +9,7 @@ import os
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -96,6 +97,18 @@ def test_a_deleted_library_is_named_through_its_mapping(tmp_path, loader):
     at = loader.address(copy, "cudaMemcpy")
     copy.unlink()
     assert CodeSymbols().name(loader.pid, at) == "cudaMemcpy"
+
+
+def test_a_hip_kernel_handle_is_named_from_its_data_symbol(tmp_path, loader):
+    """hipcc's host code passes a kernel handle, an object in read-only data named with the
+    kernel's mangled name (tests/bpf/targets/hip_kernels.c), where CUDA passes a stub's code."""
+    lib = tmp_path / "libhipkernels.so"
+    subprocess.run(["gcc", "-shared", "-fPIC", "-O1", "-o", str(lib),
+                    str(Path(__file__).parents[2] / "bpf/targets/hip_kernels.c")], check=True)
+    names = KernelNames(symbols=CodeSymbols())
+    at = loader.address(lib, "_Z10vector_addPKfS0_Pfi")
+    assert names(loader.pid, at) == "vector_add(float const*, float const*, float*, int)"
+    assert names(loader.pid, loader.address(lib, "_Z10reduce_sumPKfPfi")) == "reduce_sum(float const*, float*, int)"
 
 
 def test_unknown_addresses_and_gone_processes_are_none():

@@ -4,7 +4,7 @@ library; and what a full scan leaves unread (fake /proc tree from the groups tes
 import os
 
 from otel_gpu.probes.discovery import CUDA_MARKS, QUIET_RESCAN_S, Discovery, known_library_files, libraries_in_maps
-from otel_gpu.cuda_calls import DRIVER, RUNTIME
+from otel_gpu.cuda_calls import DRIVER, HIP, NCCL, RUNTIME
 from tests.unit.pipeline.test_groups import CUDA_MAPS, Tree
 
 
@@ -47,12 +47,35 @@ def test_every_cuda_library_name_passes_the_quick_check():
     with look-alikes only is still read line by line, finding none."""
     paths = ["/usr/local/cuda-12.4/lib64/libcudart.so.12.4.127", "/opt/app/libcudart-d9b2a1f3.so.11.0",
              "/usr/lib/x86_64-linux-gnu/libcuda.so.550.54.15", "/venv/nvidia/nccl/lib/libnccl.so.2",
-             "/overlay/x/libcudart.so (deleted)"]
+             "/overlay/x/libcudart.so (deleted)", "/usr/lib/x86_64-linux-gnu/libamdhip64.so.5.2.21153",
+             "/opt/rocm-6.2.0/lib/libamdhip64.so.6", "/opt/rocm/lib/librccl.so.1",
+             "/venv/torch/lib/libamdhip64.so"]
     for path in paths:
         line = f"7f00-7f01 r-xp 0 08:01 12 {path}\n"
         assert any(mark in line for mark in CUDA_MARKS) and len(libraries_in_maps(line)) == 1, path
-    lookalikes = "7f00-7f01 r-xp 0 08:01 12 /usr/lib/libcudnn.so.9\n7f02-7f03 r-xp 0 08:01 13 /usr/lib/libcudart.txt\n"
+    lookalikes = ("7f00-7f01 r-xp 0 08:01 12 /usr/lib/libcudnn.so.9\n7f02-7f03 r-xp 0 08:01 13 /usr/lib/libcudart.txt\n"
+                  "7f04-7f05 r-xp 0 08:01 14 /opt/rocm/lib/libamdhip64_fake.a\n"
+                  "7f06-7f07 r-xp 0 08:01 15 /opt/rocm/lib/libhsa-runtime64.so.1\n")
     assert libraries_in_maps(lookalikes) == []
+
+
+def test_rocm_libraries_by_kind(tmp_path):
+    """libamdhip64 is HIP; RCCL, which exports NCCL's API, is NCCL: found in maps and at the
+    well-known places (Debian's, /opt/rocm*, PyTorch's ROCm wheels)."""
+    maps = ("7f00-7f01 r-xp 0 08:01 12 /opt/rocm-6.2.0/lib/libamdhip64.so.6.2.60200\n"
+            "7f02-7f03 r-xp 0 08:01 13 /opt/rocm-6.2.0/lib/librccl.so.1.0\n")
+    assert sorted(libraries_in_maps(maps)) == [(HIP, "/opt/rocm-6.2.0/lib/libamdhip64.so.6.2.60200"),
+                                               (NCCL, "/opt/rocm-6.2.0/lib/librccl.so.1.0")]
+    root, site = tmp_path / "host", tmp_path / "venv/lib/python3.12/site-packages"
+    for d in (root / "opt/rocm-6.2.0/lib", root / "usr/lib/x86_64-linux-gnu", site / "torch/lib"):
+        d.mkdir(parents=True)
+    (root / "opt/rocm-6.2.0/lib/libamdhip64.so.6").write_text("")
+    (root / "opt/rocm-6.2.0/lib/librccl.so.1").write_text("")
+    (root / "usr/lib/x86_64-linux-gnu/libamdhip64.so.5").write_text("")
+    (site / "torch/lib/libamdhip64.so").write_text("")
+    found = known_library_files(str(root), [str(site)])
+    assert sorted((t.kind, os.path.basename(t.path)) for t in found) == [
+        (HIP, "libamdhip64.so"), (HIP, "libamdhip64.so.5"), (HIP, "libamdhip64.so.6"), (NCCL, "librccl.so.1")]
 
 
 def test_a_process_found_without_cuda_is_read_again_later_or_at_an_exec(tmp_path):
