@@ -8,6 +8,7 @@ objects) and from __hipRegisterFunction. Also: a server's first requests, sent t
 it listens; launches with no request open, counted."""
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import threading
@@ -150,5 +151,32 @@ def test_first_requests_and_calls_outside_requests(collector, tmp_path_factory):
                        and s.attributes.get("otel_gpu.attribution") == "outside")
         assert receiver.wait_for(lambda s: outside(s) >= 7, 30), "".join(collector.log.lines[-30:])
         assert outside(receiver.spans) == 7
+    finally:
+        target.stop()
+
+
+def test_a_libamdhip64_at_a_path_no_probe_knows(collector, tmp_path_factory):
+    """A venv's or a container's copy: found when the process opens it (the openat watch),
+    probed by its own path, and its requests as exact as the known file's."""
+    tmp = tmp_path_factory.mktemp("hip")
+    copy = tmp / "rocm/lib/libamdhip64.so.5"
+    copy.parent.mkdir(parents=True)
+    shutil.copy(find_hip(), copy)
+    receiver = collector.receiver
+    target = Target([sys.executable, str(TARGETS / "hip_http.py"), "stdlib", "0", kernels_library(tmp)],
+                    {"OTEL_GPU_HIP": str(copy)})
+    try:
+        assert collector.log.wait_for(str(copy), 30), "the copy was not probed"
+        collector.wait_traced(target.pid, 60)
+        target.go()
+        ks = range(1, 9)
+        with ThreadPoolExecutor(8) as pool:
+            assert list(pool.map(lambda k: target.get(f"/infer/{k}"), ks)) == [b"ok"] * 8
+        assert receiver.wait_for(lambda s: len(infer_spans(s, target.pid)) >= 8, 60), \
+            "".join(collector.log.lines[-30:])
+        spans = infer_spans(receiver.spans, target.pid)
+        assert sorted(spans) == list(ks)
+        for k, span in spans.items():
+            check_request(receiver.spans, span, k)
     finally:
         target.stop()
