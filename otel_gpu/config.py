@@ -58,6 +58,7 @@ class Config:
     prometheus_addr: str = "127.0.0.1"  # OTEL_GPU_PROMETHEUS_ADDR: localhost unless told otherwise
     proc_root: str = "/proc"
     nvidia_procfs: str = "/proc/driver/nvidia"  # OTEL_GPU_NVIDIA_PROCFS: GPU models and uuids (gpu_devices.py)
+    amd_sysfs: str = "/sys"  # OTEL_GPU_AMD_SYSFS: AMD GPU models and uuids, the KFD topology (gpu_devices.py)
     # Export. The SDK's OTLP exporters read endpoint, headers and timeout themselves.
     otlp_traces: bool = False     # an OTLP endpoint for traces is configured
     otlp_metrics: bool = False    # ... for metrics

@@ -203,6 +203,7 @@ def load_config(args=None, env: Mapping[str, str] = os.environ) -> Config:
         health_file=src.text(None, "OTEL_GPU_HEALTH_FILE", None),
         gpu_price=src.text("gpu_price", "OTEL_GPU_PRICE_PER_HOUR", "0"),
         nvidia_procfs=src.text(None, "OTEL_GPU_NVIDIA_PROCFS", "/proc/driver/nvidia"),
+        amd_sysfs=src.text(None, "OTEL_GPU_AMD_SYSFS", "/sys"),
         currency=src.text("currency", "OTEL_GPU_CURRENCY", "USD"),
         feature_header=feature.lower() if feature else None,
         prometheus_port=src.integer("prometheus_port", "OTEL_GPU_PROMETHEUS_PORT", None),

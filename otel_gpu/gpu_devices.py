@@ -1,15 +1,18 @@
 """Which physical GPU a process's device ordinal names: `gpu.device.uuid` and
-`gpu.device.model`, from the NVIDIA driver's procfs (/proc/driver/nvidia/gpus/<pci>/
-information: "Model:", "GPU UUID:", "Bus Location:") and the process's own
-CUDA_VISIBLE_DEVICES and CUDA_DEVICE_ORDER (its /proc/<pid>/environ).
+`gpu.device.model`, for CUDA ordinals from the NVIDIA driver, for HIP ordinals from the
+amdgpu driver. Only what is certain: a uuid where the ordinal names one GPU; a model
+where every GPU it may name has that model (eight H100s).
 
-CUDA numbers the visible devices fastest-first by default, in PCI bus order with
-CUDA_DEVICE_ORDER=PCI_BUS_ID; CUDA_VISIBLE_DEVICES (indices into that order, or GPU
-UUIDs, or a mix; the list ends at its first invalid entry) picks and reorders them.
-A uuid is given only where the mapping is certain: one GPU on the host, PCI_BUS_ID
-order, or CUDA_VISIBLE_DEVICES by UUID. Fastest-first has no documented order among
-GPUs, so otherwise the ordinal names no one GPU; the model is still given when every
-GPU the ordinal may name has the same model (eight H100s)."""
+NVIDIA: the driver's procfs (/proc/driver/nvidia/gpus/<pci>/information: "Model:",
+"GPU UUID:", "Bus Location:") and the process's own CUDA_VISIBLE_DEVICES and
+CUDA_DEVICE_ORDER (its /proc/<pid>/environ). CUDA numbers the visible devices
+fastest-first by default, in PCI bus order with CUDA_DEVICE_ORDER=PCI_BUS_ID;
+CUDA_VISIBLE_DEVICES (indices into that order, or GPU UUIDs, or a mix; the list ends at
+its first invalid entry) picks and reorders them. A uuid is given only with one GPU on
+the host, PCI_BUS_ID order, or CUDA_VISIBLE_DEVICES by UUID: fastest-first has no
+documented order among GPUs.
+
+AMD GPUs: amd_gpus.py."""
 from __future__ import annotations
 
 import logging
@@ -18,6 +21,8 @@ from dataclasses import dataclass
 from typing import Optional
 
 from . import proc
+from .amd_gpus import HIP_ENV_KEYS, SYSFS_ROOT, AmdGpu, hip_candidates, read_amd_gpus
+from .cuda_calls import API_CUDA, API_HIP
 
 log = logging.getLogger(__name__)
 
@@ -66,9 +71,11 @@ def read_gpus(driver_root: str = DRIVER_ROOT) -> list[Gpu]:
     return sorted(gpus, key=lambda g: g.bus)
 
 
-def gpu_model(driver_root: str = DRIVER_ROOT) -> Optional[str]:
-    """The first GPU's model, when there is one (--gpu-price by model)."""
-    return next((g.model for g in read_gpus(driver_root) if g.model), None)
+def gpu_model(driver_root: str = DRIVER_ROOT, sysfs_root: str = SYSFS_ROOT) -> Optional[str]:
+    """The first GPU's model, when there is one (--gpu-price by model): the NVIDIA
+    driver's first, else the first AMD GPU's."""
+    return (next((g.model for g in read_gpus(driver_root) if g.model), None)
+            or next((g.model for g in read_amd_gpus(sysfs_root) if g.model), None))
 
 
 def visible(gpus: list[Gpu], env: dict) -> list[list[Gpu]]:
@@ -96,7 +103,7 @@ def visible(gpus: list[Gpu], env: dict) -> list[list[Gpu]]:
     return out
 
 
-def identify(candidates: list[Gpu]) -> Identity:
+def identify(candidates: list) -> Identity:
     """The uuid of the one GPU it may be; the model the GPUs it may be all have."""
     if len(candidates) == 1:
         return Identity(candidates[0].uuid, candidates[0].model)
@@ -105,32 +112,65 @@ def identify(candidates: list[Gpu]) -> Identity:
 
 
 class DeviceIdentities:
-    """(pid, ordinal) -> Identity, per process from its initial environment (read once,
-    forgotten when it exits). The driver's list is read once: GPUs do not come and go
-    under a running collector."""
+    """(pid, ordinal, api) -> Identity, per process and API from its initial environment
+    (read once, forgotten when it exits). The drivers' lists are read once: GPUs do not
+    come and go under a running collector."""
 
-    def __init__(self, stats, proc_root: str = "/proc", driver_root: str = DRIVER_ROOT) -> None:
+    def __init__(self, stats, proc_root: str = "/proc", driver_root: str = DRIVER_ROOT,
+                 sysfs_root: str = SYSFS_ROOT) -> None:
         self.stats = stats
         self.proc_root = proc_root
         self.gpus = read_gpus(driver_root)
-        self._by_pid: dict[int, list[Identity]] = {}
+        self.amd_gpus = read_amd_gpus(sysfs_root)
+        self._by_pid: dict[int, dict[str, list[Identity]]] = {}
 
-    def __call__(self, pid: int, ordinal: Optional[int]) -> Identity:
-        if ordinal is None or not self.gpus:
+    def __call__(self, pid: int, ordinal: Optional[int], api: str = API_CUDA) -> Identity:
+        if ordinal is None or not (self.amd_gpus if api == API_HIP else self.gpus):
             return NONE
-        per_ordinal = self._by_pid.get(pid)
+        per_api = self._by_pid.setdefault(pid, {})
+        per_ordinal = per_api.get(api)
         if per_ordinal is None:
-            per_ordinal = self._by_pid[pid] = self._read(pid)
+            per_ordinal = per_api[api] = self._read_hip(pid) if api == API_HIP else self._read(pid)
         return per_ordinal[ordinal] if 0 <= ordinal < len(per_ordinal) else NONE
+
+    def _unreadable(self, pid: int, gpus: list) -> list[Identity]:
+        """Any ordinal may be any GPU: the model only, when they all have one."""
+        self.stats.add("device_env_unreadable")
+        log.debug("pid %d: environ unreadable: its GPU ordinals get no uuid", pid)
+        return [Identity(None, identify(gpus).model)] * len(gpus)
 
     def _read(self, pid: int) -> list[Identity]:
         env = proc.environ(self.proc_root, pid, ENV_KEYS)
         if env is None:  # gone, or not ours to read: any ordinal may be any GPU
-            self.stats.add("device_env_unreadable")
-            log.debug("pid %d: environ unreadable: its GPU ordinals get no uuid", pid)
-            anyone = Identity(None, identify(self.gpus).model)
-            return [anyone] * len(self.gpus)
+            return self._unreadable(pid, self.gpus)
         return [identify(c) for c in visible(self.gpus, env)]
+
+    def _read_hip(self, pid: int) -> list[Identity]:
+        env = proc.environ(self.proc_root, pid, HIP_ENV_KEYS)
+        if env is None:
+            return self._unreadable(pid, self.amd_gpus)
+        seen = self._seen_by(pid)
+        if seen is None:
+            self.stats.add("device_dri_unreadable")
+            log.debug("pid %d: GPUs it can open not known: its HIP ordinals get no uuid", pid)
+            anyone = Identity(None, identify(self.amd_gpus).model)
+            return [anyone] * len(self.amd_gpus)
+        return [identify(c) for c in hip_candidates(seen, env)]
+
+    def _seen_by(self, pid: int) -> Optional[list[AmdGpu]]:
+        """The GPU nodes whose render node the process's /dev shows (those its ROCm can
+        open), in node order; None when that is not known."""
+        if any(g.render_minor is None for g in self.amd_gpus):
+            return None
+        try:
+            names = set(os.listdir(proc.path(self.proc_root, pid, os.path.join("root", "dev", "dri"))))
+        except FileNotFoundError:  # no /dev/dri in its root: no GPU given to it, or it is gone
+            if not os.path.isdir(proc.path(self.proc_root, pid, os.path.join("root", "dev"))):
+                return None
+            names = set()
+        except OSError:
+            return None
+        return [g for g in self.amd_gpus if f"renderD{g.render_minor}" in names]
 
     def forget(self, pid: int) -> None:
         self._by_pid.pop(pid, None)

@@ -143,7 +143,7 @@ GPU_COST_PENDING = "otel_gpu.cost.pending"
 GPU_FEATURE = "otel_gpu.feature"              # what cost is grouped by: http.route by default
 GPU_DEVICE = "gpu.device"                     # device ordinal (cudaSetDevice) of the request's work
 # The physical GPU that ordinal names, where certain (otel_gpu/gpu_devices.py): ours, after gpu.device.
-GPU_DEVICE_UUID = "gpu.device.uuid"           # "GPU-..." from the NVIDIA driver
+GPU_DEVICE_UUID = "gpu.device.uuid"           # "GPU-..." from the NVIDIA or amdgpu driver
 GPU_DEVICE_MODEL = "gpu.device.model"         # "NVIDIA H100 80GB HBM3"
 
 # Metric labels named as the OpenTelemetry eBPF Instrumentation (OBI) names them, on the metrics

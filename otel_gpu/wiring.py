@@ -123,8 +123,9 @@ def build_pipeline(config: Config, stats: Stats, k8s=None, destinations=None,
                                      config.export_command_line),
                     RouteTemplater(config.route_patterns, max_routes=config.max_routes, stats=stats),
                     kernel_names or KernelNames(symbols=CodeSymbols(config.proc_root)),
-                    DeviceIdentities(stats, config.proc_root, config.nvidia_procfs))
-    cost = CostStage(Prices(config.gpu_price, config.currency, gpu_model(config.nvidia_procfs)), config.feature_header,
+                    DeviceIdentities(stats, config.proc_root, config.nvidia_procfs, config.amd_sysfs))
+    prices = Prices(config.gpu_price, config.currency, gpu_model(config.nvidia_procfs, config.amd_sysfs))
+    cost = CostStage(prices, config.feature_header,
                      feature_cap=ValueCap(config.max_routes, stats, "features_folded"))
     destinations = destinations if destinations is not None else build_destinations(config, stats)
     builder = SpanBuilder(clock or BpfClock(), config.export_query, config.export_headers,

@@ -26,6 +26,10 @@ ENV_ONLY: dict[str, tuple[Optional[str], str]] = {
     "OTEL_EXPORTER_OTLP_PROTOCOL": ("`grpc`", "`grpc` or `http/protobuf`; checked even without an endpoint"),
     "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": (None, "where spans go over OTLP, for spans only"),
     "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": (None, "as OTEL_EXPORTER_OTLP_PROTOCOL, for spans; wins over it"),
+    "OTEL_GPU_AMD_SYSFS": (None, "the sysfs holding the amdgpu driver's KFD topology "
+                           "(`class/kfd/kfd/topology/nodes`) and the boards' `product_name`: AMD GPU model and "
+                           "UUID, for `--gpu-price` by model and `gpu.device.uuid`/`.model` of HIP work (in a "
+                           "container: the host's, mounted)"),
     "OTEL_GPU_HEALTH_FILE": (None, "file written once the probes are attached, removed on exit (Kubernetes "
                              "probes)"),
     "OTEL_GPU_NVIDIA_PROCFS": (None, "the NVIDIA driver's procfs: GPU model, UUID and bus location, for "

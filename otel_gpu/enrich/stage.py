@@ -68,7 +68,7 @@ class Enrich:
         if isinstance(r, Request):
             r.route = self.routes.route(r.head.path, str(r.resource.attributes.get(sc.SERVICE_NAME, "")))
             if self.devices is not None:
-                r.device_identity = self.devices(r.tgid, r.busy.device)
+                r.device_identity = self.devices(r.tgid, r.busy.device, r.busy.api)
 
     def state(self) -> dict:
         return {"resources": len(self.resources), "kernel_handles_learned": self.handles_learned,

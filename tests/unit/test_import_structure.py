@@ -18,7 +18,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "otel_gpu"
 FLOW = ("otel_gpu.probes", "otel_gpu.kernel_io", "otel_gpu.pipeline", "otel_gpu.enrich", "otel_gpu.export")
 FOUNDATION = {"otel_gpu", "otel_gpu.config", "otel_gpu.cuda_calls", "otel_gpu.records", "otel_gpu.proc",
               "otel_gpu.ratelimit", "otel_gpu.semconv", "otel_gpu.sanitize", "otel_gpu.clock", "otel_gpu.sockets",
-              "otel_gpu.value_cap", "otel_gpu.gpu_devices", "otel_gpu.span_tree"}
+              "otel_gpu.value_cap", "otel_gpu.gpu_devices", "otel_gpu.amd_gpus", "otel_gpu.span_tree"}
 TOP = {"otel_gpu.wiring", "otel_gpu.collector", "otel_gpu.cli", "otel_gpu.config_loader", "otel_gpu.docgen",
        "otel_gpu.demo"}
 

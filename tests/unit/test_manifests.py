@@ -208,8 +208,14 @@ def test_daemonset_security_and_host_access():
         assert volume["hostPath"]["path"] == path
     for path in ("/sys/fs/cgroup", "/lib/modules", "/usr/src"):
         assert mounts[path]["readOnly"] is True
-    assert pod["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
-    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod["tolerations"]
+    # GPU nodes of either vendor: one term each, ORed
+    terms = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    assert [t["matchExpressions"] for t in terms] == [
+        [{"key": "nvidia.com/gpu.present", "operator": "In", "values": ["true"]}],
+        [{"key": "feature.node.kubernetes.io/amd-gpu", "operator": "In", "values": ["true"]}]]
+    assert "nodeSelector" not in pod
+    for vendor in ("nvidia.com/gpu", "amd.com/gpu"):
+        assert {"key": vendor, "operator": "Exists", "effect": "NoSchedule"} in pod["tolerations"]
 
 
 def test_legacy_kernel_overlay_adds_only_the_documented_capabilities():
