@@ -12,8 +12,11 @@
 #error "CALL_* ids missing: compose the program with otel_gpu.probes.source.source_text()"
 #endif
 
-/* Per-CPU: plain adds, no atomics on the hot path; user space sums the CPUs. */
-BPF_PERCPU_HASH(rollup, struct rollup_key, struct rollup_value, 65536);
+/* One entry per (process, call, detail) for all CPUs, made when first counted (maps.h
+ * BY_NEED), added to atomically. Per CPU, preallocated, it held 65536 x 24 B for every
+ * CPU: 358 MB on a 224-CPU node, for a few hundred keys a process; the launch fast path
+ * (launch_slots.c) keeps its per-CPU counts where the adds are hottest. */
+BPF_F_TABLE("hash", struct rollup_key, struct rollup_value, rollup, 65536, BY_NEED);
 
 /* The process's traced value (maps.h), 0 when it is not traced. */
 static __always_inline u32 cuda_admit(u32 tgid)
@@ -45,9 +48,9 @@ static __always_inline int streaming(u32 tgid, u32 tv)
     return active && *active > 0;
 }
 
-/* Per CPU, but atomic: a uprobe program can be preempted mid-add and another thread's
- * run on this CPU add meanwhile (maps.h scratch_claim). A first add that finds the entry
- * made by such a run adds to it instead. */
+/* Atomic: threads on other CPUs add to the same entry, and a uprobe program can be
+ * preempted mid-add (maps.h scratch_claim). A first add that finds the entry made
+ * meanwhile adds to it instead; one that finds the table full counts CNT_ROLLUP_FULL. */
 static __always_inline void rollup_add(u32 tgid, u32 call, u64 detail, u64 bytes, u64 duration_ns)
 {
     struct rollup_key k = {.tgid = tgid, .call = call, .detail = detail};
@@ -57,8 +60,10 @@ static __always_inline void rollup_add(u32 tgid, u32 call, u64 detail, u64 bytes
         if (rollup.insert(&k, &nv) == 0)
             return;
         v = rollup.lookup(&k);
-        if (!v)
-            return; /* the map is full */
+        if (!v) {
+            count(CNT_ROLLUP_FULL);
+            return;
+        }
     }
     __sync_fetch_and_add(&v->count, 1);
     if (bytes) /* none for a launch */

@@ -399,7 +399,8 @@ enum counter {
     CNT_HEAD_DECIDED = 12,  /* request heads whose sampling the kernel decided (bpf/head_sampling.c) */
     CNT_HEAD_LEFT = 13,     /* request heads it left to user space: a traceparent, a head not whole */
     CNT_H2_UNWALKED = 14,   /* HTTP/2 connections whose frames the kernel could not walk: h2_walks full */
-    CNT_MAX = 15,
+    CNT_ROLLUP_FULL = 15,   /* calls outside requests lost: the rollup table was full */
+    CNT_MAX = 16,
 };
 
 #endif

@@ -31,8 +31,9 @@ struct conn_state {
  * (connections a process held before it was traced are seeded from /proc by user
  * space). A plain hash, not an LRU: nothing is evicted silently; an accept that
  * finds it full is counted (CNT_CONN_TABLE_FULL) and reported with ACCEPT_UNTRACKED.
- * User space prunes entries whose close was never seen (close_range, dup2). */
-BPF_HASH(conns, struct conn_key, struct conn_state, MAX_CONNS);
+ * User space prunes entries whose close was never seen (close_range, dup2). Sized by
+ * need (maps.h BY_NEED). */
+BPF_F_TABLE("hash", struct conn_key, struct conn_state, conns, MAX_CONNS, BY_NEED);
 
 /* The share of `conns` a traced related server may hold (user space sets `limit`:
  * kernel_io/connection_table.py, related_server_share), and how much it holds. A process with no

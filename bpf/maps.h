@@ -22,6 +22,14 @@
 #ifndef AGG_ENTRIES
 #define AGG_ENTRIES 65536
 #endif
+/* The hashes whose entries are made as they are needed, not preallocated for the worst
+ * case: kernel memory follows use (a 65536-entry preallocated table holds 5-10 MB,
+ * per CPU for a per-CPU one), and max_entries is still the limit, counted where an
+ * insert finds it reached. The kernel preallocates LRU hashes whatever the flag.
+ * Measured by otel_gpu/kernel_io/map_memory.py (otel-gpu status, bench item 4). */
+#ifndef BY_NEED
+#define BY_NEED BPF_F_NO_PREALLOC
+#endif
 /* 1: every process that calls a CUDA probe is traced (no --pid/--exe filter). */
 #ifndef TRACE_ALL
 #define TRACE_ALL 1
@@ -104,7 +112,7 @@ struct ssl_key {
 };
 /* (tgid, SSL*) -> the connection's fd. Bounded like the connection table, whose
  * entry names the SSL* back (conn_state.ssl): both go at close and SSL_free. */
-BPF_HASH(ssl_fds, struct ssl_key, s32, MAX_CONNS);
+BPF_F_TABLE("hash", struct ssl_key, s32, ssl_fds, MAX_CONNS, BY_NEED);
 /* pid_tgid -> the last TLS connection whose ciphertext the thread read outside an SSL
  * call (a memory BIO: asyncio, uvloop): an SSL* first used on that thread with no
  * socket of its own is that connection's. */

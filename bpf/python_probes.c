@@ -28,7 +28,7 @@ BPF_HASH(py_procs, u32, struct py_proc, MAX_PROCS);
 
 /* (tgid, pthread_self()) -> its PyThreadState*: every state of each traced process's
  * main interpreter, written by user space. */
-BPF_HASH(py_threads, struct py_thread_key, u64, 65536);
+BPF_F_TABLE("hash", struct py_thread_key, u64, py_threads, 65536, BY_NEED);
 
 /* pid_tgid -> the thread's PyThreadState* (0: found nowhere when last looked for, at
  * walked_ns). LRU: threads end unannounced. */

@@ -18,7 +18,7 @@
  * A Go process's calls are decided at each call: goroutines move between threads. */
 #include "maps.h"
 
-BPF_HASH(req_agg, struct agg_key, struct agg_value, AGG_ENTRIES);
+BPF_F_TABLE("hash", struct agg_key, struct agg_value, req_agg, AGG_ENTRIES, BY_NEED);  /* maps.h */
 
 /* One more call in req_agg. Only the calling thread writes its keys: no atomics. */
 static __always_inline void agg_add(struct cuda_header *c, struct http_seq *s, u64 detail, u64 bytes,

@@ -1,7 +1,9 @@
 """Item 4: start to `ready`, cold (the BPF program compiled with clang, then written
 to the BPF cache) and warm (the same program from the cache: no compile), side by
-side in one run, with the collector's RSS once idle after each. Each cold start gets
-an empty cache directory of its own; the warm start after it reads what it wrote."""
+side in one run, with the collector's RSS once idle after each, and the kernel memory
+of its BPF maps (its status file: otel_gpu/kernel_io/map_memory.py), here and projected
+to a 224-CPU node. Each cold start gets an empty cache directory of its own; the warm
+start after it reads what it wrote."""
 from __future__ import annotations
 
 import shutil
@@ -9,16 +11,23 @@ import statistics
 import tempfile
 import time
 
+from otel_gpu.status.file import read_state
+
 from ..collector import Collector
 
 IDLE_S = 2.0  # after `ready`: the RSS a quiet collector keeps
+MAPS_TARGET_MB = 64  # issue 45: kernel memory at 224 CPUs
 
 
 def _start(cache: str) -> dict:
     col = Collector(args=("--bpf-cache", cache))
     try:
         time.sleep(IDLE_S)
-        return {"ready_s": col.ready_s, "load_s": col.load_s, "rss_mb": col.rss_mb(),
+        try:
+            maps = read_state(col.status_file).get("kernel_maps") or None
+        except (OSError, ValueError):
+            maps = None
+        return {"ready_s": col.ready_s, "load_s": col.load_s, "rss_mb": col.rss_mb(), "kernel_maps": maps,
                 "from_cache": any("BPF program from the cache" in l for l in col.log.lines)}
     finally:
         col.stop()
@@ -56,4 +65,19 @@ def rows(r: dict, target_s: float) -> list:
         ("4", f"collector RSS {IDLE_S:.0f} s after 'ready' (MB), cold / warm: medians",
          f"{statistics.median(s['rss_mb'] for s in r['cold']):.0f} / "
          f"{statistics.median(s['rss_mb'] for s in r['warm']):.0f}", "", None),
+    ] + _map_rows(r)
+
+
+def _map_rows(r: dict) -> list:
+    """The kernel memory of the BPF maps, from the last start (the same program each time)."""
+    maps = next((s["kernel_maps"] for s in reversed(r["cold"] + r["warm"]) if s.get("kernel_maps")), None)
+    if maps is None:
+        return [("4", "kernel memory of the BPF maps at 224 CPUs (MB)", "n/a: no status", f"<= {MAPS_TARGET_MB}",
+                 False)]
+    return [
+        ("4", f"kernel memory of the BPF maps (MB): here ({maps['cpus']} CPUs) / projected at "
+              f"{maps['node_cpus']} CPUs", f"{maps['mb']:g} / {maps['node_mb']:g}", f"<= {MAPS_TARGET_MB} at "
+              f"{maps['node_cpus']}", maps["node_mb"] <= MAPS_TARGET_MB),
+        ("4", f"  the same with every table made by need full, at {maps['node_cpus']} CPUs (MB); largest maps",
+         f"{maps['node_full_mb']:g}; " + ", ".join(f"{k} {v:g}" for k, v in maps["largest"].items()), "", None),
     ]

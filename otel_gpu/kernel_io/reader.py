@@ -72,10 +72,9 @@ class RollupReader:
     def read(self, now_ns: int) -> list[KernelRollup]:
         launched = self.slots.read() if self.slots else {}  # (tgid, func) -> launches
         out = []
-        for k, per_cpu in self.table.items():  # a per-CPU map: one value per CPU
+        for k, v in self.table.items():  # cumulative counts: the deltas since the last read go out
             key = (k.tgid, k.call, k.detail)
-            now = (sum(v.count for v in per_cpu), sum(v.bytes for v in per_cpu),
-                   sum(v.duration_ns for v in per_cpu))
+            now = (v.count, v.bytes, v.duration_ns)
             prev = self._last.get(key, (0, 0, 0))
             count, nbytes, duration = (a - b for a, b in zip(now, prev))
             if k.call == LAUNCH_KERNEL:

@@ -15,6 +15,7 @@ import json
 import logging
 import os
 from concurrent.futures import ThreadPoolExecutor
+from typing import Optional
 
 import bcc
 import bcc.table
@@ -50,6 +51,14 @@ class _MapInfo(ct.Structure):  # the head of the kernel's struct bpf_map_info
     _fields_ = [("type", ct.c_uint32), ("id", ct.c_uint32), ("key_size", ct.c_uint32),
                 ("value_size", ct.c_uint32), ("max_entries", ct.c_uint32), ("map_flags", ct.c_uint32),
                 ("name", ct.c_char * 16), ("_rest", ct.c_uint8 * 104)]  # zeroed: the kernel's tail check
+
+
+def map_name(fd: int) -> Optional[str]:
+    """The kernel's name of the map behind `fd` (its first 15 characters), or None."""
+    info, size = _MapInfo(), ct.c_uint32(ct.sizeof(_MapInfo))
+    if _lib.bpf_obj_get_info(fd, ct.byref(info), ct.byref(size)) != 0:
+        return None
+    return info.name.decode(errors="replace") or None
 
 
 # --- compiled -> entry -----------------------------------------------------------------

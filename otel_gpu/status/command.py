@@ -84,6 +84,10 @@ def to_text(state: dict, now: float, stale: Optional[str]) -> str:
     if probes.get("single_stepped"):  # each call of these pays two exceptions (probes/prologue.py)
         lines += textwrap.wrap(f"single-stepped by x86 ({SINGLE_STEP_COST}): {', '.join(probes['single_stepped'])}",
                                100, initial_indent="  ", subsequent_indent="    ")
+    maps = state.get("kernel_maps")
+    if maps:  # kernel_io/map_memory.py
+        lines.append(f"kernel memory (BPF maps): {maps['mb']:g} MB on {maps['cpus']} CPUs; at {maps['node_cpus']} CPUs "
+                     f"{maps['node_mb']:g} MB, {maps['node_full_mb']:g} MB with every table made by need full")
     req = state.get("requests", {})
     lines.append(f"requests: {req.get('finished', 0)} finished, {req.get('per_second', 0):g}/s over the last interval;"
                  f" spans: {state.get('spans', 0)}")

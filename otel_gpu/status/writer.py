@@ -12,6 +12,7 @@ import time
 from typing import Callable, Optional
 
 from .. import __version__, proc, sanitize
+from ..kernel_io import map_memory
 from ..ratelimit import RateLimitedLog, Stats
 from .file import INTERVAL_S, SCHEMA, read_state, write_atomic
 
@@ -132,6 +133,7 @@ class StatusWriter:
                 {"pid": pid, "name": sanitize.text(proc.comm("/proc", pid) or "?"), "role": role}
                 for pid, role in sorted(processes.items())[:MAX_PROCESSES]]},
             "probes": probe_status(program) if program is not None else {},
+            "kernel_maps": map_memory.summary() if program is not None else {},
             "requests": {"finished": stats.get("requests_finished", 0),
                          "per_second": self._rate.update(stats.get("requests_finished", 0), now)},
             "spans": destinations.spans_out,  # handed to every destination

@@ -67,7 +67,7 @@ def test_a_reused_pid_that_launches_the_same_kernel_continues_the_count():
 
 
 class FakeRollupTable:
-    """items() as bcc's per-CPU hash gives them: (key, [value per CPU])."""
+    """items() as bcc's hash gives them: (key, value)."""
 
     def __init__(self, rows):
         self.rows = rows
@@ -81,7 +81,7 @@ def test_rollup_reader_adds_slot_counts_to_the_hash_ones():
     mem[0] = LaunchSlot(tgid=10, func=0xA, count=7)
     mem[1] = LaunchSlot(tgid=10, func=0xF, count=2)  # only in a slot
     key = RollupKey(tgid=10, call=LAUNCH_KERNEL, detail=0xA)
-    table = FakeRollupTable([(key, [RollupValue(count=3), RollupValue(count=1)])])
+    table = FakeRollupTable([(key, RollupValue(count=4))])
     reader = RollupReader(table, LaunchSlots(mem, ENTRIES, {10}.__contains__))
     got = {(r.tgid, r.call, r.detail): r.count for r in reader.read(1000)}
     assert got == {(10, LAUNCH_KERNEL, 0xA): 11, (10, LAUNCH_KERNEL, 0xF): 2}

@@ -23,6 +23,8 @@ def state(pid: int, written_at: float, **extra) -> dict:
             "processes": {"count": 1, "listed": [{"pid": 4242, "name": "uvicorn", "role": "cuda"}]},
             "probes": {"tracepoints": 22, "files": 1, "attached": {"cudaLaunchKernel": 1},
                        "failed": {"cudaMalloc": 1}, "single_stepped": {"SSL_free": ["/lib/libssl.so.3"]}},
+            "kernel_maps": {"mb": 45.7, "cpus": 2, "node_cpus": 224, "node_mb": 54.2, "node_full_mb": 86.7,
+                            "largest": {"events": 8.4}},
             "requests": {"finished": 1234, "per_second": 12.5},
             "attribution": {"thread": 40},
             "counters": {"requests_finished": 1234, "http_parse_errors": 3, "spans_exported": 9},
@@ -46,6 +48,7 @@ def test_running_collector_text(tmp_path):
     assert "4242  uvicorn" in text
     assert "cudaLaunchKernel 1" in text and "FAILED to attach: cudaMalloc 1" in text
     assert "single-stepped by x86 (~10 us a call on VMs" in text and text.rstrip().count("SSL_free") == 1
+    assert "kernel memory (BPF maps): 45.7 MB on 2 CPUs; at 224 CPUs 54.2 MB, 86.7 MB with every table" in text
     assert "requests: 1234 finished, 12.5/s" in text
     assert "drops and errors (counters): http_parse_errors 3" in text  # work counters are not drops
     assert "otlp     FAILING since" in text and "(46s): pending 2" in text and "spans failed 4" in text
