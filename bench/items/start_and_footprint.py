@@ -79,5 +79,5 @@ def _map_rows(r: dict) -> list:
               f"{maps['node_cpus']} CPUs", f"{maps['mb']:g} / {maps['node_mb']:g}", f"<= {MAPS_TARGET_MB} at "
               f"{maps['node_cpus']}", maps["node_mb"] <= MAPS_TARGET_MB),
         ("4", f"  the same with every table made by need full, at {maps['node_cpus']} CPUs (MB); largest maps",
-         f"{maps['node_full_mb']:g}; " + ", ".join(f"{k} {v:g}" for k, v in maps["largest"].items()), "", None),
+         f"{maps['node_full_mb']:g}; " + ", ".join(f"{k} {v:g}" for k, v in sorted(maps["largest"].items(), key=lambda kv: -kv[1])), "", None),
     ]
