@@ -152,12 +152,15 @@ static __always_inline int from_runtime(struct pt_regs *ctx, u32 tgid)
     return 0;
 }
 
-/* cuLaunchKernel(f, gx, gy, gz, bx, by, bz, shmem, stream, params, extra) */
-int cu_launch_kernel(struct pt_regs *ctx)
+/* A launch with cuLaunchKernel's layout: (f, gx, gy, gz, bx, by, bz, shmem, stream, params,
+ * extra); hipModuleLaunchKernel's too. `dedup`: a call from the runtime is dropped (above);
+ * `global_size`: the grid is given in threads (hipExtModuleLaunchKernel), and the record's
+ * grid is it over the block, as the runtime computes it. */
+static __always_inline int driver_layout_launch(struct pt_regs *ctx, u32 call, int dedup, int global_size)
 {
     struct launch_event e = {};
-    u32 tv = cuda_begin(&e.c, EV_CUDA_LAUNCH, CALL_CU_LAUNCH_KERNEL);
-    if (!tv || from_runtime(ctx, e.c.h.tgid))
+    u32 tv = cuda_begin(&e.c, EV_CUDA_LAUNCH, call);
+    if (!tv || (dedup && from_runtime(ctx, e.c.h.tgid)))
         return 0;
     e.func = PT_REGS_PARM1(ctx);
     e.dims.grid[0] = PT_REGS_PARM2(ctx);
@@ -168,9 +171,17 @@ int cu_launch_kernel(struct pt_regs *ctx)
     e.dims.block[2] = stack_arg(ctx, 7, &e.c.h.flags);
     e.shmem = (u32)stack_arg(ctx, 8, &e.c.h.flags);
     e.stream = stack_arg(ctx, 9, &e.c.h.flags);
+    if (global_size) {
+#pragma unroll
+        for (int i = 0; i < 3; i++)
+            e.dims.grid[i] = e.dims.block[i] ? e.dims.grid[i] / e.dims.block[i] : 0;
+    }
     EMIT(e, tv, e.func, 0, 0);
     return 0;
 }
+
+/* cuLaunchKernel(f, gx, gy, gz, bx, by, bz, shmem, stream, params, extra) */
+int cu_launch_kernel(struct pt_regs *ctx) { return driver_layout_launch(ctx, CALL_CU_LAUNCH_KERNEL, 1, 0); }
 
 /* cuLaunchKernelEx(const CUlaunchConfig *config, f, params, extra) */
 int cu_launch_kernel_ex(struct pt_regs *ctx)
@@ -216,19 +227,23 @@ int cuda_memcpy_async(struct pt_regs *ctx)
 }
 
 /* cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, height, kind, stream):
- * width bytes by height rows. */
-int cuda_memcpy_2d_async(struct pt_regs *ctx)
+ * width bytes by height rows (hipMemcpy2DAsync's layout too). */
+static __always_inline int memcpy_2d_emit(struct pt_regs *ctx, u32 call)
 {
     u8 flags = 0;
     u64 kind = stack_arg(ctx, 7, &flags), stream = stack_arg(ctx, 8, &flags);
-    return memcpy_emit(CALL_MEMCPY_2D_ASYNC, PT_REGS_PARM5(ctx) * PT_REGS_PARM6(ctx), kind, stream, flags);
+    return memcpy_emit(call, PT_REGS_PARM5(ctx) * PT_REGS_PARM6(ctx), kind, stream, flags);
 }
+int cuda_memcpy_2d_async(struct pt_regs *ctx) { return memcpy_2d_emit(ctx, CALL_MEMCPY_2D_ASYNC); }
 
-/* cudaFree(ptr): entry only; user space matches the pointer to its cudaMalloc. */
-int cuda_free(struct pt_regs *ctx)
+/* One argument says it all: a freed pointer (cudaFree(ptr); user space matches it to its
+ * allocation), a graph launch (cudaGraphLaunch(graphExec, stream); its pass through the
+ * driver's cuGraphLaunch is dropped there: bpf/graph_probes.c), the thread's current device
+ * (cudaSetDevice(int device)). Entry only. */
+static __always_inline int free_emit(struct pt_regs *ctx, u32 call)
 {
     struct memory_event e = {};
-    u32 tv = cuda_begin(&e.c, EV_CUDA_MEMORY, CALL_FREE);
+    u32 tv = cuda_begin(&e.c, EV_CUDA_MEMORY, call);
     if (!tv)
         return 0;
     e.ptr = PT_REGS_PARM1(ctx);
@@ -236,12 +251,10 @@ int cuda_free(struct pt_regs *ctx)
     return 0;
 }
 
-/* cudaGraphLaunch(graphExec, stream); its pass through the driver's cuGraphLaunch is
- * dropped there (caller rule, bpf/graph_probes.c). */
-int cuda_graph_launch(struct pt_regs *ctx)
+static __always_inline int graph_launch_emit(struct pt_regs *ctx, u32 call)
 {
     struct graph_event e = {};
-    u32 tv = cuda_begin(&e.c, EV_CUDA_GRAPH, CALL_GRAPH_LAUNCH);
+    u32 tv = cuda_begin(&e.c, EV_CUDA_GRAPH, call);
     if (!tv)
         return 0;
     e.graph_exec = PT_REGS_PARM1(ctx);
@@ -250,17 +263,20 @@ int cuda_graph_launch(struct pt_regs *ctx)
     return 0;
 }
 
-/* cudaSetDevice(int device): the thread's current device. */
-int cuda_set_device(struct pt_regs *ctx)
+static __always_inline int set_device_emit(struct pt_regs *ctx, u32 call)
 {
     struct device_event e = {};
-    u32 tv = cuda_begin(&e.c, EV_CUDA_DEVICE, CALL_SET_DEVICE);
+    u32 tv = cuda_begin(&e.c, EV_CUDA_DEVICE, call);
     if (!tv)
         return 0;
     e.device = (u32)PT_REGS_PARM1(ctx);
     EMIT(e, tv, e.device, 0, 0);
     return 0;
 }
+
+int cuda_free(struct pt_regs *ctx) { return free_emit(ctx, CALL_FREE); }
+int cuda_graph_launch(struct pt_regs *ctx) { return graph_launch_emit(ctx, CALL_GRAPH_LAUNCH); }
+int cuda_set_device(struct pt_regs *ctx) { return set_device_emit(ctx, CALL_SET_DEVICE); }
 
 /* Calls with a duration or a result: entry stashes (arg0: the stream or event a sync waits
  * for, 0 for the whole device; the out-pointer of an allocation, arg1 its size), return emits. */

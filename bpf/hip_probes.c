@@ -45,52 +45,20 @@ int hip_launch_cooperative_kernel(struct pt_regs *ctx)
     return hip_runtime_launch(ctx, CALL_HIP_LAUNCH_COOPERATIVE_KERNEL, 1);
 }
 
-/* The module launches: cuLaunchKernel's layout. hipExtModuleLaunchKernel passes the
- * global work size in threads where hipModuleLaunchKernel passes blocks: its grid is the
- * global size over the block's (as the runtime computes it). */
-static __always_inline int hip_module_launch(struct pt_regs *ctx, u32 call, int global_size)
+/* The module launches: cuLaunchKernel's layout (cuda_probes.c driver_layout_launch), with
+ * no caller rule. hipExtModuleLaunchKernel passes the global work size in threads. */
+int hip_module_launch_kernel(struct pt_regs *ctx)
 {
-    struct launch_event e = {};
-    u32 tv = cuda_begin(&e.c, EV_CUDA_LAUNCH, call);
-    if (!tv)
-        return 0;
-    e.func = PT_REGS_PARM1(ctx);
-    e.dims.grid[0] = PT_REGS_PARM2(ctx);
-    e.dims.grid[1] = PT_REGS_PARM3(ctx);
-    e.dims.grid[2] = PT_REGS_PARM4(ctx);
-    e.dims.block[0] = PT_REGS_PARM5(ctx);
-    e.dims.block[1] = PT_REGS_PARM6(ctx);
-    e.dims.block[2] = stack_arg(ctx, 7, &e.c.h.flags);
-    e.shmem = (u32)stack_arg(ctx, 8, &e.c.h.flags);
-    e.stream = stack_arg(ctx, 9, &e.c.h.flags);
-    if (global_size) {
-#pragma unroll
-        for (int i = 0; i < 3; i++)
-            e.dims.grid[i] = e.dims.block[i] ? e.dims.grid[i] / e.dims.block[i] : 0;
-    }
-    EMIT(e, tv, e.func, 0, 0);
-    return 0;
+    return driver_layout_launch(ctx, CALL_HIP_MODULE_LAUNCH_KERNEL, 0, 0);
 }
-
-int hip_module_launch_kernel(struct pt_regs *ctx) { return hip_module_launch(ctx, CALL_HIP_MODULE_LAUNCH_KERNEL, 0); }
 int hip_ext_module_launch_kernel(struct pt_regs *ctx)
 {
-    return hip_module_launch(ctx, CALL_HIP_EXT_MODULE_LAUNCH_KERNEL, 1);
+    return driver_layout_launch(ctx, CALL_HIP_EXT_MODULE_LAUNCH_KERNEL, 0, 1);
 }
 
 /* hipGraphLaunch(graphExec, stream): counts as a launch; its kernels come from the
  * capture (the CUDA runtime's graph handlers serve HIP's: otel_gpu/cuda_calls.py). */
-int hip_graph_launch(struct pt_regs *ctx)
-{
-    struct graph_event e = {};
-    u32 tv = cuda_begin(&e.c, EV_CUDA_GRAPH, CALL_HIP_GRAPH_LAUNCH);
-    if (!tv)
-        return 0;
-    e.graph_exec = PT_REGS_PARM1(ctx);
-    e.stream = PT_REGS_PARM2(ctx);
-    EMIT(e, tv, e.graph_exec, 0, 0);
-    return 0;
-}
+int hip_graph_launch(struct pt_regs *ctx) { return graph_launch_emit(ctx, CALL_HIP_GRAPH_LAUNCH); }
 
 /* hipMemcpy(dst, src, count, kind), hipMemcpyAsync(dst, src, count, kind, stream) */
 int hip_memcpy(struct pt_regs *ctx)
@@ -123,37 +91,11 @@ int hip_memcpy_dtod_async(struct pt_regs *ctx)
     return memcpy_emit(CALL_HIP_MEMCPY_DTOD_ASYNC, PT_REGS_PARM3(ctx), MEMCPY_D2D, PT_REGS_PARM4(ctx), 0);
 }
 
-/* hipMemcpy2DAsync(dst, dpitch, src, spitch, width, height, kind, stream) */
-int hip_memcpy_2d_async(struct pt_regs *ctx)
-{
-    u8 flags = 0;
-    u64 kind = stack_arg(ctx, 7, &flags), stream = stack_arg(ctx, 8, &flags);
-    return memcpy_emit(CALL_HIP_MEMCPY_2D_ASYNC, PT_REGS_PARM5(ctx) * PT_REGS_PARM6(ctx), kind, stream, flags);
-}
-
-/* hipFree(ptr): user space matches the pointer to its hipMalloc. */
-int hip_free(struct pt_regs *ctx)
-{
-    struct memory_event e = {};
-    u32 tv = cuda_begin(&e.c, EV_CUDA_MEMORY, CALL_HIP_FREE);
-    if (!tv)
-        return 0;
-    e.ptr = PT_REGS_PARM1(ctx);
-    EMIT(e, tv, e.ptr, 0, 0);
-    return 0;
-}
-
-/* hipSetDevice(int device) */
-int hip_set_device(struct pt_regs *ctx)
-{
-    struct device_event e = {};
-    u32 tv = cuda_begin(&e.c, EV_CUDA_DEVICE, CALL_HIP_SET_DEVICE);
-    if (!tv)
-        return 0;
-    e.device = (u32)PT_REGS_PARM1(ctx);
-    EMIT(e, tv, e.device, 0, 0);
-    return 0;
-}
+/* hipMemcpy2DAsync(dst, dpitch, src, spitch, width, height, kind, stream); hipFree(ptr);
+ * hipSetDevice(int device): as their CUDA twins. */
+int hip_memcpy_2d_async(struct pt_regs *ctx) { return memcpy_2d_emit(ctx, CALL_HIP_MEMCPY_2D_ASYNC); }
+int hip_free(struct pt_regs *ctx) { return free_emit(ctx, CALL_HIP_FREE); }
+int hip_set_device(struct pt_regs *ctx) { return set_device_emit(ctx, CALL_HIP_SET_DEVICE); }
 
 /* hipMalloc(void **ptr, size_t size); the syncs: stream, device, event. cuda_call_return
  * emits them. */

@@ -35,6 +35,7 @@ import pytest
 from tests.bpf.load_client import fetch_all
 from tests.support.otlp_receiver import OtlpReceiver
 from tests.harness import ROOT, TARGETS, RunningCollector, Target, check_clean, server_spans
+from tests.support.placement import max_overlap
 
 K = 3                  # launches per request (plus one cudaMemcpy)
 REQUESTS = 100         # distinct request ids per concurrency level
@@ -184,7 +185,7 @@ class Check:
                 self.not_exact.append(f"id={rid}: {len(got)} server span(s), children "
                                       f"{sorted(_what(c) for c in mine)}")
         self.missing = [rid for rid in ids if not self.by_id.get(rid)]
-        self.overlap = _max_overlap([s for rid in ids for s in self.by_id.get(rid, [])])
+        self.overlap = max_overlap([s for rid in ids for s in self.by_id.get(rid, [])])
 
     def summary(self, served: Served, concurrency: int) -> str:
         interp, kind = served.key
@@ -216,15 +217,6 @@ def _what(child) -> str:
     if child.name == MEMCPY:
         return f"bytes={a.get('gpu.memcpy.bytes')}"
     return child.name
-
-
-def _max_overlap(spans: list) -> int:
-    edges = sorted([(s.start_ns, 1) for s in spans] + [(s.end_ns, -1) for s in spans])
-    open_, most = 0, 0
-    for _, d in edges:
-        open_ += d
-        most = max(most, open_)
-    return most
 
 
 _CURRENT: dict = {}  # the module's Traced, and the one Served alive (one target at a time)

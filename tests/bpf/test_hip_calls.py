@@ -21,6 +21,7 @@ from otel_gpu.demo.runner import free_port
 from tests.bpf.targets.first_requests import send_first_requests
 from tests.bpf.targets.hip_http import find_hip
 from tests.harness import TARGETS, Target, children_of, module_collector, server_spans
+from tests.support.placement import max_overlap
 
 pytestmark = pytest.mark.skipif(not Path(find_hip()).exists(), reason="no libamdhip64 (make setup installs it)")
 
@@ -90,16 +91,6 @@ def check_request(spans, span, k: int) -> None:
     assert span.attributes.get("otel_gpu.calls.ambiguous", 0) == 0
 
 
-def overlapped(spans: list) -> bool:
-    """At least two of the requests were open at one instant."""
-    edges = sorted([(s.start_ns, 1) for s in spans] + [(s.end_ns, -1) for s in spans])
-    depth, most = 0, 0
-    for _, d in edges:
-        depth += d
-        most = max(most, depth)
-    return most >= 2
-
-
 @pytest.mark.parametrize("clients", [1, 8, 32])
 @pytest.mark.parametrize("kind", ["stdlib", "asgi"])
 def test_each_request_gets_exactly_its_hip_calls(collector, tmp_path_factory, kind, clients):
@@ -124,7 +115,7 @@ def test_each_request_gets_exactly_its_hip_calls(collector, tmp_path_factory, ki
         for k, span in spans.items():
             check_request(receiver.spans, span, k)
         if clients > 1:
-            assert overlapped(list(spans.values()))
+            assert max_overlap(list(spans.values())) >= 2
     finally:
         target.stop()
 

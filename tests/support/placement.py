@@ -13,6 +13,16 @@ WINDOW_PREFIX = "GPU work"
 OUTSIDE = "GPU work outside requests"
 
 
+def max_overlap(spans: list) -> int:
+    """The most of `spans` open at one instant (requests that overlapped: 2 or more)."""
+    edges = sorted([(s.start_ns, 1) for s in spans] + [(s.end_ns, -1) for s in spans])
+    open_, most = 0, 0
+    for _, d in edges:
+        open_ += d
+        most = max(most, open_)
+    return most
+
+
 def header_id(span, header: str = "x-req-id") -> int:
     """The request id a server span names: its exported `header` (one value)."""
     (value,) = span.attributes[f"http.request.header.{header}"]

@@ -3,11 +3,16 @@ labels the collector exports. The exported names come from the real path: the me
 stage (GpuMetrics) with the SDK MeterProvider and the real Prometheus exporter, fed a
 batch of records that exercises every instrument; the Prometheus text it serves is
 parsed with prometheus_client's own parser, so `_total`, unit suffixes and dots to
-underscores are the exporter's, not guessed here."""
+underscores are the exporter's, not guessed here.
+
+Both vendors: the metrics that name the API are gpu.cuda.* for CUDA calls and gpu.hip.*
+for HIP calls (ApiMetrics); a query that reads one reads its twin, each vendor's series
+tagged with its own `api` label (see test_each_vendors_series_are_kept_apart_by_an_api_label)."""
 import ast
 import json
 import re
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 from opentelemetry.exporter.prometheus import PrometheusMetricReader
@@ -17,6 +22,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from otel_gpu import semconv as sc
+from otel_gpu.cuda_calls import API_CUDA, API_HIP
 from otel_gpu.export import metrics as metrics_module
 from otel_gpu.export.metrics import GpuMetrics
 from otel_gpu.pipeline.protocols.base import RequestHead
@@ -58,8 +64,16 @@ def _batch():
     outside.sink.add(cuda(pid=PID, tid=9), "outside")
     for w in (ambiguous, outside):
         w.resource, w.gpu_seconds, w.cost = a.resource, 0.002, 0.0001
+    # A HIP service's request: the gpu.hip.* twins, with hip.memcpy.kind and hip.device.index.
+    hip_calls = [cuda("hipLaunchKernel", pid=PID), cuda("hipMemcpyHtoD", pid=PID, nbytes=4096, kind=1),
+                 cuda("hipMemcpyAsync", pid=PID, nbytes=64, kind=2),
+                 cuda("hipMalloc", pid=PID, func=0xC0, nbytes=1 << 20), cuda("hipGraphLaunch", pid=PID, func=0xD0),
+                 cuda("hipStreamSynchronize", pid=PID, duration=500_000)]
+    hip = _request(3, "/hip", hip_calls)
+    for c in hip_calls:
+        hip.busy.add(c, 0)
     probes = ProbeCounts({"cudaLaunchKernel": 1}, {"cuLaunchKernel": 1})
-    return [a, b, ambiguous, outside, probes]
+    return [a, b, hip, ambiguous, outside, probes]
 
 
 @pytest.fixture(scope="module")
@@ -83,11 +97,22 @@ def exported():
 
 def _instruments():
     """Every instrument metrics.py creates: the first argument of each meter.create_*() and
-    histograms.create() (export/histograms.py)."""
+    histograms.create() (export/histograms.py); an f-string over `api` (ApiMetrics) is
+    one instrument per API."""
     tree = ast.parse(Path(metrics_module.__file__).read_text())
-    return {node.args[0].value for node in ast.walk(tree)
-            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
-            and node.func.attr.startswith("create") and node.args and isinstance(node.args[0], ast.Constant)}
+    out = set()
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                and node.func.attr.startswith("create") and node.args):
+            continue
+        name = node.args[0]
+        if isinstance(name, ast.Constant):
+            out.add(name.value)
+        elif isinstance(name, ast.JoinedStr):
+            for api in (API_CUDA, API_HIP):
+                out.add("".join(v.value if isinstance(v, ast.Constant) else {"api": api}[v.value.id]
+                                for v in name.values))
+    return out
 
 
 # --- PromQL: the names an expression uses ---------------------------------------------------
@@ -96,11 +121,44 @@ KEYWORDS = {"by", "without", "on", "ignoring", "group_left", "group_right", "boo
             "offset", "inf", "nan"}
 
 
+STRING = r'"(?:[^"\\]|\\.)*"'
+
+
+class LabelReplace(NamedTuple):
+    """label_replace(v, "dst", "replacement", "src", "regex") at expr[start:end]; src is ""
+    for a constant label."""
+    dst: str
+    replacement: str
+    src: str
+    start: int
+    end: int
+
+
+def label_replaces(expr: str) -> list[LabelReplace]:
+    """Every label_replace() of an expression, nested ones included."""
+    out, opened, i = [], [], 0
+    while i < len(expr):
+        if expr[i] == '"':  # a string's parentheses are not the expression's
+            i += re.match(STRING, expr[i:]).end()
+            continue
+        if expr[i] == "(":
+            opened.append((expr.endswith("label_replace", 0, i), i))
+        elif expr[i] == ")":
+            is_label_replace, start = opened.pop()
+            if is_label_replace:  # its own four strings are the last ones before its ")"
+                dst, replacement, src, _ = (a[1:-1] for a in re.findall(STRING, expr[start:i])[-4:])
+                out.append(LabelReplace(dst, replacement, src, start, i + 1))
+        i += 1
+    return out
+
+
 def promql_names(expr: str) -> tuple[set, set]:
     """(metric names, label names) an expression refers to. Strings, Grafana variables,
-    range/offset durations, function names and keywords are not metrics."""
-    labels = set()
-    body = re.sub(r'"(?:[^"\\]|\\.)*"', '""', expr)
+    range/offset durations, function names and keywords are not metrics. A label that a
+    label_replace() makes is not one the metrics must have; the label it reads is."""
+    replaced = label_replaces(expr)
+    labels = {r.src for r in replaced if r.src}
+    body = re.sub(STRING, '""', expr)
     for block in re.findall(r"\{([^}]*)\}", body):
         labels |= set(re.findall(r"([A-Za-z_]\w*)\s*(?:=~|!~|!=|=)", block))
     for group in re.findall(r"\b(?:by|without|on|ignoring)\s*\(([^)]*)\)", body):
@@ -111,7 +169,7 @@ def promql_names(expr: str) -> tuple[set, set]:
     for m in re.finditer(r"(?<![\w.])([A-Za-z_:][\w:]*)(\s*\()?", body):
         if not m.group(2) and m.group(1).lower() not in KEYWORDS:
             names.add(m.group(1))
-    return names, labels
+    return names, labels - {r.dst for r in replaced}
 
 
 def test_promql_names_finds_metrics_and_labels_and_nothing_else():
@@ -120,6 +178,12 @@ def test_promql_names_finds_metrics_and_labels_and_nothing_else():
         '[$__rate_interval]))) / on (job) sum(b_total offset 5m) * 3600')
     assert names == {"a_bucket", "b_total"}
     assert labels == {"le", "http_route", "service_name", "x", "job"}
+    # label_replace(): the label it reads is used, the one it makes is not the metrics'
+    names, labels = promql_names(
+        'sum by (kind, api) (label_replace(label_replace(rate(a_sum{s="x"}[1m]), "kind", "$1", "a_kind", "(.*)"), '
+        '"api", "a", "", "") or label_replace(rate(b_sum[1m]), "api", "b(", "", ""))')
+    assert names == {"a_sum", "b_sum"}
+    assert labels == {"s", "a_kind"}
 
 
 def _queries():
@@ -128,6 +192,48 @@ def _queries():
     for v in DASHBOARD["templating"]["list"]:
         out.append((f"variable {v['name']}", re.fullmatch(r"label_values\((.+)\)", v["definition"]).group(1)))
     return out
+
+
+def variable_metrics(selector: str, known) -> set:
+    """The metrics of `known` that a label_values() selector matches: a metric name, or
+    {__name__=~"regex"} (Prometheus anchors the regex)."""
+    if re.fullmatch(r"[A-Za-z_:][\w:]*", selector):
+        return {selector} & set(known)
+    rx = re.fullmatch(r'\{\s*__name__\s*=~\s*"([^"]+)"\s*\}', selector).group(1)
+    return {n for n in known if re.fullmatch(rx, n)}
+
+
+# --- both vendors: gpu.cuda.* and gpu.hip.* (ApiMetrics) ----------------------------------------
+
+VENDORS = {"cuda": "hip", "hip": "cuda"}
+VENDOR_METRIC = re.compile(r"\bgpu_(cuda|hip)_\w+")
+
+
+def twin(name: str) -> str | None:
+    """gpu_cuda_X <-> gpu_hip_X, cuda_X <-> hip_X (labels: cuda_memcpy_kind, cuda_device_index);
+    None for a name of neither vendor."""
+    m = re.fullmatch(r"(gpu_)?(cuda|hip)(_\w+)", name)
+    return f"{m.group(1) or ''}{VENDORS[m.group(2)]}{m.group(3)}" if m else None
+
+
+def untwinned(expr: str) -> set:
+    """The vendor metrics and labels an expression reads without their other vendor's twin."""
+    names, labels = promql_names(expr)
+    used = names | labels
+    return {n for n in used if twin(n) and twin(n) not in used}
+
+
+def untagged(expr: str) -> list:
+    """Where an expression reads a vendor metric outside a label_replace() that tags it with
+    its own api ("cuda" or "hip"), and any __name__ matcher. rate() drops the metric name, so
+    a CUDA and a HIP series of one service with the same labels (a process using both, or
+    two without device labels) become one label set: rate({__name__=~"gpu_(cuda|hip)_..."})
+    fails with "vector cannot contain metrics with the same labelset", and `a or b` drops
+    b's series (both seen on Prometheus 2.42). Tagged with api, they stay apart."""
+    tags = [r for r in label_replaces(expr) if r.dst == "api" and not r.src]
+    out = [m.group(0) for m in VENDOR_METRIC.finditer(expr)
+           if not any(r.replacement == m.group(1) and r.start < m.start() < r.end for r in tags)]
+    return out + (["__name__"] if "__name__" in expr else [])
 
 
 # --- the checks -------------------------------------------------------------------------------
@@ -142,9 +248,12 @@ def test_the_batch_exercises_every_instrument(exported):
 def test_every_dashboard_query_uses_only_exported_metrics_and_their_labels(exported):
     samples, _ = exported
     for title, expr in _queries():
-        if title.startswith("variable"):  # label_values(metric, label)
-            metric, label = (x.strip() for x in expr.split(","))
-            assert label in samples.get(metric, ()), (title, metric, label)
+        if title.startswith("variable"):  # label_values(metric or selector, label)
+            selector, _, label = (x.strip() for x in expr.rpartition(","))
+            metrics = variable_metrics(selector, samples)
+            assert metrics, (title, selector)
+            for metric in metrics:
+                assert label in samples[metric], (title, metric, label)
             continue
         names, labels = promql_names(expr)
         assert names, (title, expr)
@@ -166,6 +275,9 @@ def test_every_panel_has_a_query_on_an_exported_metric(exported):
     ("cost per route", "otel_gpu_cost_amount_total"), ("GPU seconds", "otel_gpu_cost_gpu_seconds_total"),
     ("launches by kernel", "gpu_cuda_kernel_launch_calls_total"),
     ("memcpy bytes", "gpu_cuda_memory_copies_bytes_sum"),
+    ("HIP launches by kernel", "gpu_hip_kernel_launch_calls_total"),
+    ("HIP memcpy bytes", "gpu_hip_memory_copies_bytes_sum"),
+    ("HIP launch shape", "gpu_hip_kernel_grid_size_bucket"),
     ("sync time", "gpu_sync_duration_seconds_sum"), ("attribution outcomes", "otel_gpu_cuda_calls_total"),
     ("events lost", "otel_gpu_events_lost_total"), ("drops by reason", "otel_gpu_drops_total"),
     ("NCCL bytes", "gpu_nccl_bytes_total"), ("NCCL calls", "gpu_nccl_calls_total")])
@@ -188,3 +300,43 @@ def test_a_wrong_name_is_caught(exported):
     for wrong in ("gpu_cuda_kernel_launch_calls", "gpu_sync_duration_bucket", "gpu_cuda_memory_copies_sum"):
         assert promql_names(f"sum(rate({wrong}[5m]))")[0] == {wrong}
         assert wrong not in samples
+
+
+def test_every_query_on_a_vendor_metric_reads_its_twin_too(exported):
+    """A panel (and the $service variable) that reads a gpu_cuda_ metric reads its gpu_hip_
+    twin, and a cuda_ label (cuda_memcpy_kind) its hip_ one: one dashboard shows a CUDA
+    service, a HIP service, or a node with both. The twins are exported (the batch has a
+    HIP request)."""
+    samples, _ = exported
+    both = 0
+    for title, expr in _queries():
+        if title.startswith("variable"):
+            metrics = variable_metrics(expr.rpartition(",")[0].strip(), samples)
+            assert {twin(m) for m in metrics if twin(m)} <= metrics, (title, expr)
+            continue
+        assert not untwinned(expr), f"{title}: {sorted(untwinned(expr))} without the other vendor's: {expr}"
+        both += any(n.startswith("gpu_hip_") for n in promql_names(expr)[0])
+    assert both >= 5, "the launch, copy, launch-per-request and launch-shape queries read both vendors"
+    for name in {n for n in samples if twin(n)}:
+        assert twin(name) in samples, f"{name} exported, {twin(name)} not"
+
+
+def test_each_vendors_series_are_kept_apart_by_an_api_label():
+    for title, expr in _queries():
+        if not title.startswith("variable"):
+            assert not untagged(expr), f"{title}: {untagged(expr)} not tagged with its api: {expr}"
+
+
+def test_a_query_of_one_vendor_or_of_untagged_vendors_is_caught():
+    """The vendor checks can fail: a CUDA-only query, a HIP copy query grouped by the CUDA
+    label, a __name__ regex, a bare `or`."""
+    assert untwinned("sum(rate(gpu_cuda_kernel_launch_calls_total[5m]))") == {"gpu_cuda_kernel_launch_calls_total"}
+    assert untwinned('sum by (cuda_memcpy_kind) (label_replace(rate(gpu_cuda_memory_copies_bytes_sum[5m]), "api", '
+                     '"cuda", "", "") or label_replace(rate(gpu_hip_memory_copies_bytes_sum[5m]), "api", "hip", "", '
+                     '""))') == {"cuda_memcpy_kind"}
+    assert untagged('sum(rate({__name__=~"gpu_(cuda|hip)_kernel_launch_calls_total"}[5m]))') == ["__name__"]
+    assert untagged("sum(rate(gpu_cuda_kernel_grid_size_bucket[5m]) or rate(gpu_hip_kernel_grid_size_bucket[5m]))") \
+        == ["gpu_cuda_kernel_grid_size_bucket", "gpu_hip_kernel_grid_size_bucket"]
+    # tagged, but as the other vendor
+    assert untagged('label_replace(rate(gpu_hip_kernel_launch_calls_total[5m]), "api", "cuda", "", "")') \
+        == ["gpu_hip_kernel_launch_calls_total"]
