@@ -12,7 +12,8 @@ import time
 from pathlib import Path
 
 from . import machine
-from .items import (big_request, first_requests, go_goroutines, h2_streams, http_service_load, launch_breakdown,
+from .items import (big_request, context_switches, first_requests, go_goroutines, h2_streams, http_service_load,
+                    launch_breakdown,
                     launch_overhead, many_processes, nccl_calls, probe_links, probe_prologue, python_contexts,
                     runtime_driver_dedup, start_and_footprint, sustained_launches, tls_requests, unselected_process,
                     untraced_syscalls)
@@ -27,7 +28,7 @@ READY_TARGET_S = 1.5  # issue 13
 def main() -> int:
     ap = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
     ap.add_argument("--quick", action="store_true", help="short phases (10 s sustained) for development")
-    ap.add_argument("--items", default="1,1b,1c,2,3,5,6,7,8,9,10,11,12,13,14,15,16",
+    ap.add_argument("--items", default="1,1b,1c,2,3,5,6,7,8,9,10,11,12,13,14,15,16,17",
                     help="comma-separated items to run (4 comes with any)")
     ap.add_argument("--wait-quiet", type=float, default=120,
                     help="seconds to wait for other collectors/bpftrace to finish before each item")
@@ -56,6 +57,7 @@ def main() -> int:
              ("6", "python_context", lambda: python_contexts.run(args.quick, starts), python_contexts.rows),
              ("14", "go", lambda: go_goroutines.run(args.quick, starts), go_goroutines.rows),
              ("7", "untraced", lambda: untraced_syscalls.run(args.quick, starts), untraced_syscalls.rows),
+             ("17", "switches", lambda: context_switches.run(args.quick, starts), context_switches.rows),
              ("10", "nccl", lambda: nccl_calls.run(args.quick, starts), nccl_calls.rows),
              ("11", "dedup", lambda: runtime_driver_dedup.run(args.quick, starts), runtime_driver_dedup.rows),
              ("8", "first_requests", lambda: first_requests.run(args.quick, starts), first_requests.rows),

@@ -68,6 +68,18 @@ enum event_flag {
     /* A socket read/write record of an HTTP/2 connection whose data is the kernel's frame
      * walk (bpf/h2_walk.c), not the transfer's first bytes: a digest. */
     EV_FLAG_H2_DIGEST = 32,
+    /* A socket read/write record carrying its thread's time split so far (`times`,
+     * bpf/thread_times.c): the thread was known to the sched probes. */
+    EV_FLAG_TIMES = 64,
+};
+
+/* Where a thread's time went (bpf/thread_times.c), the index of each part in `times`. */
+enum time_part {
+    TIME_ON_CPU = 0,    /* running */
+    TIME_CPU_WAIT = 1,  /* runnable, waiting for a CPU */
+    TIME_GPU_SYNC = 2,  /* off the CPU inside a synchronising GPU call */
+    TIME_BLOCKED = 3,   /* off the CPU for any other reason */
+    TIME_PARTS = 4,
 };
 
 /* An HTTP/2 digest (sock_io_event.data with EV_FLAG_H2_DIGEST): what user space needs of
@@ -137,6 +149,7 @@ struct sock_io_event {
     u32 lost;         /* this connection's records lost just before this one (ring buffer full) */
     u64 draw;         /* a request's first read: the low 64 bits of a root request's trace id
                        * (bpf/head_sampling.c); 0: none */
+    u64 times[TIME_PARTS]; /* with EV_FLAG_TIMES: the thread's time so far, ns by time_part */
     u8 tail[HTTP_TAIL_CAP];
     u8 data[HTTP_DATA_CAP]; /* only data_len bytes are sent */
 };

@@ -46,6 +46,8 @@ static __always_inline void h2_send(struct h2_scratch *s, struct h2_transfer *t,
     u32 tgid = t->id >> 32;
     fill_header(&e->h, t->kind, t->id);
     e->h.flags = EV_FLAG_H2_DIGEST;
+    if (thread_times_now((u32)t->id, e->h.ts_ns, e->times))
+        e->h.flags |= EV_FLAG_TIMES;
     e->draw = 0;
     e->lost = st->req.lost;
     e->fd = t->fd;

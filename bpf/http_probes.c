@@ -302,6 +302,8 @@ static __always_inline int emit_sock_io(struct sock_io_scratch *scratch, u8 kind
         return EMIT_H2_WALK;
     fill_header(&e->h, kind, id);
     e->h.flags = flags | request_boundary(key->tgid, &st->req, kind, e->h.ts_ns);
+    if (thread_times_now((u32)id, e->h.ts_ns, e->times))
+        e->h.flags |= EV_FLAG_TIMES;
     e->draw = 0;
     if (e->h.flags & EV_FLAG_REQ_START) {
         st->draw = e->draw = head_draw();

@@ -171,8 +171,9 @@ int forget_unseen_close(struct bpf_raw_tracepoint_args *ctx)
 TRACEPOINT_PROBE(sched, sched_process_exit)
 {
     u64 id = bpf_get_current_pid_tgid();
-    u32 tgid = id >> 32;
-    if ((u32)id != tgid)
+    u32 tgid = id >> 32, tid = id;
+    thread_times.delete(&tid); /* each task that exits (bpf/thread_times.c) */
+    if (tid != tgid)
         return 0; /* a thread */
     pid_unmark(tgid); /* the pid may be reused */
     if (!is_traced(tgid))

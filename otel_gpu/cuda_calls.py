@@ -263,9 +263,11 @@ def c_defines() -> str:
     lines = ["/* Generated from otel_gpu/cuda_calls.py: CUDA call ids. */"]
     lines += [f"#define CALL_{c.const} {c.id}" for c in CALLS]
     lines.append(f"#define CALL_MAX {CALL_MAX}")
-    # The calls whose return handler reads an allocated pointer (bpf/cuda_probes.c cuda_call_return).
-    allocs = " || ".join(f"(c) == CALL_{c.const}" for c in CALLS if c.category is Category.ALLOC)
-    lines.append(f"#define CALL_IS_ALLOC(c) ({allocs})")
+    # The calls whose return handler reads an allocated pointer (bpf/cuda_probes.c
+    # cuda_call_return), and those a thread waits on the GPU in (bpf/sched_probes.c).
+    for category in (Category.ALLOC, Category.SYNC):
+        ids = " || ".join(f"(c) == CALL_{c.const}" for c in CALLS if c.category is category)
+        lines.append(f"#define CALL_IS_{category.name}(c) ({ids})")
     return "\n".join(lines) + "\n"
 
 
@@ -304,6 +306,9 @@ HTTP_TRACEPOINTS: tuple[str, ...] = tuple(
 
 # The open syscalls' tracepoints of bpf/library_probes.c: a CUDA library opened at any path.
 LIBRARY_TRACEPOINTS: tuple[str, ...] = ("syscalls:sys_enter_openat", "syscalls:sys_enter_open")
+
+# The sched tracepoints of bpf/sched_probes.c: each traced thread's time per state (the time split).
+SCHED_TRACEPOINTS: tuple[str, ...] = ("sched:sched_switch", "sched:sched_wakeup", "sched:sched_wakeup_new")
 
 
 # The Python execution-context probe (bpf/python_probes.c), an exported symbol: each

@@ -53,6 +53,9 @@ class SockIo:
     # An HTTP/2 connection's transfer as the kernel walked its frames (then `data` holds
     # the digest's leading bytes, those from the transfer's start); None: `data` is the copy.
     digest: Optional["H2Digest"] = None
+    # Its thread's time so far, ns: (on CPU, waiting for a CPU, in a GPU sync, blocked)
+    # (bpf/thread_times.c); None: the thread was not known to the sched probes.
+    times: Optional[tuple] = None
 
 
 @dataclass(slots=True)

@@ -141,6 +141,17 @@ GPU_COST_CURRENCY = "otel_gpu.cost.currency"  # e.g. USD
 # the cost follows in the otel_gpu.cost.* metrics and the local store.
 GPU_COST_PENDING = "otel_gpu.cost.pending"
 GPU_FEATURE = "otel_gpu.feature"              # what cost is grouped by: http.route by default
+# Where a request's time went (pipeline/time_split.py), seconds, on its server span: its serving
+# thread on the CPU, runnable waiting for a CPU, off the CPU inside a synchronising GPU call,
+# off the CPU otherwise; they add up to the span's duration. Absent: not split.
+GPU_TIME_ON_CPU = "otel_gpu.time.on_cpu"
+GPU_TIME_CPU_WAIT = "otel_gpu.time.cpu_wait"
+GPU_TIME_GPU_SYNC = "otel_gpu.time.gpu_sync"
+GPU_TIME_BLOCKED = "otel_gpu.time.blocked"
+# true: the split is the serving thread's, which served other requests meanwhile or whose
+# request's calls ran on other threads too (an asyncio loop, a worker pool): not its own alone.
+GPU_TIME_SHARED = "otel_gpu.time.shared"
+GPU_TIME_PART = "otel_gpu.time.part"  # metric label: on_cpu, cpu_wait, gpu_sync, blocked
 GPU_DEVICE = "gpu.device"                     # device ordinal (cudaSetDevice) of the request's work
 # The physical GPU that ordinal names, where certain (otel_gpu/gpu_devices.py): ours, after gpu.device.
 GPU_DEVICE_UUID = "gpu.device.uuid"           # "GPU-..." from the NVIDIA or amdgpu driver
@@ -172,3 +183,5 @@ CALL_ATTRIBUTES = {"cuda": (GPU_CUDA_CALL, GPU_CUDA_RETURN_CODE), "hip": (GPU_HI
 DEVICE_LABELS = {"cuda": (CUDA_DEVICE_INDEX, CUDA_DEVICE_UUID, CUDA_DEVICE_MODEL),
                  "hip": (HIP_DEVICE_INDEX, HIP_DEVICE_UUID, HIP_DEVICE_MODEL)}
 MEMCPY_KIND_LABELS = {"cuda": CUDA_MEMCPY_KIND, "hip": HIP_MEMCPY_KIND}
+# The time split's attributes in time_split.PARTS order.
+TIME_ATTRIBUTES = (GPU_TIME_ON_CPU, GPU_TIME_CPU_WAIT, GPU_TIME_GPU_SYNC, GPU_TIME_BLOCKED)

@@ -29,6 +29,7 @@ from .. import semconv as sc
 from ..cuda_calls import (API_CUDA, API_HIP, BY_ID, CUDA_PROBES, MEMCPY_DIRECTIONS, NCCL_STATE_PROBES, PYTHON_PROBES,
                           Category)
 from ..pipeline.model import ATTRIBUTIONS, ProcessWindow, Request
+from ..pipeline.time_split import PARTS
 from ..probes import nccl
 from ..probes.attacher import ProbeCounts
 from ..probes.summary_buckets import HTTP_DURATION_BOUNDS_S
@@ -143,6 +144,9 @@ class GpuMetrics:
         # every request in one bucket, a p95 of ~4.75 s whatever the latency).
         self.http = histograms.create("http.server.request.duration", "s", "Duration of HTTP server requests",
                                       HTTP_DURATION_BOUNDS_S)
+        self.time_parts = histograms.create(
+            "otel_gpu.request.time", "s", "Where each request's time went, by otel_gpu.time.part (on_cpu, cpu_wait, "
+            "gpu_sync, blocked) and otel_gpu.time.shared (pipeline/time_split.py)", HTTP_DURATION_BOUNDS_S)
         self.gpu_seconds = m.create_counter("otel_gpu.cost.gpu_seconds", "s", "Estimated GPU seconds by feature")
         self.cost = m.create_counter("otel_gpu.cost.amount", "1", "Estimated GPU cost by feature")
         # Cost per streamed token, by feature: otel_gpu.cost.gpu_seconds (or .amount) over this,
@@ -197,6 +201,10 @@ class GpuMetrics:
             http_attrs[sc.HTTP_RESPONSE_STATUS_CODE] = r.status
         if not r.records_lost:  # partial: the kernel's summary counts it
             self.http.record(max(0, r.end_ns - r.start_ns) / 1e9, http_attrs)
+        if r.time_split is not None:
+            shared = "true" if r.time_shared else "false"  # one spelling in every exporter (Prometheus: "True")
+            for part, ns in zip(PARTS, r.time_split):
+                self.time_parts.record(ns / 1e9, {**base, sc.GPU_TIME_PART: part, sc.GPU_TIME_SHARED: shared})
         # The physical GPU where certain: bounded by the GPUs the driver lists (read once at start).
         self._calls(r, {**base, **device_labels(r)})
 

@@ -95,6 +95,10 @@ class SpanBuilder:
             attrs[sc.GPU_COST_PENDING] = True
         if r.feature is not None:
             attrs[sc.GPU_FEATURE] = r.feature
+        if r.time_split is not None:  # pipeline/time_split.py
+            attrs.update(zip(sc.TIME_ATTRIBUTES, (ns / 1e9 for ns in r.time_split)))
+            if r.time_shared:
+                attrs[sc.GPU_TIME_SHARED] = True
         if r.busy.device is not None:
             attrs[sc.GPU_DEVICE] = r.busy.device
         if r.device_identity is not None:  # only what is certain (otel_gpu/gpu_devices.py)

@@ -44,6 +44,8 @@ EV_FLAG_CAPTURE = 4  # a launch of a process with a stream capture open (recorde
 EV_FLAG_REQ_START = 8  # a socket read that starts an HTTP/1 request as the kernel delimits them
 EV_FLAG_HTTP_UNSEEN = 16  # a CUDA call made while HTTP records of its process went unseen (lost)
 EV_FLAG_H2_DIGEST = 32  # a socket record whose data is the kernel's HTTP/2 frame walk (bpf/h2_walk.c)
+EV_FLAG_TIMES = 64  # a socket record carrying its thread's time split so far (bpf/thread_times.c)
+TIME_PARTS = 4  # bpf/events.h enum time_part: on CPU, waiting for a CPU, in a GPU sync, blocked
 AGG_HTTP_UNSEEN = 0x80000000  # the same, in a req_agg key's call
 
 # enum counter: indices of the per-CPU `counters` array
@@ -86,7 +88,8 @@ class AcceptEvent(ct.Structure):
 
 class SockIoEvent(ct.Structure):
     _fields_ = [("h", EventHeader), ("fd", s32), ("data_len", u32), ("ret", s64), ("ctx", u64),
-                ("tail_len", u32), ("lost", u32), ("draw", u64), ("tail", u8 * HTTP_TAIL_CAP),
+                ("tail_len", u32), ("lost", u32), ("draw", u64), ("times", u64 * TIME_PARTS),
+                ("tail", u8 * HTTP_TAIL_CAP),
                 ("data", u8 * HTTP_DATA_CAP)]
 
 

@@ -20,7 +20,7 @@ from .abi import (EV_ACCEPT, EV_CUDA_DEVICE, EV_CUDA_GRAPH, EV_CUDA_LAUNCH, EV_C
                   EV_SOCK_WRITE, HTTP_DATA_CAP, HTTP_TAIL_CAP)
 from .abi import (EV_FLAG_CAPTURE, EV_FLAG_HTTP_UNSEEN, EV_FLAG_REQ_START, EV_FLAG_TLS, EV_GO_H2_UNIT, EV_GO_SPAWN,
                   EV_GO_WAKE, EV_GRAPH_OP, EV_KERNEL_HANDLE, EV_NCCL)
-from .abi import EV_FLAG_H2_DIGEST, H2_DIGEST_CAP, H2_DIGEST_HEAD, H2_PIECE_HEAD
+from .abi import EV_FLAG_H2_DIGEST, EV_FLAG_TIMES, H2_DIGEST_CAP, H2_DIGEST_HEAD, H2_PIECE_HEAD
 
 
 _FLAGS = struct.Struct("<B")  # event_header.flags, at offset 1
@@ -45,9 +45,9 @@ PY_CONTEXT = struct.Struct("<B3xIIIQQQ")          # header (epoch kept), ctx, pa
 GO_H2 = struct.Struct("<B3xIIIQQQI4x")            # header (epoch kept), unit, conn, stream, pad
 # kernel_handle_event up to its name: header, call, ret, handle, source, name_len, pad
 KERNEL_HANDLE = struct.Struct("<BBxxII4xQIiQQI4x")
-# A socket record's fixed part (header, fd, data_len, ret, ctx, tail_len, lost, draw, tail);
-# its data follows, data_len bytes of it.
-SOCK_IO = struct.Struct("<BBxxIIIQiIqQIIQ%ds" % HTTP_TAIL_CAP)
+# A socket record's fixed part (header, fd, data_len, ret, ctx, tail_len, lost, draw, times,
+# tail); its data follows, data_len bytes of it.
+SOCK_IO = struct.Struct("<BBxxIIIQiIqQIIQ4Q%ds" % HTTP_TAIL_CAP)
 _PIECE = struct.Struct("<IH")  # an HTTP/2 digest piece's head: offset in the transfer, length
 
 # Each Struct beside the ctypes mirror it must match (checked by the layout test).
@@ -157,7 +157,8 @@ def _need(buf, size: int, mirror) -> None:
 def _sock_io(buf, size):
     if size < _IO_FIXED:
         raise DecodeError(f"socket record of {size} bytes")
-    kind, flags, tgid, tid, epoch, ts, fd, data_len, ret, ctx, tail_len, lost, draw, tail = SOCK_IO.unpack_from(buf)
+    (kind, flags, tgid, tid, epoch, ts, fd, data_len, ret, ctx, tail_len, lost, draw, on_cpu, cpu_wait, gpu_sync,
+     blocked, tail) = SOCK_IO.unpack_from(buf)
     cap = H2_DIGEST_CAP if flags & EV_FLAG_H2_DIGEST else HTTP_DATA_CAP
     if size > _IO_FIXED + cap:
         raise DecodeError(f"socket record of {size} bytes")
@@ -168,8 +169,9 @@ def _sock_io(buf, size):
     if flags & EV_FLAG_H2_DIGEST:
         digest = _h2_digest(data, ret)
         data = digest.pieces[0][1] if digest.pieces and digest.pieces[0][0] == 0 else b""
+    times = (on_cpu, cpu_wait, gpu_sync, blocked) if flags & EV_FLAG_TIMES else None
     return SockIo(kind, tgid, tid, ts, fd, ret, data, tail[:tail_len], ctx, epoch, bool(flags & EV_FLAG_TLS), lost,
-                  bool(flags & EV_FLAG_REQ_START), draw, digest)
+                  bool(flags & EV_FLAG_REQ_START), draw, digest, times)
 
 
 def _h2_digest(data: bytes, ret: int) -> H2Digest:

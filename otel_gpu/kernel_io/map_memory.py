@@ -67,10 +67,20 @@ class MapMemory:
         return self.memlock + self.max_entries * (ELEM_HEADER + _round8(self.key_size) + value)
 
 
-def own_maps(fd_dir: str = "/proc/self/fd", info_dir: str = "/proc/self/fdinfo") -> list[MapMemory]:
-    """Every BPF map this process holds a descriptor of, each once (by map id)."""
+def program_maps(bpf) -> list[MapMemory]:
+    """The maps of one loaded program (bcc's BPF or a CachedBPF)."""
+    from ..probes.cached_bpf import map_fds  # bcc: only where there is a program
+    return own_maps(map_fds(bpf))
+
+
+def own_maps(only: Optional[set] = None, fd_dir: str = "/proc/self/fd",
+             info_dir: str = "/proc/self/fdinfo") -> list[MapMemory]:
+    """Every BPF map this process holds a descriptor of (or those of `only`, descriptors),
+    each once (by map id)."""
     seen, out = set(), []
     for fd in os.listdir(fd_dir):
+        if only is not None and int(fd) not in only:
+            continue
         try:
             if os.readlink(f"{fd_dir}/{fd}") != "anon_inode:bpf-map":
                 continue
@@ -89,10 +99,9 @@ def own_maps(fd_dir: str = "/proc/self/fd", info_dir: str = "/proc/self/fdinfo")
     return out
 
 
-def summary(maps: Optional[list] = None, cpus: int = NODE_CPUS) -> dict:
+def summary(maps: list, cpus: int = NODE_CPUS) -> dict:
     """What `otel-gpu status` shows: MB now, at `cpus` CPUs, and with every table made by
     need full there; the largest maps at `cpus` CPUs."""
-    maps = own_maps() if maps is None else maps
     here = possible_cpus()
     mb = lambda n: round(n / 1e6, 1)  # noqa: E731
     largest = sorted(maps, key=lambda m: m.at(cpus, here), reverse=True)[:5]

@@ -67,6 +67,7 @@ class Connections:
         c = self.s.conn(p, ev.fd)
         if c.own:
             return
+        p.times.seen(ev)
         p.threads.io(ev.tid, ev.fd, c.streams.values())
         c.tls = c.tls or ev.tls
         if ev.req_start:  # the kernel's next request on the connection: its draw, if any
@@ -218,6 +219,7 @@ class Connections:
         if self._sampler is not None:
             req.sampled = sampling.sampled(self._sampler, req.trace_id, head.path, SpanKind.SERVER,
                                            req.parent_span_id, req.parent_sampled)
+        p.times.opened(req)
         return req
 
     def _activate(self, p: Proc, c: Conn, stream: int, req: Request, out: list) -> None:
@@ -248,6 +250,7 @@ class Connections:
         c = p.conns.get(ev.fd)
         if c is not None and c.own:
             return
+        p.times.seen(ev)
         p.threads.io(ev.tid, ev.fd, c.streams.values() if c is not None else ())
         if c is None or c.broken:
             return
@@ -402,6 +405,7 @@ class Connections:
     def _finish(self, p: Proc, c: Conn, req: Request, ts: int, error: Optional[str], out: list) -> None:
         req.end_ns = max(ts, req.start_ns)
         req.error = error
+        p.times.finished(req, ts)
         for stream in [k for k, r in c.streams.items() if r is req]:
             del c.streams[stream]
         if req in p.open:

@@ -252,6 +252,10 @@ class Request:
     kernel_names: dict = field(default_factory=dict)  # set by enrich: func -> name or None
     device_identity: Any = None  # set by enrich: gpu_devices.Identity of busy.device
     context: int = 0  # the execution unit it bound to (pipeline/contexts.py); 0: none
+    # Where its time went, ns by time_split.PARTS, from its serving thread (pipeline/time_split.py):
+    times_start: Optional[tuple] = None  # the thread's sums at its first read
+    time_split: Optional[tuple] = None   # None: not split (its answer came from another thread, or unknown)
+    time_shared: bool = False  # the split is its serving thread's, which did other work meanwhile
     untracked_connections: int = 0  # its process's connections the kernel could not track, at its end
     # Its response as written (pipeline/steps.py reads batch membership from it):
     headers_ts: int = 0   # when its response headers were written; 0: not yet

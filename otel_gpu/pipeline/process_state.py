@@ -15,6 +15,7 @@ from .held import Holds
 from .model import ProcessWindow
 from .protocols.base import Session
 from .threads import ThreadProof
+from .time_split import ThreadTimes
 
 
 @dataclass
@@ -71,6 +72,7 @@ class Proc:
     hidden: int = 0  # open multiplexed connections no session follows any more (Conn.hides)
     sampled_open: int = 0  # open requests whose trace is sampled
     quiet: bool = False    # all its open requests are unsampled (as the kernel was last told)
+    times: ThreadTimes = field(default_factory=ThreadTimes)  # its threads' time sums (pipeline/time_split.py)
 
 
 class StitchState:

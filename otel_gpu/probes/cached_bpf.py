@@ -53,6 +53,17 @@ class _MapInfo(ct.Structure):  # the head of the kernel's struct bpf_map_info
                 ("name", ct.c_char * 16), ("_rest", ct.c_uint8 * 104)]  # zeroed: the kernel's tail check
 
 
+def map_fds(bpf) -> set[int]:
+    """The descriptors of a program's maps: a program from the cache (CachedBPF) or bcc's
+    own compiled one."""
+    mod = bpf.module
+    if isinstance(mod, CachedModule):
+        return set(mod.fds)
+    if mod is None:  # cleaned up: bcc freed its module
+        return set()
+    return {lib.bpf_table_fd(mod, _lib.bpf_table_name(mod, i)) for i in range(_lib.bpf_num_tables(mod))}
+
+
 def map_name(fd: int) -> Optional[str]:
     """The kernel's name of the map behind `fd` (its first 15 characters), or None."""
     info, size = _MapInfo(), ct.c_uint32(ct.sizeof(_MapInfo))

@@ -93,6 +93,7 @@ class StatusWriter:
         self._exports = ExportHealth()
         self._rate = RequestRate()
         self._log = RateLimitedLog(log, stats, interval_s=60.0)
+        self._maps: dict = {}  # kernel_io/map_memory.py summary, the last while the program was loaded
 
     def tick(self, collector) -> None:
         """Called from the collector's loop: writes when an interval has passed."""
@@ -119,6 +120,13 @@ class StatusWriter:
             self._log.event("status_write_errors", logging.WARNING, "cannot write the state file %s: %s",
                             self.path, e)
 
+    def _kernel_maps(self, program) -> dict:
+        """The program's maps' memory while it is loaded; after, the last reading (the final state)."""
+        maps = map_memory.program_maps(program.bpf) if program is not None else []
+        if maps:
+            self._maps = map_memory.summary(maps)
+        return self._maps
+
     def state(self, collector) -> dict:
         now = self._clock()
         stats = self.stats.snapshot()
@@ -133,7 +141,7 @@ class StatusWriter:
                 {"pid": pid, "name": sanitize.text(proc.comm("/proc", pid) or "?"), "role": role}
                 for pid, role in sorted(processes.items())[:MAX_PROCESSES]]},
             "probes": probe_status(program) if program is not None else {},
-            "kernel_maps": map_memory.summary() if program is not None else {},
+            "kernel_maps": self._kernel_maps(program),
             "requests": {"finished": stats.get("requests_finished", 0),
                          "per_second": self._rate.update(stats.get("requests_finished", 0), now)},
             "spans": destinations.spans_out,  # handed to every destination

@@ -47,6 +47,11 @@ REQUEST_ATTRIBUTES = {
     "nccl_bytes": (sc.GPU_NCCL_TOTAL_BYTES, 0),
     "graph_kernels": (sc.GPU_GRAPH_KERNEL_LAUNCHES, 0),
     "chunks": (sc.GPU_RESPONSE_CHUNKS, 0),
+    "on_cpu": (sc.GPU_TIME_ON_CPU, None),  # pipeline/time_split.py: NULL when not split
+    "cpu_wait": (sc.GPU_TIME_CPU_WAIT, None),
+    "gpu_sync": (sc.GPU_TIME_GPU_SYNC, None),
+    "blocked": (sc.GPU_TIME_BLOCKED, None),
+    "time_shared": (sc.GPU_TIME_SHARED, 0),
 }
 # Columns not read from one span attribute: identity, resource, derived.
 _OWN_COLUMNS = ("ts", "trace_id", "span_id", "service", "k8s_namespace", "k8s_pod", "feature", "duration_ns")

@@ -19,7 +19,7 @@ from opentelemetry.trace import SpanKind
 from .. import semconv as sc
 from ..span_tree import graph_kernels_text
 from .related import traces_with_windows
-from .report import OUTSIDE_LABEL, _bytes, build_report
+from .report import OUTSIDE_LABEL, TIME_PARTS, _bytes, build_report
 from .series import cost_series
 from .traces import list_requests
 
@@ -169,9 +169,22 @@ def _waterfall(rows: list[dict]):
     return fig
 
 
+TIME_HEADS = {"on_cpu": "on CPU", "cpu_wait": "CPU wait", "gpu_sync": "GPU sync", "blocked": "blocked"}
+
+
+def _time_cells(r: dict) -> str:
+    """Where a request's time went, ms (pipeline/time_split.py); * where its thread was shared."""
+    split = r.get("time_split")
+    if not split:
+        return "".join("<td class=num>-</td>" for _ in TIME_PARTS)
+    mark = "*" if r.get("time_shared") else ""
+    return "".join(f"<td class=num>{split[p] * 1e3:.1f}{mark}</td>" for p in TIME_PARTS)
+
+
 def _slowest_table(slow: list[dict], chosen: Optional[str], many: bool) -> str:
     head = ("<tr><th>time (UTC)</th><th>trace</th>" + ("<th>service</th>" if many else "")
-            + "<th>request</th><th class=num>HTTP</th><th class=num>duration</th><th class=num>launches</th></tr>")
+            + "<th>request</th><th class=num>HTTP</th><th class=num>duration</th><th class=num>launches</th>"
+            + "".join(f"<th class=num>{TIME_HEADS[p]} ms</th>" for p in TIME_PARTS) + "</tr>")
     body = []
     for r in slow:
         cls = ' class="shown"' if r["trace_id"] == chosen else ""
@@ -179,8 +192,19 @@ def _slowest_table(slow: list[dict], chosen: Optional[str], many: bool) -> str:
                     + (f"<td>{_e(r['service'])}</td>" if many else "")
                     + f"<td>{_e(r['method'] or '?')} {_e(r['route'] or '?')}</td>"
                     f"<td class=num>{_e(r['status_code'] or '-')}</td>"
-                    f"<td class=num>{r['duration_ns'] / 1e6:.2f} ms</td><td class=num>{r['launches']}</td></tr>")
+                    f"<td class=num>{r['duration_ns'] / 1e6:.2f} ms</td><td class=num>{r['launches']}</td>"
+                    + _time_cells(r) + "</tr>")
     return f"<table id=slowest>{head}{''.join(body)}</table>"
+
+
+def _time_split_table(report: dict, many: bool) -> str:
+    """Per route, the mean time split of its split requests (store/report.py time_split)."""
+    rows = "".join(f"<tr><td>{_e(_label(t['service'], t['feature'], many))}</td><td class=num>{t['requests']}</td>"
+                   f"<td class=num>{t['shared']}</td>"
+                   + "".join(f"<td class=num>{t[p + '_ms']:.1f}</td>" for p in TIME_PARTS) + "</tr>"
+                   for t in report["time_split"])
+    return ("<table id=time-split><tr><th>route</th><th class=num>requests split</th><th class=num>shared</th>"
+            + "".join(f"<th class=num>{TIME_HEADS[p]} ms</th>" for p in TIME_PARTS) + "</tr>" + rows + "</table>")
 
 
 def _calls_table(rows: list[dict]) -> str:
@@ -225,9 +249,14 @@ def build_page(conn, since_ns: Optional[int] = None, service: Optional[str] = No
         parts.append("<h2>Kernel launches and bytes copied per route"
                      + (", NCCL bytes and calls" if t["nccl_calls"] else "") + "</h2>")
         parts.append(_html(_per_route(report, many), False, "per-route"))
+        if report["time_split"]:
+            parts.append("<h2>Where the time went, per route</h2>" + _time_split_table(report, many)
+                         + "<p class=note>Mean ms per request, on its serving thread: running, waiting for a "
+                         "CPU, inside a synchronising GPU call, off the CPU otherwise. Shared: the thread served "
+                         "other work meanwhile, so the split is the thread's, not the request's alone.</p>")
         parts.append(f"<h2>The {len(slow)} slowest requests</h2>" + _slowest_table(slow, chosen, many)
                      + "<p class=note>Draw another as the waterfall: <code>otel-gpu report --html FILE "
-                     "--trace TRACE</code></p>")
+                     "--trace TRACE</code>. Time split ms: * where its thread was shared.</p>")
     if requests:
         rows = _waterfall_rows(requests[0], windows)
         server = rows[0]["span"]

@@ -48,6 +48,16 @@ GPU seconds, then requests, all descending.
                               engine's shares count under the engine's service)
         gpu_seconds_per_chunk gpu_seconds / chunks
         cost_per_chunk        cost / chunks, in `currency`
+    time_split    list, one object per (service, feature) with requests whose time was split
+                  on their serving thread (otel_gpu.time.*), most time first; empty in a
+                  store older than v5:
+        service, feature      as in rows
+        requests              requests split
+        shared                of them, split on a thread that also served other work
+                              (otel_gpu.time.shared): the thread's time, not theirs alone
+        on_cpu_ms, cpu_wait_ms, gpu_sync_ms, blocked_ms
+                              the mean per split request: running, waiting for a CPU,
+                              inside a synchronising GPU call, off the CPU otherwise
 
 Latency is the HTTP request time seen at the socket. GPU seconds and cost are the
 collector's host-side estimates; CUDA call durations are enqueue times, not GPU time.
@@ -68,7 +78,9 @@ ROW_FIELDS = ("service", "feature", "requests", "p50_ms", "p95_ms", "launches_pe
               "cost", "share")
 OUTSIDE_LABEL = "(outside)"  # the text table's name for the feature-null row
 TOTAL_FIELDS = ROW_FIELDS[2:]
-REPORT_FIELDS = ("since", "service", "generated_at", "currency", "share_of", "rows", "totals", "per_chunk")
+REPORT_FIELDS = ("since", "service", "generated_at", "currency", "share_of", "rows", "totals", "per_chunk",
+                 "time_split")
+TIME_PARTS = ("on_cpu", "cpu_wait", "gpu_sync", "blocked")  # pipeline/time_split.py PARTS, the store's columns
 
 _FILTER = "WHERE ts >= :since AND (:service IS NULL OR service = :service)"
 # Indexes are named: without ANALYZE statistics SQLite walks the latency index for the
@@ -92,6 +104,9 @@ FROM window_costs {_FILTER} GROUP BY 1, 2, 3"""
 _WINDOW_CURRENCY_SQL = _CURRENCY_SQL.replace("FROM requests", "FROM window_costs")
 # Streaming features: more response chunks than requests (an answer in one write is one chunk).
 _CHUNKS_SQL = f"SELECT feature, TOTAL(chunks) FROM requests {_FILTER} GROUP BY feature HAVING TOTAL(chunks) > COUNT(*)"
+_TIME_SQL = (f"SELECT service, feature, COUNT(*), TOTAL(time_shared), "
+             f"{', '.join(f'TOTAL({p})' for p in TIME_PARTS)} FROM requests {_FILTER} AND on_cpu IS NOT NULL "
+             f"GROUP BY service, feature")
 PERCENTILES = (50, 95)
 
 
@@ -160,7 +175,9 @@ def build_report(conn, since_ns: Optional[int] = None, service: Optional[str] = 
     conn.execute("BEGIN")
     try:
         rows, totals, currencies = _read(conn, params)
-        chunks = dict(conn.execute(_CHUNKS_SQL, params).fetchall()) if "chunks" in columns(conn, "requests") else {}
+        kept = columns(conn, "requests")
+        chunks = dict(conn.execute(_CHUNKS_SQL, params).fetchall()) if "chunks" in kept else {}
+        times = conn.execute(_TIME_SQL, params).fetchall() if "on_cpu" in kept else []
     finally:
         conn.execute("COMMIT")
     share_of = "cost" if totals["cost"] > 0 else "gpu_seconds" if totals["gpu_seconds"] > 0 else "requests"
@@ -174,7 +191,18 @@ def build_report(conn, since_ns: Optional[int] = None, service: Optional[str] = 
             "generated_at": (now or datetime.now(timezone.utc)).isoformat(timespec="seconds").replace("+00:00", "Z"),
             "currency": currencies[0] if len(currencies) == 1 else ("mixed" if currencies else None),
             "share_of": share_of, "rows": [{k: r[k] for k in ROW_FIELDS} for r in rows],
-            "totals": {k: totals[k] for k in TOTAL_FIELDS}, "per_chunk": _per_chunk(rows, chunks)}
+            "totals": {k: totals[k] for k in TOTAL_FIELDS}, "per_chunk": _per_chunk(rows, chunks),
+            "time_split": _time_split(times)}
+
+
+def _time_split(groups: list) -> list[dict]:
+    """Mean time split per (service, feature) (the report's docstring)."""
+    out = []
+    for service, feature, n, shared, *sums in groups:
+        out.append({"service": sanitize.optional(service), "feature": sanitize.optional(feature), "requests": n,
+                    "shared": int(shared), **{f"{p}_ms": s / n * 1e3 for p, s in zip(TIME_PARTS, sums)}})
+    return sorted(out, key=lambda t: (-sum(t[f"{p}_ms"] for p in TIME_PARTS) * t["requests"], t["service"] or "",
+                                      t["feature"] or ""))
 
 
 def _per_chunk(rows: list[dict], chunks: dict) -> list[dict]:
@@ -276,6 +304,14 @@ def to_text(report: dict, width: int = 80) -> str:
                   f" {c['gpu_seconds_per_chunk'] * 1e3:10.3f} GPU ms"
                   f" {_sig(c['cost_per_chunk'] * 1e6):>10} {report['currency'] or ''} per 1M"
                   for c in report["per_chunk"]]
+    if report.get("time_split"):
+        lines.append("where the time went, mean ms per request (on its serving thread):")
+        head = f"  {fit('FEATURE', feat_w)} {'REQS':>6} {'ON CPU':>8} {'CPU WAIT':>8} {'GPU SYNC':>8} {'BLOCKED':>8}"
+        lines.append(head.rstrip())
+        for t in report["time_split"]:
+            shared = f" ({t['shared']} shared)" if t["shared"] else ""
+            lines.append(f"  {fit(t['feature'] or '', feat_w)} {t['requests']:>6}"
+                         + "".join(f" {_ms(t[f'{p}_ms']):>8}" for p in TIME_PARTS) + shared)
     lines.append("GPU s = exact + SPLIT s (ambiguous/shared windows' time, split among their")
     lines.append("candidates: a batch step's among its members); (outside): the service's GPU time")
     lines.append("with no request open.")

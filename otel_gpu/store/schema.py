@@ -9,13 +9,14 @@ import sqlite3
 from pathlib import Path
 from typing import Optional
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 # v1 -> v2: the window_costs table (the DDL creates it), requests.ambiguous became a
 # fractional share. v1 stores keep its INTEGER declaration: SQLite stores a value that
 # is not a whole number as REAL whatever the column says, so no rewrite is needed.
 # v2 -> v3: requests' NCCL and graph-kernel counts (ADDED_COLUMNS: ALTER TABLE, rows
 # already kept read 0, which they had none of: both came with v3's collector).
 # v3 -> v4: requests' response chunks (otel_gpu.response.chunks), for cost per streamed token.
+# v4 -> v5: where each request's time went (otel_gpu.time.*, seconds; NULL: not split).
 
 # group_ts: start of the root span of the write() batch a span arrived in. A request
 # row and its spans share it, so retention deletes both with one comparison each.
@@ -62,7 +63,12 @@ CREATE TABLE IF NOT EXISTS requests (
     nccl_calls INTEGER NOT NULL DEFAULT 0,     -- gpu.nccl.calls
     nccl_bytes INTEGER NOT NULL DEFAULT 0,     -- gpu.nccl.total_bytes
     graph_kernels INTEGER NOT NULL DEFAULT 0,  -- gpu.graph.kernel_launches
-    chunks INTEGER NOT NULL DEFAULT 0          -- otel_gpu.response.chunks
+    chunks INTEGER NOT NULL DEFAULT 0,         -- otel_gpu.response.chunks
+    on_cpu REAL,                     -- otel_gpu.time.*: seconds, NULL when not split
+    cpu_wait REAL,
+    gpu_sync REAL,
+    blocked REAL,
+    time_shared INTEGER NOT NULL DEFAULT 0     -- otel_gpu.time.shared
 );
 CREATE INDEX IF NOT EXISTS requests_ts ON requests (ts);
 -- Covering index for report's percentiles: each group's durations in order, ts to filter.
@@ -97,6 +103,8 @@ ADDED_COLUMNS = {
         ("requests", "nccl_bytes", "INTEGER NOT NULL DEFAULT 0"),
         ("requests", "graph_kernels", "INTEGER NOT NULL DEFAULT 0")),
     4: (("requests", "chunks", "INTEGER NOT NULL DEFAULT 0"),),
+    5: (("requests", "on_cpu", "REAL"), ("requests", "cpu_wait", "REAL"), ("requests", "gpu_sync", "REAL"),
+        ("requests", "blocked", "REAL"), ("requests", "time_shared", "INTEGER NOT NULL DEFAULT 0")),
 }
 
 

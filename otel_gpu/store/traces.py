@@ -14,12 +14,14 @@ from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, Trace
 from .. import sanitize
 from .. import semconv as sc
 from ..span_tree import render_tree
+from .report import TIME_PARTS
+from .schema import columns
 from .text import fit, split_width
 
 TREE_NOTE = "CUDA call durations are host-side enqueue times, not GPU execution."
 _SHORT = 12  # trace id digits shown in the list; --trace-id takes any unique prefix
 _LIST_SQL = """
-SELECT ts, trace_id, service, method, route, status_code, duration_ns, launches FROM requests
+SELECT ts, trace_id, service, method, route, status_code, duration_ns, launches{times} FROM requests
 WHERE ts >= :since AND (:service IS NULL OR service = :service)
   AND (:route IS NULL OR route = :route OR feature = :route)
 ORDER BY {order} LIMIT :limit
@@ -33,8 +35,16 @@ def list_requests(conn, since_ns: Optional[int] = None, service: Optional[str] =
     params = {"since": since_ns if since_ns is not None else -(2 ** 63), "service": service,
               "route": route, "limit": slowest or limit}
     keys = ("ts", "trace_id", "service", "method", "route", "status_code", "duration_ns", "launches")
-    return [{k: sanitize.optional(v) for k, v in zip(keys, r)}
-            for r in conn.execute(_LIST_SQL.format(order=order), params)]
+    times = "on_cpu" in columns(conn, "requests")  # v5: where each request's time went
+    sql = _LIST_SQL.format(order=order, times=", " + ", ".join(TIME_PARTS) + ", time_shared" if times else "")
+    out = []
+    for r in conn.execute(sql, params):
+        row = {k: sanitize.optional(v) for k, v in zip(keys, r)}
+        split = r[len(keys):len(keys) + len(TIME_PARTS)]
+        row["time_split"] = dict(zip(TIME_PARTS, split)) if times and None not in split else None
+        row["time_shared"] = bool(times and r[-1])
+        out.append(row)
+    return out
 
 
 def _when(ns: int) -> str:

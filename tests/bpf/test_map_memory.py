@@ -4,13 +4,13 @@ counted at that CPU count. The tables made by need are charged what they hold (e
 and their full size is printed beside, not asserted."""
 from __future__ import annotations
 
-from otel_gpu.kernel_io.map_memory import NODE_CPUS, own_maps, summary
+from otel_gpu.kernel_io.map_memory import NODE_CPUS, program_maps, summary
 
 TARGET_MB = 64
 
 
 def test_the_maps_fit_a_224_cpu_node(probes):
-    maps = own_maps()
+    maps = program_maps(probes.bpf)
     names = {m.name for m in maps}
     assert {"rollup", "conns", "req_agg", "events", "launch_slots"} <= names  # the program's, not another's
     s = summary(maps, NODE_CPUS)

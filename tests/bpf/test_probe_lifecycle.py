@@ -6,7 +6,7 @@ import os
 import pytest
 
 from otel_gpu.config import DEFAULT_BPF_CACHE
-from otel_gpu.cuda_calls import CUDA_PROBES, HTTP_TRACEPOINTS, LIBRARY_TRACEPOINTS
+from otel_gpu.cuda_calls import CUDA_PROBES, HTTP_TRACEPOINTS, LIBRARY_TRACEPOINTS, SCHED_TRACEPOINTS
 from tests.bpf.probe_harness import open_fds
 
 
@@ -45,7 +45,7 @@ def test_sigterm_detaches_every_probe(receiver, start_collector, start_target, l
     expected = "uprobe_multi links" if links == "auto" else "perf-event uprobes (as configured)"
     assert any(f"uprobes: {expected}" in line for line in collector.log.lines)
     # The tracepoints are perf events; graph_probes.c's raw tracepoint is a link.
-    tracepoints = len(HTTP_TRACEPOINTS) + len(LIBRARY_TRACEPOINTS)
+    tracepoints = len(HTTP_TRACEPOINTS) + len(LIBRARY_TRACEPOINTS) + len(SCHED_TRACEPOINTS)
     perf, link = open_fds("[perf_event]", pid) - tracepoints, open_fds("bpf_link", pid) - 1
     assert perf >= 0 and link >= 0, (perf, link)
     uprobes, others = (link, perf) if links == "auto" else (perf, link)

@@ -52,6 +52,9 @@ def test_the_allocation_test_of_the_return_handler_is_generated_from_the_table()
     assert {c.name for c in allocs} == {"cudaMalloc", "hipMalloc"}
     line = next(l for l in c_defines().splitlines() if l.startswith("#define CALL_IS_ALLOC(c)"))
     assert all(f"(c) == CALL_{c.const}" in line for c in allocs)
+    syncs = [c for c in CALLS if c.category is Category.SYNC]
+    line = next(l for l in c_defines().splitlines() if l.startswith("#define CALL_IS_SYNC(c)"))
+    assert len(syncs) == 6 and all(f"(c) == CALL_{c.const}" in line for c in syncs)
 
 
 def test_probe_rows_are_derived_one_per_symbol():

@@ -129,12 +129,20 @@ def test_enum_values_match(c_layout):
     _, _, values = c_layout
     py_consts = {k: v for k, v in vars(abi).items()
                  if re.fullmatch(r"(EV|CNT)_[A-Z0-9_]+", k) and isinstance(v, int)}
-    c_enums = {k: v for k, v in values.items() if not k.startswith("CALL_") and k not in MACROS}
+    c_enums = {k: v for k, v in values.items() if not k.startswith(("CALL_", "TIME_")) and k not in MACROS}
     assert set(c_enums) - {"CNT_MAX"} == set(py_consts), "enum members differ between C and Python"
     for name, value in py_consts.items():
         assert c_enums[name] == value, name
     assert c_enums["CNT_MAX"] == len(abi.COUNTER_NAMES)
     assert (records.EV_SOCK_READ, records.EV_SOCK_WRITE) == (abi.EV_SOCK_READ, abi.EV_SOCK_WRITE)
+
+
+def test_time_parts_are_in_the_same_order(c_layout):
+    """bpf/events.h enum time_part indexes sock_io_event.times as pipeline/time_split.py PARTS."""
+    from otel_gpu.pipeline.time_split import PARTS
+    _, _, values = c_layout
+    assert values["TIME_PARTS"] == abi.TIME_PARTS == len(PARTS)
+    assert [values[f"TIME_{part.upper()}"] for part in PARTS] == list(range(len(PARTS)))
 
 
 def test_call_ids_come_from_the_table(c_layout):

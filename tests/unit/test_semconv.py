@@ -112,6 +112,12 @@ PINNED = {
     "GPU_COST_SPLIT_REST_FEATURES": "otel_gpu.cost.split.rest.features",
     "GPU_COST_SHARE": "otel_gpu.cost.share",
     "GPU_LINK_RULE": "otel_gpu.link.rule",
+    "GPU_TIME_ON_CPU": "otel_gpu.time.on_cpu",
+    "GPU_TIME_CPU_WAIT": "otel_gpu.time.cpu_wait",
+    "GPU_TIME_GPU_SYNC": "otel_gpu.time.gpu_sync",
+    "GPU_TIME_BLOCKED": "otel_gpu.time.blocked",
+    "GPU_TIME_SHARED": "otel_gpu.time.shared",
+    "GPU_TIME_PART": "otel_gpu.time.part",
     "GPU_RESPONSE_CHUNKS": "otel_gpu.response.chunks",
 }
 

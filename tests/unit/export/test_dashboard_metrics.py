@@ -57,6 +57,7 @@ def _batch():
              cuda("cudaGraphLaunch", pid=PID, func=0xB0)]
     calls[-1].kernels = ((0x1000, 3),)  # what the graph runs, from its capture
     a, b = _request(1, "/infer", calls), _request(2, "/embed", calls[:1])
+    a.time_split = (1_000_000, 200_000, 1_500_000, 300_000)  # where its time went (pipeline/time_split.py)
     ambiguous = ProcessWindow(PID, "ambiguous", 0, 10, CallSink(8), candidates=[(1, 1), (2, 2)])
     ambiguous.sink.add(cuda(pid=PID, tid=9), "ambiguous")
     ambiguous.split, ambiguous.split_features = {(1, 1): 0.001, (2, 2): 0.001}, {(1, 1): "/infer", (2, 2): "/embed"}

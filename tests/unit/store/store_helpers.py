@@ -23,7 +23,8 @@ def ctx(trace_id: int, span_id: int, remote: bool = False) -> SpanContext:
 
 def request(trace_id: int, start: int, duration: int, *, service="demo", route="/infer/{id}", method="POST",
             status=200, launches=2, copies=((4096, "h2d"), (1024, "d2h")), gpu_seconds=None, cost=None,
-            currency="USD", feature=None, kernel=KERNEL, rollup=0, resource_extra=None) -> list[ReadableSpan]:
+            currency="USD", feature=None, kernel=KERNEL, rollup=0, resource_extra=None,
+            server_extra=None) -> list[ReadableSpan]:
     res = Resource({sc.SERVICE_NAME: service, sc.PROCESS_PID: 4242, **(resource_extra or {})})
     server_ctx = ctx(trace_id, trace_id * 1000 + 1)
     kids = []
@@ -58,6 +59,7 @@ def request(trace_id: int, start: int, duration: int, *, service="demo", route="
         attrs[sc.GPU_COST_CURRENCY] = currency
     if feature is not None:
         attrs[sc.GPU_FEATURE] = feature
+    attrs.update(server_extra or {})
     server = ReadableSpan(name=f"{method} {route}", context=server_ctx, parent=ctx(trace_id, 99, remote=True),
                           resource=res, attributes=attrs, kind=SpanKind.SERVER,
                           status=Status(StatusCode.ERROR) if status >= 500 else Status(StatusCode.UNSET),

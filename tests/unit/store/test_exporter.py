@@ -25,7 +25,8 @@ def test_request_row_and_spans(store, reader):
                  "feature": "summarize", "status_code": 200, "duration_ns": 12 * MS, "launches": 3,
                  "h2d_bytes": 4096, "d2h_bytes": 1024, "d2d_bytes": 64, "other_bytes": 0, "sync_ns": 7,
                  "gpu_seconds": 0.25, "cost": 0.002, "currency": "USD", "ambiguous": 0,
-                 "nccl_calls": 0, "nccl_bytes": 0, "graph_kernels": 0, "chunks": 0}
+                 "nccl_calls": 0, "nccl_bytes": 0, "graph_kernels": 0, "chunks": 0,
+                 "on_cpu": None, "cpu_wait": None, "gpu_sync": None, "blocked": None, "time_shared": 0}
     rows = [dict(x) for x in conn.execute("SELECT * FROM spans ORDER BY start_ns")]
     assert len(rows) == len(spans) == 7
     server, first = rows[0], rows[1]

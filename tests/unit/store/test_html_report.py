@@ -4,6 +4,7 @@ import re
 
 import pytest
 
+from otel_gpu import semconv as sc
 from otel_gpu.store.html_report import build_page
 from otel_gpu.store.report import build_report
 from otel_gpu.store.series import cost_series
@@ -78,3 +79,19 @@ def test_store_text_is_escaped(store, reader):
 def test_empty_store(store, reader):
     text = build_page(reader())
     assert 'id=empty' in text and "<script" not in text
+
+
+def test_the_time_split_per_route_and_for_the_slowest(store, reader):
+    split = {sc.GPU_TIME_ON_CPU: 0.004, sc.GPU_TIME_CPU_WAIT: 0.001, sc.GPU_TIME_GPU_SYNC: 0.040,
+             sc.GPU_TIME_BLOCKED: 0.002}
+    store.export(request(1, T0, 47 * MS, route="/gemm", server_extra=split))
+    store.export(request(2, T0 + S, 60 * MS, route="/gemm", server_extra={**split, sc.GPU_TIME_SHARED: True}))
+    store.export(request(3, T0 + 2 * S, 3 * MS, route="/health"))  # not split
+    text = build_page(reader())
+    assert "<table id=time-split>" in text and "Where the time went" in text
+    table = text[text.index("<table id=time-split>"):]
+    assert "<td class=num>40.0</td>" in table[:table.index("</table>")]  # GPU sync, the mean of both
+    slowest = text[text.index("<table id=slowest>"):]
+    slowest = slowest[:slowest.index("</table>")]
+    assert "<td class=num>40.0*</td>" in slowest and "<td class=num>40.0</td>" in slowest  # * : shared
+    assert slowest.count("<td class=num>-</td>") == 4  # the request not split

@@ -1,0 +1,102 @@
+"""Item 17: what the time split's sched tracepoints (bpf/sched_probes.c) cost a context
+switch. bench/native/switch_loop.c ping-pongs two threads on one CPU (two switches and two
+wake-ups a round trip), untraced and traced (it loads libcudart, so the collector keeps its
+threads' time), in interleaved rounds: with nothing attached, with no-op programs on the
+same tracepoints (the kernel's floor), and with the collector. Added per switch = (round
+trip - the mean of the rounds' none phases) / 2. Our sched programs' own run time per hit
+comes from kernel.bpf_stats_enabled over a separate traced loop."""
+from __future__ import annotations
+
+import contextlib
+import statistics
+import subprocess
+
+from otel_gpu.cuda_calls import SCHED_TRACEPOINTS
+from otel_gpu.probes.source import kernel_headers_hint
+
+from .. import bpfstats
+from ..collector import Collector
+from ..native import build, use_private_cudart
+
+SWITCHES_PER_ROUND_TRIP = 2
+TARGET_NS = 100  # issue 48: an untraced busy process's cost per context switch
+PROGRAM_PREFIX = "sched__sched_"  # bcc names them sched__sched_switch..., cut at 15 characters
+
+
+def _loop(n: int, reps: int, traced: bool) -> float:
+    """Median ns per round trip over the repetitions (the first is a warm-up)."""
+    argv = [str(build("switch_loop")), str(n), str(reps + 1)] + ([use_private_cudart()] if traced else [])
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=300, check=True).stdout
+    times = [float(line.split()[2]) for line in out.splitlines() if line.startswith("rep ")]
+    return statistics.median(times[1:])
+
+
+@contextlib.contextmanager
+def _noop():
+    kernel_headers_hint()
+    from bcc import BPF
+    text = "\n".join(f"TRACEPOINT_PROBE({tp.split(':')[0]}, {tp.split(':')[1]}) {{ return 0; }}"
+                     for tp in SCHED_TRACEPOINTS)
+    bpf = BPF(text=text.encode())
+    try:
+        yield
+    finally:
+        bpf.cleanup()
+
+
+def _program_ns(pid: int, n: int) -> dict:
+    with bpfstats.enabled():
+        before = bpfstats.snapshot(pid)
+        _loop(n, 1, traced=True)
+        after = bpfstats.snapshot(pid)
+    runs = ns = 0
+    for name, r, t in bpfstats.delta(before, after):
+        if name.startswith(PROGRAM_PREFIX):
+            runs, ns = runs + r, ns + t
+    return {"runs": runs, "ns": ns, "ns_per_hit": ns / runs if runs else None}
+
+
+def run(quick: bool, starts: list) -> dict:
+    n, reps, rounds = (20_000, 3, 2) if quick else (100_000, 5, 4)
+    phases: dict = {"none": [], "noop": [], "collector": [], "collector_traced": [], "none_traced": []}
+    programs = None
+    for _ in range(rounds):
+        phases["none"].append(_loop(n, reps, False))
+        phases["none_traced"].append(_loop(n, reps, True))
+        with _noop():
+            phases["noop"].append(_loop(n, reps, False))
+        col = Collector()
+        starts.append(col.ready_s)
+        try:
+            phases["collector"].append(_loop(n, reps, False))
+            phases["collector_traced"].append(_loop(n, reps, True))
+            if programs is None:
+                programs = _program_ns(col.pid, n // 4)
+        finally:
+            col.stop()
+    out = {"iterations": n, "reps": reps, "rounds": rounds, "phases": phases, "programs": programs or {}}
+    for kind, base in (("untraced", "none"), ("traced", "none_traced")):
+        base_ns = statistics.mean(phases[base])
+        with_ns = statistics.median(phases["collector" if kind == "untraced" else "collector_traced"])
+        out[f"{kind}_added_ns_per_switch"] = (with_ns - base_ns) / SWITCHES_PER_ROUND_TRIP
+    out["floor_ns_per_switch"] = (statistics.median(phases["noop"]) - statistics.mean(phases["none"])) / \
+        SWITCHES_PER_ROUND_TRIP
+    return out
+
+
+def rows(r: dict) -> list:
+    ph = r["phases"]
+    spread = lambda xs: f"{min(xs):.0f}-{max(xs):.0f}"  # noqa: E731
+    untraced, floor = r["untraced_added_ns_per_switch"], r["floor_ns_per_switch"]
+    out = [("17", f"untraced process, ns added per context switch by the sched tracepoints, collector vs no-op "
+                  f"programs ({r['rounds']} interleaved rounds; round trip none {spread(ph['none'])}, no-op "
+                  f"{spread(ph['noop'])}, collector {spread(ph['collector'])} ns)",
+            f"{untraced:+.0f} vs {floor:+.0f}", f"<= {TARGET_NS}", untraced <= TARGET_NS),
+           ("17", f"traced process (its threads' time kept): ns added per context switch (round trip none "
+                  f"{spread(ph['none_traced'])}, collector {spread(ph['collector_traced'])} ns)",
+            f"{r['traced_added_ns_per_switch']:+.0f}", "", None)]
+    p = r.get("programs") or {}
+    if p.get("ns_per_hit") is not None:
+        out.append(("17", f"  our sched programs' own run time per hit, traced loop (bpf_stats, {p['runs']} hits; "
+                          "a round trip is 2 switches and 2 wake-ups)", f"{p['ns_per_hit']:.0f} ns", "", None))
+    return out

@@ -1,0 +1,124 @@
+"""An HTTP service whose routes each spend ~40 ms in a different way, for the time split
+(otel_gpu/pipeline/time_split.py): a stdlib ThreadingHTTPServer ("stdlib", a thread per
+request) or an ASGI app on uvicorn ("asgi", one event-loop thread for all). Each route's
+path ends in the request's number k:
+
+  /cpu/{k}        40 ms of CPU time
+  /sleep/{k}      asleep 40 ms
+  /sync/{k}       cudaDeviceSynchronize on a stub libcudart whose sync sleeps 40 ms (STUB_CUDART)
+  /contended/{k}  40 ms of CPU time on CPU 0, which HOGS busy processes share meanwhile
+
+Prints "listening on PORT", waits for "go" on stdin, then serves. Args: kind port"""
+from __future__ import annotations
+
+import asyncio
+import ctypes as ct
+import os
+import signal
+import sys
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+WORK_S = 0.04
+HOGS = 2
+CUDART = None  # loaded at "go": the tests import this module, and a test process maps no GPU library
+
+
+def spin(seconds: float) -> None:
+    """Spends `seconds` of this thread's CPU time."""
+    end = time.thread_time() + seconds
+    while time.thread_time() < end:
+        pass
+
+
+def hog() -> int:
+    """A busy process on CPU 0 (forked: no interpreter start)."""
+    pid = os.fork()
+    if pid == 0:
+        os.sched_setaffinity(0, {0})
+        while True:
+            pass
+    return pid
+
+
+def contended() -> None:
+    hogs = [hog() for _ in range(HOGS)]
+    os.sched_setaffinity(0, {0})  # this thread, onto the hogs' CPU
+    try:
+        spin(WORK_S)
+    finally:
+        os.sched_setaffinity(0, range(os.cpu_count() or 1))
+        for pid in hogs:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+
+
+def work(route: str) -> bool:
+    if route == "cpu":
+        spin(WORK_S)
+    elif route == "sleep":
+        time.sleep(WORK_S)
+    elif route == "sync":
+        CUDART.cudaDeviceSynchronize()
+    elif route == "contended":
+        contended()
+    else:
+        return False
+    return True
+
+
+def route_of(path: str) -> str:
+    parts = path.split("?")[0].strip("/").split("/")
+    return parts[0] if len(parts) == 2 and parts[1].isdigit() else ""
+
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True
+
+    def log_message(self, *a):
+        pass
+
+    def do_GET(self):
+        ok = work(route_of(self.path))
+        body = b"ok" if ok else b"not found"
+        self.send_response(200 if ok else 404)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+
+async def asgi_app(scope, receive, send):
+    if scope["type"] != "http":
+        return
+    route = route_of(scope["path"])
+    ok = route in ("cpu", "sleep")
+    if route == "cpu":
+        spin(WORK_S)  # on the loop thread: the others wait for it
+    elif route == "sleep":
+        await asyncio.sleep(WORK_S)  # the loop serves the others meanwhile
+    body = b"ok" if ok else b"not found"
+    await send({"type": "http.response.start", "status": 200 if ok else 404,
+                "headers": [(b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": body})
+
+
+def main() -> None:
+    global CUDART
+    kind, port = sys.argv[1], int(sys.argv[2])
+    if kind == "stdlib":
+        server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
+        port = server.server_address[1]
+    print(f"listening on {port}", file=sys.stderr, flush=True)
+    sys.stdin.readline()
+    if os.environ.get("STUB_CUDART"):
+        CUDART = ct.CDLL(os.environ["STUB_CUDART"])
+    if kind == "stdlib":
+        server.serve_forever()
+    else:
+        import uvicorn
+        uvicorn.run(asgi_app, host="127.0.0.1", port=port, log_level="warning", lifespan="off")
+
+
+if __name__ == "__main__":
+    main()
