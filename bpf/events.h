@@ -413,7 +413,8 @@ enum counter {
     CNT_HEAD_LEFT = 13,     /* request heads it left to user space: a traceparent, a head not whole */
     CNT_H2_UNWALKED = 14,   /* HTTP/2 connections whose frames the kernel could not walk: h2_walks full */
     CNT_ROLLUP_FULL = 15,   /* calls outside requests lost: the rollup table was full */
-    CNT_MAX = 16,
+    CNT_THREAD_TIMES_FULL = 16, /* threads of traced processes whose time is not kept: thread_times full */
+    CNT_MAX = 17,
 };
 
 #endif

@@ -6,6 +6,8 @@
  * is off the CPU until its wake-up. */
 #include "maps.h"
 
+#if TIME_SPLIT  /* off with --no-time-split: no sched tracepoint, no split */
+
 #define TASK_SLEEP_BITS 0xff /* TASK_REPORT and TASK_REPORT_IDLE: a sleep of some kind */
 
 static __always_inline void thread_time_add(struct thread_time *t, u64 now)
@@ -30,7 +32,8 @@ TRACEPOINT_PROBE(sched, sched_switch)
         struct thread_time *t = thread_times.lookup(&prev);
         if (!t) {
             struct thread_time fresh = {.since = now, .state = THREAD_RUNNING};
-            thread_times.insert(&prev, &fresh);  /* full: this thread is not split (counted by user space) */
+            if (thread_times.insert(&prev, &fresh) == -E2BIG)
+                count(CNT_THREAD_TIMES_FULL);  /* its requests get no split */
             t = thread_times.lookup(&prev);
         }
         if (t) {
@@ -65,7 +68,9 @@ TRACEPOINT_PROBE(sched, sched_wakeup_new)
     u32 tid = args->pid;
     if (pid_flags(bpf_get_current_pid_tgid() >> 32) & PID_TRACED) {
         struct thread_time fresh = {.since = bpf_ktime_get_ns(), .state = THREAD_RUNNABLE};
-        thread_times.insert(&tid, &fresh);
+        if (thread_times.insert(&tid, &fresh) == -E2BIG)
+            count(CNT_THREAD_TIMES_FULL);
     }
     return 0;
 }
+#endif /* TIME_SPLIT */

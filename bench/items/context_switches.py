@@ -1,10 +1,12 @@
 """Item 17: what the time split's sched tracepoints (bpf/sched_probes.c) cost a context
-switch. bench/native/switch_loop.c ping-pongs two threads on one CPU (two switches and two
-wake-ups a round trip), untraced and traced (it loads libcudart, so the collector keeps its
-threads' time), in interleaved rounds: with nothing attached, with no-op programs on the
-same tracepoints (the kernel's floor), and with the collector. Added per switch = (round
-trip - the mean of the rounds' none phases) / 2. Our sched programs' own run time per hit
-comes from kernel.bpf_stats_enabled over a separate traced loop."""
+switch. bench/native/switch_loop.c ping-pongs two threads on one CPU over pipes (two
+switches, two wake-ups and four pipe syscalls a round trip), untraced and traced (it loads
+libcudart, so the collector keeps its threads' time), in interleaved rounds: with nothing
+attached, with no-op programs on the sched tracepoints (the kernel's floor), with the
+collector as it runs by default, and with the collector run --no-time-split (its syscall
+tracepoints alone: what the pipe syscalls pay). The time split's share per switch = (the
+collector's round trip - the --no-time-split one) / 2. Our sched programs' own run time per
+hit comes from kernel.bpf_stats_enabled over a separate traced loop."""
 from __future__ import annotations
 
 import contextlib
@@ -58,29 +60,27 @@ def _program_ns(pid: int, n: int) -> dict:
 
 def run(quick: bool, starts: list) -> dict:
     n, reps, rounds = (20_000, 3, 2) if quick else (100_000, 5, 4)
-    phases: dict = {"none": [], "noop": [], "collector": [], "collector_traced": [], "none_traced": []}
+    phases: dict = {k: [] for k in ("none", "noop", "split", "split_traced", "no_split", "no_split_traced")}
     programs = None
     for _ in range(rounds):
         phases["none"].append(_loop(n, reps, False))
-        phases["none_traced"].append(_loop(n, reps, True))
         with _noop():
             phases["noop"].append(_loop(n, reps, False))
-        col = Collector()
-        starts.append(col.ready_s)
-        try:
-            phases["collector"].append(_loop(n, reps, False))
-            phases["collector_traced"].append(_loop(n, reps, True))
-            if programs is None:
-                programs = _program_ns(col.pid, n // 4)
-        finally:
-            col.stop()
+        for key, args in (("split", ()), ("no_split", ("--no-time-split",))):
+            col = Collector(args=args)
+            starts.append(col.ready_s)
+            try:
+                phases[key].append(_loop(n, reps, False))
+                phases[f"{key}_traced"].append(_loop(n, reps, True))
+                if programs is None and key == "split":
+                    programs = _program_ns(col.pid, n // 4)
+            finally:
+                col.stop()
     out = {"iterations": n, "reps": reps, "rounds": rounds, "phases": phases, "programs": programs or {}}
-    for kind, base in (("untraced", "none"), ("traced", "none_traced")):
-        base_ns = statistics.mean(phases[base])
-        with_ns = statistics.median(phases["collector" if kind == "untraced" else "collector_traced"])
-        out[f"{kind}_added_ns_per_switch"] = (with_ns - base_ns) / SWITCHES_PER_ROUND_TRIP
-    out["floor_ns_per_switch"] = (statistics.median(phases["noop"]) - statistics.mean(phases["none"])) / \
-        SWITCHES_PER_ROUND_TRIP
+    med = lambda k: statistics.median(phases[k])  # noqa: E731
+    out["untraced_added_ns_per_switch"] = (med("split") - med("no_split")) / SWITCHES_PER_ROUND_TRIP
+    out["traced_added_ns_per_switch"] = (med("split_traced") - med("no_split_traced")) / SWITCHES_PER_ROUND_TRIP
+    out["floor_ns_per_switch"] = (med("noop") - med("none")) / SWITCHES_PER_ROUND_TRIP
     return out
 
 
@@ -88,12 +88,13 @@ def rows(r: dict) -> list:
     ph = r["phases"]
     spread = lambda xs: f"{min(xs):.0f}-{max(xs):.0f}"  # noqa: E731
     untraced, floor = r["untraced_added_ns_per_switch"], r["floor_ns_per_switch"]
-    out = [("17", f"untraced process, ns added per context switch by the sched tracepoints, collector vs no-op "
-                  f"programs ({r['rounds']} interleaved rounds; round trip none {spread(ph['none'])}, no-op "
-                  f"{spread(ph['noop'])}, collector {spread(ph['collector'])} ns)",
+    out = [("17", f"untraced process, ns per context switch the time split adds (collector - collector "
+                  f"--no-time-split) vs no-op programs on the sched tracepoints ({r['rounds']} interleaved rounds; "
+                  f"round trip none {spread(ph['none'])}, no-op {spread(ph['noop'])}, collector "
+                  f"{spread(ph['split'])}, --no-time-split {spread(ph['no_split'])} ns)",
             f"{untraced:+.0f} vs {floor:+.0f}", f"<= {TARGET_NS}", untraced <= TARGET_NS),
-           ("17", f"traced process (its threads' time kept): ns added per context switch (round trip none "
-                  f"{spread(ph['none_traced'])}, collector {spread(ph['collector_traced'])} ns)",
+           ("17", f"traced process (its threads' time kept): ns per context switch the time split adds (round trip "
+                  f"collector {spread(ph['split_traced'])}, --no-time-split {spread(ph['no_split_traced'])} ns)",
             f"{r['traced_added_ns_per_switch']:+.0f}", "", None)]
     p = r.get("programs") or {}
     if p.get("ns_per_hit") is not None:

@@ -40,6 +40,8 @@ _LOSSES = {
     "agg_full": ("lost_events", "per-request count table full (AGG_ENTRIES): %d CUDA calls lost so far"),
     "rollup_full": ("lost_events", "count table of calls outside requests full (65536 process, call and kernel "
                     "keys): %d calls lost so far"),
+    "thread_times_full": ("threads_untimed", "thread time table full (65536 threads of traced processes): %d "
+                          "threads' requests get no time split so far"),
     "conn_table_full": ("connections_untracked", "connection table full (--max-connections): %d connections "
                         "of traced processes left untracked so far"),
     "scratch_busy": ("lost_events", "per-CPU scratch slots all held by preempted probes: %d TLS or kernel-name "

@@ -37,6 +37,7 @@ def bpf_dir() -> Path:
 @dataclass(frozen=True)
 class ProgramOptions:
     trace_all: bool = True      # False with --pid/--exe filters
+    time_split: bool = True     # the sched tracepoints (bpf/sched_probes.c); off: --no-time-split
     ringbuf_pages: int = 2048   # 8 MiB; a power of two
     max_procs: int = 4096
     max_conns: int = 65536
@@ -51,7 +52,8 @@ class ProgramOptions:
     @classmethod
     def from_config(cls, config) -> "ProgramOptions":
         """What `otel-gpu run` and `otel-gpu compile` load: one program per config."""
-        return cls(trace_all=config.trace_all, ringbuf_pages=config.ringbuf_pages, max_conns=config.max_connections,
+        return cls(trace_all=config.trace_all, time_split=config.time_split, ringbuf_pages=config.ringbuf_pages,
+                   max_conns=config.max_connections,
                    stream_budget=config.stream_budget, stream_rate=config.stream_rate, bpf_cache=config.bpf_cache,
                    uprobe_links=config.uprobe_links)
 
@@ -74,6 +76,7 @@ class ProgramOptions:
             f"-I{bpf_dir()}",
             "-DOTEL_GPU_BPF=1",
             f"-DTRACE_ALL={int(self.trace_all)}",
+            f"-DTIME_SPLIT={int(self.time_split)}",
             f"-DMAX_PROCS={self.max_procs}",
             f"-DPID_WORDS={self.pid_words}",
             f"-DLAUNCH_CPUS={self.cpus}",

@@ -11,6 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from otel_gpu.cuda_calls import HTTP_TRACEPOINTS, LIBRARY_TRACEPOINTS
 from otel_gpu.demo.runner import free_port
 from tests.bpf.probe_harness import build_stub
 from tests.harness import TARGETS, Target, module_collector, server_spans
@@ -116,5 +117,23 @@ def test_requests_sharing_an_event_loop_are_flagged_shared(collector, tmp_path):
         assert any(s.attributes.get("otel_gpu.time.shared") is True for s in overlapping)
         for span in overlapping:
             check_adds_up(span)
+    finally:
+        target.stop()
+
+
+def test_no_time_split_attaches_no_sched_tracepoint(receiver, start_collector, tmp_path):
+    """--no-time-split: no sched tracepoint (no host-wide cost per context switch), and no
+    span says where its time went."""
+    collector = start_collector("--no-time-split", "--flush-interval", "1")
+    target = start("stdlib", tmp_path)
+    try:
+        target.go()
+        collector.wait_traced(target.pid, 60)
+        assert target.get("/sleep/1") == b"ok"
+        assert receiver.wait_for(lambda s: "/sleep/1" in spans_by_path(s, target.pid), 60)
+        span = spans_by_path(receiver.spans, target.pid)["/sleep/1"]
+        assert not any(k.startswith("otel_gpu.time.") for k in span.attributes), span.attributes
+        ready = next(line for line in collector.log.lines if " ready: " in line)
+        assert f" {len(HTTP_TRACEPOINTS) + len(LIBRARY_TRACEPOINTS)} tracepoints" in ready, ready  # no sched ones
     finally:
         target.stop()
