@@ -44,6 +44,17 @@
 #ifndef TASK_FSBASE_OFFSET
 #define TASK_FSBASE_OFFSET -1
 #endif
+/* offsetof(struct task_struct, pid), tgid and its state, likewise: the raw sched
+ * tracepoints (bpf/sched_probes.c) read them; -1: no time split. */
+#ifndef TASK_PID_OFFSET
+#define TASK_PID_OFFSET -1
+#endif
+#ifndef TASK_TGID_OFFSET
+#define TASK_TGID_OFFSET -1
+#endif
+#ifndef TASK_STATE_OFFSET
+#define TASK_STATE_OFFSET -1
+#endif
 
 BPF_RINGBUF_OUTPUT(events, RINGBUF_PAGES);
 

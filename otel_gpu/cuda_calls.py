@@ -307,7 +307,8 @@ HTTP_TRACEPOINTS: tuple[str, ...] = tuple(
 # The open syscalls' tracepoints of bpf/library_probes.c: a CUDA library opened at any path.
 LIBRARY_TRACEPOINTS: tuple[str, ...] = ("syscalls:sys_enter_openat", "syscalls:sys_enter_open")
 
-# The sched tracepoints of bpf/sched_probes.c: each traced thread's time per state (the time split).
+# The sched tracepoints of bpf/sched_probes.c, raw (BPF links, no perf record): each traced
+# thread's time per state (the time split).
 SCHED_TRACEPOINTS: tuple[str, ...] = ("sched:sched_switch", "sched:sched_wakeup", "sched:sched_wakeup_new")
 
 

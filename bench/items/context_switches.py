@@ -2,7 +2,7 @@
 switch. bench/native/switch_loop.c ping-pongs two threads on one CPU over pipes (two
 switches, two wake-ups and four pipe syscalls a round trip), untraced and traced (it loads
 libcudart, so the collector keeps its threads' time), in interleaved rounds: with nothing
-attached, with no-op programs on the sched tracepoints (the kernel's floor), with the
+attached, with no-op programs on the same raw sched tracepoints (the kernel's floor), with the
 collector as it runs by default, and with the collector run --no-time-split (its syscall
 tracepoints alone: what the pipe syscalls pay). The time split's share per switch = (the
 collector's round trip - the --no-time-split one) / 2. Our sched programs' own run time per
@@ -22,7 +22,9 @@ from ..native import build, use_private_cudart
 
 SWITCHES_PER_ROUND_TRIP = 2
 TARGET_NS = 100  # issue 48: an untraced busy process's cost per context switch
-PROGRAM_PREFIX = "sched__sched_"  # bcc names them sched__sched_switch..., cut at 15 characters
+# bcc gives the kernel a raw tracepoint program's name without its raw_tracepoint__ prefix,
+# cut at 15 characters.
+PROGRAM_NAMES = frozenset(tp.split(":")[1][:15] for tp in SCHED_TRACEPOINTS)
 
 
 def _loop(n: int, reps: int, traced: bool) -> float:
@@ -37,8 +39,7 @@ def _loop(n: int, reps: int, traced: bool) -> float:
 def _noop():
     kernel_headers_hint()
     from bcc import BPF
-    text = "\n".join(f"TRACEPOINT_PROBE({tp.split(':')[0]}, {tp.split(':')[1]}) {{ return 0; }}"
-                     for tp in SCHED_TRACEPOINTS)
+    text = "\n".join(f"RAW_TRACEPOINT_PROBE({tp.split(':')[1]}) {{ return 0; }}" for tp in SCHED_TRACEPOINTS)
     bpf = BPF(text=text.encode())
     try:
         yield
@@ -53,7 +54,7 @@ def _program_ns(pid: int, n: int) -> dict:
         after = bpfstats.snapshot(pid)
     runs = ns = 0
     for name, r, t in bpfstats.delta(before, after):
-        if name.startswith(PROGRAM_PREFIX):
+        if name in PROGRAM_NAMES:
             runs, ns = runs + r, ns + t
     return {"runs": runs, "ns": ns, "ns_per_hit": ns / runs if runs else None}
 

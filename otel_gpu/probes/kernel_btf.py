@@ -108,6 +108,23 @@ class Btf:
 
 
 @functools.lru_cache(maxsize=1)
+def task_pid_state_offsets() -> Optional[tuple[int, int, int]]:
+    """offsetof(struct task_struct, pid), of its tgid and of its state (`__state` since
+    5.14, `state` before), for the raw sched tracepoints (bpf/sched_probes.c), or None
+    without BTF (the time split is then off)."""
+    try:
+        btf = Btf.running()
+        pid, tgid = btf.offset("task_struct", "pid"), btf.offset("task_struct", "tgid")
+        try:
+            state = btf.offset("task_struct", "__state")
+        except KeyError:
+            state = btf.offset("task_struct", "state")
+        return pid, tgid, state
+    except (OSError, ValueError, KeyError, struct.error):
+        return None
+
+
+@functools.lru_cache(maxsize=1)
 def task_fsbase_offset() -> Optional[int]:
     """offsetof(struct task_struct, thread.fsbase) in the running kernel (x86-64), or
     None where the kernel has no BTF (the goroutine probes are then off)."""
