@@ -50,6 +50,19 @@ static __always_inline u64 stack_arg(struct pt_regs *ctx, int n, u8 *flags)
     return v;
 }
 
+/* A dim3 by value takes two registers (x|y<<32, then z): cudaLaunchKernel's grid and
+ * block (si/dx, cx/r8), hipLaunchKernel's too. */
+static __always_inline void runtime_dims(struct pt_regs *ctx, struct launch_dims *d)
+{
+    u64 gxy = PT_REGS_PARM2(ctx), bxy = PT_REGS_PARM4(ctx);
+    d->grid[0] = (u32)gxy;
+    d->grid[1] = gxy >> 32;
+    d->grid[2] = (u32)PT_REGS_PARM3(ctx);
+    d->block[0] = (u32)bxy;
+    d->block[1] = bxy >> 32;
+    d->block[2] = (u32)PT_REGS_PARM5(ctx);
+}
+
 /* cudaLaunchKernel(func, dim3 grid, dim3 block, void **args, size_t shmem, stream)
  * The hottest probe: outside requests it only counts (no stack reads, no event). */
 int cuda_launch_kernel(struct pt_regs *ctx)
@@ -96,13 +109,7 @@ int cuda_launch_kernel(struct pt_regs *ctx)
     struct http_seq *s = 0;
     if (!capture && !stream_admit(&e.c, tv, &s, e.func, 0, 0))
         return 0;
-    u64 gxy = PT_REGS_PARM2(ctx), bxy = PT_REGS_PARM4(ctx);
-    e.dims.grid[0] = (u32)gxy;
-    e.dims.grid[1] = gxy >> 32;
-    e.dims.grid[2] = (u32)PT_REGS_PARM3(ctx);
-    e.dims.block[0] = (u32)bxy;
-    e.dims.block[1] = bxy >> 32;
-    e.dims.block[2] = (u32)PT_REGS_PARM5(ctx);
+    runtime_dims(ctx, &e.dims);
     e.shmem = stack_arg(ctx, 7, &e.c.h.flags);
     e.stream = stack_arg(ctx, 8, &e.c.h.flags);
     if (capture)

@@ -21,13 +21,7 @@ static __always_inline int hip_runtime_launch(struct pt_regs *ctx, u32 call, int
     if (!tv)
         return 0;
     e.func = PT_REGS_PARM1(ctx);
-    u64 gxy = PT_REGS_PARM2(ctx), bxy = PT_REGS_PARM4(ctx);
-    e.dims.grid[0] = (u32)gxy;
-    e.dims.grid[1] = gxy >> 32;
-    e.dims.grid[2] = (u32)PT_REGS_PARM3(ctx);
-    e.dims.block[0] = (u32)bxy;
-    e.dims.block[1] = bxy >> 32;
-    e.dims.block[2] = (u32)PT_REGS_PARM5(ctx);
+    runtime_dims(ctx, &e.dims);
     e.shmem = stack_arg(ctx, 7, &e.c.h.flags);
     if (shmem32)
         e.shmem = (u32)e.shmem;
