@@ -99,6 +99,8 @@ class SpanBuilder:
             attrs.update(zip(sc.TIME_ATTRIBUTES, (ns / 1e9 for ns in r.time_split)))
             if r.time_shared:
                 attrs[sc.GPU_TIME_SHARED] = True
+        if r.queued_ns is not None:
+            attrs[sc.GPU_TIME_QUEUED] = r.queued_ns / 1e9
         if r.busy.device is not None:
             attrs[sc.GPU_DEVICE] = r.busy.device
         if r.device_identity is not None:  # only what is certain (otel_gpu/gpu_devices.py)

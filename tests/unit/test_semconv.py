@@ -118,6 +118,7 @@ PINNED = {
     "GPU_TIME_BLOCKED": "otel_gpu.time.blocked",
     "GPU_TIME_SHARED": "otel_gpu.time.shared",
     "GPU_TIME_PART": "otel_gpu.time.part",
+    "GPU_TIME_QUEUED": "otel_gpu.time.queued",
     "GPU_RESPONSE_CHUNKS": "otel_gpu.response.chunks",
 }
 

@@ -43,6 +43,11 @@ def test_queued_and_finished_streams_are_not_linked_to_steps_they_were_not_in():
     assert s.steps.state() == {"batch_steps_pending": 0}
     done = {r.fd: r for r in out if isinstance(r, Request)}
     assert done[11].chunks == 3 and done[11].headers_ts  # two tokens and the terminator
+    # queued: until the first step each was in; 12 waited through step 1
+    assert [reqs[fd].queued_ns for fd in (10, 11, 12)] == [w1.start_ns - reqs[10].start_ns,
+                                                           w1.start_ns - reqs[11].start_ns,
+                                                           w2.start_ns - reqs[12].start_ns]
+    assert reqs[12].queued_ns > reqs[11].queued_ns
 
 
 def test_a_request_answered_in_one_write_is_linked_by_overlap_until_it_writes():
