@@ -70,6 +70,16 @@ def tiny_launches(n: int) -> float:
     return time.perf_counter() - start
 
 
+def gpu_wait(ms: int) -> float:
+    """The GPU kept busy ~`ms` (torch.cuda._sleep spins a kernel for a number of GPU
+    cycles), then a synchronize: the seconds the synchronize took, as the thread saw them."""
+    cycles = int(max(1, min(ms, 2000)) * 1e-3 * torch.cuda.get_device_properties(0).clock_rate * 1e3)
+    torch.cuda._sleep(cycles)
+    start = time.perf_counter()
+    torch.cuda.synchronize()
+    return time.perf_counter() - start
+
+
 MODES = {"eager": eager, "compiled": compiled, "graph": graph}
 
 

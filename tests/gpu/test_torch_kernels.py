@@ -160,3 +160,25 @@ def test_fastapi_concurrent_clients_each_request_its_own_calls(receiver, start_c
         assert set(launches.values()) == {per_request}
     finally:
         target.stop()
+
+
+def test_the_time_split_sees_the_synchronize(receiver, start_collector, capsys):
+    """Issue 48 on a GPU: a request that keeps the GPU busy ~200 ms and then synchronizes;
+    the span's time split must hold the synchronize's time, as gpu_sync where the runtime
+    blocks in it and as on_cpu where it spins (CUDA's default for a busy wait on few
+    threads). The parts add up to the span's duration. Printed beside torch's own figure."""
+    _, target = _traced(start_collector, "torch_server.py")
+    try:
+        get_json(target.port, "/wait/20")  # warm-up: the sleep kernel's first launch
+        measured = get_json(target.port, "/wait/200")["sync_seconds"]
+        span = request_span(receiver, target.pid, "/wait/200")
+        parts = {p: span.attributes.get(f"otel_gpu.time.{p}") for p in ("on_cpu", "cpu_wait", "gpu_sync", "blocked")}
+        duration = (span.end_ns - span.start_ns) / 1e9
+        with capsys.disabled():
+            print(f"\ntime split of a 200 ms GPU wait: {parts}; torch's synchronize {measured:.4f} s; "
+                  f"span {duration:.4f} s")
+        assert None not in parts.values(), span.attributes
+        assert sum(parts.values()) <= duration + 1e-6
+        assert parts["gpu_sync"] + parts["on_cpu"] >= 0.8 * measured  # the wait is in one of them
+    finally:
+        target.stop()

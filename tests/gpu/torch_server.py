@@ -2,7 +2,8 @@
 GET /run/<mode>      one run of tests/gpu/gpu_model.py's eager | compiled | graph
 GET /profile/<mode>  the same run under torch.profiler: its launch counts, as JSON
 GET /decode/<steps>  a decode-like loop of eager forwards: its wall seconds, as JSON
-GET /launches/<n>    n one-launch additions: their wall seconds, as JSON"""
+GET /launches/<n>    n one-launch additions: their wall seconds, as JSON
+GET /wait/<ms>       the GPU busy ~ms, then a synchronize: its seconds, as JSON"""
 from __future__ import annotations
 
 import json
@@ -27,6 +28,8 @@ class H(BaseHTTPRequestHandler):
             body = json.dumps(gpu_model.profiled(parts[1])).encode()
         elif len(parts) == 2 and parts[0] == "decode" and parts[1].isdigit():
             body = json.dumps({"seconds": gpu_model.decode_loop(int(parts[1]))}).encode()
+        elif len(parts) == 2 and parts[0] == "wait" and parts[1].isdigit():
+            body = json.dumps({"sync_seconds": gpu_model.gpu_wait(int(parts[1]))}).encode()
         elif len(parts) == 2 and parts[0] == "launches" and parts[1].isdigit():
             body = json.dumps({"seconds": gpu_model.tiny_launches(int(parts[1]))}).encode()
         else:
