@@ -30,9 +30,9 @@
 #ifndef BY_NEED
 #define BY_NEED BPF_F_NO_PREALLOC
 #endif
-/* 1: the sched tracepoints keep traced threads' time (bpf/sched_probes.c). */
+/* 1: the sched tracepoints keep traced threads' time (bpf/sched_probes.c): --time-split. */
 #ifndef TIME_SPLIT
-#define TIME_SPLIT 1
+#define TIME_SPLIT 0
 #endif
 /* 1: every process that calls a CUDA probe is traced (no --pid/--exe filter). */
 #ifndef TRACE_ALL

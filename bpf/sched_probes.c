@@ -96,4 +96,4 @@ RAW_TRACEPOINT_PROBE(sched_wakeup_new)
     return 0;
 }
 
-#endif /* TIME_SPLIT */
+#endif /* TIME_SPLIT: opt-in (--time-split) */

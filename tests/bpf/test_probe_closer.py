@@ -40,8 +40,8 @@ def test_detach_all_closes_every_probe_before_returning(links):
     tracepoints = len(bpf.tracepoint_fds)
     assert probes >= 20 and tracepoints >= 10
     perf, link = _probe_fds()
-    raw = len(bpf.raw_tracepoint_fds)  # links: graph_probes.c's process exit, the sched ones (time split)
-    assert raw == 4, bpf.raw_tracepoint_fds
+    raw = len(bpf.raw_tracepoint_fds)  # links: graph_probes.c's process exit (the time split's: opt-in)
+    assert raw == 1, bpf.raw_tracepoint_fds
     assert (perf - perf_before, link - links_before) == \
         ((tracepoints, probes + raw) if links == "multi" else (probes + tracepoints, raw))
 

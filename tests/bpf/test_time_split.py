@@ -24,7 +24,7 @@ WORK_S = 0.04
 
 @pytest.fixture(scope="module")
 def collector():
-    with module_collector("--flush-interval", "1") as c:
+    with module_collector("--time-split", "--flush-interval", "1") as c:
         yield c
 
 
@@ -121,10 +121,10 @@ def test_requests_sharing_an_event_loop_are_flagged_shared(collector, tmp_path):
         target.stop()
 
 
-def test_no_time_split_attaches_no_sched_tracepoint(receiver, start_collector, tmp_path):
-    """--no-time-split: no sched tracepoint (no host-wide cost per context switch), and no
-    span says where its time went."""
-    collector = start_collector("--no-time-split", "--flush-interval", "1")
+def test_without_time_split_no_sched_tracepoint_runs(receiver, start_collector, tmp_path):
+    """By default (the split is opt-in: --time-split) no sched tracepoint runs (no host-wide
+    cost per context switch), and no span says where its time went."""
+    collector = start_collector("--flush-interval", "1")
     target = start("stdlib", tmp_path)
     try:
         target.go()
