@@ -17,8 +17,8 @@ from tests.harness import Target, children_of
 HERE = Path(__file__).resolve().parent
 
 
-def _traced(start_collector, script: str) -> tuple[object, Target]:
-    collector = start_collector()
+def _traced(start_collector, script: str, *args: str) -> tuple[object, Target]:
+    collector = start_collector(*args)
     target = Target([sys.executable, str(HERE / script)])
     try:
         collector.wait_traced(target.pid)
@@ -167,7 +167,7 @@ def test_the_time_split_sees_the_synchronize(receiver, start_collector, capsys):
     the span's time split must hold the synchronize's time, as gpu_sync where the runtime
     blocks in it and as on_cpu where it spins (CUDA's default for a busy wait on few
     threads). The parts add up to the span's duration. Printed beside torch's own figure."""
-    _, target = _traced(start_collector, "torch_server.py")
+    _, target = _traced(start_collector, "torch_server.py", "--time-split")  # opt-in
     try:
         get_json(target.port, "/wait/20")  # warm-up: the sleep kernel's first launch
         measured = get_json(target.port, "/wait/200")["sync_seconds"]
