@@ -7,13 +7,13 @@
  * and forgotten at its exit. */
 #include "maps.h"
 
+/* A thread's state is the part its time goes to (events.h enum time_part). */
 enum thread_state {
-    THREAD_RUNNING = 0,
-    THREAD_RUNNABLE = 1,
-    THREAD_SYNC = 2,     /* off the CPU inside a synchronising GPU call */
-    THREAD_BLOCKED = 3,  /* off the CPU otherwise (I/O, a lock, a sleep) */
+    THREAD_RUNNING = TIME_ON_CPU,
+    THREAD_RUNNABLE = TIME_CPU_WAIT,
+    THREAD_SYNC = TIME_GPU_SYNC,       /* off the CPU inside a synchronising GPU call */
+    THREAD_BLOCKED = TIME_BLOCKED,     /* off the CPU otherwise (I/O, a lock, a sleep) */
 };
-/* A state's time goes to the part of the same index (events.h enum time_part). */
 
 struct thread_time {
     u64 since;            /* when it entered `state` */

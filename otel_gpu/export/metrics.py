@@ -5,7 +5,7 @@ a value, several per request) and go out through the same readers. A pipeline st
 reads finished, enriched requests and process windows, and passes every record on.
 
 The metrics that name an API are per vendor: OBI's gpu.cuda.* for CUDA calls, and the
-same names under gpu.hip.* for HIP calls (API_METRICS; docs/spans-and-metrics.md says
+same names under gpu.hip.* for HIP calls (ApiMetrics; docs/spans-and-metrics.md says
 why); the rest (sync, memory, NCCL/RCCL, HTTP, cost) are the same for both.
 
 Kernel names are bounded: the first `top_kernels` distinct names keep their own

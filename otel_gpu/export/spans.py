@@ -11,7 +11,7 @@ from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode,
 from .. import __version__
 from .. import semconv as sc
 from ..clock import BpfClock
-from ..cuda_calls import API_CUDA, BY_ID, MEMCPY_DIRECTIONS, Category, call_name
+from ..cuda_calls import API_CUDA, API_OF, BY_ID, MEMCPY_DIRECTIONS, Category, call_name
 from ..pipeline import sampling
 from ..pipeline.model import CallSink, ProcessWindow, Request
 from ..pipeline.protocols.http2.grpc import SERVER_ERROR_CODES
@@ -352,13 +352,11 @@ def int64_safe(attrs: dict) -> dict:
 
 def _call_keys(call: int) -> tuple[str, str]:
     """The call's (name, return code) attribute keys: gpu.cuda.* or gpu.hip.*, by its API."""
-    spec = BY_ID.get(call)
-    return sc.CALL_ATTRIBUTES[spec.api if spec else API_CUDA]
+    return sc.CALL_ATTRIBUTES[API_OF.get(call, API_CUDA)]
 
 
 def _api_label(call: int) -> str:
-    spec = BY_ID.get(call)
-    return (spec.api if spec else API_CUDA).upper()  # "CUDA error 35", "HIP error 101"
+    return API_OF.get(call, API_CUDA).upper()  # "CUDA error 35", "HIP error 101"
 
 
 def call_attributes(c: CudaCall, kernel_names: dict) -> dict:

@@ -1,5 +1,5 @@
 """Kernel memory of the collector's BPF maps: what the kernel charges each map now (its
-fdinfo `memlock`, read from the collector's own descriptors), and what the same maps
+fdinfo `memlock`, read from the program's descriptors in this process), and what the same maps
 would hold on a node with more CPUs.
 
 Only per-CPU memory grows with the CPU count: the values of per-CPU maps (one copy per
@@ -11,11 +11,8 @@ preallocated ones are charged in full from the start). `otel-gpu status` shows t
 bench item 4 measures them."""
 from __future__ import annotations
 
-import ctypes as ct
-import os
 import re
 from dataclasses import dataclass
-from typing import Optional
 
 from ..probes.launch_slot_sizes import possible_cpus
 
@@ -67,35 +64,20 @@ class MapMemory:
         return self.memlock + self.max_entries * (ELEM_HEADER + _round8(self.key_size) + value)
 
 
-def program_maps(bpf) -> list[MapMemory]:
-    """The maps of one loaded program (bcc's BPF or a CachedBPF)."""
-    from ..probes.cached_bpf import map_fds  # bcc: only where there is a program
-    return own_maps(map_fds(bpf))
-
-
-def own_maps(only: Optional[set] = None, fd_dir: str = "/proc/self/fd",
-             info_dir: str = "/proc/self/fdinfo") -> list[MapMemory]:
-    """Every BPF map this process holds a descriptor of (or those of `only`, descriptors),
-    each once (by map id)."""
-    seen, out = set(), []
-    for fd in os.listdir(fd_dir):
-        if only is not None and int(fd) not in only:
-            continue
+def program_maps(bpf, info_dir: str = "/proc/self/fdinfo") -> list[MapMemory]:
+    """The maps of one loaded program (bcc's BPF or a CachedBPF), from this process's
+    descriptors of them."""
+    from ..probes.cached_bpf import map_fds, map_name  # bcc: only where there is a program
+    out = []
+    for fd in sorted(map_fds(bpf)):
         try:
-            if os.readlink(f"{fd_dir}/{fd}") != "anon_inode:bpf-map":
-                continue
             with open(f"{info_dir}/{fd}") as f:
                 info = dict(_FDINFO.findall(f.read()))
         except OSError:  # closed meanwhile
             continue
-        map_id = info.get("map_id")
-        if map_id in seen:
-            continue
-        seen.add(map_id)
-        from ..probes.cached_bpf import map_name  # bcc: only where there are maps
-        out.append(MapMemory(map_name(int(fd)) or f"id {map_id}", int(info["map_type"]), int(info["max_entries"]),
-                             int(info["key_size"]), int(info["value_size"]), int(info.get("map_flags", "0"), 16),
-                             int(info.get("memlock", 0))))
+        out.append(MapMemory(map_name(fd) or f"id {info.get('map_id')}", int(info["map_type"]),
+                             int(info["max_entries"]), int(info["key_size"]), int(info["value_size"]),
+                             int(info.get("map_flags", "0"), 16), int(info.get("memlock", 0))))
     return out
 
 
