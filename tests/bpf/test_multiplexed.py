@@ -5,8 +5,9 @@ h2c (built by the tests), and grpcio (thread-pool server, grpc.aio). Each reques
 calls encode its id, and each request carries the id as `x-req-id` (a header, or gRPC
 metadata) that the collector exports, so every span names its own request and a swap
 between two requests fails. Every HTTP/2 stream sleeps 10 ms between its launches
-(tests/bpf/targets/h2_apps.py), every RPC 1 ms: at least half of a batch are open at
-one instant (asserted, from their spans).
+(tests/bpf/targets/h2_apps.py), every RPC 10 ms after each launch (--pause-ms): at least
+half of a batch are open at one instant (asserted, from their spans; with 1 ms, 16 pool
+workers finished RPCs faster than a loaded 2-core client issued 128 of them).
 
 Asserted for every server and count: every request has exactly one span; no call is
 under another request's span or outside every request (a call no rule can prove goes to
@@ -28,6 +29,7 @@ from tests.support.h2_client import h2_get_all
 from tests.support.placement import OUTSIDE, header_id, place
 
 STREAMS = [1, 8, 32, 128]
+GRPC_PAUSE = ["--pause-ms", "10"]  # each RPC stays open while the client issues the rest
 # server -> (argv after the interpreter or binary, calls per request, the id a call encodes,
 #            the stream counts at which every request is exact: where the rules prove it)
 SERVERS = {
@@ -36,8 +38,8 @@ SERVERS = {
     "hypercorn-fastapi-def": (["fastapi-def"], h2_shape.CALLS, h2_shape.rid_of, STREAMS),  # a copy of its context
     "go-h2c": ([], h2_shape.CALLS, h2_shape.rid_of, STREAMS),  # each stream's handler goroutine binds (go_h2.py)
     "go-h2c-stripped": ([], h2_shape.CALLS, h2_shape.rid_of, STREAMS),  # its functions found in .gopclntab
-    "grpc-pool": ([], 3, grpc_rid, [1]),  # one RPC open: process.one; more: where a pool thread wrote alone
-    "grpc-aio": (["--aio"], 3, grpc_rid, [1]),  # one RPC open: its task binds
+    "grpc-pool": (GRPC_PAUSE, 3, grpc_rid, [1]),  # one RPC open: process.one; more: where a pool thread wrote alone
+    "grpc-aio": (["--aio", *GRPC_PAUSE], 3, grpc_rid, [1]),  # one RPC open: its task binds
 }
 
 

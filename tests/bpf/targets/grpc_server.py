@@ -8,13 +8,15 @@ are made for. Generic handlers over raw bytes (no generated code):
   /demo.Inference/Fail      unary; one launch with grid (ID, 1, 1), then aborts with
                             INTERNAL (gRPC status 13)
 
-  python grpc_server.py [PORT] [--aio]    (PORT 0 or none: any free port)
+  python grpc_server.py [PORT] [--aio] [--pause-ms MS]    (PORT 0 or none: any free port)
 The default is grpcio's thread-pool server: C-core reads the socket on its own threads,
 handlers run on a ThreadPoolExecutor. --aio: grpc.aio, handlers are coroutines on one
 asyncio loop (each RPC a task). Binds, prints "listening on PORT" to stderr, waits for a
-line on stdin, then serves."""
+line on stdin, then serves. --pause-ms: the pause after each launch (default 1 ms), longer
+where a test needs many RPCs open at once on a loaded machine."""
 from __future__ import annotations
 
+import argparse
 import asyncio
 import sys
 import time
@@ -36,9 +38,21 @@ SERVICE = "demo.Inference"
 UNARY_LAUNCHES, STREAM_MESSAGES = 2, 3
 
 
+def _args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("port", nargs="?", type=int, default=0)
+    parser.add_argument("--aio", action="store_true")
+    parser.add_argument("--pause-ms", type=float, default=1.0)
+    return parser.parse_args()
+
+
+ARGS = _args()
+PAUSE_S = ARGS.pause_ms / 1000  # lets concurrent RPCs interleave
+
+
 def launch(rid: int) -> None:
     WORK.rt.cudaLaunchKernel(KERNEL, Dim3(rid, 1, 1), BLOCK, None, 0, None)
-    time.sleep(0.001)  # lets concurrent RPCs interleave
+    time.sleep(PAUSE_S)
 
 
 def predict(request: bytes, context) -> bytes:
@@ -85,7 +99,7 @@ async def fail_aio(request: bytes, context) -> bytes:
 
 async def launch_aio(rid: int) -> None:
     WORK.rt.cudaLaunchKernel(KERNEL, Dim3(rid, 1, 1), BLOCK, None, 0, None)
-    await asyncio.sleep(0.001)  # lets concurrent RPCs interleave
+    await asyncio.sleep(PAUSE_S)
 
 
 def _handlers(predict_fn, stream_fn, fail_fn):
@@ -96,8 +110,7 @@ def _handlers(predict_fn, stream_fn, fail_fn):
 
 
 def _address() -> str:
-    ports = [a for a in sys.argv[1:] if a.isdigit()]
-    return f"127.0.0.1:{int(ports[0]) if ports else 0}"
+    return f"127.0.0.1:{ARGS.port}"
 
 
 def main() -> None:
@@ -123,7 +136,7 @@ async def main_aio() -> None:
 
 
 if __name__ == "__main__":
-    if "--aio" in sys.argv[1:]:
+    if ARGS.aio:
         asyncio.run(main_aio())
     else:
         main()
