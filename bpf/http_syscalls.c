@@ -1,30 +1,72 @@
 /* The syscalls the HTTP server probes follow (after http_probes.c, whose handlers each
- * tracepoint calls with its arguments): accept, the reads and writes of every flavour,
- * close (a tracked connection ends), and process exit. */
+ * program calls with its arguments): accept, the reads and writes of every flavour,
+ * close (a tracked connection ends), and process exit.
+ *
+ * Attached once, at raw_syscalls' sys_enter and sys_exit: raw tracepoints build no perf
+ * record per hit, as the per-syscall tracepoints do, and that record was most of what
+ * every process on the host paid for them (bench item 7). An untraced process's syscall
+ * costs the dispatch and one inlined pid read. A traced process's is tail-called, by its
+ * number, into the program for that syscall and phase (on_enter_<name>, on_exit_<name>),
+ * which probes/syscalls.py puts in sys_enters and sys_exits as the program loads, before
+ * any process is traced. x86-64: its numbers, and the arguments in di, si and dx of the
+ * registers saved at entry (a traced process is a 64-bit CUDA or HIP one: no ia32 calls). */
 #include "maps.h"
 
-TRACEPOINT_PROBE(syscalls, sys_enter_accept4) { accept_enter(args->fd, args->upeer_sockaddr); return 0; }
-TRACEPOINT_PROBE(syscalls, sys_exit_accept4) { accept_exit(args->ret); return 0; }
-TRACEPOINT_PROBE(syscalls, sys_enter_accept) { accept_enter(args->fd, args->upeer_sockaddr); return 0; }
-TRACEPOINT_PROBE(syscalls, sys_exit_accept) { accept_exit(args->ret); return 0; }
+#define SYSCALL_SLOTS 512 /* above x86-64's highest syscall number (463 in 6.18) */
+BPF_PROG_ARRAY(sys_enters, SYSCALL_SLOTS);
+BPF_PROG_ARRAY(sys_exits, SYSCALL_SLOTS);
 
-TRACEPOINT_PROBE(syscalls, sys_enter_read) { io_enter(EV_SOCK_READ, args->fd, (u64)args->buf, 0); return 0; }
-TRACEPOINT_PROBE(syscalls, sys_exit_read) { io_exit(args, EV_SOCK_READ, args->ret, 0); return 0; }
-TRACEPOINT_PROBE(syscalls, sys_enter_recvfrom) { io_enter(EV_SOCK_READ, args->fd, (u64)args->ubuf, 0); return 0; }
-TRACEPOINT_PROBE(syscalls, sys_exit_recvfrom) { io_exit(args, EV_SOCK_READ, args->ret, 0); return 0; }
+RAW_TRACEPOINT_PROBE(sys_enter) /* args[0]: the saved registers, args[1]: the number */
+{
+    if (maybe_traced(bpf_get_current_pid_tgid() >> 32))
+        sys_enters.call(ctx, (u32)ctx->args[1]); /* returns where no program is for it */
+    return 0;
+}
+
+RAW_TRACEPOINT_PROBE(sys_exit) /* args[0]: the saved registers, args[1]: the return value */
+{
+    if (!maybe_traced(bpf_get_current_pid_tgid() >> 32))
+        return 0;
+    u64 nr = SYSCALL_SLOTS;
+    bpf_probe_read_kernel(&nr, sizeof(nr), &((struct pt_regs *)ctx->args[0])->orig_ax);
+    sys_exits.call(ctx, (u32)nr);
+    return 0;
+}
+
+/* Argument `i` (0, 1 or 2: a constant) of the syscall, at its entry. */
+static __always_inline u64 sys_arg(struct bpf_raw_tracepoint_args *ctx, int i)
+{
+    struct pt_regs *regs = (struct pt_regs *)ctx->args[0];
+    u64 v = 0;
+    bpf_probe_read_kernel(&v, sizeof(v), i == 0 ? &regs->di : i == 1 ? &regs->si : &regs->dx);
+    return v;
+}
+#define SYS_RET(ctx) ((long)(ctx)->args[1])
+#define ENTER(name) int on_enter_##name(struct bpf_raw_tracepoint_args *ctx)
+#define EXIT(name) int on_exit_##name(struct bpf_raw_tracepoint_args *ctx)
+
+ENTER(accept4) { accept_enter(sys_arg(ctx, 0), (void *)sys_arg(ctx, 1)); return 0; }
+EXIT(accept4) { accept_exit(SYS_RET(ctx)); return 0; }
+ENTER(accept) { accept_enter(sys_arg(ctx, 0), (void *)sys_arg(ctx, 1)); return 0; }
+EXIT(accept) { accept_exit(SYS_RET(ctx)); return 0; }
+
+ENTER(read) { io_enter(EV_SOCK_READ, sys_arg(ctx, 0), sys_arg(ctx, 1), 0); return 0; }
+EXIT(read) { io_exit(ctx, EV_SOCK_READ, SYS_RET(ctx), 0); return 0; }
+ENTER(recvfrom) { io_enter(EV_SOCK_READ, sys_arg(ctx, 0), sys_arg(ctx, 1), 0); return 0; }
+EXIT(recvfrom) { io_exit(ctx, EV_SOCK_READ, SYS_RET(ctx), 0); return 0; }
 /* An iovec count as pending_io.is_iov: never 0 (that means a plain buffer). */
 static __always_inline u32 iov_count(u64 n)
 {
     return n == 0 ? 1 : n > H2_WALK_IOVS ? H2_WALK_IOVS : (u32)n;
 }
-TRACEPOINT_PROBE(syscalls, sys_enter_readv) { io_enter(EV_SOCK_READ, args->fd, (u64)args->vec, iov_count(args->vlen)); return 0; }
-TRACEPOINT_PROBE(syscalls, sys_exit_readv) { io_exit(args, EV_SOCK_READ, args->ret, 1); return 0; }
-TRACEPOINT_PROBE(syscalls, sys_enter_write) { io_enter(EV_SOCK_WRITE, args->fd, (u64)args->buf, 0); return 0; }
-TRACEPOINT_PROBE(syscalls, sys_exit_write) { io_exit(args, EV_SOCK_WRITE, args->ret, 0); return 0; }
-TRACEPOINT_PROBE(syscalls, sys_enter_sendto) { io_enter(EV_SOCK_WRITE, args->fd, (u64)args->buff, 0); return 0; }
-TRACEPOINT_PROBE(syscalls, sys_exit_sendto) { io_exit(args, EV_SOCK_WRITE, args->ret, 0); return 0; }
-TRACEPOINT_PROBE(syscalls, sys_enter_writev) { io_enter(EV_SOCK_WRITE, args->fd, (u64)args->vec, iov_count(args->vlen)); return 0; }
-TRACEPOINT_PROBE(syscalls, sys_exit_writev) { io_exit(args, EV_SOCK_WRITE, args->ret, 1); return 0; }
+ENTER(readv) { io_enter(EV_SOCK_READ, sys_arg(ctx, 0), sys_arg(ctx, 1), iov_count(sys_arg(ctx, 2))); return 0; }
+EXIT(readv) { io_exit(ctx, EV_SOCK_READ, SYS_RET(ctx), 1); return 0; }
+ENTER(write) { io_enter(EV_SOCK_WRITE, sys_arg(ctx, 0), sys_arg(ctx, 1), 0); return 0; }
+EXIT(write) { io_exit(ctx, EV_SOCK_WRITE, SYS_RET(ctx), 0); return 0; }
+ENTER(sendto) { io_enter(EV_SOCK_WRITE, sys_arg(ctx, 0), sys_arg(ctx, 1), 0); return 0; }
+EXIT(sendto) { io_exit(ctx, EV_SOCK_WRITE, SYS_RET(ctx), 0); return 0; }
+ENTER(writev) { io_enter(EV_SOCK_WRITE, sys_arg(ctx, 0), sys_arg(ctx, 1), iov_count(sys_arg(ctx, 2))); return 0; }
+EXIT(writev) { io_exit(ctx, EV_SOCK_WRITE, SYS_RET(ctx), 1); return 0; }
 
 /* recvmsg/sendmsg: struct user_msghdr { name; namelen(+pad); msg_iov @16; msg_iovlen @24; ... } */
 static __always_inline u64 msg_iov(u64 msg)
@@ -39,17 +81,15 @@ static __always_inline u32 msg_iovlen(u64 msg)
     bpf_probe_read_user(&n, sizeof(n), (void *)(msg + 24));
     return iov_count(n);
 }
-TRACEPOINT_PROBE(syscalls, sys_enter_recvmsg) { io_enter(EV_SOCK_READ, args->fd, msg_iov((u64)args->msg), msg_iovlen((u64)args->msg)); return 0; }
-TRACEPOINT_PROBE(syscalls, sys_exit_recvmsg) { io_exit(args, EV_SOCK_READ, args->ret, 1); return 0; }
-TRACEPOINT_PROBE(syscalls, sys_enter_sendmsg) { io_enter(EV_SOCK_WRITE, args->fd, msg_iov((u64)args->msg), msg_iovlen((u64)args->msg)); return 0; }
-TRACEPOINT_PROBE(syscalls, sys_exit_sendmsg) { io_exit(args, EV_SOCK_WRITE, args->ret, 1); return 0; }
+ENTER(recvmsg) { u64 msg = sys_arg(ctx, 1); io_enter(EV_SOCK_READ, sys_arg(ctx, 0), msg_iov(msg), msg_iovlen(msg)); return 0; }
+EXIT(recvmsg) { io_exit(ctx, EV_SOCK_READ, SYS_RET(ctx), 1); return 0; }
+ENTER(sendmsg) { u64 msg = sys_arg(ctx, 1); io_enter(EV_SOCK_WRITE, sys_arg(ctx, 0), msg_iov(msg), msg_iovlen(msg)); return 0; }
+EXIT(sendmsg) { io_exit(ctx, EV_SOCK_WRITE, SYS_RET(ctx), 1); return 0; }
 
-TRACEPOINT_PROBE(syscalls, sys_enter_close)
+ENTER(close)
 {
     u64 id = bpf_get_current_pid_tgid();
-    if (!maybe_traced(id >> 32))
-        return 0; /* untraced: its connections went with forget() */
-    struct conn_key key = {.tgid = id >> 32, .fd = args->fd};
+    struct conn_key key = {.tgid = id >> 32, .fd = sys_arg(ctx, 0)};
     struct conn_state *st = conns.lookup(&key);
     if (!st)
         return 0;

@@ -295,14 +295,14 @@ HIP_GRAPH_PROBES: tuple[UprobeRow, ...] = tuple(
         ("hipGraphInstantiate", "cudaGraphInstantiate"), ("hipGraphInstantiateWithFlags", "cudaGraphInstantiate"),
         ("hipGraphDestroy", "cudaGraphDestroy"), ("hipGraphExecDestroy", "cudaGraphExecDestroy")))
 
-# Syscall tracepoints of the HTTP probes (bcc attaches TRACEPOINT_PROBE functions
-# by itself; this list is what `otel-gpu run` reports and the detach test checks).
-HTTP_TRACEPOINTS: tuple[str, ...] = tuple(
-    f"syscalls:sys_{phase}_{call}"
-    for call in ("accept4", "accept", "read", "recvfrom", "readv", "recvmsg",
-                 "write", "sendto", "writev", "sendmsg")
-    for phase in ("enter", "exit")
-) + ("syscalls:sys_enter_close", "sched:sched_process_exit")
+# The HTTP probes' tracepoints (bcc attaches the *_PROBE functions by itself; these lists
+# are what `otel-gpu run` reports and the detach tests check): every syscall's entry and
+# exit, raw (BPF links, no perf record; the syscalls followed: probes/syscalls.py), and
+# process exit (a perf event).
+HTTP_RAW_TRACEPOINTS: tuple[str, ...] = ("raw_syscalls:sys_enter", "raw_syscalls:sys_exit")
+HTTP_TRACEPOINTS: tuple[str, ...] = ("sched:sched_process_exit",)
+# bpf/graph_probes.c's process exit, raw (http_syscalls.c holds the perf event's program name).
+GRAPH_RAW_TRACEPOINTS: tuple[str, ...] = ("sched:sched_process_exit",)
 
 # The open syscalls' tracepoints of bpf/library_probes.c: a CUDA library opened at any path.
 LIBRARY_TRACEPOINTS: tuple[str, ...] = ("syscalls:sys_enter_openat", "syscalls:sys_enter_open")

@@ -130,7 +130,7 @@ class BpfProgram:
         from bcc import BPF  # imported late: the unit tier runs without bcc
 
         from ..probes.cached_bpf import load_ahead
-        if load_ahead(self.bpf, H2_PROGRAMS, BPF.TRACEPOINT, beside=True):
+        if load_ahead(self.bpf, H2_PROGRAMS, BPF.RAW_TRACEPOINT, beside=True):
             return True
         self._install_h2_walk()
         return False
@@ -141,7 +141,7 @@ class BpfProgram:
         from bcc import BPF  # imported late: the unit tier runs without bcc
         self._h2_walk_verifying = False
         try:
-            self.bpf["h2_walkers"][ct.c_int(0)] = ct.c_int(self.bpf.load_func(H2_PROGRAMS[0], BPF.TRACEPOINT).fd)
+            self.bpf["h2_walkers"][ct.c_int(0)] = ct.c_int(self.bpf.load_func(H2_PROGRAMS[0], BPF.RAW_TRACEPOINT).fd)
         except Exception as e:  # a verifier elsewhere may refuse it: the probes' copy as before
             log.warning("HTTP/2 frames are not walked in the kernel (h2_walk did not load: %s): a connection "
                         "whose one read carries more frames than the probe copies is dropped", e)
@@ -309,7 +309,7 @@ class BpfProgram:
             from bcc import BPF  # imported late: the unit tier runs without bcc
 
             from ..probes.cached_bpf import load_ahead
-            if load_ahead(self.bpf, HEAD_PROGRAMS, BPF.TRACEPOINT, beside=True):
+            if load_ahead(self.bpf, HEAD_PROGRAMS, BPF.RAW_TRACEPOINT, beside=True):
                 self._heads_verifying = (bound, parents, t0)
                 return
         self._install_heads(bound, parents, t0)
@@ -320,7 +320,7 @@ class BpfProgram:
         scans = self.bpf["head_scans"]
         try:
             for i, name in enumerate(HEAD_PROGRAMS):  # HEAD_SCAN, HEAD_PARENT_PARSE
-                scans[ct.c_int(i)] = ct.c_int(self.bpf.load_func(name, BPF.TRACEPOINT).fd)
+                scans[ct.c_int(i)] = ct.c_int(self.bpf.load_func(name, BPF.RAW_TRACEPOINT).fd)
         except Exception as e:  # a verifier elsewhere may refuse them: the collector decides alone
             log.warning("sampling is decided by the collector alone (the kernel's head programs did "
                         "not load: %s); unsampled requests' calls may be streamed", e)
@@ -388,9 +388,13 @@ class BpfProgram:
                 except KeyError:
                     pass
 
+    def tracepoints(self) -> int:
+        """Tracepoints attached: perf events and raw ones (links)."""
+        return self.bpf.num_open_tracepoints() + len(self.bpf.raw_tracepoint_fds)
+
     def describe(self) -> str:
         per_process = self.attacher.pids()
-        return (f"{self.bpf.num_open_tracepoints()} tracepoints, {self.attacher.probe_count} CUDA probes "
+        return (f"{self.tracepoints()} tracepoints, {self.attacher.probe_count} CUDA probes "
                 f"on {self.attacher.files()} files (attached in {self.attacher.attach_s:.3f} s, "
                 f"{self.attacher.uprobes.name})"
                 + (f" for {len(per_process)} processes only" if per_process else "")

@@ -17,7 +17,7 @@ from typing import Optional
 
 from ..config import STREAM_RATE
 from ..cuda_calls import c_defines
-from . import kernel_btf, launch_slot_sizes, python, summary_buckets
+from . import kernel_btf, launch_slot_sizes, python, summary_buckets, syscalls
 from .pid_bits import pid_words
 
 log = logging.getLogger(__name__)
@@ -130,13 +130,14 @@ def source_text() -> str:
 
 def load(options: ProgramOptions, stats=None, compile_only: bool = False):
     """The bcc BPF object, from the cache when it holds this exact program, else
-    compiled (and then cached), with its stream settings written. bcc attaches the
-    TRACEPOINT_PROBE functions itself (not with `compile_only`: `otel-gpu compile`
+    compiled (and then cached), with its stream settings written and its syscall
+    programs installed (probes/syscalls.py). bcc attaches the tracepoint functions itself (not with `compile_only`: `otel-gpu compile`
     warms the cache and attaches nothing); uprobes are the caller's. An unusable entry
     is logged, counted in `stats` as bpf_cache_invalid, and the program compiled."""
     bpf = _load(options, stats, compile_only)
     if not compile_only:
         write_stream_settings(bpf, options)
+        syscalls.install(bpf)  # before any process is traced
     return bpf
 
 

@@ -76,7 +76,7 @@ def to_text(state: dict, now: float, stale: Optional[str]) -> str:
     if procs.get("count", 0) > len(procs.get("listed", [])):
         lines.append(f"  ... and {procs['count'] - len(procs['listed'])} more")
     probes = state.get("probes", {})
-    lines.append(f"probes: {probes.get('tracepoints', 0)} syscall tracepoints; uprobes on {probes.get('files', 0)} files")
+    lines.append(f"probes: {probes.get('tracepoints', 0)} tracepoints; uprobes on {probes.get('files', 0)} files")
     lines += textwrap.wrap(f"attached, by function: {_pairs(probes.get('attached', {}))}", 100,
                            initial_indent="  ", subsequent_indent="    ")
     lines += textwrap.wrap(f"FAILED to attach: {_pairs(probes['failed'])}" if probes.get("failed") else

@@ -40,7 +40,7 @@ def probe_status(program) -> dict:
     does not define is not a failure); the functions whose probe x86 single-steps, with
     their files (probes/prologue.py: each call pays SINGLE_STEP_COST)."""
     a = program.attacher
-    return {"tracepoints": program.bpf.num_open_tracepoints(), "files": a.files(),
+    return {"tracepoints": program.tracepoints(), "files": a.files(),
             "attached": dict(a.by_symbol), "failed": dict(a.failed),
             "single_stepped": {s: sorted(files) for s, files in sorted(a.single_stepped.items()) if files}}
 

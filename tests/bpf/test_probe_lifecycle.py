@@ -6,7 +6,8 @@ import os
 import pytest
 
 from otel_gpu.config import DEFAULT_BPF_CACHE
-from otel_gpu.cuda_calls import CUDA_PROBES, HTTP_TRACEPOINTS, LIBRARY_TRACEPOINTS
+from otel_gpu.cuda_calls import (CUDA_PROBES, GRAPH_RAW_TRACEPOINTS, HTTP_RAW_TRACEPOINTS, HTTP_TRACEPOINTS,
+                                 LIBRARY_TRACEPOINTS)
 from tests.bpf.probe_harness import open_fds
 
 
@@ -44,10 +45,10 @@ def test_sigterm_detaches_every_probe(receiver, start_collector, start_target, l
     pid = collector.proc.pid
     expected = "uprobe_multi links" if links == "auto" else "perf-event uprobes (as configured)"
     assert any(f"uprobes: {expected}" in line for line in collector.log.lines)
-    # The tracepoints are perf events; graph_probes.c's raw tracepoint is a link (the time
-    # split's raw ones are opt-in: --time-split).
-    tracepoints = len(HTTP_TRACEPOINTS) + len(LIBRARY_TRACEPOINTS)
-    perf, link = open_fds("[perf_event]", pid) - tracepoints, open_fds("bpf_link", pid) - 1
+    # The tracepoints are perf events; the raw ones (every syscall's entry and exit,
+    # graph_probes.c's process exit) are links (the time split's are opt-in: --time-split).
+    tracepoints, raw = len(HTTP_TRACEPOINTS) + len(LIBRARY_TRACEPOINTS), len(HTTP_RAW_TRACEPOINTS + GRAPH_RAW_TRACEPOINTS)
+    perf, link = open_fds("[perf_event]", pid) - tracepoints, open_fds("bpf_link", pid) - raw
     assert perf >= 0 and link >= 0, (perf, link)
     uprobes, others = (link, perf) if links == "auto" else (perf, link)
     assert uprobes >= 20 and others == 0, (perf, link)

@@ -21,6 +21,7 @@ from tests.harness import children_of, server_spans
 
 N = 240
 CLIENTS = 8
+KERNEL_DECIDES = "sampling decided in the kernel as heads are read"  # the head programs run (logged once)
 
 
 def _work(spans, pid):
@@ -82,6 +83,7 @@ def test_a_tenth_of_the_traces_go_out_each_streaming_only_its_own_calls(tmp_path
                                 OTEL_TRACES_SAMPLER_ARG="0.1", OTEL_GPU_STORE=db)
     target = start_target(kind)
     collector.wait_traced(target.pid)
+    assert collector.log.wait_for(KERNEL_DECIDES, 60)  # verified after `ready`: until then the collector decides
     target.go()
 
     def parent(path: str) -> dict:  # every 4th request continues a trace, which its trace id decides
@@ -130,6 +132,7 @@ def test_a_traceparent_decides_and_roots_at_ratio_0_are_only_counted(tmp_path, r
                                 OTEL_TRACES_SAMPLER_ARG="0", OTEL_GPU_STORE=db)
     target = start_target()
     collector.wait_traced(target.pid)
+    assert collector.log.wait_for(KERNEL_DECIDES, 60)
     target.go()
     upper = {i for i in range(N) if i % 8 == 7}
 
@@ -208,7 +211,7 @@ def test_under_the_default_sampler_an_unsampled_parent_has_the_kernel_decide(tmp
     collector.wait_traced(target.pid)
     target.go()
     target.get("/work?launches=3&n=1000", {"traceparent": f"00-{trace}-{1000:016x}-00"})
-    assert collector.log.wait_for("sampling decided in the kernel as heads are read", 60)
+    assert collector.log.wait_for(KERNEL_DECIDES, 60)
 
     def parent(path: str) -> dict:  # by turns: a root, a sampled parent, an unsampled one
         i = int(path.split("n=")[1])
