@@ -6,7 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from .proc import TCP_ESTABLISHED, TCP_LISTEN, local_port, socket_fds, socket_inode, tcp_sockets
+from .proc import (TCP_ESTABLISHED, TCP_LISTEN, listening_sockets, local_port, socket_fds, socket_inode, sockets_held,
+                   tcp_sockets)
 
 
 class PortCache:
@@ -47,9 +48,10 @@ def open_sockets(proc_root: str, pid: int) -> dict[int, int]:
 
 
 def listens(proc_root: str, pid: int) -> bool:
-    """Does the process hold a listening TCP socket (may it serve HTTP)?"""
-    fds = socket_fds(proc_root, pid)
-    return bool(fds) and any(s.state == TCP_LISTEN and s.inode in fds for s in tcp_sockets(proc_root, pid))
+    """Does the process hold a listening TCP socket (may it serve HTTP)? Its descriptors
+    are read until one is a listener: a server's comes early, before its connections."""
+    listening = {s.inode for s in listening_sockets(proc_root, pid)}
+    return bool(listening) and any(inode in listening for _, inode in sockets_held(proc_root, pid))
 
 
 @dataclass(frozen=True)

@@ -2,20 +2,20 @@
 
 The GPU service (bench/http_service.py, real libcudart) and a plain TCP listener that
 holds every connection it accepts (tests/bpf/targets/idle_listener.py: a front proxy,
-or a flood) share one cgroup, so the collector traces the listener as a related
-server. IDLE idle connections go to the service and OLD keep-alive ones ask one request
-each; then FLOOD connections go to the listener, from several loopback source
-addresses (one address has ~28,000 ephemeral ports). After the flood the OLD
+or a flood; LISTENERS processes on one port) share one cgroup, so the collector traces
+the listener as a related server. IDLE idle connections go to the service and OLD
+keep-alive ones ask one request each; then FLOOD connections go to the listener, held
+by client processes (bench/connection_holder.py) from loopback source addresses of
+their own (one address has ~28,000 ephemeral ports). After the flood the OLD
 connections ask again and NEW ones ask once. Every request asks for its own number of
 launches (/launch/N, N unique), so a span is exact when its path, its gpu.launches and
-its launch children all say N. Then the collector is stopped: its stop must fit
+its launch children (one by one, or counted in a rollup child while the collector is
+behind) all say N. Then the collector is stopped: its stop must fit
 --shutdown-timeout + 1 s. Collector CPU and RSS over the flood, and the counters that
 say where the neighbour's connections went, are printed beside."""
 from __future__ import annotations
 
 import http.client
-import resource
-import socket
 import subprocess
 import sys
 import time
@@ -30,25 +30,37 @@ from ..target import Service
 
 LISTENER = Path(__file__).resolve().parents[2] / "tests" / "bpf" / "targets" / "idle_listener.py"
 OLD, NEW = 20, 20
-PORTS_PER_SOURCE = 24_000  # of the 28,232 in Linux's default ephemeral range
+LISTENERS = 5        # processes sharing the listener's port (SO_REUSEPORT): one holds <= 20,000 descriptors here
+PER_HOLDER = 18_000  # connections a client process holds, from a source address of its own (28,232 ports each)
 SPAN_WAIT_S = 30
 
 
-def _raise_fd_limit(need: int) -> None:
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft < need:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (max(need, hard), max(need, hard)))  # root may raise both
+class Procs:
+    """Child processes that print a line when ready, stopped together."""
+
+    def __init__(self) -> None:
+        self.procs: list = []
+
+    def start(self, argv: list, ready: str, timeout: float = 120) -> str:
+        proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                text=True)
+        self.procs.append(proc)
+        log = LineWatcher(proc.stdout, echo=None)
+        if not log.wait_for(ready, timeout):
+            raise RuntimeError(f"{argv[-3:]} not ready:\n" + "".join(log.lines))
+        return next(l for l in log.lines if ready in l)
+
+    def stop(self) -> None:
+        for proc in self.procs:
+            stop_process(proc, timeout=30)
 
 
-def _connect(port: int, n: int) -> list:
-    """n connections to 127.0.0.1:port, PORTS_PER_SOURCE from each of 127.0.0.2, .3, ..."""
-    out = []
-    for i in range(n):
-        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        s.bind((f"127.0.0.{2 + i // PORTS_PER_SOURCE}", 0))
-        s.connect(("127.0.0.1", port))
-        out.append(s)
-    return out
+def _hold(procs: Procs, port: int, n: int, first_source: int) -> None:
+    """n idle connections to port, PER_HOLDER a process from 127.0.0.<first_source>, .. on."""
+    for i, start in enumerate(range(0, n, PER_HOLDER)):
+        count = min(PER_HOLDER, n - start)
+        procs.start([sys.executable, "-m", "bench.connection_holder", str(port), f"127.0.0.{first_source + i}",
+                     str(count)], f"held {count}")
 
 
 def _ask(conns: list, first: int) -> list:
@@ -71,7 +83,11 @@ def _exact(rx: CountingReceiver, pid: int, asked: list) -> int:
     exact = 0
     for n in asked:
         spans = by_path.get(f"/launch/{n}", [])
-        if len(spans) == 1 and spans[0][1].get("gpu.launches") == n and rx.children_of(spans[0][0])[0] == n:
+        if len(spans) != 1:
+            continue
+        sid, a = spans[0]
+        singles = rx.children_of(sid)[0]  # one by one, or counted (a rollup child, while the collector is behind)
+        if a.get("gpu.launches") == n and singles + a.get("otel_gpu.spans.rolled_up", 0) == n:
             exact += 1
     return exact
 
@@ -85,30 +101,28 @@ def _wait_exact(rx: CountingReceiver, pid: int, asked: list) -> int:
 
 def run(quick: bool, starts: list) -> dict:
     idle, flood = (1_000, 15_000) if quick else (5_000, 72_000)
-    _raise_fd_limit(idle + flood + OLD + NEW + 1024)
     rx = CountingReceiver().start()
     svc = Service()
-    listener = subprocess.Popen(svc.cgroup.wrap([sys.executable, str(LISTENER)]), stdin=subprocess.DEVNULL,
-                                stderr=subprocess.PIPE, text=True)
-    held: list = []
+    procs = Procs()
     out: dict = {"idle": idle, "flood": flood, "old": OLD, "new": NEW,
                  "shutdown_timeout_s": Config().shutdown_timeout_s,
-                 "same_cgroup": svc.cgroup.path is not None}  # else the listener is not a related server
+                 "same_cgroup": svc.cgroup.path is not None}  # else the listeners are not related servers
     try:
-        log = LineWatcher(listener.stderr, echo=None)
-        if not log.wait_for("listening on", 30):
-            raise RuntimeError("idle listener did not start:\n" + "".join(log.lines))
-        listener_port = int(next(l for l in log.lines if "listening on" in l).split()[2])
+        line = procs.start(svc.cgroup.wrap([sys.executable, str(LISTENER), "0", "--reuseport"]), "listening on")
+        port = int(line.split()[2])
+        for _ in range(LISTENERS - 1):
+            procs.start(svc.cgroup.wrap([sys.executable, str(LISTENER), str(port), "--reuseport"]), "listening on")
         col = Collector(otlp_endpoint=rx.endpoint)
         starts.append(col.ready_s)
         try:
             col.wait_traced(svc.pid)
-            col.wait_traced(listener.pid)
-            held += _connect(svc.port, idle)
+            for proc in procs.procs:
+                col.wait_traced(proc.pid)
+            _hold(procs, svc.port, idle, 2)
             old = [http.client.HTTPConnection("127.0.0.1", svc.port, timeout=60) for _ in range(OLD)]
             asked = _ask(old, 1)
             cpu0, t0 = col.cpu_seconds(), time.monotonic()
-            held += _connect(listener_port, flood)
+            _hold(procs, port, flood, 3)
             out["flood_s"] = round(time.monotonic() - t0, 1)
             time.sleep(2)  # the collector takes in what the flood made
             out["collector_cores_over_flood"] = round((col.cpu_seconds() - cpu0) / (time.monotonic() - t0), 3)
@@ -125,9 +139,7 @@ def run(quick: bool, starts: list) -> dict:
         counted = {**summary.get("dropped", {}), **summary.get("counted", {})}
         out["counters"] = {k: v for k, v in counted.items() if k.startswith("conn") or "share" in k or k == "lost_events"}
     finally:
-        for s in held:
-            s.close()
-        stop_process(listener, timeout=10)
+        procs.stop()
         svc.stop()
         rx.stop()
     return out

@@ -130,3 +130,22 @@ def test_tcp_rows_decode_host_order_addresses(root):
 def test_socket_fds_map_inodes_to_fds(root):
     assert proc.socket_fds(root, PID) == {31337: 3}
     assert proc.socket_fds(root, 999) == {}
+
+
+def test_listening_sockets_stop_at_the_first_other_row(root):
+    """The kernel prints its listening hash first: the read stops there (a neighbour's
+    tens of thousands of connections are never read), in both tables."""
+    d = os.path.join(root, str(PID), "net")
+    with open(os.path.join(d, "tcp"), "w") as f:
+        f.write(TCP_HEADER + "   0: 0100007F:1F90 00000000:0000 0A 0:0 00:0 0 0 0 11 1\n"
+                "   1: 0100007F:1F91 00000000:0000 0A 0:0 00:0 0 0 0 12 1\n"
+                "   2: 0100007F:1F90 0A00000A:C350 01 0:0 00:0 0 0 0 13 1\n"
+                "   3: 0100007F:1F92 00000000:0000 0A 0:0 00:0 0 0 0 14 1\n")  # not a real table's order
+    assert [s.inode for s in proc.listening_sockets(root, PID)] == [11, 12, 31337]
+    assert [s.inode for s in proc.listening_sockets(root, 999)] == []
+
+
+def test_sockets_held_in_descriptor_order(root):
+    os.symlink("socket:[5]", os.path.join(root, str(PID), "fd", "10"))
+    assert list(proc.sockets_held(root, PID)) == [(3, 31337), (10, 5)]
+    assert list(proc.sockets_held(root, 999)) == []
