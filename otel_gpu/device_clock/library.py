@@ -1,0 +1,86 @@
+"""Builds libotel_gpu_cupti.so, the CUPTI injection library of device-clock mode, and
+libfake_cupti.so, the fake CUPTI its tests drive, with gcc against one CUPTI header set.
+
+The library dlopens libcupti at run time, so it has no link-time dependency on it; the headers
+only fix the record structs it reads, whose fields it uses sit at the same offsets in CUPTI 12
+and 13 (asserted at compile time in otel_gpu_cupti.c)."""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sysconfig
+from pathlib import Path
+
+SOURCES = Path(__file__).resolve().parents[2] / "cupti"  # beside bpf/: C that is not Python's
+LIBRARY_SOURCES = (SOURCES / "otel_gpu_cupti.c", SOURCES / "device_record.h")
+FAKE_SOURCES = (SOURCES / "fake" / "fake_cupti.c",)
+CUDA_INCLUDE = Path("/usr/local/cuda/include")
+# No -Bsymbolic, no -fno-semantic-interposition: the library must call otel_gpu_device_records
+# through its PLT, so that a test executable defining the symbol sees every call.
+CFLAGS = ("-std=c11", "-O2", "-fPIC", "-shared", "-Wall", "-Wextra", "-pthread")
+
+
+def headers() -> Path | None:
+    """The CUPTI include directory: $OTEL_GPU_CUPTI_INCLUDE, else the CUDA toolkit's, else the
+    nvidia-cuda-cupti wheel's in this Python's site-packages; None when there is none."""
+    if env := os.environ.get("OTEL_GPU_CUPTI_INCLUDE"):
+        return Path(env)
+    if (CUDA_INCLUDE / "cupti.h").is_file():
+        return CUDA_INCLUDE
+    paths = sysconfig.get_paths()
+    for site in dict.fromkeys((paths["purelib"], paths["platlib"])):
+        wheel = Path(site) / "nvidia" / "cuda_cupti" / "include"
+        if (wheel / "cupti.h").is_file():
+            return wheel
+    return None
+
+
+def _include_dirs() -> list[Path]:
+    """The CUPTI headers first, then the CUDA headers they include (cuda.h, builtin_types.h),
+    which the CUPTI wheel does not ship."""
+    cupti = headers()
+    if cupti is None:
+        raise RuntimeError(f"CUPTI headers not found: no cupti.h in {CUDA_INCLUDE} nor in an nvidia-cuda-cupti"
+                           " wheel; install the CUDA toolkit or nvidia-cuda-cupti-cu12, or set OTEL_GPU_CUPTI_INCLUDE")
+    if not (cupti / "cupti.h").is_file():
+        raise RuntimeError(f"OTEL_GPU_CUPTI_INCLUDE={cupti} holds no cupti.h")
+    if (cupti / "cuda.h").is_file():
+        return [cupti]
+    cuda = Path(os.environ.get("OTEL_GPU_CUDA_INCLUDE", CUDA_INCLUDE))
+    if not (cuda / "cuda.h").is_file():
+        raise RuntimeError(f"cuda.h, which {cupti / 'cupti.h'} includes, is not in {cuda};"
+                           " set OTEL_GPU_CUDA_INCLUDE to a CUDA toolkit's include directory")
+    return [cupti, cuda]
+
+
+def _compile(sources: tuple[Path, ...], output: Path, libs: tuple[str, ...] = ()) -> Path:
+    """Compiles the .c files of `sources` into the shared library `output`, unless it is newer
+    than all of them (and this file, which holds the flags). The headers are not compared: use
+    one output directory per CUPTI header set."""
+    newest = max(p.stat().st_mtime for p in (*sources, Path(__file__)))
+    if output.exists() and output.stat().st_mtime >= newest:
+        return output
+    gcc = shutil.which("gcc")
+    if gcc is None:
+        raise RuntimeError(f"gcc not found on PATH; it builds {output.name}")
+    output.parent.mkdir(parents=True, exist_ok=True)
+    partial = output.with_name(f".{output.name}.{os.getpid()}")  # never a half-written library
+    command = [gcc, *CFLAGS, *(f"-I{d}" for d in _include_dirs()), "-o", str(partial),
+               *(str(s) for s in sources if s.suffix == ".c"), *libs]
+    done = subprocess.run(command, capture_output=True, text=True)
+    if done.returncode != 0:
+        partial.unlink(missing_ok=True)
+        raise RuntimeError(f"building {output.name} failed:\n{' '.join(command)}\n{done.stderr}")
+    partial.replace(output)
+    return output
+
+
+def build(out_dir: Path) -> Path:
+    """libotel_gpu_cupti.so in out_dir."""
+    return _compile(LIBRARY_SOURCES, Path(out_dir) / "libotel_gpu_cupti.so", ("-ldl",))
+
+
+def build_fake(out_dir: Path) -> Path:
+    """libfake_cupti.so, the fake CUPTI of the tests, in out_dir."""
+    return _compile(FAKE_SOURCES, Path(out_dir) / "libfake_cupti.so")
