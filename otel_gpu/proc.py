@@ -14,7 +14,8 @@ DELETED = " (deleted)"  # suffix of an exe link whose file was replaced or remov
 
 
 def path(proc_root: str, pid: int, name: str = "") -> str:
-    return os.path.join(proc_root, str(pid), name) if name else os.path.join(proc_root, str(pid))
+    # Formatted, not os.path.join: a scan makes a few of these for every process on the node.
+    return f"{proc_root}/{pid}/{name}" if name else f"{proc_root}/{pid}"
 
 
 def pids(proc_root: str) -> list[int]:

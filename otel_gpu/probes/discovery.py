@@ -45,6 +45,9 @@ CUDA_MARKS = ("/libcudart", "/libcuda.so", "/libnccl.so", "/librccl.so", "/libam
 # a CUDA library it loads later is seen at its open (bpf/library_probes.c), so a full
 # scan need not read every process's maps each time (~0.45 ms each for a Python process).
 QUIET_RESCAN_S = 30.0
+# A process found listening is asked again this often: servers keep their listener, and
+# each ask reads its TCP tables and descriptors (most of an idle node's scan, bench item 19).
+LISTENING_RECHECK_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -114,7 +117,8 @@ class Discovery:
                  listens: Optional[Callable[[int], bool]] = None, clock: Callable[[], float] = time.monotonic) -> None:
         self.proc_root = proc_root
         self.groups = groups  # pipeline.groups.ProcessGroups, or None: CUDA processes only
-        self._listens = listens or (lambda pid: sockets.listens(proc_root, pid))
+        self._listens_now = listens or (lambda pid: sockets.listens(proc_root, pid))
+        self._listening: dict[int, float] = {}  # pid -> when to ask again, once found listening
         self.pid_filter = pid_filter
         self._has_static = has_static_cudart or _elf_defines_cuda_launch
         self._static_cache: dict[tuple, bool] = {}
@@ -137,15 +141,16 @@ class Discovery:
         if only is None:  # processes gone since the last full scan
             live = set(pids)
             self._quiet = {pid: q for pid, q in self._quiet.items() if pid in live}
+            self._listening = {pid: t for pid, t in self._listening.items() if pid in live}
         for pid in pids:
             if pid == self.self_pid or (self.pid_filter and not self.pid_filter(pid)):
                 continue
-            exe = self._exe(pid)
-            key = exe[2] if exe else None
+            key = self._exe_key(pid)
             quiet = self._quiet.get(pid)
             if only is None and quiet is not None and quiet[0] == key and now < quiet[1]:
                 others.append(pid)  # no CUDA when last read, and the same executable
                 continue
+            exe = self._exe(pid, key)
             maps = proc.maps(self.proc_root, pid)
             if maps is None:
                 self._quiet.pop(pid, None)
@@ -175,9 +180,21 @@ class Discovery:
         if self.groups is not None and only is None:
             self.groups.retain(pids)
             if result.cuda_pids:
-                result.servers = {p for p in self.groups.relatives(others, result.cuda_pids) if self._listens(p)}
-                result.listening = {p for p in result.cuda_pids if self._listens(p)}
+                result.servers = {p for p in self.groups.relatives(others, result.cuda_pids) if self._listens(p, now)}
+                result.listening = {p for p in result.cuda_pids if self._listens(p, now)}
         return result
+
+    def _listens(self, pid: int, now: float) -> bool:
+        """Whether the process holds a listening TCP socket: asked at every scan until it
+        does, then every LISTENING_RECHECK_S (a pid reused meanwhile is gone from one full
+        scan's list first only if the scan saw the gap; the recheck bounds the rest)."""
+        if now < self._listening.get(pid, 0.0):
+            return True
+        if self._listens_now(pid):
+            self._listening[pid] = now + LISTENING_RECHECK_S
+            return True
+        self._listening.pop(pid, None)
+        return False
 
     def _pids(self) -> Iterable[int]:
         return proc.pids(self.proc_root)
@@ -251,16 +268,21 @@ class Discovery:
                 continue
         return None
 
-    def _exe(self, pid: int) -> Optional[tuple[str, str, tuple]]:
-        """(exe link, the file's path from here, (st_dev, st_ino)), read once per scan."""
+    def _exe_key(self, pid: int) -> Optional[tuple]:
+        """(st_dev, st_ino) of the running file, even if replaced: all a quiet process's
+        scan reads (one stat), to tell an exec."""
         try:
-            st = os.stat(proc.path(self.proc_root, pid, "exe"))  # the running file, even if replaced
+            st = os.stat(proc.path(self.proc_root, pid, "exe"))
         except OSError:
             return None
-        link = proc.exe(self.proc_root, pid)
+        return st.st_dev, st.st_ino
+
+    def _exe(self, pid: int, key: Optional[tuple]) -> Optional[tuple[str, str, tuple]]:
+        """(exe link, the file's path from here, key) for the key _exe_key read."""
+        link = proc.exe(self.proc_root, pid) if key is not None else None
         if link is None:
             return None
-        return link, proc.path(self.proc_root, pid, "root") + link, (st.st_dev, st.st_ino)
+        return link, proc.path(self.proc_root, pid, "root") + link, key
 
     def _static_exe(self, exe: Optional[tuple]) -> Optional[ProbeTarget]:
         if exe is None:

@@ -19,6 +19,7 @@ from .file import INTERVAL_S, SCHEMA, read_state, write_atomic
 log = logging.getLogger(__name__)
 
 MAX_PROCESSES = 100  # listed by pid and name; the count is always exact
+MAP_MEMORY_EVERY_S = 30.0  # the maps' memory moves only as by-need tables fill
 
 
 def destination_counts(name: str, exporter, stats: dict, handed: int) -> dict:
@@ -94,6 +95,7 @@ class StatusWriter:
         self._rate = RequestRate()
         self._log = RateLimitedLog(log, stats, interval_s=60.0)
         self._maps: dict = {}  # kernel_io/map_memory.py summary, the last while the program was loaded
+        self._maps_next = 0.0  # when to read them again (MAP_MEMORY_EVERY_S)
 
     def tick(self, collector) -> None:
         """Called from the collector's loop: writes when an interval has passed."""
@@ -121,10 +123,14 @@ class StatusWriter:
                             self.path, e)
 
     def _kernel_maps(self, program) -> dict:
-        """The program's maps' memory while it is loaded; after, the last reading (the final state)."""
+        """The program's maps' memory while it is loaded, read every MAP_MEMORY_EVERY_S (each
+        map's fdinfo: an idle collector's largest cost after the scan); after, the last reading."""
+        now = self._monotonic()
+        if now < self._maps_next:
+            return self._maps
         maps = map_memory.program_maps(program.bpf) if program is not None else []
         if maps:
-            self._maps = map_memory.summary(maps)
+            self._maps, self._maps_next = map_memory.summary(maps), now + MAP_MEMORY_EVERY_S
         return self._maps
 
     def state(self, collector) -> dict:

@@ -127,3 +127,31 @@ def test_discovery_finds_the_servers_related_to_a_cuda_process(tree):
     assert filtered.scan().servers == {boxed_front}  # --pid/--exe filters still apply
     plain = Discovery(tree.path, has_static_cudart=lambda p: False)
     assert plain.scan().servers == set()  # without groups: CUDA processes only
+
+
+def test_a_listener_is_asked_again_only_every_recheck_interval(tree):
+    """Asking reads a process's TCP tables and descriptors: a server found listening is
+    taken at its word for LISTENING_RECHECK_S; one not listening yet is asked every scan;
+    a process gone is forgotten."""
+    from otel_gpu.probes import discovery
+    tree.add(1, 0)
+    front = tree.add(100, 1)
+    worker = tree.add(200, front, maps=CUDA_MAPS)
+    child = tree.add(300, worker)  # related: the worker's child
+    listening, asked, now = {front}, [], [0.0]
+
+    def listens(pid):
+        asked.append(pid)
+        return pid in listening
+    d = Discovery(tree.path, has_static_cudart=lambda p: False, groups=ProcessGroups(tree.path),
+                  listens=listens, clock=lambda: now[0])
+    assert d.scan().servers == {front}
+    assert sorted(asked) == [front, worker, child]
+    asked.clear()
+    now[0] = discovery.LISTENING_RECHECK_S - 1
+    listening.add(child)  # starts listening: seen at the next scan
+    assert d.scan().servers == {front, child} and sorted(asked) == [worker, child]
+    asked.clear()
+    now[0] = discovery.LISTENING_RECHECK_S
+    listening.discard(front)  # closed its listener: seen once the interval is over
+    assert d.scan().servers == {child} and sorted(asked) == [front, worker]
