@@ -23,14 +23,7 @@
 
 #define FAKE_CUPTI_CLOCK_OFFSET_NS 1000000000000ull
 
-/* The same choice of record structs as otel_gpu_cupti.c. */
-#if CUPTI_API_VERSION >= 130000
-typedef CUpti_ActivityKernel10 kernel_record;
-#else
-typedef CUpti_ActivityKernel9 kernel_record;
-#endif
-typedef CUpti_ActivityMemcpy6 memcpy_record;
-typedef CUpti_ActivityMemset4 memset_record;
+#include "../record_versions.h" /* the same record structs as the library reads */
 
 static struct CUpti_Subscriber_st *subscriber;
 static char the_subscriber;

@@ -13,8 +13,8 @@ import sysconfig
 from pathlib import Path
 
 SOURCES = Path(__file__).resolve().parents[2] / "cupti"  # beside bpf/: C that is not Python's
-LIBRARY_SOURCES = (SOURCES / "otel_gpu_cupti.c", SOURCES / "device_record.h")
-FAKE_SOURCES = (SOURCES / "fake" / "fake_cupti.c",)
+LIBRARY_SOURCES = (SOURCES / "otel_gpu_cupti.c", SOURCES / "device_record.h", SOURCES / "record_versions.h")
+FAKE_SOURCES = (SOURCES / "fake" / "fake_cupti.c", SOURCES / "record_versions.h")
 CUDA_INCLUDE = Path("/usr/local/cuda/include")
 # No -Bsymbolic, no -fno-semantic-interposition: the library must call otel_gpu_device_records
 # through its PLT, so that a test executable defining the symbol sees every call.
