@@ -186,8 +186,8 @@ class Discovery:
 
     def _listens(self, pid: int, now: float) -> bool:
         """Whether the process holds a listening TCP socket: asked at every scan until it
-        does, then every LISTENING_RECHECK_S (a pid reused meanwhile is gone from one full
-        scan's list first only if the scan saw the gap; the recheck bounds the rest)."""
+        does, then every LISTENING_RECHECK_S (a listener that closed, or a pid reused by a
+        process that does not listen, is seen at the recheck)."""
         if now < self._listening.get(pid, 0.0):
             return True
         if self._listens_now(pid):
