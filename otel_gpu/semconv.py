@@ -137,6 +137,9 @@ GPU_SPANS_DROPPED = "otel_gpu.spans.rolled_up"  # calls beyond the span budget
 GPU_COST_SECONDS = "otel_gpu.cost.gpu_seconds"
 GPU_COST_AMOUNT = "otel_gpu.cost.amount"      # gpu_seconds x price per GPU-hour / 3600
 GPU_COST_CURRENCY = "otel_gpu.cost.currency"  # e.g. USD
+# Where gpu_seconds came from: host_window (pipeline/cost.py's busy-window model, today's
+# only source) or, once the device-clock mode feeds the cost, device (issue 46).
+GPU_COST_SOURCE = "otel_gpu.cost.source"
 # true: the span left before its cost was settled (a request overlapping it was still open);
 # the cost follows in the otel_gpu.cost.* metrics and the local store.
 GPU_COST_PENDING = "otel_gpu.cost.pending"

@@ -12,7 +12,7 @@ from .. import __version__
 from .. import semconv as sc
 from ..clock import BpfClock
 from ..cuda_calls import API_CUDA, API_OF, BY_ID, MEMCPY_DIRECTIONS, Category, call_name
-from ..pipeline import sampling
+from ..pipeline import cost, sampling
 from ..pipeline.model import CallSink, ProcessWindow, Request
 from ..pipeline.protocols.http2.grpc import SERVER_ERROR_CODES
 from ..probes import nccl
@@ -91,6 +91,7 @@ class SpanBuilder:
             attrs[sc.GPU_COST_SECONDS] = r.gpu_seconds
             attrs[sc.GPU_COST_AMOUNT] = r.cost
             attrs[sc.GPU_COST_CURRENCY] = self.currency
+            attrs[sc.GPU_COST_SOURCE] = cost.SOURCE
         elif r.cost_pending:
             attrs[sc.GPU_COST_PENDING] = True
         if r.feature is not None:
@@ -182,7 +183,7 @@ class SpanBuilder:
         if w.gpu_seconds is None:  # no cost stage ran
             return {}
         attrs = {sc.GPU_COST_SECONDS: w.gpu_seconds, sc.GPU_COST_AMOUNT: w.cost or 0.0,
-                 sc.GPU_COST_CURRENCY: self.currency}
+                 sc.GPU_COST_CURRENCY: self.currency, sc.GPU_COST_SOURCE: cost.SOURCE}
         feature = lambda c: str(w.split_features.get(c) or "(unknown)")  # noqa: E731
         if kept:
             attrs[sc.GPU_COST_SPLIT_SECONDS] = [float(w.split.get(c, 0.0)) for c in kept]

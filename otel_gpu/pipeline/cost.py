@@ -40,6 +40,7 @@ from ..value_cap import ValueCap
 from .model import CallSink, ProcessWindow, Request
 
 UNKNOWN_FEATURE = "(unknown)"  # a candidate request the stage never saw finish
+SOURCE = "host_window"         # otel_gpu.cost.source of every figure this stage makes
 MAX_FINISHED = 200_000         # finished requests remembered for windows' candidates
 
 

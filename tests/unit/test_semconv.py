@@ -93,6 +93,7 @@ PINNED = {
     "GPU_COST_SECONDS": "otel_gpu.cost.gpu_seconds",
     "GPU_COST_AMOUNT": "otel_gpu.cost.amount",
     "GPU_COST_CURRENCY": "otel_gpu.cost.currency",
+    "GPU_COST_SOURCE": "otel_gpu.cost.source",
     "GPU_COST_PENDING": "otel_gpu.cost.pending",
     "GPU_FEATURE": "otel_gpu.feature",
     "GPU_DEVICE": "gpu.device",

@@ -73,10 +73,13 @@ def test_a_request_leaves_as_it_finishes_and_its_cost_follows(tmp_path):
     w.pipeline.push(a[:2] + b[:2] + a[2:] + b[2:4])  # a answered while b is open and busy
     (span,) = [s for s in spans.get_finished_spans() if s.kind.name == "SERVER"]  # a, out already
     assert span.attributes["otel_gpu.cost.pending"] is True and "otel_gpu.cost.gpu_seconds" not in span.attributes
+    assert "otel_gpu.cost.source" not in span.attributes  # no figure, no source
     http = _points(reader, "http.server.request.duration")
     assert sum(http.values()) == 1  # a, counted already
     assert _points(reader, "otel_gpu.cost.gpu_seconds") == {}  # its cost: once settled
     w.pipeline.push(b[4:] + [Tick(20_000, final=True)])
     assert sum(_points(reader, "http.server.request.duration").values()) == 2
     assert _points(reader, "otel_gpu.cost.gpu_seconds")  # settled now
-    assert len([s for s in spans.get_finished_spans() if s.kind.name == "SERVER"]) == 2
+    servers = [s for s in spans.get_finished_spans() if s.kind.name == "SERVER"]
+    assert len(servers) == 2
+    assert servers[1].attributes["otel_gpu.cost.source"] == "host_window"  # b's, settled at its end

@@ -137,8 +137,9 @@ def test_window_span_carries_its_split_aligned_with_its_links():
     assert list(a[sc.GPU_COST_SPLIT_SECONDS]) == [0.006, 0.004]
     assert list(a[sc.GPU_COST_SPLIT_FEATURES]) == ["/a", "(unknown)"]
     assert (a[sc.GPU_COST_SECONDS], a[sc.GPU_COST_AMOUNT], a[sc.GPU_COST_CURRENCY]) == (0.01, 0.02, "EUR")
+    assert a[sc.GPU_COST_SOURCE] == "host_window"  # where the seconds came from (no device clock yet)
     bare = SpanBuilder(BpfClock()).build(window("outside", busy_calls(0, 10)))[0]
-    assert sc.GPU_COST_SECONDS not in bare.attributes  # no cost stage ran: nothing claimed
+    assert sc.GPU_COST_SECONDS not in bare.attributes and sc.GPU_COST_SOURCE not in bare.attributes
 
 
 def test_a_window_past_the_link_limit_links_its_largest_shares_and_keeps_the_rest_by_feature(store, reader):
