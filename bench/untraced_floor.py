@@ -10,13 +10,12 @@ import contextlib
 
 from otel_gpu.cuda_calls import HTTP_RAW_TRACEPOINTS, HTTP_TRACEPOINTS
 from otel_gpu.probes.source import kernel_headers_hint
-from otel_gpu.probes.syscalls import ENTER_ONLY, SYSCALL_NUMBERS
+from otel_gpu.probes.syscalls import followed
 
 
 def noop_text(per_syscall: bool = False) -> str:
     if per_syscall:
-        points = [f"syscalls:sys_{phase}_{name}" for name in SYSCALL_NUMBERS for phase in ("enter", "exit")
-                  if phase == "enter" or name not in ENTER_ONLY]
+        points = [f"syscalls:sys_{phase}_{name}" for name, phase in followed()]
         return "\n".join(f"TRACEPOINT_PROBE({tp.split(':')[0]}, {tp.split(':')[1]}) {{ return 0; }}"
                          for tp in points + list(HTTP_TRACEPOINTS))
     return "\n".join([f"RAW_TRACEPOINT_PROBE({tp.split(':')[1]}) {{ return 0; }}" for tp in HTTP_RAW_TRACEPOINTS]

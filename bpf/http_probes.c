@@ -164,11 +164,12 @@ static __always_inline void forget_conn(struct conn_key *key, struct conn_state 
     conns.delete(key);
 }
 
+/* accept_*, io_*: called only for a process maybe_traced (http_syscalls.c's dispatch). */
 static __always_inline void accept_enter(s32 listen_fd, void *addr)
 {
     u64 id = bpf_get_current_pid_tgid();
-    if (!is_traced_now(id >> 32))
-        return; /* untraced: one inlined read, and the exit's the same */
+    if (!is_traced(id >> 32))
+        return; /* its pid bit outlived its entry */
     struct pending_accept p = {.listen_fd = listen_fd, .addr = (u64)addr};
     accepting.update(&id, &p);
 }
@@ -176,8 +177,6 @@ static __always_inline void accept_enter(s32 listen_fd, void *addr)
 static __always_inline void accept_exit(long ret)
 {
     u64 id = bpf_get_current_pid_tgid();
-    if (!maybe_traced(id >> 32))
-        return;
     struct pending_accept *p = accepting.lookup(&id);
     if (!p)
         return;
@@ -385,7 +384,7 @@ static __always_inline void io_enter(u8 kind, s32 fd, u64 buf, u32 is_iov)
 {
     u64 id = bpf_get_current_pid_tgid();
     u32 tgid = id >> 32;
-    if (!is_traced_now(tgid))
+    if (!is_traced(tgid))
         return;
     struct conn_key key = {.tgid = tgid, .fd = fd};
     struct conn_state *st = conns.lookup(&key);
@@ -430,8 +429,6 @@ static __always_inline void h2_walk_transfer(void *ctx, u8 kind, u64 id, struct 
 static __always_inline void io_exit(void *ctx, u8 kind, long ret, int iovec)
 {
     u64 id = bpf_get_current_pid_tgid();
-    if (!maybe_traced(id >> 32))
-        return; /* untraced: out before the pending-I/O hash */
     struct pending_io *pp = kind == EV_SOCK_READ ? reading.lookup(&id) : writing.lookup(&id);
     if (!pp)
         return;

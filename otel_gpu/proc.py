@@ -242,9 +242,3 @@ def sockets_held(proc_root: str, pid: int) -> Iterator[tuple[int, int]]:
 def socket_fds(proc_root: str, pid: int) -> dict[int, int]:
     """inode -> fd for every socket the process holds open."""
     return {inode: fd for fd, inode in sockets_held(proc_root, pid)}
-    for name in names:
-        if name.isdigit():
-            inode = socket_inode(proc_root, pid, int(name))
-            if inode is not None:
-                out[inode] = int(name)
-    return out

@@ -18,10 +18,15 @@ ENTER_ONLY = frozenset({"close"})  # a tracked connection ends at the call; its 
 ARRAYS = {"enter": "sys_enters", "exit": "sys_exits"}
 
 
+def followed() -> list[tuple[str, str]]:
+    """(syscall, phase) for each program: both phases of each syscall, close's entry only."""
+    return [(name, phase) for name in SYSCALL_NUMBERS for phase in ARRAYS
+            if phase == "enter" or name not in ENTER_ONLY]
+
+
 def programs() -> list[tuple[str, str, int]]:
     """(program array, function, slot) for each syscall and phase followed."""
-    return [(ARRAYS[phase], f"on_{phase}_{name}", nr) for name, nr in SYSCALL_NUMBERS.items()
-            for phase in ("enter", "exit") if phase == "enter" or name not in ENTER_ONLY]
+    return [(ARRAYS[phase], f"on_{phase}_{name}", SYSCALL_NUMBERS[name]) for name, phase in followed()]
 
 
 def install(bpf) -> None:
