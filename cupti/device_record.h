@@ -26,17 +26,21 @@ struct otel_gpu_device_record {
     uint32_t device_id;
     uint8_t kind;            /* OTEL_GPU_DEVICE_KERNEL 1, _MEMCPY 2, _MEMSET 3 */
     uint8_t copy_kind;       /* CUPTI's memcpy kind for a memcpy, else 0 */
-    uint8_t pad[14];         /* to 64 bytes: a power of two, one cache line */
+    uint8_t api_domain;      /* the launching call's CUpti_CallbackDomain (driver 1, runtime 2), 0 if not known */
+    uint8_t pad1;
+    uint32_t api_id;         /* its callback id in that domain (cupti_runtime_cbid.h, cupti_driver_cbid.h) */
+    uint8_t pad[8];          /* to 64 bytes: a power of two, one cache line */
 };
 
 _Static_assert(sizeof(struct otel_gpu_device_record) == 64, "the BPF side mirrors 64 bytes");
-_Static_assert(offsetof(struct otel_gpu_device_record, kind) == 48, "the BPF side mirrors this layout");
+_Static_assert(offsetof(struct otel_gpu_device_record, kind) == 48 &&
+               offsetof(struct otel_gpu_device_record, api_id) == 52, "the BPF side mirrors this layout");
 
 /* The hand-off, probed by the collector; a no-op otherwise. records[0..count) are valid only
  * during the call; count may be 0 when only `dropped` has news. `dropped` counts, since the
  * previous call, what did not arrive intact: records CUPTI lost (no buffer space), records
  * given up for lack of a timestamp, and records delivered without their launching call
- * (tid == 0 and api_ns == 0: its correlation entry was overwritten before the record came). */
+ * (tid == 0, api_ns == 0, api_id == 0: its correlation entry was overwritten before the record came). */
 void otel_gpu_device_records(const struct otel_gpu_device_record *records, uint32_t count,
                              uint64_t dropped);
 

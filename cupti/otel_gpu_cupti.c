@@ -97,6 +97,8 @@ static struct call {
     atomic_uint lock; /* writers of one slot are 65536 ids apart: it never spins in practice */
     uint32_t correlation_id, tid;
     uint64_t api_ns;
+    uint32_t api_id;   /* which API: the collector ties a record only to a call of that API */
+    uint8_t api_domain;
 } calls[CALLS];
 
 static void lock(struct call *c)
@@ -114,7 +116,7 @@ static void CUPTIAPI on_api_call(void *userdata, CUpti_CallbackDomain domain, CU
                                  const void *data)
 {
     const CUpti_CallbackData *call = data;
-    (void)userdata, (void)domain, (void)cbid;
+    (void)userdata;
     if (call->callbackSite != CUPTI_API_ENTER)
         return;
     struct call *c = &calls[call->correlationId % CALLS];
@@ -125,6 +127,8 @@ static void CUPTIAPI on_api_call(void *userdata, CUpti_CallbackDomain domain, CU
         c->correlation_id = call->correlationId;
         c->tid = thread_id();
         c->api_ns = monotonic_ns();
+        c->api_id = cbid;
+        c->api_domain = (uint8_t)domain;
     }
     unlock(c);
 }
@@ -136,6 +140,8 @@ static void recall(struct otel_gpu_device_record *out)
     if (c->correlation_id == out->correlation_id) {
         out->tid = c->tid;
         out->api_ns = c->api_ns;
+        out->api_id = c->api_id;
+        out->api_domain = c->api_domain;
     }
     unlock(c);
     if (!out->tid && out->correlation_id) /* id 0: CUPTI linked the record to no call */

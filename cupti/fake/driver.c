@@ -27,9 +27,13 @@
 #define ORPHAN 999999         /* a kernel record without an API call */
 #define UNTIMED 999998        /* a kernel record without timestamps (CUPTI_TIMESTAMP_UNKNOWN) */
 #define TIMEOUT_NS 3000000000ull
+/* The API each kind's call is made as: CUPTI_CB_DOMAIN_RUNTIME_API (2) and the callback ids of
+ * cudaLaunchKernel, cudaMemcpyAsync and cudaMemsetAsync (cupti_runtime_cbid.h). */
+#define RUNTIME_DOMAIN 2
+static const uint32_t API_IDS[3] = {211, 41, 51};
 
 static struct {
-    void (*api_call)(uint32_t);
+    void (*api_call)(uint32_t, uint32_t, uint32_t);
     void (*kernel)(uint32_t, uint64_t, uint64_t, uint32_t, uint32_t);
     void (*memcpy)(uint32_t, uint64_t, uint64_t, uint64_t, uint8_t, uint32_t, uint32_t);
     void (*memset)(uint32_t, uint64_t, uint64_t, uint64_t, uint32_t, uint32_t);
@@ -46,10 +50,11 @@ void otel_gpu_device_records(const struct otel_gpu_device_record *r, uint32_t co
     pthread_mutex_lock(&out);
     printf("call count=%u dropped=%llu\n", count, (unsigned long long)dropped);
     for (uint32_t i = 0; i < count; i++, r++)
-        printf("rec kind=%u corr=%u tid=%u start=%llu end=%llu api=%llu bytes=%llu copy=%u stream=%u dev=%u\n",
+        printf("rec kind=%u corr=%u tid=%u start=%llu end=%llu api=%llu bytes=%llu copy=%u stream=%u dev=%u "
+               "domain=%u cbid=%u\n",
                r->kind, r->correlation_id, r->tid, (unsigned long long)r->start_ns, (unsigned long long)r->end_ns,
                (unsigned long long)r->api_ns, (unsigned long long)r->bytes, r->copy_kind, r->stream_id,
-               r->device_id);
+               r->device_id, r->api_domain, r->api_id);
     pthread_mutex_unlock(&out);
     atomic_fetch_add(&arrived, count);
 }
@@ -104,7 +109,7 @@ static void *work(void *arg)
         for (uint32_t k = 0; k < 3; k++) {
             uint32_t corr = (uint32_t)w->phase * 100000 + (t + 1) * 10000 + 3 * i + k;
             uint64_t start;
-            fake.api_call(corr);
+            fake.api_call(corr, RUNTIME_DOMAIN, API_IDS[k]);
             fake.timestamp(&start);
             start += LEAD_NS;
             if (k == 0)
@@ -179,7 +184,7 @@ int main(int argc, char **argv)
         uint64_t start;
         fake.timestamp(&start);
         fake.kernel(ORPHAN, start, start + 500, 9, 0);
-        fake.api_call(UNTIMED);
+        fake.api_call(UNTIMED, RUNTIME_DOMAIN, API_IDS[0]);
         fake.kernel(UNTIMED, 0, 0, 9, 0);
         wait_until(arrived_at_least, per_phase + 1, "records");
     } else if (!strcmp(argv[2], "off")) {

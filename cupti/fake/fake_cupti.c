@@ -5,7 +5,7 @@
  * libotel_gpu_cupti.so dlsyms, compiled against the same CUPTI headers (so the compiler holds
  * its signatures and record structs to theirs), and lets a test act as CUDA would:
  *
- *   fake_cupti_api_call()  an API call on the calling thread: ENTER and EXIT callbacks
+ *   fake_cupti_api_call()  an API call (domain, callback id) on the calling thread: ENTER and EXIT callbacks
  *   fake_cupti_kernel() / _memcpy() / _memset()  an activity record, produced only while its
  *                          kind is enabled, into a buffer from the bufferRequested callback;
  *                          cuptiActivityFlushAll() hands filled buffers to bufferCompleted
@@ -167,17 +167,17 @@ CUptiResult CUPTIAPI cuptiGetResultString(CUptiResult result, const char **text)
 
 /* ---- test hooks ---- */
 
-void fake_cupti_api_call(uint32_t correlation_id)
+void fake_cupti_api_call(uint32_t correlation_id, uint32_t domain, uint32_t cbid)
 {
     CUpti_CallbackData data;
-    if (!callback || !(atomic_load(&domains) & (1u << CUPTI_CB_DOMAIN_RUNTIME_API)))
+    if (!callback || !(atomic_load(&domains) & (1u << domain)))
         return;
     memset(&data, 0, sizeof data);
-    data.functionName = "cudaLaunchKernel";
+    data.functionName = "fake";
     data.correlationId = correlation_id;
     for (int site = CUPTI_API_ENTER; site <= CUPTI_API_EXIT; site++) {
         data.callbackSite = (CUpti_ApiCallbackSite)site;
-        callback(callback_data, CUPTI_CB_DOMAIN_RUNTIME_API, CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernel_v7000, &data);
+        callback(callback_data, (CUpti_CallbackDomain)domain, (CUpti_CallbackId)cbid, &data);
         atomic_fetch_add(&callbacks_made, 1);
     }
 }

@@ -23,6 +23,7 @@ CUPTI = build.SOURCES
 FAKE_CLOCK_OFFSET_NS = 10**12                       # fake_cupti.c's FAKE_CUPTI_CLOCK_OFFSET_NS
 THREADS, CALLS, LEAD_NS, ORPHAN = 2, 50, 200_000, 999_999  # driver.c's
 KERNEL, MEMCPY, MEMSET = 1, 2, 3
+RUNTIME_DOMAIN, API_IDS = 2, {KERNEL: 211, MEMCPY: 41, MEMSET: 51}  # driver.c's: the runtime calls it makes them as
 PER_PHASE = THREADS * CALLS * 3
 SLACK_NS = 1_000_000  # the library's clock-offset sample may err by half a preempted bracket
 
@@ -64,7 +65,7 @@ def made(phase):
                 out[phase * 100_000 + (t + 1) * 10_000 + 3 * i + k] = {
                     "kind": kind, "thread": t, "stream": 7 + t, "dev": t, "duration": 1000 + i,
                     "bytes": (0, (t + 1) * 1_000_000 + i, (t + 1) * 2_000_000 + i)[k],
-                    "copy": t + 1 if kind == MEMCPY else 0}
+                    "copy": t + 1 if kind == MEMCPY else 0, "api": (RUNTIME_DOMAIN, API_IDS[kind])}
     return out
 
 
@@ -72,7 +73,8 @@ def arrived(records, tids):
     """The records as made, with the phase-and-thread its tid names (None for an unknown tid)."""
     by_tid = {tid: t for t, tid in tids.items()}
     return {r["corr"]: {"kind": r["kind"], "thread": by_tid.get(r["tid"], (None, None))[1], "stream": r["stream"],
-                        "dev": r["dev"], "duration": r["end"] - r["start"], "bytes": r["bytes"], "copy": r["copy"]}
+                        "dev": r["dev"], "duration": r["end"] - r["start"], "bytes": r["bytes"], "copy": r["copy"],
+                        "api": (r["domain"], r["cbid"])}
             for r in records}
 
 
@@ -102,7 +104,7 @@ def test_records_reach_the_probe_point_once_with_their_thread_on_the_monotonic_c
     check_timing(records, done.stdout)
     # A record whose API call went unseen arrives without thread and entry time, and is counted;
     # one without timestamps (driver.c's UNTIMED) does not arrive, and is counted.
-    assert (orphan["kind"], orphan["tid"], orphan["api"]) == (KERNEL, 0, 0)
+    assert (orphan["kind"], orphan["tid"], orphan["api"], orphan["domain"], orphan["cbid"]) == (KERNEL, 0, 0, 0, 0)
     assert sum(c["dropped"] for c in calls) == 2
 
 
