@@ -42,6 +42,8 @@ enum event_kind {
     EV_GO_WAKE = 18,    /* a goroutine made another runnable (py_context_event: ctx the woken, parent the waker) */
     EV_GO_H2_UNIT = 19, /* a goroutine of Go's HTTP/2 server began a connection's frame reader or a stream's
                          * handler (go_h2_event) */
+    EV_DEVICE_RECORDS = 20, /* GPU activity timed by the device: a batch from the device-clock library
+                             * (device_records_event, bpf/device_records.c) */
 };
 
 /* event_header.flags bits. */
@@ -304,6 +306,33 @@ struct go_h2_event {
     u64 conn;         /* the *serverConn: one per connection while it is served */
     u32 stream;       /* 0: the frame reader */
     u32 pad;
+};
+
+/* EV_DEVICE_RECORDS: what libotel_gpu_cupti.so handed to otel_gpu_device_records() in one call
+ * (cupti/device_record.h: struct otel_gpu_device_record, mirrored field by field here). */
+#define DEVICE_RECORDS_PER_CALL 16 /* cupti/device_record.h OTEL_GPU_RECORDS_PER_CALL */
+struct device_record {
+    u64 start_ns;       /* device start, CLOCK_MONOTONIC */
+    u64 end_ns;
+    u64 api_ns;         /* when the launching API call entered; 0: not known */
+    u64 bytes;          /* memcpy/memset */
+    u32 correlation_id;
+    u32 tid;            /* the launching thread; 0: not known */
+    u32 stream_id;
+    u32 device_id;
+    u8 kind;            /* 1 kernel, 2 memcpy, 3 memset */
+    u8 copy_kind;
+    u8 api_domain;      /* CUpti_CallbackDomain of the launching call */
+    u8 pad1;
+    u32 api_id;         /* its callback id */
+    u8 pad[8];
+};
+struct device_records_event {
+    struct event_header h;  /* tid: the library's thread that handed them over */
+    u32 count;              /* valid records; more than DEVICE_RECORDS_PER_CALL arrive as that many */
+    u32 pad;
+    u64 dropped;            /* what the library says did not arrive intact since its last hand-off */
+    struct device_record records[DEVICE_RECORDS_PER_CALL];
 };
 
 struct proc_exit_event {

@@ -24,7 +24,8 @@ int cuda_library_loaded(struct pt_regs *ctx)
 }
 
 /* A library opened at any path: the open syscalls' tracepoints read each opened file's
- * name, and a process opening a CUDA runtime or driver, NCCL, ROCm's HIP runtime or RCCL
+ * name, and a process opening a CUDA runtime or driver, NCCL, ROCm's HIP runtime or RCCL, the
+ * device-clock library
  * (or, once traced, an OpenSSL libssl) is put in `loaded` too. User space scans it at once and attaches
  * that file wherever it lies (a venv, a conda env, a container's overlay through
  * /proc/<pid>/root), within tens of milliseconds of the open, before the loader has
@@ -75,7 +76,7 @@ static __always_inline void library_opened(const char *filename)
     u32 tgid = bpf_get_current_pid_tgid() >> 32;
     if (name_is(buf->s, base, "cudart", 6) || name_is(buf->s, base, "cuda.so", 7) ||
         name_is(buf->s, base, "nccl.so", 7) || name_is(buf->s, base, "amdhip64", 8) ||
-        name_is(buf->s, base, "rccl.so", 7) || (name_is(buf->s, base, "ssl.so", 6) && is_traced(tgid)))
+        name_is(buf->s, base, "rccl.so", 7) || name_is(buf->s, base, "otel_gpu_cupti", 14) || (name_is(buf->s, base, "ssl.so", 6) && is_traced(tgid)))
         loaded.update(&tgid, &zero);
 }
 

@@ -16,7 +16,7 @@ from .config import Config
 from .probes.discovery import Discovery
 from .probes.python import THREADS_WALKED, thread_states
 from .ratelimit import Stats, split_drops
-from .records import Accept, ProcessGone, ProcessSeen, SockClose, Tick
+from .records import Accept, DeviceClockSeen, ProcessGone, ProcessSeen, SockClose, Tick
 from .signal_flag import SignalFlag
 from .sockets import existing_server_connections, open_sockets
 from .status.writer import StatusWriter
@@ -46,6 +46,7 @@ class Collector:
                                    groups=self.groups)
         self.program = None  # probes.program.BpfProgram, once started
         self._traced_pids: set[int] = set()
+        self._device_clock: set[int] = set()  # processes mapping the device-clock library (DeviceClockSeen)
         # HTTP servers traced for a related CUDA process (until they exit), and which
         # server each CUDA process follows (BpfProgram.follow).
         self._servers: set[int] = set()
@@ -134,7 +135,7 @@ class Collector:
     def _scan(self, only: Optional[set] = None) -> set:
         """All of /proc, or only the processes `only` (they just loaded or opened a CUDA
         library); returns the CUDA processes found."""
-        from .cuda_calls import CALL_LIBRARIES, GO, PYTHON
+        from .cuda_calls import CALL_LIBRARIES, DEVICE_CLOCK, GO, PYTHON
         found = self.discovery.scan(only)
         python = found.python if self.config.python_context else {}
         go = found.go if self.config.go_goroutines else {}
@@ -187,9 +188,12 @@ class Collector:
         if only is None:  # following needs every listening process: full scans only
             self._follow(found)
         new |= servers
+        device_clock = {pid for pid, targets in found.by_pid.items() if any(t.kind == DEVICE_CLOCK for t in targets)}
         self._push([ProcessSeen(pid, probes_from_ns if pid in late else 0)  # read /proc while they surely live
                     for pid in sorted(new)]
+                   + [DeviceClockSeen(pid) for pid in sorted(device_clock - self._device_clock)]
                    + self._seed_connections(new))
+        self._device_clock = device_clock if only is None else self._device_clock | device_clock
         self._traced_pids = found.cuda_pids if only is None else self._traced_pids | found.cuda_pids
         return found.cuda_pids
 

@@ -20,6 +20,7 @@ NCCL = "nccl"       # libnccl.so*, or ROCm's librccl.so* (the same API): collect
 HIP = "hip"         # libamdhip64.so*: ROCm's HIP runtime (bpf/hip_probes.c)
 TLS = "ssl"         # OpenSSL's libssl.so.3 / .so.1.1: TLS plaintext (bpf/tls_probes.c), not CUDA calls
 GO = "go"           # a Go executable: goroutine starts and hand-offs (bpf/go_probes.c), not CUDA calls
+DEVICE_CLOCK = "otel_gpu_cupti"  # libotel_gpu_cupti.so: device-timed GPU activity (bpf/device_records.c)
 
 
 class Category(str, Enum):
@@ -273,7 +274,7 @@ def c_defines() -> str:
 
 @dataclass(frozen=True)
 class UprobeRow:
-    library: str            # RUNTIME, DRIVER, NCCL, PYTHON, TLS or GO
+    library: str            # RUNTIME, DRIVER, NCCL, HIP, PYTHON, TLS, GO or DEVICE_CLOCK
     symbol: str
     entry: str              # BPF function run at entry
     ret: Optional[str] = None
@@ -365,6 +366,12 @@ TLS_PROBES: tuple[UprobeRow, ...] = (
 )
 
 
+# Device-clock mode (otel_gpu/device_clock): the injection library's hand-off of its records.
+DEVICE_CLOCK_PROBES: tuple[UprobeRow, ...] = (
+    UprobeRow(DEVICE_CLOCK, "otel_gpu_device_records", "device_records"),
+)
+
+
 def rows_for(library: str, addresses: tuple = ()) -> list[UprobeRow]:
     """The rows to attach to a file of `library`; `addresses`: (symbol, address) the file's
     code gave (probes/discovery.py ProbeTarget)."""
@@ -377,6 +384,8 @@ def rows_for(library: str, addresses: tuple = ()) -> list[UprobeRow]:
         return list(TLS_PROBES)
     if library == GO:
         return list(GO_PROBES)
+    if library == DEVICE_CLOCK:
+        return list(DEVICE_CLOCK_PROBES)
     if library == NCCL:
         return [r for r in CUDA_PROBES if r.library == NCCL] + list(NCCL_STATE_PROBES)
     if library == HIP:

@@ -21,7 +21,9 @@ NOT_DROPS = frozenset({"requests_finished", "spans_exported", "resolved", "relis
                        # records the collector read: from the ring buffer, and per-request counts (req_agg)
                        "ring_records", "aggregate_records",
                        # the collector's own export connections, left alone on purpose (own_sockets.py)
-                       "connections_own_export"})
+                       "connections_own_export",
+                       # device-clock mode: records tied to their calls (pipeline/device_times.py)
+                       "device_tied"})
 
 
 def split_drops(counts: Dict[str, int]) -> tuple[Dict[str, int], Dict[str, int]]:

@@ -87,6 +87,44 @@ class ProcExit:
     comm: str = ""
 
 
+# GPU activity kinds of a DeviceActivity (cupti/device_record.h).
+DEVICE_KERNEL, DEVICE_MEMCPY, DEVICE_MEMSET = 1, 2, 3
+
+
+@dataclass(slots=True)
+class DeviceActivity:
+    """A kernel, memcpy or memset as the device timed it, from device-clock mode's library
+    (cupti/device_record.h): times on CLOCK_MONOTONIC, like every ts_ns here."""
+    kind: int            # DEVICE_KERNEL, DEVICE_MEMCPY or DEVICE_MEMSET
+    start_ns: int
+    end_ns: int
+    api_ns: int          # when the launching API call entered; 0: not known
+    tid: int             # the launching thread; 0: not known
+    api: tuple           # (CUPTI callback domain, callback id) of the launching call; (0, 0): not known
+    correlation_id: int
+    stream_id: int
+    device_id: int
+    bytes: int = 0
+
+
+@dataclass(slots=True)
+class DeviceRecords:
+    """One hand-off of the device-clock library (bpf/device_records.c): its activities, and
+    how many it says did not arrive intact since the one before."""
+    tgid: int
+    ts_ns: int
+    activities: tuple
+    dropped: int
+    unreadable: bool = False  # the batch could not be read from the process: activities are ()
+
+
+@dataclass(slots=True)
+class DeviceClockSeen:
+    """A traced process maps the device-clock library (probes/discovery.py): its streamed
+    calls are kept from now for the device records that will time them."""
+    tgid: int
+
+
 # --- CUDA calls: one class per event shape; `call` is the table id (cuda_calls.py).
 @dataclass(slots=True)
 class CudaCall:
@@ -104,6 +142,9 @@ class CudaCall:
     # Made while HTTP records of its process were lost and their connections had not yet
     # told so (bpf/events.h EV_FLAG_HTTP_UNSEEN): a request not seen may own it.
     http_unseen: bool = field(default=False, kw_only=True)
+    # Device-clock mode (pipeline/device_times.py): ((start_ns, end_ns), ...) of the GPU work
+    # it launched, as the device timed it (a graph launch: each kernel's); () until known.
+    device_ns: tuple = field(default=(), kw_only=True)
 
     @property
     def spec(self) -> Optional[CallSpec]:

@@ -82,6 +82,12 @@ GPU_ROLLUP_COUNT = "gpu.rollup.count"  # calls folded into one rollup child
 GPU_ROLLUP_BYTES = "gpu.rollup.bytes"
 GPU_ROLLUP_DURATION_NS = "gpu.rollup.duration_ns"
 GPU_TIMING = "gpu.timing"  # always "host_enqueue": spans show host-side call time
+# Device-clock mode (pipeline/device_times.py), on a launch, copy or graph launch span: from
+# the call's entry to when the device began its work, and how long the device ran it (a graph
+# launch: the union of its kernels', with how many kernels the device ran for it).
+GPU_DEVICE_QUEUE_NS = "otel_gpu.device.queue_ns"
+GPU_DEVICE_DURATION_NS = "otel_gpu.device.duration_ns"
+GPU_DEVICE_KERNELS = "otel_gpu.device.kernels"
 # The probe could not read an argument from the process's memory (a launch config, a
 # stack argument): the values that come from it (grid, block, shared memory, stream,
 # memcpy direction) are left out rather than exported as 0.
@@ -137,8 +143,8 @@ GPU_SPANS_DROPPED = "otel_gpu.spans.rolled_up"  # calls beyond the span budget
 GPU_COST_SECONDS = "otel_gpu.cost.gpu_seconds"
 GPU_COST_AMOUNT = "otel_gpu.cost.amount"      # gpu_seconds x price per GPU-hour / 3600
 GPU_COST_CURRENCY = "otel_gpu.cost.currency"  # e.g. USD
-# Where gpu_seconds came from: host_window (pipeline/cost.py's busy-window model, today's
-# only source) or, once the device-clock mode feeds the cost, device (issue 46).
+# Where gpu_seconds came from (pipeline/cost.py): host_window (the busy-window model) or device
+# (device-clock mode: the union of the request's device intervals, shared stretches split).
 GPU_COST_SOURCE = "otel_gpu.cost.source"
 # true: the span left before its cost was settled (a request overlapping it was still open);
 # the cost follows in the otel_gpu.cost.* metrics and the local store.

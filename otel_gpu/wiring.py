@@ -1,6 +1,7 @@
 """The pipeline's stages, wired from configuration in the order a record passes them:
 
-    probes (BpfProgram) -> graphs -> /proc facts -> stitcher -> enrich -> cost -> export -> metrics
+    probes (BpfProgram) -> graphs -> /proc facts -> device times -> stitcher -> device wait
+        -> enrich -> cost -> export -> metrics
 
 (metrics also count requests as they finish, before the cost stage: two stages of one
 GpuMetrics); the export stage's destinations (console, the local store, OTLP) are built
@@ -28,6 +29,7 @@ from .export.spans import SpanBuilder
 from .export.stage import ExportStage
 from .gpu_devices import DeviceIdentities, gpu_model
 from .pipeline.cost import CostStage, Prices
+from .pipeline.device_times import DeviceTimes, DeviceWait
 from .pipeline.graphs import Graphs
 from .pipeline.groups import ProcessGroups
 from .pipeline.proc_facts import ProcFacts
@@ -138,6 +140,8 @@ def build_pipeline(config: Config, stats: Stats, k8s=None, destinations=None,
     if metric_readers:
         from .export.metrics import GpuMetrics
         metrics = GpuMetrics(metric_readers, stats, service_name=config.self_service_name)
-    stages = [Graphs(), facts, stitcher, enrich, *([metrics] if metrics else []), cost,
+    device_times = DeviceTimes(stats)  # device-clock mode: ties device records to their calls
+    stages = [Graphs(), facts, device_times, stitcher, DeviceWait(stats), enrich,
+              *([metrics] if metrics else []), cost,
               *([metrics.costs()] if metrics else []), ExportStage(builder, destinations)]
     return Wiring(Pipeline(stages), stitcher, destinations, ports, groups, sampling)

@@ -91,7 +91,7 @@ class SpanBuilder:
             attrs[sc.GPU_COST_SECONDS] = r.gpu_seconds
             attrs[sc.GPU_COST_AMOUNT] = r.cost
             attrs[sc.GPU_COST_CURRENCY] = self.currency
-            attrs[sc.GPU_COST_SOURCE] = cost.SOURCE
+            attrs[sc.GPU_COST_SOURCE] = r.cost_source
         elif r.cost_pending:
             attrs[sc.GPU_COST_PENDING] = True
         if r.feature is not None:
@@ -183,7 +183,7 @@ class SpanBuilder:
         if w.gpu_seconds is None:  # no cost stage ran
             return {}
         attrs = {sc.GPU_COST_SECONDS: w.gpu_seconds, sc.GPU_COST_AMOUNT: w.cost or 0.0,
-                 sc.GPU_COST_CURRENCY: self.currency, sc.GPU_COST_SOURCE: cost.SOURCE}
+                 sc.GPU_COST_CURRENCY: self.currency, sc.GPU_COST_SOURCE: cost.HOST_WINDOW}
         feature = lambda c: str(w.split_features.get(c) or "(unknown)")  # noqa: E731
         if kept:
             attrs[sc.GPU_COST_SPLIT_SECONDS] = [float(w.split.get(c, 0.0)) for c in kept]
@@ -207,6 +207,8 @@ class SpanBuilder:
             attrs = call_attributes(call, names)
             attrs[sc.GPU_ATTRIBUTION] = attribution
             attrs[sc.THREAD_ID] = call.tid
+            if call.device_ns:
+                attrs.update(device_attributes(call))
             start = to_epoch_ns(call.ts_ns)
             spans.append(ReadableSpan(
                 name=call.name, context=_ctx(trace_id, span_id(64) or 1, sampled=on), parent=parent,
@@ -368,6 +370,17 @@ def call_attributes(c: CudaCall, kernel_names: dict) -> dict:
     category = _category(c.call)
     if category is not None:
         attrs.update(_ATTRIBUTES[category](c, kernel_names))
+    return attrs
+
+
+def device_attributes(c: CudaCall) -> dict:
+    """Device-clock mode (pipeline/device_times.py): when the device ran what the call
+    launched, after the call entered, and for how long (a graph launch: its kernels' union)."""
+    start = min(s for s, _ in c.device_ns)
+    attrs = {sc.GPU_DEVICE_QUEUE_NS: start - c.ts_ns,
+             sc.GPU_DEVICE_DURATION_NS: sum(e - s for s, e in cost.union(c.device_ns))}
+    if len(c.device_ns) > 1:
+        attrs[sc.GPU_DEVICE_KERNELS] = len(c.device_ns)
     return attrs
 
 

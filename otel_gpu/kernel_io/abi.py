@@ -35,6 +35,8 @@ EV_NCCL = 16
 EV_GO_SPAWN = 17
 EV_GO_WAKE = 18
 EV_GO_H2_UNIT = 19
+EV_DEVICE_RECORDS = 20
+DEVICE_RECORDS_PER_CALL = 16
 GO_UNIT = 1 << 63  # a record's ctx names a goroutine (GO_UNIT | goid), not a Python context
 
 # enum event_flag: bits of event_header.flags
@@ -109,6 +111,18 @@ class GoH2Event(ct.Structure):
 class KernelHandleEvent(ct.Structure):
     _fields_ = [("h", EventHeader), ("call", u32), ("ret", s32), ("handle", u64), ("source", u64),
                 ("name_len", u32), ("pad", u32), ("name", ct.c_char * KERNEL_NAME_CAP)]
+
+
+class DeviceRecord(ct.Structure):
+    """One record of libotel_gpu_cupti.so (cupti/device_record.h)."""
+    _fields_ = [("start_ns", u64), ("end_ns", u64), ("api_ns", u64), ("bytes", u64), ("correlation_id", u32),
+                ("tid", u32), ("stream_id", u32), ("device_id", u32), ("kind", ct.c_uint8), ("copy_kind", ct.c_uint8),
+                ("api_domain", ct.c_uint8), ("pad1", ct.c_uint8), ("api_id", u32), ("pad", ct.c_uint8 * 8)]
+
+
+class DeviceRecordsEvent(ct.Structure):
+    _fields_ = [("h", EventHeader), ("count", u32), ("pad", u32), ("dropped", u64),
+                ("records", DeviceRecord * DEVICE_RECORDS_PER_CALL)]
 
 
 class ProcExitEvent(ct.Structure):
@@ -241,6 +255,7 @@ STRUCTS: dict[str, type] = {
     "event_header": EventHeader, "accept_event": AcceptEvent, "sock_io_event": SockIoEvent,
     "close_event": CloseEvent, "py_context_event": PyContextEvent, "go_h2_event": GoH2Event,
     "kernel_handle_event": KernelHandleEvent, "proc_exit_event": ProcExitEvent,
+    "device_record": DeviceRecord, "device_records_event": DeviceRecordsEvent,
     "cuda_header": CudaHeader, "launch_dims": LaunchDims, "launch_event": LaunchEvent,
     "memcpy_event": MemcpyEvent, "memory_event": MemoryEvent, "sync_event": SyncEvent,
     "graph_event": GraphEvent, "device_event": DeviceEvent, "graph_op_event": GraphOpEvent, "nccl_event": NcclEvent,

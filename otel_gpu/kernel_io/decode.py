@@ -12,7 +12,7 @@ import ipaddress
 import struct
 from typing import Optional
 
-from ..records import (Accept, ContextCopy, CudaCall, DeviceCall, GoH2Unit, GraphCall, GraphOp, H2Digest, KernelHandle,
+from ..records import (Accept, ContextCopy, CudaCall, DeviceActivity, DeviceCall, DeviceRecords, GoH2Unit, GraphCall, GraphOp, H2Digest, KernelHandle,
                        LaunchCall, MemcpyCall, MemoryCall, NcclCall, ProcExit, SockClose, SockIo, SyncCall, UnitWake)
 from . import abi
 from .abi import (EV_ACCEPT, EV_CUDA_DEVICE, EV_CUDA_GRAPH, EV_CUDA_LAUNCH, EV_CUDA_MEMCPY, EV_CUDA_MEMORY,
@@ -20,7 +20,7 @@ from .abi import (EV_ACCEPT, EV_CUDA_DEVICE, EV_CUDA_GRAPH, EV_CUDA_LAUNCH, EV_C
                   EV_SOCK_WRITE, HTTP_DATA_CAP, HTTP_TAIL_CAP)
 from .abi import (EV_FLAG_CAPTURE, EV_FLAG_HTTP_UNSEEN, EV_FLAG_REQ_START, EV_FLAG_TLS, EV_GO_H2_UNIT, EV_GO_SPAWN,
                   EV_GO_WAKE, EV_GRAPH_OP, EV_KERNEL_HANDLE, EV_NCCL)
-from .abi import EV_FLAG_H2_DIGEST, EV_FLAG_TIMES, H2_DIGEST_CAP, H2_DIGEST_HEAD, H2_PIECE_HEAD
+from .abi import EV_DEVICE_RECORDS, EV_FLAG_H2_DIGEST, EV_FLAG_TIMES, H2_DIGEST_CAP, H2_DIGEST_HEAD, H2_PIECE_HEAD
 
 
 _FLAGS = struct.Struct("<B")  # event_header.flags, at offset 1
@@ -48,13 +48,18 @@ KERNEL_HANDLE = struct.Struct("<BBxxII4xQIiQQI4x")
 # A socket record's fixed part (header, fd, data_len, ret, ctx, tail_len, lost, draw, times,
 # tail); its data follows, data_len bytes of it.
 SOCK_IO = struct.Struct("<BBxxIIIQiIqQIIQ4Q%ds" % HTTP_TAIL_CAP)
+# device_records_event: header, count, pad, dropped; then DEVICE_RECORDS_PER_CALL of
+# device_record: start, end, api_ns, bytes, correlation id, tid, stream, device, kind, copy
+# kind, api domain, pad, api id, pad.
+DEVICE_RECORDS = struct.Struct("<BBxxII4xQI4xQ")
+DEVICE_RECORD = struct.Struct("<QQQQIIIIBBBxI8x")
 _PIECE = struct.Struct("<IH")  # an HTTP/2 digest piece's head: offset in the transfer, length
 
 # Each Struct beside the ctypes mirror it must match (checked by the layout test).
 STRUCT_MIRRORS = ((LAUNCH, abi.LaunchEvent), (MEMCPY, abi.MemcpyEvent), (MEMORY, abi.MemoryEvent),
                   (SYNC, abi.SyncEvent), (GRAPH, abi.GraphEvent), (DEVICE, abi.DeviceEvent), (NCCL, abi.NcclEvent),
                   (GRAPH_OP, abi.GraphOpEvent),
-                  (PY_CONTEXT, abi.PyContextEvent), (GO_H2, abi.GoH2Event))
+                  (PY_CONTEXT, abi.PyContextEvent), (GO_H2, abi.GoH2Event), (DEVICE_RECORD, abi.DeviceRecord))
 
 _HEADER_SIZE = ct.sizeof(abi.EventHeader)
 _IO_FIXED = abi.SockIoEvent.data.offset
@@ -106,6 +111,20 @@ def _nccl(buf, size):
      rank) = _exact(buf, size, NCCL, "NCCL")
     return NcclCall(tgid, tid, ts, call, ret, count, nbytes, datatype, redop, peer, comm, nranks, rank, stream,
                     group, ctx=ctx, unreadable=bool(flags & EV_FLAG_UNREADABLE))
+
+
+def _device_records(buf, size):
+    if size != ct.sizeof(abi.DeviceRecordsEvent):
+        raise DecodeError(f"device records need {ct.sizeof(abi.DeviceRecordsEvent)} bytes, got {size}")
+    _, flags, tgid, _tid, ts, count, dropped = DEVICE_RECORDS.unpack_from(buf)
+    if count > abi.DEVICE_RECORDS_PER_CALL:
+        raise DecodeError(f"{count} device records in a batch of {abi.DEVICE_RECORDS_PER_CALL}")
+    out = []
+    for i in range(count):
+        (start, end, api_ns, nbytes, corr, tid, stream, device, kind, _copy, domain,
+         api_id) = DEVICE_RECORD.unpack_from(buf, DEVICE_RECORDS.size + i * DEVICE_RECORD.size)
+        out.append(DeviceActivity(kind, start, end, api_ns, tid, (domain, api_id), corr, stream, device, nbytes))
+    return DeviceRecords(tgid, ts, tuple(out), dropped, bool(flags & EV_FLAG_UNREADABLE))
 
 
 def _py_context(buf, size):
@@ -217,7 +236,7 @@ _BY_KIND = {EV_CUDA_MEMCPY: _memcpy, EV_CUDA_MEMORY: _memory, EV_CUDA_SYNC: _syn
             EV_SOCK_WRITE: _sock_io, EV_ACCEPT: _accept, EV_SOCK_CLOSE: _close,
             EV_PROC_EXIT: _proc_exit, EV_GRAPH_OP: _graph_op, EV_PY_CONTEXT: _py_context, EV_KERNEL_HANDLE: _kernel_handle,
             EV_NCCL: _nccl, EV_GO_SPAWN: _go_spawn, EV_GO_WAKE: _go_wake,
-            EV_GO_H2_UNIT: _go_h2}
+            EV_GO_H2_UNIT: _go_h2, EV_DEVICE_RECORDS: _device_records}
 # Indexing bytes gives an int, a ctypes c_char array (the reader's zero-copy view)
 # a 1-byte bytes: both spellings are keys, so one lookup serves either buffer.
 _BY_KIND.update({bytes([k]): fn for k, fn in list(_BY_KIND.items())})

@@ -40,7 +40,9 @@ from ..value_cap import ValueCap
 from .model import CallSink, ProcessWindow, Request
 
 UNKNOWN_FEATURE = "(unknown)"  # a candidate request the stage never saw finish
-SOURCE = "host_window"         # otel_gpu.cost.source of every figure this stage makes
+# otel_gpu.cost.source: the busy-window model's estimate, or (device-clock mode, a request
+# whose every launch and copy the device timed: pipeline/device_times.py) the device's clock.
+HOST_WINDOW, DEVICE = "host_window", "device"
 MAX_FINISHED = 200_000         # finished requests remembered for windows' candidates
 
 
@@ -89,6 +91,35 @@ def split_seconds(window: tuple[int, int], others: list[tuple[int, int]]) -> flo
             total += (t - prev) / (1 + covering)
             prev = t
         covering += delta
+    return total / 1e9
+
+
+def union(intervals) -> list[tuple[int, int]]:
+    """Intervals merged where they overlap or touch, sorted."""
+    out: list[list[int]] = []
+    for s, e in sorted(intervals):
+        if out and s <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], e)
+        elif e > s:
+            out.append([s, e])
+    return [(s, e) for s, e in out]
+
+
+def device_seconds(mine, others: list) -> float:
+    """Device-clock mode: seconds of the union of `mine` (a request's device intervals), each
+    stretch divided by 1 + how many of `others` (other requests' intervals, one tuple each)
+    cover it: the device ran their work too meanwhile."""
+    edges = []
+    for kind, spans in ((0, union(mine)), *((1, union(o)) for o in others)):
+        for s, e in spans:
+            edges += [(s, kind, +1), (e, kind, -1)]
+    edges.sort()
+    total, covering, prev = 0.0, [0, 0], None
+    for t, kind, delta in edges:
+        if prev is not None and t > prev and covering[0]:
+            total += (t - prev) / (1 + covering[1])
+        prev = t
+        covering[kind] += delta
     return total / 1e9
 
 
@@ -184,6 +215,9 @@ class CostStage:
         # request or a priced window, kept for the windows still to come.
         self._charged: dict[tuple[int, int], list[tuple[int, int, int]]] = {}
         self._held_windows: list[_HeldWindow] = []
+        # (pid, device) -> [(last end, device intervals)] of device-clock requests, for the same
+        # purpose as _recent: what a request's device time is split with.
+        self._device_recent: dict[tuple[int, int], list[tuple[int, tuple]]] = {}
         # (trace_id, span_id) -> (start_ns, end_ns, feature, generation): windows come at
         # the Tick after their candidates finished.
         self._finished: OrderedDict = OrderedDict()
@@ -202,6 +236,8 @@ class CostStage:
                     bisect.insort(self._recent.setdefault(key, []), busy, key=_end)  # mostly at the end
                     self._longest[key] = max(self._longest.get(key, 0), busy[1] - busy[0])
                     self._charged.setdefault(key, []).append((*busy, self._gen))
+                    if r.device_busy:
+                        self._device_recent.setdefault(key, []).append((max(e for _, e in r.device_busy), r.device_busy))
                 self._finished[(r.trace_id, r.span_id)] = (r.start_ns, r.end_ns, r.feature, self._gen)
                 self._held.append((self.clock(), r))
             elif isinstance(r, ProcessWindow):
@@ -254,11 +290,16 @@ class CostStage:
     def _may_still_overlap(self, r: Request) -> bool:
         if r.busy.empty:
             return False
-        return any(o is not r and _may_overlap(o, r.busy.device, r.busy.end_ns)
-                   for o in self._open.get(r.tgid, ()))
+        end = max(r.busy.end_ns, *(e for _, e in r.device_busy)) if r.device_busy else r.busy.end_ns
+        return any(o is not r and _may_overlap(o, r.busy.device, end) for o in self._open.get(r.tgid, ()))
 
     def _price(self, r: Request) -> None:
-        if r.busy.empty:
+        if r.device_busy is not None and not r.busy.empty:
+            key = (r.tgid, r.busy.device)
+            start = min(s for s, _ in r.device_busy) if r.device_busy else 0
+            others = [iv for end, iv in self._device_recent.get(key, ()) if iv is not r.device_busy and end > start]
+            r.gpu_seconds, r.cost_source = device_seconds(r.device_busy, others), DEVICE
+        elif r.busy.empty:
             r.gpu_seconds = 0.0
         else:
             mine = (r.busy.start_ns, r.busy.end_ns)
@@ -335,6 +376,12 @@ class CostStage:
             else:
                 del self._recent[key]
                 self._longest.pop(key, None)
+        for key in list(self._device_recent):
+            kept = [d for d in self._device_recent[key] if horizon is not None and d[0] > horizon]
+            if kept:
+                self._device_recent[key] = kept
+            else:
+                del self._device_recent[key]
 
     def _trim_for_windows(self) -> None:
         """At each Tick: keep what this and the last Tick brought (a window comes at the

@@ -58,6 +58,11 @@ _SUMMARY_KIND = {c.id: c.category for c in BY_ID.values()
                  if c.category in (Category.LAUNCH, Category.GRAPH, Category.MEMCPY, Category.SYNC,
                                    Category.COLLECTIVE)}
 _SYNC_IDS = frozenset(i for i, k in _SUMMARY_KIND.items() if k is Category.SYNC)
+# Calls whose GPU work a device-clock record times (pipeline/device_times.py): kept by a sink
+# even past its budget, so that device time covers every one.
+_DEVICE_WORK_IDS = frozenset(c.id for c in BY_ID.values() if c.category in (Category.LAUNCH, Category.GRAPH,
+                                                                             Category.MEMCPY))
+MAX_DEVICE_CALLS = 65536  # per sink; past it, its device time is not complete (device_counted)
 
 
 @dataclass
@@ -112,9 +117,16 @@ class CallSink:
         self.summary = GpuSummary()
         self.attributed: dict[str, int] = {}  # calls by attribution outcome
         self.streamed = 0  # calls that came one by one (the rest were counted in the kernel)
+        self.device_calls: list[CudaCall] = []  # its launches, copies, graph launches, one by one
+        self.device_counted = False  # some of those came counted (no device time can be theirs)
 
     def add(self, c: CudaCall, attribution: str) -> None:
         self.streamed += 1
+        if c.call in _DEVICE_WORK_IDS:
+            if len(self.device_calls) < MAX_DEVICE_CALLS:
+                self.device_calls.append(c)
+            else:
+                self.device_counted = True
         detail, nbytes, duration_ns = c.amounts()
         self.summary.add_many(c.call, detail, 1, nbytes, duration_ns)
         if type(c) is GraphCall and c.kernels:
@@ -134,6 +146,8 @@ class CallSink:
         """Calls already folded together elsewhere (held while their request was not
         known): merged into this sink's rollup for (call, detail)."""
         self.summary.add_many(agg.call, agg.detail, agg.count, agg.bytes, agg.duration_ns)
+        if agg.call in _DEVICE_WORK_IDS:
+            self.device_counted = True
         if agg.kernels:
             self.summary.add_graph(agg.kernels, agg.count)
         self.attributed[attribution] = self.attributed.get(attribution, 0) + agg.count
@@ -246,6 +260,10 @@ class Request:
     route: Optional[str] = None          # set by enrich: http.route
     gpu_seconds: Optional[float] = None  # set by the cost stage
     cost: Optional[float] = None
+    cost_source: str = "host_window"  # otel_gpu.cost.source of gpu_seconds: pipeline/cost.py SOURCES
+    # Device-clock mode (pipeline/device_times.py): the device intervals of every launch, copy
+    # and graph launch it made, once all came; None: not in that mode, or not all came.
+    device_busy: Optional[tuple] = None
     cost_pending: bool = False  # it left before its cost was settled (a RequestCost follows)
     feature: Optional[str] = None
     resource: Any = None                 # set by enrich: the process's OTel Resource

@@ -26,7 +26,7 @@ from typing import Callable, Iterable, Optional
 
 from .. import proc
 from .. import sockets
-from ..cuda_calls import DRIVER, GO, GO_PROBES, HIP, NCCL, PYTHON, RUNTIME, TLS
+from ..cuda_calls import DEVICE_CLOCK, DRIVER, GO, GO_PROBES, HIP, NCCL, PYTHON, RUNTIME, TLS
 from . import go_functions, go_runtime, python, tls_entries
 from .elf_file import ElfFile
 from .runtime_text import runtime_ranges
@@ -38,6 +38,7 @@ DRIVER_RE = re.compile(r"/libcuda\.so(?:\.[^/]*)?$")
 NCCL_RE = re.compile(r"/lib[nr]ccl\.so(?:\.[^/]*)?$")  # NCCL, and RCCL (its API): bpf/nccl_probes.c
 HIP_RE = re.compile(r"/libamdhip64\.so(?:\.[^/]*)?$")  # ROCm's HIP runtime: bpf/hip_probes.c
 LIBSSL_RE = re.compile(r"/libssl\.so\.(?:3|1\.1)$")  # OpenSSL 3 and 1.1 (bpf/tls_probes.c)
+DEVICE_CLOCK_RE = re.compile(r"/libotel_gpu_cupti\.so$")  # device-clock mode's library (bpf/device_records.c)
 # A part of every path the GPU patterns match: maps text holding none of them maps no GPU
 # library, told without going through its lines (most processes on a node).
 CUDA_MARKS = ("/libcudart", "/libcuda.so", "/libnccl.so", "/librccl.so", "/libamdhip64.so")
@@ -54,7 +55,7 @@ LISTENING_RECHECK_S = 30.0
 class ProbeTarget:
     """A file to attach uprobes to: for every process mapping it, or (with
     --pid/--exe) for one process, through that process's root."""
-    kind: str          # RUNTIME, DRIVER, NCCL, HIP, PYTHON, TLS or GO
+    kind: str          # RUNTIME, DRIVER, NCCL, HIP, PYTHON, TLS, GO or DEVICE_CLOCK
     path: str          # openable from here (through /proc/<pid>/root for containers)
     key: tuple         # (st_dev, st_ino): the same file seen from several processes
     addresses: tuple = ()  # (symbol, address) its symbol table does not say (Go; libssl: tls_entries.py)
@@ -80,7 +81,8 @@ class ScanResult:
 
 
 def libraries_in_maps(maps_text: str) -> list[tuple[str, str]]:
-    """(kind, path) of the CUDA libraries mapped, from /proc/<pid>/maps text."""
+    """(kind, path) of the CUDA libraries mapped (and the device-clock library, which only a
+    CUDA process loads), from /proc/<pid>/maps text."""
     if not any(mark in maps_text for mark in CUDA_MARKS):
         return []
     found = {}
@@ -97,6 +99,8 @@ def libraries_in_maps(maps_text: str) -> list[tuple[str, str]]:
             found[path] = NCCL
         elif HIP_RE.search(path):
             found[path] = HIP
+        elif DEVICE_CLOCK_RE.search(path):
+            found[path] = DEVICE_CLOCK
     return [(kind, path) for path, kind in found.items()]
 
 

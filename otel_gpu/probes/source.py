@@ -119,7 +119,7 @@ def kernel_tree() -> Path:
 PROGRAM_FILES = ("maps.h", "library_probes.c", "python_probes.c", "go_probes.c", "thread_times.c", "http_requests.c",
                  "head_sampling.c", "http_probes.c", "http_syscalls.c", "h2_walk.c", "tls_probes.c", "graph_capture.c", "launch_slots.c",
                  "request_counts.c", "call_out.c", "cuda_probes.c", "kernel_handles.c", "graph_probes.c", "nccl_probes.c",
-                 "hip_probes.c", "sched_probes.c")
+                 "hip_probes.c", "sched_probes.c", "device_records.c")
 
 
 def source_text() -> str:

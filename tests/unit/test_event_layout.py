@@ -168,7 +168,7 @@ def test_decoder_structs_match_their_mirrors(s, mirror):
 def test_every_cuda_shape_has_a_struct():
     mirrored = {m for _, m in decode.STRUCT_MIRRORS}
     cuda = {cls for cls in abi.STRUCTS.values() if cls._fields_[0][1] is abi.CudaHeader}
-    assert mirrored == cuda | {abi.PyContextEvent, abi.GoH2Event}
+    assert mirrored == cuda | {abi.PyContextEvent, abi.GoH2Event, abi.DeviceRecord}
 
 
 def test_python_context_fields(c_layout):

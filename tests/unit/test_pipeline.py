@@ -71,18 +71,19 @@ def test_a_request_passes_every_stage_once_in_order(tmp_path):
     w.pipeline.stages = [Recorder(i, s, log) for i, s in enumerate(stages)]
     events = request_events()
     w.pipeline.push(events)
-    # Ring-buffer records reach the graph stage, the /proc facts stage and the stitcher
-    # only; what the stitcher makes (the request, ProcessSeen, RequestOpened) reaches each
-    # later stage exactly once, in stage order.
+    # Ring-buffer records reach the graph stage, the /proc facts stage, the device-times stage
+    # and the stitcher only; what the stitcher makes (the request, ProcessSeen, RequestOpened)
+    # reaches each later stage exactly once, in stage order.
     assert ({id(e) for e in events} == {rid for i, rid in log if i == 0} <= {rid for i, rid in log if i == 1}
-            <= {rid for i, rid in log if i == 2})
-    assert not {id(e) for e in events} & {rid for i, rid in log if i > 2}
-    made = {rid for i, rid in log if i == 3}
+            <= {rid for i, rid in log if i == 2} <= {rid for i, rid in log if i == 3})
+    assert not {id(e) for e in events} & {rid for i, rid in log if i > 3}
+    made = {rid for i, rid in log if i == 4}
     assert len(made) == 3
     paths = sorted(tuple(i for i, r in log if r == rid) for rid in made)
-    # Stages: graphs, /proc facts, stitcher, enrich, metrics, cost, cost metrics, export.
-    # RequestOpened ends at the cost stage; ProcessSeen and the Request go all the way.
-    assert paths == [(3, 4, 5), (3, 4, 5, 6, 7), (3, 4, 5, 6, 7)]
+    # Stages: graphs, /proc facts, device times, stitcher, device wait, enrich, metrics, cost,
+    # cost metrics, export. RequestOpened ends at the cost stage; ProcessSeen and the Request
+    # go all the way.
+    assert paths == [(4, 5, 6, 7), (4, 5, 6, 7, 8, 9), (4, 5, 6, 7, 8, 9)]
     (server,) = [s for s in spans.get_finished_spans() if s.kind.name == "SERVER"]
     assert server.attributes[sc.GPU_LAUNCHES] == 3
     assert server.resource.attributes[sc.SERVICE_NAME] == "svc"
@@ -115,7 +116,7 @@ def test_exit_closes_the_open_request_before_the_process_goes(tmp_path):
     assert type(out[-1]).__name__ == "ProcessGone"
     (server,) = [s for s in spans.get_finished_spans() if s.kind.name == "SERVER"]
     assert server.status.description == "process exited"
-    assert len(w.pipeline.stages[3].resources) == 0  # enrich forgot it, after its last records
+    assert len(w.pipeline.stages[5].resources) == 0  # enrich forgot it, after its last records
 
 
 def test_final_tick_releases_everything(tmp_path):
