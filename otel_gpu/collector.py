@@ -13,6 +13,7 @@ from typing import Optional
 
 from . import proc
 from .config import Config
+from .device_clock.flag import lower_flag, raise_flag
 from .probes.discovery import Discovery
 from .probes.python import THREADS_WALKED, thread_states
 from .ratelimit import Stats, split_drops
@@ -91,6 +92,8 @@ class Collector:
                  ", ".join(self.wiring.destinations.names) or "nowhere")
         if self.config.health_file:
             Path(self.config.health_file).write_text("ready\n")
+        if self.config.device_clock_flag:  # the probes on the library's hand-off are in place
+            raise_flag(self.config.device_clock_flag)
         # After `ready`: verifying the head programs takes ~1.3 s on a small VM, and until
         # they run the collector decides every request itself, as it can.
         self.program.sample_heads(self.wiring.sampling.kernel_bound, self.wiring.sampling.parents)
@@ -333,6 +336,8 @@ class Collector:
         by then is counted (spans_dropped_shutdown, metrics_dropped_shutdown). The probes'
         closes, started with stop_probes(), are waited for until the same deadline."""
         deadline = time.monotonic() + self.config.shutdown_timeout_s - EXIT_MARGIN_S
+        if self.config.device_clock_flag:
+            lower_flag(self.config.device_clock_flag)
         try:
             if self.program is not None:
                 self.program.stop_probes()

@@ -11,6 +11,8 @@ from typing import Mapping, Optional
 
 DEFAULT_BPF_CACHE = "/var/cache/otel-gpu"
 DEFAULT_STATUS_FILE = "/run/otel-gpu/status.json"  # what `otel-gpu status` reads (status/file.py)
+# Device-clock mode's flag file (device_clock/flag.py): cupti/otel_gpu_cupti.c's default too.
+DEFAULT_DEVICE_CLOCK_FLAG = "/run/otel-gpu/device-clock"
 # --uprobe-links: auto (links where the kernel has them), or one of the two (probes/uprobe_links.py).
 UPROBE_LINKS = ("auto", "multi", "perf")
 
@@ -74,6 +76,7 @@ class Config:
     max_links: int = 128
     store_path: Optional[str] = None  # local SQLite store; None: off
     status_file: Optional[str] = None  # state file read by `otel-gpu status`; None: off
+    device_clock_flag: Optional[str] = None  # device-clock mode's flag file (device_clock/flag.py); None: off
     bpf_cache: Optional[str] = DEFAULT_BPF_CACHE  # compiled BPF programs (probes/program_cache.py); None: off
     store_group: Optional[int] = None  # gid that may read the store (file 0640, dir 0750); None: 0600/0700
     shutdown_timeout_s: int = 5   # SIGTERM to exit, whatever the backend does; undelivered spans are counted

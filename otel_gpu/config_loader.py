@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from typing import Mapping, Optional
 
-from .config import DEFAULT_BPF_CACHE, DEFAULT_STATUS_FILE, Config, ConfigError, env_list, resource_attributes
+from .config import DEFAULT_BPF_CACHE, DEFAULT_DEVICE_CLOCK_FLAG, DEFAULT_STATUS_FILE, Config, ConfigError, env_list, resource_attributes
 from .store.paths import default_store_path
 
 
@@ -224,6 +224,7 @@ def load_config(args=None, env: Mapping[str, str] = os.environ) -> Config:
         max_links=src.integer(None, "OTEL_SPAN_LINK_COUNT_LIMIT", 128, minimum=0),
         store_path=_store_path(src, otlp_traces),
         status_file=src.text("status_file", "OTEL_GPU_STATUS_FILE", DEFAULT_STATUS_FILE) or None,
+        device_clock_flag=src.text(None, "OTEL_GPU_DEVICE_CLOCK_FLAG", DEFAULT_DEVICE_CLOCK_FLAG) or None,
         bpf_cache=_off(src.text("bpf_cache", "OTEL_GPU_BPF_CACHE", DEFAULT_BPF_CACHE)),
         store_group=_group(src.text("store_group", "OTEL_GPU_STORE_GROUP", None), src),
         shutdown_timeout_s=src.integer("shutdown_timeout", "OTEL_GPU_SHUTDOWN_TIMEOUT", 5),

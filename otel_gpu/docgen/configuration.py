@@ -30,6 +30,9 @@ ENV_ONLY: dict[str, tuple[Optional[str], str]] = {
                            "(`class/kfd/kfd/topology/nodes`) and the boards' `product_name`: AMD GPU model and "
                            "UUID, for `--gpu-price` by model and `gpu.device.uuid`/`.model` of HIP work (in a "
                            "container: the host's, mounted)"),
+    "OTEL_GPU_DEVICE_CLOCK_FLAG": (None, "device-clock mode's flag file, present while the collector runs: "
+                                   "services that load `libotel_gpu_cupti.so` time their GPU work by the device "
+                                   "only then (the same variable tells them where it is); empty: never raised"),
     "OTEL_GPU_HEALTH_FILE": (None, "file written once the probes are attached, removed on exit (Kubernetes "
                              "probes)"),
     "OTEL_GPU_NVIDIA_PROCFS": (None, "the NVIDIA driver's procfs: GPU model, UUID and bus location, for "
