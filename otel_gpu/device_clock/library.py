@@ -6,9 +6,11 @@ only fix the record structs it reads, whose fields it uses sit at the same offse
 and 13 (asserted at compile time in otel_gpu_cupti.c)."""
 from __future__ import annotations
 
+import glob
 import os
 import shutil
 import subprocess
+import sys
 import sysconfig
 from pathlib import Path
 
@@ -21,24 +23,31 @@ CUDA_INCLUDE = Path("/usr/local/cuda/include")
 CFLAGS = ("-std=c11", "-O2", "-fPIC", "-shared", "-Wall", "-Wextra", "-pthread")
 
 
+def _in_wheels(header: str) -> Path | None:
+    """The include directory of an NVIDIA wheel (nvidia/<package>/include: nvidia-cuda-cupti,
+    nvidia-cuda-runtime; CUDA 13's nvidia/cu13/include) on this Python's path holding `header`."""
+    paths = sysconfig.get_paths()
+    for site in dict.fromkeys((paths["purelib"], paths["platlib"], *sys.path)):
+        for found in sorted(glob.glob(f"{glob.escape(site)}/nvidia/*/include/{header}")):
+            return Path(found).parent
+    return None
+
+
 def headers() -> Path | None:
-    """The CUPTI include directory: $OTEL_GPU_CUPTI_INCLUDE, else the CUDA toolkit's, else the
-    nvidia-cuda-cupti wheel's in this Python's site-packages; None when there is none."""
+    """The CUPTI include directory: $OTEL_GPU_CUPTI_INCLUDE, else the CUDA toolkit's, else an
+    NVIDIA wheel's on this Python's path (PyTorch's CUDA wheels bring nvidia-cuda-cupti); None
+    when there is none."""
     if env := os.environ.get("OTEL_GPU_CUPTI_INCLUDE"):
         return Path(env)
     if (CUDA_INCLUDE / "cupti.h").is_file():
         return CUDA_INCLUDE
-    paths = sysconfig.get_paths()
-    for site in dict.fromkeys((paths["purelib"], paths["platlib"])):
-        wheel = Path(site) / "nvidia" / "cuda_cupti" / "include"
-        if (wheel / "cupti.h").is_file():
-            return wheel
-    return None
+    return _in_wheels("cupti.h")
 
 
 def _include_dirs() -> list[Path]:
     """The CUPTI headers first, then the CUDA headers they include (cuda.h, builtin_types.h),
-    which the CUPTI wheel does not ship."""
+    which the CUPTI wheel does not ship: $OTEL_GPU_CUDA_INCLUDE, the toolkit's, or the
+    nvidia-cuda-runtime wheel's."""
     cupti = headers()
     if cupti is None:
         raise RuntimeError(f"CUPTI headers not found: no cupti.h in {CUDA_INCLUDE} nor in an nvidia-cuda-cupti"
@@ -49,8 +58,10 @@ def _include_dirs() -> list[Path]:
         return [cupti]
     cuda = Path(os.environ.get("OTEL_GPU_CUDA_INCLUDE", CUDA_INCLUDE))
     if not (cuda / "cuda.h").is_file():
-        raise RuntimeError(f"cuda.h, which {cupti / 'cupti.h'} includes, is not in {cuda};"
-                           " set OTEL_GPU_CUDA_INCLUDE to a CUDA toolkit's include directory")
+        cuda = _in_wheels("cuda.h") or cuda
+    if not (cuda / "cuda.h").is_file():
+        raise RuntimeError(f"cuda.h, which {cupti / 'cupti.h'} includes, is not in {cuda} nor in an"
+                           " nvidia-cuda-runtime wheel; set OTEL_GPU_CUDA_INCLUDE to a CUDA toolkit's include directory")
     return [cupti, cuda]
 
 

@@ -82,6 +82,36 @@ def gpu_wait(ms: int) -> float:
 
 MODES = {"eager": eager, "compiled": compiled, "graph": graph}
 
+_A = None
+
+
+def gemm() -> None:
+    """GPU-bound: four 2048^3 half-precision GEMMs (cuBLAS), then a synchronize."""
+    global _A
+    if _A is None:
+        _A = torch.randn(2048, 2048, device="cuda", dtype=torch.float16)
+    for _ in range(4):
+        _A @ _A
+    torch.cuda.synchronize()
+
+
+# The routes the device-clock comparison runs (tests/gpu/test_device_clock.py), by shape:
+# GPU-bound GEMMs, launch-bound small ops, copy-heavy, a CUDA graph replay.
+SHAPES = {"gemm": gemm, "tiny": lambda: tiny_launches(200), "copy": lambda: copy_in(1 << 20), "graph": graph}
+
+
+def device_seconds(shape: str) -> float:
+    """Seconds the GPU spent on one run of SHAPES[shape] (kernels, copies, memsets), as
+    torch.profiler (CUPTI) times them: the reference for the collector's device-clock
+    seconds. Run once before, so that nothing lazy is counted."""
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        SHAPES[shape]()
+    events = [e for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA]
+    total_us = sum(getattr(e, "self_device_time_total", None) or getattr(e, "self_cuda_time_total", 0)
+                   for e in events)
+    return total_us / 1e6
+
 
 def profiled(mode: str) -> dict:
     """The launches torch.profiler sees in one run of `mode` (run once before, so

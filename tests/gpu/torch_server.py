@@ -3,7 +3,9 @@ GET /run/<mode>      one run of tests/gpu/gpu_model.py's eager | compiled | grap
 GET /profile/<mode>  the same run under torch.profiler: its launch counts, as JSON
 GET /decode/<steps>  a decode-like loop of eager forwards: its wall seconds, as JSON
 GET /launches/<n>    n one-launch additions: their wall seconds, as JSON
-GET /wait/<ms>       the GPU busy ~ms, then a synchronize: its seconds, as JSON"""
+GET /wait/<ms>       the GPU busy ~ms, then a synchronize: its seconds, as JSON
+GET /shape/<shape>   one run of gpu_model.SHAPES' gemm | tiny | copy | graph
+GET /device/<shape>  the same under torch.profiler: the GPU's seconds on it, as JSON"""
 from __future__ import annotations
 
 import json
@@ -26,6 +28,10 @@ class H(BaseHTTPRequestHandler):
             gpu_model.MODES[parts[1]]()
         elif len(parts) == 2 and parts[0] == "profile" and parts[1] in gpu_model.MODES:
             body = json.dumps(gpu_model.profiled(parts[1])).encode()
+        elif len(parts) == 2 and parts[0] == "shape" and parts[1] in gpu_model.SHAPES:
+            gpu_model.SHAPES[parts[1]]()
+        elif len(parts) == 2 and parts[0] == "device" and parts[1] in gpu_model.SHAPES:
+            body = json.dumps({"seconds": gpu_model.device_seconds(parts[1])}).encode()
         elif len(parts) == 2 and parts[0] == "decode" and parts[1].isdigit():
             body = json.dumps({"seconds": gpu_model.decode_loop(int(parts[1]))}).encode()
         elif len(parts) == 2 and parts[0] == "wait" and parts[1].isdigit():
