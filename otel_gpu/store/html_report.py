@@ -28,6 +28,7 @@ MAX_WATERFALL_ROWS = 300  # a request has at most the span budget's calls; windo
 # Attribution outcomes (pipeline/model.py ATTRIBUTIONS) and the request itself.
 COLORS = {"request": "#334e68", "task": "#2e7d32", "thread": "#1565c0", "process": "#7b1fa2",
           "ambiguous": "#ef6c00", "shared": "#c62828", "outside": "#8d8d8d", "window": "#cfd8dc"}
+DEVICE_COLOR = "#00897b"  # the device lane: when the GPU ran a call's work (device-clock mode)
 _CONFIG = {"displaylogo": False, "responsive": True}
 
 
@@ -126,7 +127,10 @@ def _waterfall_rows(request: list, windows: list[list]) -> list[dict]:
         a = span.attributes or {}
         rows.append({"text": text, "category": category, "start_ms": (span.start_time - t0) / 1e6,
                      "dur_ms": (span.end_time - span.start_time) / 1e6, "span": span,
-                     "thread": a.get(sc.THREAD_ID), "kernel": a.get(sc.GPU_KERNEL_NAME)})
+                     "thread": a.get(sc.THREAD_ID), "kernel": a.get(sc.GPU_KERNEL_NAME),
+                     # device-clock mode: when the device ran its work, ms on the same axis
+                     "device": ((span.start_time - t0 + a[sc.GPU_DEVICE_QUEUE_NS]) / 1e6,
+                                a[sc.GPU_DEVICE_DURATION_NS] / 1e6) if sc.GPU_DEVICE_DURATION_NS in a else None})
     add(server, "request", server.name)
     for s in sorted((s for s in request if s is not server), key=lambda s: s.start_time):
         add(s, (s.attributes or {}).get(sc.GPU_ATTRIBUTION, "thread"), _call_text(s))
@@ -161,9 +165,17 @@ def _waterfall(rows: list[dict]):
         fig.add_trace(go.Bar(y=[labels[i] for i in idx], x=[max(shown[i]["dur_ms"], least) for i in idx],
                              base=[shown[i]["start_ms"] for i in idx], orientation="h", name=category,
                              marker_color=color, hovertext=hover, hoverinfo="text"))
+    timed = [i for i, r in enumerate(shown) if r["device"]]
+    if timed:  # on each call's own row, over its host bar
+        fig.add_trace(go.Bar(y=[labels[i] for i in timed], x=[max(shown[i]["device"][1], least) for i in timed],
+                             base=[shown[i]["device"][0] for i in timed], orientation="h", name="device",
+                             marker_color=DEVICE_COLOR, width=0.35, hoverinfo="text",
+                             hovertext=[f"{labels[i]}<br>on the device from +{shown[i]['device'][0]:.3f} ms, "
+                                        f"for {shown[i]['device'][1] * 1000:.1f} µs" for i in timed]))
     fig.update_yaxes(autorange="reversed", automargin=True, categoryorder="array", categoryarray=labels,
                      tickfont=dict(family="monospace", size=11))
-    fig.update_xaxes(title_text="ms from the request's start (host time)")
+    fig.update_xaxes(title_text="ms from the request's start (host time; device lane: the device's clock)"
+                     if timed else "ms from the request's start (host time)")
     fig.update_layout(height=160 + 20 * len(shown), barmode="overlay", bargap=0.25,
                       legend=dict(title=dict(text="attribution")), margin=dict(l=20, r=20, t=20, b=40))
     return fig
@@ -214,13 +226,16 @@ def _calls_table(rows: list[dict]) -> str:
         grid = "x".join(map(str, a.get(sc.GPU_GRID, ()))) or ""
         block = "x".join(map(str, a.get(sc.GPU_BLOCK, ()))) or ""
         nbytes = a.get(sc.GPU_MEMCPY_BYTES, a.get(sc.GPU_ALLOC_BYTES))
+        device_us = "" if r["device"] is None else f"{r['device'][1] * 1000:.1f}"
         lines.append(f"<tr><td>{_e(r['span'].name)}</td><td>{_e(r['kernel'] or '')}</td><td>{grid}</td>"
                      f"<td>{block}</td><td class=num>{'' if nbytes is None else _e(nbytes)}</td>"
                      f"<td>{_e(r['category'])}</td><td class=num>{_e(r['thread'] if r['thread'] is not None else '')}</td>"
-                     f"<td class=num>{r['start_ms']:.3f}</td><td class=num>{r['dur_ms'] * 1000:.1f}</td></tr>")
+                     f"<td class=num>{r['start_ms']:.3f}</td><td class=num>{r['dur_ms'] * 1000:.1f}</td>"
+                     f"<td class=num>{device_us}</td></tr>")
     return ("<details><summary>the calls as a table</summary><table id=calls><tr><th>call</th><th>kernel</th>"
             "<th>grid</th><th>block</th><th class=num>bytes</th><th>attribution</th><th class=num>thread</th>"
-            "<th class=num>start ms</th><th class=num>host µs</th></tr>" + "".join(lines) + "</table></details>")
+            "<th class=num>start ms</th><th class=num>host µs</th><th class=num>device µs</th></tr>"
+            + "".join(lines) + "</table></details>")
 
 
 def build_page(conn, since_ns: Optional[int] = None, service: Optional[str] = None, trace_id: Optional[str] = None,
