@@ -55,6 +55,11 @@ fi
 log "bundle libraries in use: $(cd "$PREFIX/bcc/lib" && ls | tr '\n' ' ')"
 export LD_LIBRARY_PATH=$PREFIX/bcc/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 export BCC_KERNEL_SOURCE=$PREFIX/kernel-headers
+# The device-clock library's headers (tests/gpu/test_device_clock.py builds it), where the
+# machine has no CUDA toolkit of its own.
+if [ -d "$PREFIX/cupti-include" ] && [ ! -f /usr/local/cuda/include/cupti.h ]; then
+  export OTEL_GPU_CUPTI_INCLUDE=$PREFIX/cupti-include
+fi
 
 # 2. A venv over the machine's Python: --system-site-packages reaches only the base
 #    interpreter's packages, and the machine's python3 may itself be a venv

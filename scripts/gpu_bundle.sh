@@ -4,7 +4,9 @@
 #   bcc.tar.xz      bcc's Python module + libbcc and every library it needs beyond
 #                   libc/libstdc++/libgcc (Debian bookworm debs, docs/static/bins dropped)
 #   headers.tar.xz  Debian's 6.1 kernel headers (-common + -amd64 merged, the same tree
-#                   scripts/setup.sh uses here), trimmed to include/ and arch/x86/include
+#                   scripts/setup.sh uses here), trimmed to include/ and arch/x86/include;
+#                   and cupti-include/: the CUDA and CUPTI headers the device-clock library
+#                   includes (cupti/otel_gpu_cupti.c), from this machine's toolkit
 #   wheels/         the Python packages the collector, the OTLP receiver and the gpu
 #                   tier's FastAPI server import (cp312, the GPU image's Python), and
 #                   requirements.txt naming them; pip skips those the machine already has
@@ -77,8 +79,23 @@ cp -asf "$(realpath "$WORK"/h/usr/src/"$flavour")/." "$WORK/merged/"
 # Subsystems no uprobe/tracepoint program includes.
 (cd "$WORK/kernel-headers/include" && rm -rf dt-bindings sound drm rdma media scsi video xen target soc \
   kunit ras pcmcia math-emu crypto/internal keys)
-log "compressing kernel headers ($(du -sh "$WORK/kernel-headers" | cut -f1))"
-tar -C "$WORK" -cf - kernel-headers | xz -9 -T0 > "$OUT/headers.tar.xz"
+# 2b. The CUDA and CUPTI headers the device-clock library compiles against (tests/gpu builds
+#     it on the GPU machine, whose PyTorch wheels lack crt/): exactly those it includes.
+CUDA_INC=${OTEL_GPU_CUDA_INCLUDE:-/usr/local/cuda/include}
+cupti_dir=()
+if [ -f "$CUDA_INC/cupti.h" ]; then
+  mkdir -p "$WORK/cupti-include"
+  for h in $(gcc -M -I"$CUDA_INC" cupti/otel_gpu_cupti.c | tr ' \\' '\n\n' | grep "^$CUDA_INC/" | sort -u); do
+    rel=${h#"$CUDA_INC"/}
+    mkdir -p "$WORK/cupti-include/$(dirname "$rel")"
+    cp "$h" "$WORK/cupti-include/$rel"
+  done
+  cupti_dir=(cupti-include)
+else
+  log "no $CUDA_INC/cupti.h: the gpu tier's device-clock test will skip (set OTEL_GPU_CUDA_INCLUDE)"
+fi
+log "compressing kernel headers ($(du -sh "$WORK/kernel-headers" | cut -f1)) ${cupti_dir[*]}"
+tar -C "$WORK" -cf - kernel-headers "${cupti_dir[@]}" | xz -9 -T0 > "$OUT/headers.tar.xz"
 
 # 3. Wheels for the GPU image's Python (3.12), at the versions this checkout's .venv runs.
 REQS=(opentelemetry-sdk opentelemetry-exporter-otlp-proto-grpc opentelemetry-exporter-otlp-proto-http
@@ -110,4 +127,4 @@ total=$(du -cb "$OUT"/*.tar.xz "$OUT"/wheels/* | tail -n1 | cut -f1)
 } > "$OUT/MANIFEST.txt"
 log "$(tail -n1 "$OUT/MANIFEST.txt")"
 [ "$total" -le "$LIMIT" ] || { log "bundle is over 64 MiB: trim it"; exit 1; }
-rm -rf "$WORK"/{x,h,merged,bcc,kernel-headers}  # staging: about 700 MB unpacked
+rm -rf "$WORK"/{x,h,merged,bcc,kernel-headers,cupti-include}  # staging: about 700 MB unpacked

@@ -29,7 +29,7 @@ def _in_wheels(header: str) -> Path | None:
     paths = sysconfig.get_paths()
     for site in dict.fromkeys((paths["purelib"], paths["platlib"], *sys.path)):
         for found in sorted(glob.glob(f"{glob.escape(site)}/nvidia/*/include/{header}")):
-            return Path(found).parent
+            return Path(found[:-len(header) - 1])
     return None
 
 
@@ -45,9 +45,9 @@ def headers() -> Path | None:
 
 
 def _include_dirs() -> list[Path]:
-    """The CUPTI headers first, then the CUDA headers they include (cuda.h, builtin_types.h),
-    which the CUPTI wheel does not ship: $OTEL_GPU_CUDA_INCLUDE, the toolkit's, or the
-    nvidia-cuda-runtime wheel's."""
+    """The CUPTI headers first, then the CUDA headers they include (cuda.h, builtin_types.h,
+    crt/), which the CUPTI wheel does not ship: $OTEL_GPU_CUDA_INCLUDE, the toolkit's, or the
+    nvidia-cuda-runtime and nvidia-cuda-nvcc wheels'."""
     cupti = headers()
     if cupti is None:
         raise RuntimeError(f"CUPTI headers not found: no cupti.h in {CUDA_INCLUDE} nor in an nvidia-cuda-cupti"
@@ -57,12 +57,14 @@ def _include_dirs() -> list[Path]:
     if (cupti / "cuda.h").is_file():
         return [cupti]
     cuda = Path(os.environ.get("OTEL_GPU_CUDA_INCLUDE", CUDA_INCLUDE))
-    if not (cuda / "cuda.h").is_file():
-        cuda = _in_wheels("cuda.h") or cuda
-    if not (cuda / "cuda.h").is_file():
-        raise RuntimeError(f"cuda.h, which {cupti / 'cupti.h'} includes, is not in {cuda} nor in an"
-                           " nvidia-cuda-runtime wheel; set OTEL_GPU_CUDA_INCLUDE to a CUDA toolkit's include directory")
-    return [cupti, cuda]
+    if (cuda / "cuda.h").is_file():
+        return [cupti, cuda]
+    runtime, crt = _in_wheels("cuda.h"), _in_wheels("crt/host_defines.h")  # the latter: nvidia-cuda-nvcc's
+    if runtime is None or crt is None:
+        raise RuntimeError(f"cuda.h and crt/host_defines.h, which {cupti / 'cupti.h'} includes, are not in {cuda}"
+                           " nor in the nvidia-cuda-runtime and nvidia-cuda-nvcc wheels; set OTEL_GPU_CUDA_INCLUDE"
+                           " to a CUDA toolkit's include directory")
+    return [cupti, runtime, crt]
 
 
 def _compile(sources: tuple[Path, ...], output: Path, libs: tuple[str, ...] = ()) -> Path:

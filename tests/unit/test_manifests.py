@@ -293,7 +293,7 @@ def test_dockerfile_builds_from_debian_with_bcc_and_copies_what_exists():
     dockerfile = (K8S / "Dockerfile").read_text()
     assert re.search(r"^FROM debian:bookworm-slim$", dockerfile, re.M)
     assert "python3-bpfcc" in dockerfile and "--system-site-packages" in dockerfile
-    for line in re.findall(r"^COPY (.+)$", dockerfile, re.M):
+    for line in re.findall(r"^COPY (?!--from)(.+)$", dockerfile, re.M):
         for source in line.split()[:-1]:
             assert (ROOT / source).exists(), f"Dockerfile copies {source}, which the repository lacks"
     entrypoint = re.search(r'^ENTRYPOINT \["([^"]+)"\]', dockerfile, re.M).group(1)
@@ -321,6 +321,22 @@ def reaches(url_or_target, port_name="http"):
     host, port = hostport.split(":")
     service = find("Service", host)
     return container_port(find("Deployment", host), service_port(service, int(port))["targetPort"])
+
+
+def test_the_device_clock_library_is_built_into_the_image_and_published_on_the_node():
+    dockerfile = (K8S / "Dockerfile").read_text()
+    built = re.search(r"^COPY --from=cupti (\S+) (\S+)$", dockerfile, re.M)
+    assert built and "library.build(Path('/out'))" in dockerfile and built.group(1) == "/out/libotel_gpu_cupti.so"
+    daemonset = find("DaemonSet", "otel-gpu")
+    (init,) = daemonset["spec"]["template"]["spec"]["initContainers"]
+    assert init["image"] == container(daemonset)["image"]
+    script = init["command"][-1]
+    assert f"cp {built.group(2)} " in script and "mv -f" in script  # renamed into place, never rewritten
+    (mount,) = init["volumeMounts"]
+    status = next(m for m in container(daemonset)["volumeMounts"] if m["mountPath"] == "/run/otel-gpu")
+    assert (mount["name"], mount["mountPath"]) == (status["name"], "/run/otel-gpu")
+    assert script.endswith("/run/otel-gpu/libotel_gpu_cupti.so")
+    assert init["securityContext"]["capabilities"]["drop"] == ["ALL"]
 
 
 def test_grafana_mounts_its_provisioning_where_grafana_reads_it():
