@@ -166,12 +166,14 @@ class DeviceWait:
         self._held: list[tuple[float, Request]] = []
 
     def process(self, records: list) -> list:
-        out = []
+        out, news = [], False
         for r in records:
             if isinstance(r, Request) and r.tgid in self.device_procs:
                 self._held.append((self.clock(), r))
+                news = True
             elif isinstance(r, (DeviceRecords, DeviceClockSeen)):
                 self.device_procs.add(r.tgid)  # not passed on: no later stage reads them
+                news = True
             elif isinstance(r, ProcessGone):
                 self.device_procs.discard(r.tgid)
                 self._release(out, pid=r.tgid)
@@ -181,7 +183,7 @@ class DeviceWait:
                 out.append(r)
             else:
                 out.append(r)
-        if self._held:
+        if news and self._held:  # only records or a new request can complete one
             self._release(out)
         return out
 
@@ -191,7 +193,7 @@ class DeviceWait:
     def _release(self, out: list, force: bool = False, pid: Optional[int] = None) -> None:
         now, keep = self.clock(), []
         for since, r in self._held:
-            waiting = [c for c in r.sink.device_calls if _waits_for(c)]
+            waiting = any(_waits_for(c) for c in r.sink.device_calls)
             if waiting and not force and r.tgid != pid and now - since < DEVICE_WAIT_S:
                 keep.append((since, r))
                 continue
