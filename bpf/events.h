@@ -44,6 +44,7 @@ enum event_kind {
                          * handler (go_h2_event) */
     EV_DEVICE_RECORDS = 20, /* GPU activity timed by the device: a batch from the device-clock library
                              * (device_records_event, bpf/device_records.c) */
+    EV_LIBRARY_LOADED = 21, /* a process entered `loaded` (bpf/library_probes.c): a bare event_header */
 };
 
 /* event_header.flags bits. */

@@ -10,16 +10,28 @@
  * last looked. Full: the process waits for the periodic /proc scan. */
 BPF_HASH(loaded, u32, u32, 1024);
 
+/* A process entering `loaded` also sends a bare header (EV_LIBRARY_LOADED): user space reads
+ * the table when told, instead of every tenth of a second (an idle node's collector woke
+ * for nothing ten times a second). A record lost with a full ring waits for the next look. */
+static __always_inline void loaded_add(u32 tgid)
+{
+    u32 zero = 0;
+    if (loaded.insert(&tgid, &zero) != 0)
+        return; /* already waiting to be read, or the table is full */
+    struct event_header h = {};
+    fill_header(&h, EV_LIBRARY_LOADED, bpf_get_current_pid_tgid());
+    submit(&h, sizeof(h));
+}
+
 int cuda_library_loaded(struct pt_regs *ctx)
 {
     u32 tgid = bpf_get_current_pid_tgid() >> 32;
-    u32 zero = 0;
 #if TRACE_ALL
     u32 one = TRACED;
     traced.lookup_or_try_init(&tgid, &one);
     pid_mark(tgid, PID_TRACED);
 #endif
-    loaded.update(&tgid, &zero);
+    loaded_add(tgid);
     return 0;
 }
 
@@ -76,9 +88,24 @@ static __always_inline void library_opened(const char *filename)
     u32 tgid = bpf_get_current_pid_tgid() >> 32;
     if (name_is(buf->s, base, "cudart", 6) || name_is(buf->s, base, "cuda.so", 7) ||
         name_is(buf->s, base, "nccl.so", 7) || name_is(buf->s, base, "amdhip64", 8) ||
-        name_is(buf->s, base, "rccl.so", 7) || name_is(buf->s, base, "otel_gpu_cupti", 14) || (name_is(buf->s, base, "ssl.so", 6) && is_traced(tgid)))
-        loaded.update(&tgid, &zero);
+        name_is(buf->s, base, "rccl.so", 7) || name_is(buf->s, base, "otel_gpu_cupti", 14) ||
+        (name_is(buf->s, base, "ssl.so", 6) && is_traced(tgid)))
+        loaded_add(tgid);
 }
 
 TRACEPOINT_PROBE(syscalls, sys_enter_openat) { library_opened(args->filename); return 0; }
 TRACEPOINT_PROBE(syscalls, sys_enter_open) { library_opened(args->filename); return 0; }
+
+/* tgid -> 0: processes that called exec since user space last looked. A process the /proc
+ * scan found using no CUDA is read again only when it is here (or QUIET_RESCAN_S later):
+ * the scan no longer stats every process's executable to tell an exec. Full: its exec is
+ * seen at that later read. One update per exec on the host. */
+BPF_HASH(execed, u32, u32, 4096);
+
+RAW_TRACEPOINT_PROBE(sched_process_exec)
+{
+    u32 tgid = bpf_get_current_pid_tgid() >> 32;
+    u32 zero = 0;
+    execed.update(&tgid, &zero);
+    return 0;
+}

@@ -30,6 +30,9 @@ FIRST_SEED = "opened before tracing"
 # once, and again every SETTLE_EVERY_S while it does not map one yet (an open comes before
 # the loader's mmap), SETTLE_S at most (a process that only read the file: a copy, ldconfig).
 SETTLE_S, SETTLE_EVERY_S = 1.0, 0.02
+# The loop's longest sleep with nothing to read: how late a stop, a SIGUSR1 or a program
+# install (the head and HTTP/2 programs, once verified) can be seen.
+POLL_MAX_S = 0.5
 EXIT_MARGIN_S = 0.5  # of --shutdown-timeout, kept for the last log line and the interpreter's exit
 # The stages' closes give up at the deadline, then count what they could not deliver:
 # waited for this much longer (within EXIT_MARGIN_S), so the `stopped:` line has the counts.
@@ -44,7 +47,7 @@ class Collector:
         self.pipeline = self.wiring.pipeline
         self.groups = self.wiring.groups
         self.discovery = Discovery(config.proc_root, None if config.trace_all else self._wanted,
-                                   groups=self.groups)
+                                   groups=self.groups, execed=self._execed)
         self.program = None  # probes.program.BpfProgram, once started
         self._traced_pids: set[int] = set()
         self._device_clock: set[int] = set()  # processes mapping the device-clock library (DeviceClockSeen)
@@ -62,6 +65,10 @@ class Collector:
         # sampler: pipeline/sampling.py bound_once_parents_unsampled); None: nothing deferred.
         self._heads_deferred = self.wiring.sampling.deferred_bound
         self.status = StatusWriter(config.status_file, self.stats) if config.status_file else None
+
+    def _execed(self) -> Optional[set]:
+        """Processes that called exec since the last full scan; None before the program runs."""
+        return self.program.execed_pids() if self.program is not None else None
 
     def _wanted(self, pid: int) -> bool:
         if pid in self.config.pids:
@@ -311,7 +318,11 @@ class Collector:
         """Until stop.is_set() (a SignalFlag, or a threading.Event set by another thread)."""
         next_scan = next_flush = time.monotonic()
         while not stop.is_set():
-            self._push(self.program.poll(100 if not self._settling else int(SETTLE_EVERY_S * 1000)))
+            # Woken by records (a library load sends one: bpf/library_probes.c), else at the
+            # next scan or flush, POLL_MAX_S at most: an idle node's collector sleeps.
+            wait = SETTLE_EVERY_S if self._settling else min(POLL_MAX_S, next_scan - time.monotonic(),
+                                                               next_flush - time.monotonic())
+            self._push(self.program.poll(max(0, int(wait * 1000))))
             self._settle()
             now = time.monotonic()
             if now >= next_scan:

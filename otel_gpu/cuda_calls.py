@@ -305,8 +305,10 @@ HTTP_TRACEPOINTS: tuple[str, ...] = ("sched:sched_process_exit",)
 # bpf/graph_probes.c's process exit, raw (http_syscalls.c holds the perf event's program name).
 GRAPH_RAW_TRACEPOINTS: tuple[str, ...] = ("sched:sched_process_exit",)
 
-# The open syscalls' tracepoints of bpf/library_probes.c: a CUDA library opened at any path.
+# The open syscalls' tracepoints of bpf/library_probes.c: a CUDA library opened at any path;
+# and, raw, every exec on the host (the processes discovery reads again).
 LIBRARY_TRACEPOINTS: tuple[str, ...] = ("syscalls:sys_enter_openat", "syscalls:sys_enter_open")
+LIBRARY_RAW_TRACEPOINTS: tuple[str, ...] = ("sched:sched_process_exec",)
 
 # The sched tracepoints of bpf/sched_probes.c, raw (BPF links, no perf record): each traced
 # thread's time per state (the time split).

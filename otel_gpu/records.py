@@ -119,6 +119,13 @@ class DeviceRecords:
 
 
 @dataclass(slots=True)
+class LibraryLoaded:
+    """A process entered the kernel's `loaded` table (bpf/library_probes.c): the ring reader
+    takes it as the cue to read that table; it never reaches the pipeline."""
+    tgid: int
+
+
+@dataclass(slots=True)
 class DeviceClockSeen:
     """A traced process maps the device-clock library (probes/discovery.py): its streamed
     calls are kept from now for the device records that will time them."""

@@ -36,6 +36,7 @@ EV_GO_SPAWN = 17
 EV_GO_WAKE = 18
 EV_GO_H2_UNIT = 19
 EV_DEVICE_RECORDS = 20
+EV_LIBRARY_LOADED = 21  # a bare event_header: user space reads the `loaded` table now
 DEVICE_RECORDS_PER_CALL = 16
 GO_UNIT = 1 << 63  # a record's ctx names a goroutine (GO_UNIT | goid), not a Python context
 

@@ -12,7 +12,7 @@ import ipaddress
 import struct
 from typing import Optional
 
-from ..records import (Accept, ContextCopy, CudaCall, DeviceActivity, DeviceCall, DeviceRecords, GoH2Unit, GraphCall, GraphOp, H2Digest, KernelHandle,
+from ..records import (Accept, ContextCopy, CudaCall, DeviceActivity, DeviceCall, DeviceRecords, GoH2Unit, LibraryLoaded, GraphCall, GraphOp, H2Digest, KernelHandle,
                        LaunchCall, MemcpyCall, MemoryCall, NcclCall, ProcExit, SockClose, SockIo, SyncCall, UnitWake)
 from . import abi
 from .abi import (EV_ACCEPT, EV_CUDA_DEVICE, EV_CUDA_GRAPH, EV_CUDA_LAUNCH, EV_CUDA_MEMCPY, EV_CUDA_MEMORY,
@@ -20,7 +20,7 @@ from .abi import (EV_ACCEPT, EV_CUDA_DEVICE, EV_CUDA_GRAPH, EV_CUDA_LAUNCH, EV_C
                   EV_SOCK_WRITE, HTTP_DATA_CAP, HTTP_TAIL_CAP)
 from .abi import (EV_FLAG_CAPTURE, EV_FLAG_HTTP_UNSEEN, EV_FLAG_REQ_START, EV_FLAG_TLS, EV_GO_H2_UNIT, EV_GO_SPAWN,
                   EV_GO_WAKE, EV_GRAPH_OP, EV_KERNEL_HANDLE, EV_NCCL)
-from .abi import EV_DEVICE_RECORDS, EV_FLAG_H2_DIGEST, EV_FLAG_TIMES, H2_DIGEST_CAP, H2_DIGEST_HEAD, H2_PIECE_HEAD
+from .abi import EV_DEVICE_RECORDS, EV_FLAG_H2_DIGEST, EV_LIBRARY_LOADED, EV_FLAG_TIMES, H2_DIGEST_CAP, H2_DIGEST_HEAD, H2_PIECE_HEAD
 
 
 _FLAGS = struct.Struct("<B")  # event_header.flags, at offset 1
@@ -125,6 +125,12 @@ def _device_records(buf, size):
          api_id) = DEVICE_RECORD.unpack_from(buf, DEVICE_RECORDS.size + i * DEVICE_RECORD.size)
         out.append(DeviceActivity(kind, start, end, api_ns, tid, (domain, api_id), corr, stream, device, nbytes))
     return DeviceRecords(tgid, ts, tuple(out), dropped, bool(flags & EV_FLAG_UNREADABLE))
+
+
+def _library_loaded(buf, size):
+    if size != _HEADER_SIZE:
+        raise DecodeError(f"library-loaded record needs {_HEADER_SIZE} bytes, got {size}")
+    return LibraryLoaded(abi.EventHeader.from_buffer_copy(bytes(buf)).tgid)
 
 
 def _py_context(buf, size):
@@ -236,7 +242,7 @@ _BY_KIND = {EV_CUDA_MEMCPY: _memcpy, EV_CUDA_MEMORY: _memory, EV_CUDA_SYNC: _syn
             EV_SOCK_WRITE: _sock_io, EV_ACCEPT: _accept, EV_SOCK_CLOSE: _close,
             EV_PROC_EXIT: _proc_exit, EV_GRAPH_OP: _graph_op, EV_PY_CONTEXT: _py_context, EV_KERNEL_HANDLE: _kernel_handle,
             EV_NCCL: _nccl, EV_GO_SPAWN: _go_spawn, EV_GO_WAKE: _go_wake,
-            EV_GO_H2_UNIT: _go_h2, EV_DEVICE_RECORDS: _device_records}
+            EV_GO_H2_UNIT: _go_h2, EV_DEVICE_RECORDS: _device_records, EV_LIBRARY_LOADED: _library_loaded}
 # Indexing bytes gives an int, a ctypes c_char array (the reader's zero-copy view)
 # a 1-byte bytes: both spellings are keys, so one lookup serves either buffer.
 _BY_KIND.update({bytes([k]): fn for k, fn in list(_BY_KIND.items())})

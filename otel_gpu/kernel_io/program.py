@@ -60,6 +60,9 @@ _TALLIES = {"tls_ciphertext": "tls_connections", "tls_untied": "tls_plaintext_un
 _COUNTED = {**_LOSSES, **{name: (stat, None) for name, stat in _TALLIES.items()}}
 # `traced` values (bpf/maps.h): traced, following no server; every related server.
 TRACED, FOLLOW_ALL = 1, 0xFFFFFFFF
+# The `loaded` table is read when a LibraryLoaded cue says it has news, and this often all the
+# same: a cue lost with a full ring waits no longer.
+LOADED_RECHECK_S = 2.0
 HEAD_PROGRAMS = (b"head_scan", b"head_parent")  # bpf/head_sampling.c, in head_scans' order
 H2_PROGRAMS = (b"h2_walk",)  # bpf/h2_walk.c, in h2_walkers
 
@@ -108,6 +111,7 @@ class BpfProgram:
                  dropped_kb // 1024)
         self._h2_walk_verifying = self._start_h2_walk()
         self.ring = RingReader(self.bpf, "events", stats)
+        self._loaded_recheck = 0.0  # when loaded_pids reads the table without a cue
         self.pid_bits = pid_bits.PidBits(self.bpf["pid_bits"], options.pid_words)
         self.rollups = RollupReader(self.bpf["rollup"],
                                     launch_slots.reader(self.bpf, options.cpus, self.pid_bits.traced.__contains__))
@@ -213,8 +217,23 @@ class BpfProgram:
         return self.attacher.attach_load_probe(target)
 
     def loaded_pids(self) -> set:
-        """Processes that loaded a probed CUDA library since the last call (bpf/library_probes.c)."""
-        table = self.bpf["loaded"]
+        """Processes that loaded a probed CUDA library since the table was last read
+        (bpf/library_probes.c): read when a LibraryLoaded cue came, and every
+        LOADED_RECHECK_S all the same (a cue lost with a full ring)."""
+        now = time.monotonic()
+        if not self.ring.library_loaded and now < self._loaded_recheck:
+            return set()
+        self.ring.library_loaded, self._loaded_recheck = False, now + LOADED_RECHECK_S
+        return self._take("loaded")
+
+    def execed_pids(self) -> set:
+        """Processes that called exec since the last call (bpf/library_probes.c `execed`):
+        discovery reads a quiet process's maps again only then."""
+        return self._take("execed")
+
+    def _take(self, name: str) -> set:
+        """The keys of pid table `name`, emptied."""
+        table = self.bpf[name]
         pids = set()
         for k in list(table.keys()):
             pids.add(k.value)

@@ -11,7 +11,8 @@ from typing import Optional
 
 from ..cuda_calls import call_id
 from ..ratelimit import RateLimitedLog, Stats
-from ..records import CallAggregate, ContextCopy, GoH2Unit, KernelRollup, ProcExit, SockClose, SockIo, UnitWake
+from ..records import (CallAggregate, ContextCopy, GoH2Unit, KernelRollup, LibraryLoaded, ProcExit, SockClose,
+                       SockIo, UnitWake)
 from .abi import AGG_HTTP_UNSEEN, RollupKey
 from .decode import DecodeError, decode
 from .launch_slots import LaunchSlots
@@ -33,6 +34,7 @@ class RingReader:
         self.max_batch = max_batch
         self.full = False  # the last poll stopped at max_batch: more is waiting
         self.first_exit = -1  # index of the first ProcExit in the batch being read
+        self.library_loaded = False  # a LibraryLoaded came: the `loaded` table has news (reset by its reader)
         bpf[ring_name].open_ring_buffer(self._on_record)
 
     def _on_record(self, _ctx, data, size) -> int:
@@ -41,6 +43,9 @@ class RingReader:
         except DecodeError as e:
             self._log.event("decode_errors", logging.WARNING, "dropping undecodable event: %s", e)
         else:
+            if record.__class__ is LibraryLoaded:
+                self.library_loaded = True  # a cue, not a record for the pipeline
+                return 0
             if record.__class__ is ProcExit and self.first_exit < 0:
                 self.first_exit = len(self._batch)
             self._batch.append(record)

@@ -118,7 +118,8 @@ def libssl_in_maps(maps_text: str) -> list[str]:
 class Discovery:
     def __init__(self, proc_root: str = "/proc", pid_filter: Optional[Callable[[int], bool]] = None,
                  has_static_cudart: Optional[Callable[[str], bool]] = None, groups=None,
-                 listens: Optional[Callable[[int], bool]] = None, clock: Callable[[], float] = time.monotonic) -> None:
+                 listens: Optional[Callable[[int], bool]] = None, clock: Callable[[], float] = time.monotonic,
+                 execed: Optional[Callable[[], Optional[set]]] = None) -> None:
         self.proc_root = proc_root
         self.groups = groups  # pipeline.groups.ProcessGroups, or None: CUDA processes only
         self._listens_now = listens or (lambda pid: sockets.listens(proc_root, pid))
@@ -132,6 +133,9 @@ class Discovery:
         self._known: dict[int, int] = {}  # pid -> start time, once found to use CUDA
         self._quiet: dict[int, tuple] = {}  # pid -> (exe key, when to read its maps again): no CUDA
         self._clock = clock
+        # The processes that called exec since the last full scan (bpf/library_probes.c), or
+        # None: then each quiet process's executable is stat()ed at every scan to tell one.
+        self._execed = execed or (lambda: None)
         self.self_pid = os.getpid()
 
     def scan(self, only: Optional[set] = None) -> ScanResult:
@@ -146,14 +150,21 @@ class Discovery:
             live = set(pids)
             self._quiet = {pid: q for pid, q in self._quiet.items() if pid in live}
             self._listening = {pid: t for pid, t in self._listening.items() if pid in live}
+        execed = self._execed() if only is None else None
         for pid in pids:
             if pid == self.self_pid or (self.pid_filter and not self.pid_filter(pid)):
                 continue
-            key = self._exe_key(pid)
-            quiet = self._quiet.get(pid)
-            if only is None and quiet is not None and quiet[0] == key and now < quiet[1]:
-                others.append(pid)  # no CUDA when last read, and the same executable
-                continue
+            quiet, key = self._quiet.get(pid), None
+            if only is None and quiet is not None and now < quiet[1]:
+                # No CUDA when last read. Still so unless it called exec since: as the kernel
+                # saw (nothing read), or, without that list, as its executable's file says.
+                if execed is not None and pid not in execed:
+                    others.append(pid)
+                    continue
+                if execed is None and quiet[0] == (key := self._exe_key(pid)):
+                    others.append(pid)
+                    continue
+            key = key or self._exe_key(pid)
             exe = self._exe(pid, key)
             maps = proc.maps(self.proc_root, pid)
             if maps is None:

@@ -9,7 +9,8 @@ import site
 import pytest
 
 from otel_gpu.config import DEFAULT_BPF_CACHE
-from otel_gpu.cuda_calls import GRAPH_RAW_TRACEPOINTS, HTTP_RAW_TRACEPOINTS, HTTP_TRACEPOINTS, LIBRARY_TRACEPOINTS
+from otel_gpu.cuda_calls import (GRAPH_RAW_TRACEPOINTS, HTTP_RAW_TRACEPOINTS, HTTP_TRACEPOINTS, LIBRARY_RAW_TRACEPOINTS,
+                                 LIBRARY_TRACEPOINTS)
 from otel_gpu.probes.attacher import Attacher
 from otel_gpu.probes.discovery import known_library_files
 from otel_gpu.ratelimit import Stats
@@ -42,7 +43,8 @@ def test_detach_all_closes_every_probe_before_returning(links):
     assert probes >= 20 and tracepoints == len(HTTP_TRACEPOINTS + LIBRARY_TRACEPOINTS), bpf.tracepoint_fds
     perf, link = _probe_fds()
     raw = len(bpf.raw_tracepoint_fds)  # links: every syscall's entry and exit, graph_probes.c's process exit
-    assert raw == len(HTTP_RAW_TRACEPOINTS + GRAPH_RAW_TRACEPOINTS), bpf.raw_tracepoint_fds  # (the time split's: opt-in)
+    # (the time split's: opt-in)
+    assert raw == len(HTTP_RAW_TRACEPOINTS + GRAPH_RAW_TRACEPOINTS + LIBRARY_RAW_TRACEPOINTS), bpf.raw_tracepoint_fds
     assert (perf - perf_before, link - links_before) == \
         ((tracepoints, probes + raw) if links == "multi" else (probes + tracepoints, raw))
 

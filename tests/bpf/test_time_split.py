@@ -11,7 +11,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from otel_gpu.cuda_calls import GRAPH_RAW_TRACEPOINTS, HTTP_RAW_TRACEPOINTS, HTTP_TRACEPOINTS, LIBRARY_TRACEPOINTS
+from otel_gpu.cuda_calls import (GRAPH_RAW_TRACEPOINTS, HTTP_RAW_TRACEPOINTS, HTTP_TRACEPOINTS, LIBRARY_RAW_TRACEPOINTS,
+                                 LIBRARY_TRACEPOINTS)
 from otel_gpu.demo.runner import free_port
 from tests.bpf.probe_harness import build_stub
 from tests.harness import TARGETS, Target, module_collector, server_spans
@@ -134,7 +135,8 @@ def test_without_time_split_no_sched_tracepoint_runs(receiver, start_collector, 
         span = spans_by_path(receiver.spans, target.pid)["/sleep/1"]
         assert not any(k.startswith("otel_gpu.time.") for k in span.attributes), span.attributes
         ready = next(line for line in collector.log.lines if " ready: " in line)
-        every = HTTP_TRACEPOINTS + LIBRARY_TRACEPOINTS + HTTP_RAW_TRACEPOINTS + GRAPH_RAW_TRACEPOINTS
+        every = (HTTP_TRACEPOINTS + LIBRARY_TRACEPOINTS + HTTP_RAW_TRACEPOINTS + GRAPH_RAW_TRACEPOINTS
+                 + LIBRARY_RAW_TRACEPOINTS)
         assert f" {len(every)} tracepoints" in ready, ready  # no sched ones
     finally:
         target.stop()

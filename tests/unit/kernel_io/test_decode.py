@@ -262,3 +262,28 @@ def test_unreadable_flag_is_decoded_for_launches_and_copies():
     assert decode(copy).unreadable is False and decode(flagged(copy)).unreadable is True
     alloc = cuda(abi.MemoryEvent, abi.EV_CUDA_MEMORY, call_id("cudaMalloc"), bytes=64)
     assert decode(flagged(alloc)).unreadable is True
+
+
+def test_device_records_batch_every_field_and_only_count_of_them():
+    e = abi.DeviceRecordsEvent(h=header(abi.EV_DEVICE_RECORDS), count=2, dropped=5)
+    for i in range(abi.DEVICE_RECORDS_PER_CALL):  # past count: never read
+        e.records[i] = abi.DeviceRecord(start_ns=1000 * i + 1, end_ns=1000 * i + 2, api_ns=1000 * i, bytes=64 * i,
+                                        correlation_id=7 + i, tid=300 + i, stream_id=9, device_id=1, kind=1 + i % 3,
+                                        api_domain=2, api_id=211)
+    batch = decode(view(bytes(e)))
+    assert (batch.tgid, batch.ts_ns, batch.dropped, batch.unreadable) == (100, 123456789, 5, False)
+    assert [(a.kind, a.start_ns, a.end_ns, a.api_ns, a.tid, a.api, a.correlation_id, a.stream_id, a.device_id,
+             a.bytes) for a in batch.activities] == [(1, 1, 2, 0, 300, (2, 211), 7, 9, 1, 0),
+                                                     (2, 1001, 1002, 1000, 301, (2, 211), 8, 9, 1, 64)]
+    e.count = abi.DEVICE_RECORDS_PER_CALL + 1
+    with pytest.raises(DecodeError):
+        decode(view(bytes(e)))
+    with pytest.raises(DecodeError):
+        decode(view(bytes(e)[:-1]))
+
+
+def test_library_loaded_is_a_bare_header():
+    from otel_gpu.records import LibraryLoaded
+    assert decode(view(bytes(header(abi.EV_LIBRARY_LOADED)))) == LibraryLoaded(100)
+    with pytest.raises(DecodeError):
+        decode(view(bytes(header(abi.EV_LIBRARY_LOADED)) + b"\0"))

@@ -102,3 +102,30 @@ def test_a_process_found_without_cuda_is_read_again_later_or_at_an_exec(tmp_path
     assert d.scan().cuda_pids == {execs, opened}  # `late` not read again yet
     now[0] += 1
     assert d.scan().cuda_pids == {late, opened, execs}
+
+
+def test_with_the_kernels_exec_list_a_quiet_process_is_read_again_only_at_its_exec(tmp_path):
+    """With the kernel's list of processes that called exec (bpf/library_probes.c `execed`),
+    a full scan reads nothing of a quiet process (not even a stat of its executable) until it
+    is on that list, or QUIET_RESCAN_S passed; before the program runs (None) it stats."""
+    tree = Tree(tmp_path)
+    tree.add(1, 0)
+    quiet, execs = tree.add(100, 1), tree.add(300, 1)
+    now, execed = [1000.0], [set()]
+    d = Discovery(tree.path, has_static_cudart=lambda p: False, clock=lambda: now[0], execed=lambda: execed[0])
+    assert d.scan().cuda_pids == set()
+    for pid in (quiet, execs):  # both map libcudart from now on; neither is another file
+        (tmp_path / str(pid) / "maps").write_text(CUDA_MAPS)
+        lib = tmp_path / str(pid) / "root" / "usr" / "lib"
+        lib.mkdir(parents=True)
+        (lib / "libcudart.so.12").write_text("")
+    stats = []
+    d._exe_key = lambda pid: stats.append(pid) or Discovery._exe_key(d, pid)
+    assert d.scan().cuda_pids == set() and stats == []  # nothing read of either
+    execed[0] = {execs}  # the kernel saw it exec
+    assert d.scan().cuda_pids == {execs} and stats == [execs]
+    execed[0] = None  # no program (yet): the stat tells an exec, as before
+    assert d.scan().cuda_pids == {execs} and quiet in stats
+    now[0] += QUIET_RESCAN_S
+    execed[0] = set()
+    assert d.scan().cuda_pids == {quiet, execs}
