@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import urllib.request
@@ -13,13 +14,14 @@ from .isolate import OwnCgroup
 
 
 class Service:
-    def __init__(self, args: tuple = (), argv: list | None = None) -> None:
-        """argv: another service that prints 'listening on PORT' (default: bench.http_service + args)."""
+    def __init__(self, args: tuple = (), argv: list | None = None, env: dict | None = None) -> None:
+        """argv: another service that prints 'listening on PORT' (default: bench.http_service + args);
+        env: added to this process's environment."""
         self.tls = "--tls" in args
         self.cgroup = OwnCgroup()  # the bench process is not a related server of it (isolate.py)
         argv = argv or [sys.executable, "-m", "bench.http_service", *args]
         self.proc = subprocess.Popen(self.cgroup.wrap(argv), stdin=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                     text=True)
+                                     text=True, env={**os.environ, **(env or {})})
         self.pid = self.proc.pid
         log = LineWatcher(self.proc.stderr, echo=None)
         if not log.wait_for("listening on", 30):

@@ -3,7 +3,10 @@ the collector adds to a CUDA launch made inside a request, and why. One PyTorch 
 (tests/gpu/torch_server.py) timed with no collector, traced, and traced without the
 Python context probes, the three phases interleaved over R rounds (sequential phases drift
 on a GPU host). Each phase: GET /launches/N (N one-launch additions: bound by the host's
-launch path) and GET /decode/S (eager forwards, each synchronised). Also printed, where
+launch path) and GET /decode/S (eager forwards, each synchronised). Then, where the
+device-clock library builds (gcc, CUPTI headers), a second server loading it
+(CUDA_INJECTION64_PATH) timed with no collector (the library idle) and traced (the library
+on): device-clock mode's cost per launch (issue 46: target at most 1 us). Also printed, where
 gcc is present: item 15's trap costs on this host (the first bytes of the probed
 functions are in scripts/gpu-tier.sh's machine log).
 Needs root, a GPU, PyTorch, bcc (scripts/gpu-tier.sh --bench runs it on a bare GPU machine)."""
@@ -11,8 +14,10 @@ from __future__ import annotations
 
 import json
 import shutil
+import tempfile
 import statistics
 import sys
+import time
 import urllib.request
 from pathlib import Path
 
@@ -31,6 +36,36 @@ PHASES = (("untraced", None), ("traced", ()), ("no contexts", ("--no-python-cont
 def _seconds(svc: Service, path: str) -> float:
     with urllib.request.urlopen(f"http://127.0.0.1:{svc.port}{path}", timeout=120) as r:
         return json.loads(r.read())["seconds"]
+
+
+def _device_clock(rounds: int, rx, base: float) -> dict | str:
+    """Per launch, what a server loading the device-clock library adds, idle and on, over the
+    plain server's untraced `base` (seconds for LAUNCHES)."""
+    from otel_gpu.device_clock import library
+    try:
+        lib = library.build(Path(tempfile.mkdtemp(prefix="otel-gpu-cupti-")))
+    except RuntimeError as e:
+        return f"not measured: the device-clock library does not build here ({str(e).splitlines()[0]})"
+    svc = Service(argv=[sys.executable, str(SERVER)], env={"CUDA_INJECTION64_PATH": str(lib)})
+    times: dict = {"library idle": [], "library on, traced": []}
+    try:
+        _seconds(svc, f"/launches/{LAUNCHES}")
+        for _ in range(rounds):
+            for name in times:
+                col = Collector(otlp_endpoint=rx.endpoint) if name != "library idle" else None
+                try:
+                    if col is not None:
+                        col.wait_traced(svc.pid)
+                        time.sleep(1.5)  # the library sees the collector's flag within a second
+                    _seconds(svc, f"/launches/{LAUNCHES // 10}")
+                    times[name] += [_seconds(svc, f"/launches/{LAUNCHES}") for _ in range(REPS)]
+                finally:
+                    if col is not None:
+                        col.stop()
+                rx.clear()
+    finally:
+        svc.stop()
+    return {name: (statistics.median(t) - base) / LAUNCHES * 1e6 for name, t in times.items()}
 
 
 def measure(rounds: int) -> dict:
@@ -63,6 +98,11 @@ def measure(rounds: int) -> dict:
                "decode_pct": 100 * (statistics.median(t["decode"]) / base["decode"] - 1)}
         for name, t in times.items() if name != "untraced"}
     out["untraced_us_per_launch"] = base["launches"] / LAUNCHES * 1e6
+    rx = OtlpReceiver().start()
+    try:
+        out["device_clock_added_us_per_launch"] = _device_clock(rounds, rx, base["launches"])
+    finally:
+        rx.stop()
     out["trap"] = probe_prologue.run(quick=True) if shutil.which("gcc") else "no gcc on this host"
     return out
 
@@ -75,6 +115,11 @@ def report(r: dict) -> str:
                      f"forwards) {a['decode_pct']:+.1f} %")
     lines.append("  all (ms): " + "; ".join(f"{n} {k} {[round(x * 1e3, 1) for x in v]}"
                                            for n, t in r["seconds"].items() for k, v in t.items()))
+    dc = r.get("device_clock_added_us_per_launch")
+    if dc is not None:
+        lines.append("  device-clock mode (CUDA_INJECTION64_PATH), over the plain server untraced: " + (
+            dc if isinstance(dc, str) else "; ".join(f"{n} +{v:.2f} us per launch" for n, v in dc.items())
+            + " (target: at most +1 us for the library)"))
     trap = r["trap"]
     lines.append("  trap (item 15, an empty program, ns per call): " + (
         trap if isinstance(trap, str) else ", ".join(f"{k} +{v:.0f}" for k, v in trap["added_ns"].items())))
