@@ -163,6 +163,17 @@ def started(start_collector, start_target, *collector_args: str, kind: str = "st
     return collector, traced(collector, start_target, kind, env)
 
 
+def serve_traced(collector: RunningCollector, target: Target) -> Target:
+    """`target`, serving once `collector` traces it; stopped (never left behind) if it is not."""
+    try:
+        collector.wait_traced(target.pid)
+        target.go()
+    except BaseException:
+        target.stop()
+        raise
+    return target
+
+
 def traced(collector: RunningCollector, start_target, kind: str = "stdlib", env: dict | None = None) -> Target:
     """A target process that a running collector traces, serving."""
     target = start_target(kind, env)

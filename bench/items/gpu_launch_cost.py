@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import json
 import shutil
-import tempfile
 import statistics
 import sys
+import tempfile
 import time
 import urllib.request
+from contextlib import contextmanager
 from pathlib import Path
 
 from tests.support.otlp_receiver import OtlpReceiver
@@ -38,6 +39,23 @@ def _seconds(svc: Service, path: str) -> float:
         return json.loads(r.read())["seconds"]
 
 
+@contextmanager
+def _phase(svc: Service, rx, args, settle_s: float = 0.0):
+    """A phase of the interleaving: with no collector (args None), or with one started with
+    `args` and tracing `svc` (then settle_s more); the first request after a start is not timed."""
+    col = None if args is None else Collector(otlp_endpoint=rx.endpoint, args=args)
+    try:
+        if col is not None:
+            col.wait_traced(svc.pid)
+            time.sleep(settle_s)
+        _seconds(svc, f"/launches/{LAUNCHES // 10}")
+        yield
+    finally:
+        if col is not None:
+            col.stop()
+        rx.clear()
+
+
 def _device_clock(rounds: int, rx, base: float) -> dict | str:
     """Per launch, what a server loading the device-clock library adds, idle and on, over the
     plain server's untraced `base` (seconds for LAUNCHES)."""
@@ -47,22 +65,14 @@ def _device_clock(rounds: int, rx, base: float) -> dict | str:
     except RuntimeError as e:
         return f"not measured: the device-clock library does not build here ({str(e).splitlines()[0]})"
     svc = Service(argv=[sys.executable, str(SERVER)], env={"CUDA_INJECTION64_PATH": str(lib)})
-    times: dict = {"library idle": [], "library on, traced": []}
+    phases = {"library idle": None, "library on, traced": ()}
+    times: dict = {name: [] for name in phases}
     try:
         _seconds(svc, f"/launches/{LAUNCHES}")
         for _ in range(rounds):
-            for name in times:
-                col = Collector(otlp_endpoint=rx.endpoint) if name != "library idle" else None
-                try:
-                    if col is not None:
-                        col.wait_traced(svc.pid)
-                        time.sleep(1.5)  # the library sees the collector's flag within a second
-                    _seconds(svc, f"/launches/{LAUNCHES // 10}")
+            for name, args in phases.items():
+                with _phase(svc, rx, args, settle_s=1.5):  # the library sees the collector's flag within 1 s
                     times[name] += [_seconds(svc, f"/launches/{LAUNCHES}") for _ in range(REPS)]
-                finally:
-                    if col is not None:
-                        col.stop()
-                rx.clear()
     finally:
         svc.stop()
     return {name: (statistics.median(t) - base) / LAUNCHES * 1e6 for name, t in times.items()}
@@ -77,17 +87,9 @@ def measure(rounds: int) -> dict:
             _seconds(svc, path)
         for _ in range(rounds):
             for name, args in PHASES:
-                col = None if args is None else Collector(otlp_endpoint=rx.endpoint, args=args)
-                try:
-                    if col is not None:
-                        col.wait_traced(svc.pid)
-                    _seconds(svc, f"/launches/{LAUNCHES // 10}")  # the first request after a start
+                with _phase(svc, rx, args):
                     times[name]["launches"] += [_seconds(svc, f"/launches/{LAUNCHES}") for _ in range(REPS)]
                     times[name]["decode"] += [_seconds(svc, f"/decode/{DECODE_STEPS}") for _ in range(REPS)]
-                finally:
-                    if col is not None:
-                        col.stop()
-                rx.clear()
     finally:
         svc.stop()
         rx.stop()

@@ -26,7 +26,7 @@ from tests.bpf.load_client import fetch_all
 from tests.bpf.targets.go.build import build, toolchains
 from tests.bpf.test_async_attribution import ATTRIBUTION, LAUNCH, ROLLUP, Check, request_id, wait_for_ids
 from tests.support.otlp_receiver import OtlpReceiver
-from tests.harness import RunningCollector, Target, check_clean, children_of, server_spans
+from tests.harness import RunningCollector, Target, check_clean, children_of, serve_traced, server_spans
 
 K = 3
 LEVELS = {1: 12, 8: 48, 32: 96}  # clients -> requests (ids distinct across levels)
@@ -61,14 +61,7 @@ def traced():
 def _server(collector, version: str, stripped: bool, procs: int, *extra: str) -> Target:
     from otel_gpu.demo.cuda_work import find_cudart
     binary = build("server.go", TOOLCHAINS[version], stripped)
-    target = Target([str(binary), find_cudart(), "0", *extra], {"GOMAXPROCS": str(procs)})
-    try:
-        collector.wait_traced(target.pid)
-        target.go()
-    except BaseException:
-        target.stop()
-        raise
-    return target
+    return serve_traced(collector, Target([str(binary), find_cudart(), "0", *extra], {"GOMAXPROCS": str(procs)}))
 
 
 @pytest.mark.parametrize("version,stripped,procs", BUILDS,

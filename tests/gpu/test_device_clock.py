@@ -24,7 +24,7 @@ import pytest
 
 from otel_gpu.device_clock import library
 from tests.gpu.gpu_spans import get_json, slow_get
-from tests.harness import Target, server_spans
+from tests.harness import Target, serve_traced, server_spans
 
 HERE = Path(__file__).resolve().parent
 SHAPES = ("gemm", "tiny", "copy", "graph")
@@ -59,14 +59,7 @@ def _seconds(receiver, pid: int, path: str, n: int) -> list:
 
 
 def _serve(collector, env: dict) -> Target:
-    target = Target([sys.executable, str(HERE / "torch_server.py")], env)
-    try:
-        collector.wait_traced(target.pid)
-        target.go()
-    except BaseException:
-        target.stop()
-        raise
-    return target
+    return serve_traced(collector, Target([sys.executable, str(HERE / "torch_server.py")], env))
 
 
 def _at_once(port: int, path: str) -> None:

@@ -12,21 +12,14 @@ import sys
 from pathlib import Path
 
 from tests.gpu.gpu_spans import get_json, launch_figures, report, request_span, slow_get
-from tests.harness import Target, children_of
+from tests.harness import Target, children_of, serve_traced
 
 HERE = Path(__file__).resolve().parent
 
 
 def _traced(start_collector, script: str, *args: str) -> tuple[object, Target]:
     collector = start_collector(*args)
-    target = Target([sys.executable, str(HERE / script)])
-    try:
-        collector.wait_traced(target.pid)
-        target.go()
-    except BaseException:
-        target.stop()  # never leave a server behind
-        raise
-    return collector, target
+    return collector, serve_traced(collector, Target([sys.executable, str(HERE / script)]))
 
 
 def _one_request(receiver, target, mode: str, capsys) -> tuple[int, int, dict]:
