@@ -36,7 +36,7 @@ from typing import Optional
 
 from ..cuda_calls import BY_ID
 from ..device_clock.apis import ACTIVITY_OF, may_be
-from ..ratelimit import Stats
+from ..ratelimit import RateLimitedLog, Stats
 from ..records import CudaCall, DeviceClockSeen, DeviceRecords, GraphCall, ProcessGone, ProcExit, Tick
 from .model import Request
 
@@ -46,6 +46,13 @@ TIMELINE_NS = 30 * 10**9   # a thread's calls kept this long for the records tha
 TIMELINE_MAX = 65536       # and at most this many per thread
 DEVICE_WAIT_S = 2.0        # a request waits at most this long for its device times (records
                            # arrive within ~0.1 s of the work's end: the library's flush period)
+UNTIED = {  # why -> what the log line says (the module docstring's table)
+    "unknown": "it names no launching call",
+    "api": "its launching API is none otel-gpu probes",
+    "no_call": "its thread had no streamed call before it (its calls were counted in the kernel)",
+    "other_call": "its thread's last streamed call is another (its own was counted in the kernel)",
+    "conflict": "its call already holds another launch's record",
+}
 
 
 class DeviceTimes:
@@ -53,6 +60,7 @@ class DeviceTimes:
 
     def __init__(self, stats: Optional[Stats] = None) -> None:
         self.stats = stats or Stats()
+        self._log = RateLimitedLog(log, self.stats, interval_s=60.0)
         # (tgid, tid) -> (entry times, calls) of its streamed calls, in entry order
         self._threads: dict[tuple[int, int], tuple[list, list]] = {}
         self._record_of: dict[int, int] = {}  # id(call) -> correlation id of its record (non-graph)
@@ -121,7 +129,11 @@ class DeviceTimes:
             self.stats.add("device_batches_unreadable")
         for a in batch.activities:
             why = self._tie_one(batch.tgid, a)
-            self.stats.add(f"device_untied_{why}" if why else "device_tied")
+            if why is None:
+                self.stats.add("device_tied")
+            else:
+                self._log.event(f"device_untied_{why}", logging.INFO, "pid %d: a device record is not tied to a "
+                                "call, its time stays unattributed: %s", batch.tgid, UNTIED[why])
 
     def _tie_one(self, tgid: int, a) -> Optional[str]:
         """None when tied, else why not (the module docstring's table)."""
