@@ -173,6 +173,7 @@ class DeviceWait:
 
     def __init__(self, stats: Optional[Stats] = None, clock=time.monotonic) -> None:
         self.device_procs: set[int] = set()  # as DeviceTimes learnt them, from the same records
+        self._delivered: set[int] = set()    # ... of which these have handed records over
         self.stats = stats or Stats()
         self.clock = clock
         self._held: list[tuple[float, Request]] = []
@@ -185,9 +186,12 @@ class DeviceWait:
                 news = True
             elif isinstance(r, (DeviceRecords, DeviceClockSeen)):
                 self.device_procs.add(r.tgid)  # not passed on: no later stage reads them
+                if isinstance(r, DeviceRecords):
+                    self._delivered.add(r.tgid)
                 news = True
             elif isinstance(r, ProcessGone):
                 self.device_procs.discard(r.tgid)
+                self._delivered.discard(r.tgid)
                 self._release(out, pid=r.tgid)
                 out.append(r)
             elif isinstance(r, Tick):
@@ -211,6 +215,12 @@ class DeviceWait:
                 continue
             if waiting:
                 self.stats.add("device_times_late")
+                if r.tgid not in self._delivered and r.tgid in self.device_procs:
+                    # Loaded, yet silent: its library is off (CUPTI held by a profiler, the flag
+                    # file not seen). Its requests stop waiting until records come.
+                    self.device_procs.discard(r.tgid)
+                    log.info("pid %d maps the device-clock library but has handed over no record: its "
+                             "requests keep the host-side estimate until it does", r.tgid)
             elif r.sink.device_counted:
                 self.stats.add("device_times_partial")  # some of its calls were counted, not streamed
             else:

@@ -182,3 +182,20 @@ def test_cost_comes_from_the_device_where_every_launch_was_timed():
     assert a.gpu_seconds == pytest.approx(0.005) and b.gpu_seconds == pytest.approx(0.003)
     assert a.gpu_seconds + b.gpu_seconds == pytest.approx(0.008)  # the union of both
     assert a.cost == pytest.approx(0.005 * 3.6 / 3600)
+
+
+def test_a_process_whose_library_stays_silent_stops_holding_its_requests():
+    """The library is mapped (DeviceClockSeen) but no record ever comes (CUPTI held by a
+    profiler): one request waits out DEVICE_WAIT_S, the next ones go at once, until records come."""
+    clock, stats = Clock(), Stats()
+    wait = DeviceWait(stats, clock)
+    wait.process([DeviceClockSeen(PID)])
+    first = request([cuda("cudaLaunchKernel", pid=PID, tid=1, ts=100 * US)])
+    assert wait.process([first]) == []
+    clock.now = DEVICE_WAIT_S + 0.1
+    assert wait.process([Tick(1)]) == [first, Tick(1)] and first.device_busy is None
+    second = request([cuda("cudaLaunchKernel", pid=PID, tid=1, ts=200 * US)])
+    assert wait.process([second]) == [second]  # not held
+    wait.process([records()])  # a hand-off: it speaks after all
+    third = request([cuda("cudaLaunchKernel", pid=PID, tid=1, ts=300 * US)])
+    assert wait.process([third]) == []
