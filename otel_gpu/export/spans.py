@@ -183,7 +183,7 @@ class SpanBuilder:
         if w.gpu_seconds is None:  # no cost stage ran
             return {}
         attrs = {sc.GPU_COST_SECONDS: w.gpu_seconds, sc.GPU_COST_AMOUNT: w.cost or 0.0,
-                 sc.GPU_COST_CURRENCY: self.currency, sc.GPU_COST_SOURCE: cost.HOST_WINDOW}
+                 sc.GPU_COST_CURRENCY: self.currency, sc.GPU_COST_SOURCE: w.cost_source}
         feature = lambda c: str(w.split_features.get(c) or "(unknown)")  # noqa: E731
         if kept:
             attrs[sc.GPU_COST_SPLIT_SECONDS] = [float(w.split.get(c, 0.0)) for c in kept]

@@ -105,22 +105,29 @@ def union(intervals) -> list[tuple[int, int]]:
     return [(s, e) for s, e in out]
 
 
-def device_seconds(mine, others: list) -> float:
-    """Device-clock mode: seconds of the union of `mine` (a request's device intervals), each
-    stretch divided by 1 + how many of `others` (other requests' intervals, one tuple each)
-    cover it: the device ran their work too meanwhile."""
-    edges = []
-    for kind, spans in ((0, union(mine)), *((1, union(o)) for o in others)):
-        for s, e in spans:
-            edges += [(s, kind, +1), (e, kind, -1)]
+def shared_seconds(mine, taken=(), peers=()) -> float:
+    """Device-clock mode: seconds of the union of `mine` (an owner's device intervals) that no
+    `taken` interval covers (an owner charged before it: a request, for a window), each
+    stretch divided by 1 + how many `peers` (others' intervals, one tuple each) cover it: the
+    device ran their work too meanwhile. remainder_seconds' rule, for intervals the device timed."""
+    edges = [(s, 0, +1) for s, _ in union(mine)] + [(e, 0, -1) for _, e in union(mine)]
+    edges += [(s, 1, +1) for s, _ in union(taken)] + [(e, 1, -1) for _, e in union(taken)]
+    for p in peers:
+        spans = union(p)
+        edges += [(s, 2, +1) for s, _ in spans] + [(e, 2, -1) for _, e in spans]
     edges.sort()
-    total, covering, prev = 0.0, [0, 0], None
+    total, covering, prev = 0.0, [0, 0, 0], None
     for t, kind, delta in edges:
-        if prev is not None and t > prev and covering[0]:
-            total += (t - prev) / (1 + covering[1])
+        if prev is not None and t > prev and covering[0] and not covering[1]:
+            total += (t - prev) / (1 + covering[2])
         prev = t
         covering[kind] += delta
     return total / 1e9
+
+
+def device_seconds(mine, others: list) -> float:
+    """A request's device seconds: its union, stretches shared with `others` split evenly."""
+    return shared_seconds(mine, peers=others)
 
 
 def sink_busy(sink: CallSink) -> Optional[tuple[int, int]]:
@@ -218,6 +225,9 @@ class CostStage:
         # (pid, device) -> [(last end, device intervals)] of device-clock requests, for the same
         # purpose as _recent: what a request's device time is split with.
         self._device_recent: dict[tuple[int, int], list[tuple[int, tuple]]] = {}
+        # ... and as _charged: device time charged to a request or a priced window, with the
+        # Tick generation, for the windows still to come.
+        self._device_charged: dict[tuple[int, int], list[tuple[int, tuple, int]]] = {}
         # (trace_id, span_id) -> (start_ns, end_ns, feature, generation): windows come at
         # the Tick after their candidates finished.
         self._finished: OrderedDict = OrderedDict()
@@ -237,7 +247,9 @@ class CostStage:
                     self._longest[key] = max(self._longest.get(key, 0), busy[1] - busy[0])
                     self._charged.setdefault(key, []).append((*busy, self._gen))
                     if r.device_busy:
-                        self._device_recent.setdefault(key, []).append((max(e for _, e in r.device_busy), r.device_busy))
+                        end = max(e for _, e in r.device_busy)
+                        self._device_recent.setdefault(key, []).append((end, r.device_busy))
+                        self._device_charged.setdefault(key, []).append((end, r.device_busy, self._gen))
                 self._finished[(r.trace_id, r.span_id)] = (r.start_ns, r.end_ns, r.feature, self._gen)
                 self._held.append((self.clock(), r))
             elif isinstance(r, ProcessWindow):
@@ -348,7 +360,11 @@ class CostStage:
         for hw in group:
             key = (hw.w.tgid, hw.device)
             seconds = 0.0
-            if hw.busy is not None:
+            if hw.w.device_busy is not None:  # device-clock mode: what no request's device time covers
+                taken = [iv for _, ivs, _ in self._device_charged.get(key, ()) for iv in ivs]
+                peers = [o.w.device_busy for o in group if o is not hw and o.w.device_busy and o.device == hw.device]
+                seconds, hw.w.cost_source = shared_seconds(hw.w.device_busy, taken, peers), DEVICE
+            elif hw.busy is not None:
                 taken = [(s, e) for s, e, _ in self._charged.get(key, ())]
                 peers = [o.busy for o in group if o is not hw and o.busy is not None and o.device == hw.device]
                 seconds = remainder_seconds(hw.busy, taken, peers)
@@ -361,6 +377,9 @@ class CostStage:
         for hw in group:
             if hw.busy is not None:
                 self._charged.setdefault((hw.w.tgid, hw.device), []).append((*hw.busy, self._gen))
+            if hw.w.device_busy:
+                self._device_charged.setdefault((hw.w.tgid, hw.device), []).append(
+                    (max(e for _, e in hw.w.device_busy), hw.w.device_busy, self._gen))
 
     def _trim(self) -> None:
         """Keep only windows that a held or open request could still overlap."""
@@ -394,6 +413,13 @@ class CostStage:
                 self._charged[key] = kept
             else:
                 del self._charged[key]
+        for key in list(self._device_charged):
+            kept = [d for d in self._device_charged[key]
+                    if d[2] >= self._gen - 1 or (horizon is not None and d[0] > horizon)]
+            if kept:
+                self._device_charged[key] = kept
+            else:
+                del self._device_charged[key]
         wanted = {c for hw in self._held_windows for c in hw.w.candidates}
         for key in list(self._finished):
             over = len(self._finished) > MAX_FINISHED

@@ -26,7 +26,8 @@ writes a tied record's interval into its call's device_ns (the call may already 
 request's sink: that is how it reaches the span). DeviceWait, after the stitcher, holds a
 finished request of a process in device-clock mode until each of its launches, copies and
 graph launches has its device times, or DEVICE_WAIT_S passes (counted: `device_times_late`),
-and says which requests are complete (Request.device_busy, for pipeline/cost.py)."""
+and says which requests are complete (Request.device_busy, for pipeline/cost.py); a window of
+calls no request owns (ambiguous, shared, outside) likewise."""
 from __future__ import annotations
 
 import bisect
@@ -38,7 +39,7 @@ from ..cuda_calls import BY_ID
 from ..device_clock.apis import ACTIVITY_OF, may_be
 from ..ratelimit import RateLimitedLog, Stats
 from ..records import CudaCall, DeviceClockSeen, DeviceRecords, GraphCall, ProcessGone, ProcExit, Tick
-from .model import Request
+from .model import ProcessWindow, Request
 
 log = logging.getLogger(__name__)
 
@@ -167,21 +168,22 @@ def _waits_for(c: CudaCall) -> bool:
 
 
 class DeviceWait:
-    """Stage, after the stitcher: a finished request of a process in device-clock mode waits
-    for its calls' device times (at most DEVICE_WAIT_S); then device_busy says them all, or
-    None where some never came (its cost stays the host-side estimate)."""
+    """Stage, after the stitcher: a finished request (or a window of calls no request owns) of
+    a process in device-clock mode waits for its calls' device times (at most DEVICE_WAIT_S);
+    then device_busy says them all, or None where some never came (its cost stays the
+    host-side estimate)."""
 
     def __init__(self, stats: Optional[Stats] = None, clock=time.monotonic) -> None:
         self.device_procs: set[int] = set()  # as DeviceTimes learnt them, from the same records
         self._delivered: set[int] = set()    # ... of which these have handed records over
         self.stats = stats or Stats()
         self.clock = clock
-        self._held: list[tuple[float, Request]] = []
+        self._held: list[tuple[float, Request | ProcessWindow]] = []
 
     def process(self, records: list) -> list:
         out, news = [], False
         for r in records:
-            if isinstance(r, Request) and r.tgid in self.device_procs:
+            if isinstance(r, (Request, ProcessWindow)) and r.tgid in self.device_procs:
                 self._held.append((self.clock(), r))
                 news = True
             elif isinstance(r, (DeviceRecords, DeviceClockSeen)):

@@ -312,6 +312,8 @@ class ProcessWindow:
     # ambiguous or shared window that time split among the candidates ((trace_id, span_id) -> s).
     gpu_seconds: Optional[float] = None
     cost: Optional[float] = None
+    cost_source: str = "host_window"  # as Request's
+    device_busy: Optional[tuple] = None  # as Request's (pipeline/device_times.py)
     split: dict = field(default_factory=dict)
     split_features: dict = field(default_factory=dict)
     # A shared window (one batch step) until its members are known (pipeline/steps.py):

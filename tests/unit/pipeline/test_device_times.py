@@ -199,3 +199,38 @@ def test_a_process_whose_library_stays_silent_stops_holding_its_requests():
     wait.process([records()])  # a hand-off: it speaks after all
     third = request([cuda("cudaLaunchKernel", pid=PID, tid=1, ts=300 * US)])
     assert wait.process([third]) == []
+
+
+def test_a_window_gets_the_device_time_no_request_took():
+    """An outside window whose kernel ran partly while a request's did: the request, priced
+    first, keeps the shared stretch (as on the host model); the window gets the rest, and
+    request + window = the union of the device's busy time."""
+    from otel_gpu.pipeline.model import ProcessWindow
+    ms = 10**6
+    cost = CostStage(Prices("3.6", model=""), clock=lambda: 0.0)
+    r = request([cuda("cudaLaunchKernel", pid=PID, tid=1, ts=0)])
+    r.device_busy = ((2 * ms, 6 * ms),)
+    sink = CallSink(8)
+    launch = cuda("cudaLaunchKernel", pid=PID, tid=9, ts=ms)
+    sink.add(launch, "outside")
+    w = ProcessWindow(PID, "outside", ms, ms, sink)
+    w.device_busy = ((4 * ms, 10 * ms),)
+    out = cost.process([r, w, Tick(0)])
+    assert (r.cost_source, w.cost_source) == ("device", "device")
+    assert r.gpu_seconds == pytest.approx(0.004) and w.gpu_seconds == pytest.approx(0.004)  # 6..10 ms
+    assert r.gpu_seconds + w.gpu_seconds == pytest.approx(0.008)  # the union, 2..10 ms
+    assert w in out
+
+
+def test_windows_wait_for_device_times_too():
+    stats = Stats()
+    times, wait = DeviceTimes(stats), DeviceWait(stats)
+    from otel_gpu.pipeline.model import ProcessWindow
+    launch = cuda("cudaLaunchKernel", pid=PID, tid=1, ts=100 * US, grid=(3, 1, 1))
+    wait.process(times.process([DeviceClockSeen(PID), launch]))
+    sink = CallSink(8)
+    sink.add(launch, "ambiguous")
+    w = ProcessWindow(PID, "ambiguous", launch.ts_ns, launch.ts_ns, sink)
+    assert wait.process([w]) == []
+    assert wait.process(times.process([records(activity(launch, LAUNCH, 1))])) == [w]
+    assert w.device_busy == launch.device_ns
