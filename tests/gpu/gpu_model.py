@@ -120,10 +120,32 @@ def profiled(mode: str) -> dict:
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         MODES[mode]()
     events = prof.key_averages()
+    kernels = [e for e in events if e.device_type == torch.autograd.DeviceType.CUDA
+               and not e.key.startswith("Memcpy") and not e.key.startswith("Memset")]
     return {"launches": sum(e.count for e in events if e.key in LAUNCH_CALLS),
             "graph_launches": sum(e.count for e in events if e.key.startswith("cudaGraphLaunch")),
-            "gpu_kernels": sum(e.count for e in events if e.device_type == torch.autograd.DeviceType.CUDA
-                               and not e.key.startswith("Memcpy") and not e.key.startswith("Memset"))}
+            "gpu_kernels": sum(e.count for e in kernels),
+            "kernel_names": sorted({e.key for e in kernels})}
+
+
+_GROUP = None
+
+
+def all_reduce(n: int) -> None:
+    """One NCCL all_reduce of n float32 through torch.distributed, on a process group of one
+    rank (the real libnccl of PyTorch's wheels; set up on first use, outside the timing)."""
+    global _GROUP
+    import torch.distributed as dist
+    if _GROUP is None:
+        import socket
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+        _GROUP = dist.group.WORLD
+    x = torch.ones(max(1, min(n, 1 << 24)), device="cuda")
+    dist.all_reduce(x)
+    torch.cuda.synchronize()
 
 
 def decode_loop(steps: int) -> float:

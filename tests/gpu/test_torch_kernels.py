@@ -22,6 +22,13 @@ def _traced(start_collector, script: str, *args: str) -> tuple[object, Target]:
     return collector, serve_traced(collector, Target([sys.executable, str(HERE / script)]))
 
 
+def _base_name(name: str) -> str:
+    """A kernel's name without its return type, template arguments and parameters, as both
+    torch.profiler and the collector demangle it: `void at::native::foo<4>(int)` -> `at::native::foo`."""
+    name = name.removeprefix("void ").split("(", 1)[0]
+    return name.split("<", 1)[0].strip()
+
+
 def _one_request(receiver, target, mode: str, capsys) -> tuple[int, int, dict]:
     slow_get(target.port, f"/run/{mode}")  # warm-up: compiles, captures, loads lazily
     slow_get(target.port, f"/run/{mode}")
@@ -30,8 +37,15 @@ def _one_request(receiver, target, mode: str, capsys) -> tuple[int, int, dict]:
     figures = launch_figures(receiver.spans, span)
     ours, _kernels, named = figures
     assert span.attributes["gpu.launches"] == ours, "span's launch count and its launch children disagree"
+    names = {_base_name(n) for c in children_of(receiver.spans, span)
+             for n in [c.attributes.get("gpu.kernel.name"), *c.attributes.get("gpu.graph.kernels", ())] if n}
+    theirs = {_base_name(n) for n in expected["kernel_names"]}
     with capsys.disabled():
         print("\n" + report(mode, figures, expected["launches"] + expected["graph_launches"]))
+        print(f"gpu[{mode} names]: {len(theirs & names)} of torch.profiler's {len(theirs)} kernel names among ours; "
+              f"theirs only: {sorted(theirs - names)[:6]}; ours only: {sorted(names - theirs)[:6]}")
+    if theirs and named:
+        assert len(theirs & names) >= 0.9 * len(theirs), (sorted(theirs - names), sorted(names - theirs))
     return ours, named, expected
 
 
@@ -61,12 +75,31 @@ def test_cuda_graph_replay(receiver, start_collector, capsys):
         _ours, _named, expected = _one_request(receiver, target, "graph", capsys)
         span = request_span(receiver, target.pid, "/run/graph", nth=2)
         calls = [c.attributes.get("gpu.cuda.call") for c in children_of(receiver.spans, span)]
+        replayed = span.attributes.get("gpu.graph.kernel_launches")
         with capsys.disabled():
             print(f"gpu[graph]: cudaGraphLaunch ours={calls.count('cudaGraphLaunch')} "
-                  f"torch.profiler={expected['graph_launches']}; GPU kernels in the replay "
-                  f"(torch.profiler)={expected['gpu_kernels']}")
+                  f"torch.profiler={expected['graph_launches']}; GPU kernels in the replay: ours={replayed} "
+                  f"torch.profiler={expected['gpu_kernels']}")
         assert expected["graph_launches"] == 1
         assert calls.count("cudaGraphLaunch") == 1, calls
+        assert replayed == expected["gpu_kernels"], (replayed, expected["gpu_kernels"])
+    finally:
+        target.stop()
+
+
+def test_nccl_all_reduce_on_the_real_libnccl_is_the_requests_child(receiver, start_collector, capsys):
+    """Issue 46 item 1: one all_reduce through torch.distributed (one rank, NCCL from PyTorch's
+    wheels), made in a request: the span's child names it, with its bytes and communicator."""
+    _, target = _traced(start_collector, "torch_server.py")
+    try:
+        slow_get(target.port, "/allreduce/1024")  # the process group's set-up
+        slow_get(target.port, "/allreduce/4096")
+        span = request_span(receiver, target.pid, "/allreduce/4096")
+        nccl = [c.attributes for c in children_of(receiver.spans, span) if c.attributes.get("gpu.nccl.op")]
+        with capsys.disabled():
+            print(f"\ngpu[nccl]: the request's NCCL children: {nccl}")
+        assert [(a["gpu.nccl.op"], a["gpu.nccl.bytes"]) for a in nccl] == [("all_reduce", 4096 * 4)], nccl
+        assert nccl[0].get("gpu.nccl.comm.nranks") in (1, None)  # 1 when its init was seen
     finally:
         target.stop()
 

@@ -5,7 +5,8 @@ GET /decode/<steps>  a decode-like loop of eager forwards: its wall seconds, as 
 GET /launches/<n>    n one-launch additions: their wall seconds, as JSON
 GET /wait/<ms>       the GPU busy ~ms, then a synchronize: its seconds, as JSON
 GET /shape/<shape>   one run of gpu_model.SHAPES' gemm | tiny | copy | graph
-GET /device/<shape>  the same under torch.profiler: the GPU's seconds on it, as JSON"""
+GET /device/<shape>  the same under torch.profiler: the GPU's seconds on it, as JSON
+GET /allreduce/<n>   one NCCL all_reduce of n float32 on a one-rank process group"""
 from __future__ import annotations
 
 import json
@@ -32,6 +33,8 @@ class H(BaseHTTPRequestHandler):
             gpu_model.SHAPES[parts[1]]()
         elif len(parts) == 2 and parts[0] == "device" and parts[1] in gpu_model.SHAPES:
             body = json.dumps({"seconds": gpu_model.device_seconds(parts[1])}).encode()
+        elif len(parts) == 2 and parts[0] == "allreduce" and parts[1].isdigit():
+            gpu_model.all_reduce(int(parts[1]))
         elif len(parts) == 2 and parts[0] == "decode" and parts[1].isdigit():
             body = json.dumps({"seconds": gpu_model.decode_loop(int(parts[1]))}).encode()
         elif len(parts) == 2 and parts[0] == "wait" and parts[1].isdigit():
