@@ -12,7 +12,7 @@ from .. import __version__
 from .. import semconv as sc
 from ..clock import BpfClock
 from ..cuda_calls import API_CUDA, API_OF, BY_ID, MEMCPY_DIRECTIONS, Category, call_name
-from ..pipeline import cost, sampling
+from ..pipeline import busy_time, cost, sampling
 from ..pipeline.model import CallSink, ProcessWindow, Request
 from ..pipeline.protocols.http2.grpc import SERVER_ERROR_CODES
 from ..probes import nccl
@@ -378,7 +378,7 @@ def device_attributes(c: CudaCall) -> dict:
     launched, after the call entered, and for how long (a graph launch: its kernels' union)."""
     start = min(s for s, _ in c.device_ns)
     attrs = {sc.GPU_DEVICE_QUEUE_NS: start - c.ts_ns,
-             sc.GPU_DEVICE_DURATION_NS: sum(e - s for s, e in cost.union(c.device_ns))}
+             sc.GPU_DEVICE_DURATION_NS: sum(e - s for s, e in busy_time.union(c.device_ns))}
     if len(c.device_ns) > 1:
         attrs[sc.GPU_DEVICE_KERNELS] = len(c.device_ns)
     return attrs

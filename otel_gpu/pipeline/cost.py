@@ -37,6 +37,7 @@ from ..gpu_devices import gpu_model
 from ..records import ProcessGone, RequestCost, RequestOpened, Tick
 from ..semconv import SERVICE_NAME
 from ..value_cap import ValueCap
+from .busy_time import remainder_seconds, shared_seconds, split_by_overlap, split_seconds
 from .model import CallSink, ProcessWindow, Request
 
 UNKNOWN_FEATURE = "(unknown)"  # a candidate request the stage never saw finish
@@ -46,88 +47,8 @@ HOST_WINDOW, DEVICE = "host_window", "device"
 MAX_FINISHED = 200_000         # finished requests remembered for windows' candidates
 
 
-def remainder_seconds(window: tuple[int, int], taken, peers) -> float:
-    """Seconds of `window` that no `taken` interval covers, each stretch divided by
-    1 + the number of `peers` covering it. One sweep over the sorted edges."""
-    start, end = window
-    if end <= start:
-        return 0.0
-    edges = [(start, 0, 0), (end, 0, 0)]  # (time, 0 taken / 1 peer, change in count)
-    for kind, intervals in ((0, taken), (1, peers)):
-        for s, e in intervals:
-            if s < end and e > start and e > s:
-                edges += [(max(s, start), kind, +1), (min(e, end), kind, -1)]
-    edges.sort()
-    total, covering, prev = 0.0, [0, 0], start
-    for t, kind, delta in edges:
-        if t > prev:
-            if not covering[0]:
-                total += (t - prev) / (1 + covering[1])
-            prev = t
-        covering[kind] += delta
-    return total / 1e9
-
-
 def _end(window: tuple[int, int]) -> int:
     return window[1]
-
-
-def split_seconds(window: tuple[int, int], others: list[tuple[int, int]]) -> float:
-    """Seconds of `window` with each stretch divided by how many windows cover it.
-    One sweep over the sorted edges: O(n log n) in the number of windows. (It is
-    remainder_seconds with nothing taken, kept apart: it runs once per request.)"""
-    start, end = window
-    if end <= start:
-        return 0.0
-    edges = [(start, 0), (end, 0)]  # (time, change in the count of *other* windows)
-    for s, e in others:
-        if s < end and e > start and e > s:
-            edges.append((max(s, start), +1))
-            edges.append((min(e, end), -1))
-    edges.sort()
-    total, covering, prev = 0.0, 0, start
-    for t, delta in edges:
-        if t > prev:
-            total += (t - prev) / (1 + covering)
-            prev = t
-        covering += delta
-    return total / 1e9
-
-
-def union(intervals) -> list[tuple[int, int]]:
-    """Intervals merged where they overlap or touch, sorted."""
-    out: list[list[int]] = []
-    for s, e in sorted(intervals):
-        if out and s <= out[-1][1]:
-            out[-1][1] = max(out[-1][1], e)
-        elif e > s:
-            out.append([s, e])
-    return [(s, e) for s, e in out]
-
-
-def shared_seconds(mine, taken=(), peers=()) -> float:
-    """Device-clock mode: seconds of the union of `mine` (an owner's device intervals) that no
-    `taken` interval covers (an owner charged before it: a request, for a window), each
-    stretch divided by 1 + how many `peers` (others' intervals, one tuple each) cover it: the
-    device ran their work too meanwhile. remainder_seconds' rule, for intervals the device timed."""
-    edges = [(s, 0, +1) for s, _ in union(mine)] + [(e, 0, -1) for _, e in union(mine)]
-    edges += [(s, 1, +1) for s, _ in union(taken)] + [(e, 1, -1) for _, e in union(taken)]
-    for p in peers:
-        spans = union(p)
-        edges += [(s, 2, +1) for s, _ in spans] + [(e, 2, -1) for _, e in spans]
-    edges.sort()
-    total, covering, prev = 0.0, [0, 0, 0], None
-    for t, kind, delta in edges:
-        if prev is not None and t > prev and covering[0] and not covering[1]:
-            total += (t - prev) / (1 + covering[2])
-        prev = t
-        covering[kind] += delta
-    return total / 1e9
-
-
-def device_seconds(mine, others: list) -> float:
-    """A request's device seconds: its union, stretches shared with `others` split evenly."""
-    return shared_seconds(mine, peers=others)
 
 
 def sink_busy(sink: CallSink) -> Optional[tuple[int, int]]:
@@ -141,19 +62,6 @@ def sink_busy(sink: CallSink) -> Optional[tuple[int, int]]:
     if not spans:
         return None
     return min(s for s, _ in spans), max(e for _, e in spans)
-
-
-def split_by_overlap(seconds: float, busy: tuple[int, int], intervals: dict) -> dict:
-    """`seconds` among the keys of `intervals` in proportion to how long each interval
-    overlaps `busy` (None, not known: all of it); evenly when none does."""
-    if not intervals:
-        return {}
-    s, e = busy
-    weights = {k: e - s if iv is None else max(0, min(iv[1], e) - max(iv[0], s)) for k, iv in intervals.items()}
-    total = sum(weights.values())
-    if total <= 0:
-        return {k: seconds / len(intervals) for k in intervals}
-    return {k: seconds * w / total for k, w in weights.items()}
 
 
 class Prices:
@@ -310,7 +218,7 @@ class CostStage:
             key = (r.tgid, r.busy.device)
             start = min(s for s, _ in r.device_busy) if r.device_busy else 0
             others = [iv for end, iv in self._device_recent.get(key, ()) if iv is not r.device_busy and end > start]
-            r.gpu_seconds, r.cost_source = device_seconds(r.device_busy, others), DEVICE
+            r.gpu_seconds, r.cost_source = shared_seconds(r.device_busy, peers=others), DEVICE
         elif r.busy.empty:
             r.gpu_seconds = 0.0
         else:

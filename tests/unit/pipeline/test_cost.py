@@ -6,8 +6,8 @@ import random
 
 import pytest
 
-from otel_gpu.pipeline.cost import (UNKNOWN_FEATURE, CostStage, Prices, remainder_seconds, sink_busy,
-                                    split_by_overlap, split_seconds)
+from otel_gpu.pipeline.busy_time import remainder_seconds, split_by_overlap, split_seconds
+from otel_gpu.pipeline.cost import UNKNOWN_FEATURE, CostStage, Prices, sink_busy
 from otel_gpu.pipeline.protocols.base import RequestHead
 from otel_gpu.pipeline.model import CallSink, ProcessWindow, Request
 from otel_gpu.records import (EV_SOCK_READ, EV_SOCK_WRITE, Accept, RequestOpened, ProcessGone, RequestCost, SockIo,

@@ -8,7 +8,8 @@ from __future__ import annotations
 import pytest
 
 from otel_gpu.device_clock.apis import DRIVER_DOMAIN, RUNTIME_DOMAIN
-from otel_gpu.pipeline.cost import CostStage, Prices, device_seconds, union
+from otel_gpu.pipeline.busy_time import shared_seconds, union
+from otel_gpu.pipeline.cost import CostStage, Prices
 from otel_gpu.pipeline.device_times import DEVICE_WAIT_S, DeviceTimes, DeviceWait
 from otel_gpu.pipeline.model import CallSink, Request
 from otel_gpu.pipeline.protocols.base import RequestHead
@@ -162,10 +163,13 @@ def test_a_request_with_counted_launches_keeps_the_host_estimate():
 def test_device_seconds_are_the_union_with_shared_stretches_split():
     assert union([(5, 9), (0, 3), (2, 4), (9, 10)]) == [(0, 4), (5, 10)]
     ms = 10**6
-    assert device_seconds([(0, 10 * ms), (5 * ms, 20 * ms)], []) == pytest.approx(0.020)
+    assert shared_seconds([(0, 10 * ms), (5 * ms, 20 * ms)], []) == pytest.approx(0.020)
     # Another request's kernels ran during 10..30 ms: that stretch is halved.
-    assert device_seconds([(0, 20 * ms)], [((10 * ms, 30 * ms),)]) == pytest.approx(0.015)
-    assert device_seconds([], [((0, ms),)]) == 0.0
+    assert shared_seconds([(0, 20 * ms)], peers=[((10 * ms, 30 * ms),)]) == pytest.approx(0.015)
+    assert shared_seconds([], peers=[((0, ms),)]) == 0.0
+    # What an owner priced before took is not charged again (a window after its requests).
+    assert shared_seconds([(0, 20 * ms)], taken=[(5 * ms, 10 * ms)], peers=[((15 * ms, 30 * ms),)]) == \
+        pytest.approx(0.0125)
 
 
 def test_cost_comes_from_the_device_where_every_launch_was_timed():
