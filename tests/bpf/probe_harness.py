@@ -10,6 +10,7 @@ import subprocess
 
 from otel_gpu.config import DEFAULT_BPF_CACHE
 from otel_gpu.kernel_io.decode import decode
+from otel_gpu.records import LibraryLoaded
 from otel_gpu.cuda_calls import rows_for
 from tests.harness import ROOT, TARGETS
 
@@ -101,7 +102,9 @@ class Probes:
         self._verdict_gen = 0
 
     def _on_record(self, _ctx, data, size) -> int:
-        self.records.append(decode((ct.c_char * size).from_address(data)))
+        record = decode((ct.c_char * size).from_address(data))
+        if record.__class__ is not LibraryLoaded:  # a cue for the reader (kernel_io/reader.py), not a record
+            self.records.append(record)
         return 0
 
     def attach(self, library: str, path: str, pid: int) -> int:
