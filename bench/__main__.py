@@ -12,8 +12,8 @@ import time
 from pathlib import Path
 
 from . import machine
-from .items import (big_request, context_switches, first_requests, go_goroutines, h2_streams, http_service_load,
-                    idle_node, launch_breakdown, launch_overhead, many_processes, nccl_calls, neighbour_flood,
+from .items import (big_request, context_switches, device_clock_records, first_requests, go_goroutines, h2_streams,
+                    http_service_load, idle_node, launch_breakdown, launch_overhead, many_processes, nccl_calls, neighbour_flood,
                     probe_links, probe_prologue, python_contexts, runtime_driver_dedup, start_and_footprint,
                     sustained_launches, tls_requests, unselected_process, untraced_syscalls)
 from .collector import Collector
@@ -27,7 +27,7 @@ READY_TARGET_S = 1.5  # issue 13
 def main() -> int:
     ap = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
     ap.add_argument("--quick", action="store_true", help="short phases (10 s sustained) for development")
-    ap.add_argument("--items", default="1,1b,1c,2,3,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19",
+    ap.add_argument("--items", default="1,1b,1c,2,3,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20",
                     help="comma-separated items to run (4 comes with any)")
     ap.add_argument("--wait-quiet", type=float, default=120,
                     help="seconds to wait for other collectors/bpftrace to finish before each item")
@@ -64,6 +64,7 @@ def main() -> int:
              ("16", "h2_streams", lambda: h2_streams.run(args.quick, starts), h2_streams.rows),
              ("18", "flood", lambda: neighbour_flood.run(args.quick, starts), neighbour_flood.rows),
              ("19", "idle", lambda: idle_node.run(args.quick, starts), idle_node.rows),
+             ("20", "device_clock", lambda: device_clock_records.run(args.quick, starts), device_clock_records.rows),
              ("4", "start", lambda: start_and_footprint.run(args.quick, starts), lambda r: start_and_footprint.rows(r, READY_TARGET_S))]
     for key, name, run, to_rows in steps:
         if key not in items:

@@ -171,49 +171,56 @@ class DeviceWait:
     """Stage, after the stitcher: a finished request (or a window of calls no request owns) of
     a process in device-clock mode waits for its calls' device times (at most DEVICE_WAIT_S);
     then device_busy says them all, or None where some never came (its cost stays the
-    host-side estimate)."""
+    host-side estimate). A process's waiting ones are looked at again when its records come,
+    and the oldest of them as time passes: never all of them at every batch."""
 
     def __init__(self, stats: Optional[Stats] = None, clock=time.monotonic) -> None:
         self.device_procs: set[int] = set()  # as DeviceTimes learnt them, from the same records
         self._delivered: set[int] = set()    # ... of which these have handed records over
         self.stats = stats or Stats()
         self.clock = clock
-        self._held: list[tuple[float, Request | ProcessWindow]] = []
+        # tgid -> (since, request or window), in arrival order: the oldest is the first due
+        self._held: dict[int, list[tuple[float, Request | ProcessWindow]]] = {}
 
     def process(self, records: list) -> list:
-        out, news = [], False
+        out, news = [], set()
         for r in records:
             if isinstance(r, (Request, ProcessWindow)) and r.tgid in self.device_procs:
-                self._held.append((self.clock(), r))
-                news = True
+                self._held.setdefault(r.tgid, []).append((self.clock(), r))
+                news.add(r.tgid)
             elif isinstance(r, (DeviceRecords, DeviceClockSeen)):
                 self.device_procs.add(r.tgid)  # not passed on: no later stage reads them
                 if isinstance(r, DeviceRecords):
                     self._delivered.add(r.tgid)
-                news = True
+                news.add(r.tgid)
             elif isinstance(r, ProcessGone):
                 self.device_procs.discard(r.tgid)
                 self._delivered.discard(r.tgid)
-                self._release(out, pid=r.tgid)
+                self._release(out, r.tgid, force=True)
                 out.append(r)
             elif isinstance(r, Tick):
-                self._release(out, force=r.final)
+                for tgid in list(self._held):
+                    self._release(out, tgid, force=r.final)
                 out.append(r)
             else:
                 out.append(r)
-        if news and self._held:  # only records or a new request can complete one
-            self._release(out)
+        for tgid in news & self._held.keys():  # only its records or a new request can complete one
+            self._release(out, tgid)
+        now = self.clock()
+        for tgid, held in list(self._held.items()):  # the oldest first: past its wait, it goes late
+            if held and now - held[0][0] >= DEVICE_WAIT_S:
+                self._release(out, tgid)
         return out
 
     def state(self) -> dict:
-        return {"held_for_device_times": len(self._held)}
+        return {"held_for_device_times": sum(len(h) for h in self._held.values())}
 
-    def _release(self, out: list, force: bool = False, pid: Optional[int] = None) -> None:
+    def _release(self, out: list, tgid: int, force: bool = False) -> None:
         now, keep = self.clock(), []
-        for since, r in self._held:
+        for since, r in self._held.pop(tgid, ()):
             waiting = any(_waits_for(c) for c in r.sink.device_calls)
-            if waiting and not force and r.tgid != pid and now - since < DEVICE_WAIT_S:
-                keep.append((since, r))
+            if waiting and not force and now - since < DEVICE_WAIT_S and tgid in self.device_procs:
+                keep.append((since, r))  # (a process found silent below lets the rest go too)
                 continue
             if waiting:
                 self.stats.add("device_times_late")
@@ -228,4 +235,5 @@ class DeviceWait:
             else:
                 r.device_busy = tuple(iv for c in r.sink.device_calls for iv in c.device_ns)
             out.append(r)
-        self._held = keep
+        if keep:
+            self._held[tgid] = keep

@@ -70,7 +70,9 @@ def _finish(collector, receiver, target, expect: list) -> dict:
     got = sorted((s.attributes["url.path"], s.attributes["gpu.launches"],
                   s.attributes.get("http.response.status_code"))
                  for s in server_spans(receiver.spans, target.pid) if s.attributes["url.path"] != "/nothing")
-    assert got == want, (got, collector.log.lines[-15:])
+    # On a miss, what the collector did with the calls and the connections (one CI run once
+    # saw the follow-up's 3 launches missing, never reproduced since).
+    assert got == want, (got, collector.counts(), [l for l in collector.log.lines if " INFO " not in l][-10:])
     for s in server_spans(receiver.spans, target.pid):
         assert s.attributes["http.request.method"] == "GET"
         assert s.name == f"GET {s.attributes['http.route']}"

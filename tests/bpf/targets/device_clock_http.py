@@ -4,10 +4,11 @@ real one never reports a record): after each real CUDA call the request makes, i
 part of CUDA and CUPTI, calling back into the library on the same thread as that call's CUPTI
 callback would, then producing the call's activity record.
 
-  GET /infer/N?launches=K&copies=C    K launches with grid x = N * 16 + k + 1, then C cudaMemcpy
+  GET /infer/N?launches=K&copies=C[&step_us=S]
+                                      K launches with grid x = N * 16 + k + 1, then C cudaMemcpy
                                       of N * 1000 + c + 1 bytes host to device. Launch k runs on
                                       the "device" for (N * 100 + k + 1) us, copy c for
-                                      (N * 100 + 50 + c) us; each starts 10 ms after the one
+                                      (N * 100 + 50 + c) us; each starts S us (10,000) after the one
                                       before, the first LEAD_US after the request's first call,
                                       so a request's device intervals never overlap each other;
                                       then a cudaDeviceSynchronize, and the request waits until its
@@ -55,7 +56,7 @@ def next_correlation() -> int:
         return next(CORRELATION)
 
 
-def infer(n: int, launches: int, copies: int) -> None:
+def infer(n: int, launches: int, copies: int, step_us: int = STEP_US) -> None:
     first, end = None, 0
     for k in range(launches + copies):
         if k < launches:
@@ -65,7 +66,7 @@ def infer(n: int, launches: int, copies: int) -> None:
         corr = next_correlation()
         FAKE.fake_cupti_api_call(corr, RUNTIME_DOMAIN, CUDA_LAUNCH_KERNEL if k < launches else CUDA_MEMCPY)
         first = first if first is not None else cupti_now() + LEAD_US * 1000
-        start = first + k * STEP_US * 1000
+        start = first + k * step_us * 1000
         if k < launches:
             end = start + (n * 100 + k + 1) * 1000
             FAKE.fake_cupti_kernel(corr, start, end, STREAM, 0)
@@ -88,7 +89,7 @@ class Handler(BaseHTTPRequestHandler):
         q = {k: int(v[0]) for k, v in parse_qs(u.query).items()}
         status = 404
         if u.path.startswith("/infer/"):
-            infer(int(u.path.rsplit("/", 1)[1]), q.get("launches", 1), q.get("copies", 0))
+            infer(int(u.path.rsplit("/", 1)[1]), q.get("launches", 1), q.get("copies", 0), q.get("step_us", STEP_US))
             status = 200
         self.send_response(status)
         self.send_header("Content-Length", "2")

@@ -238,3 +238,26 @@ def test_windows_wait_for_device_times_too():
     assert wait.process([w]) == []
     assert wait.process(times.process([records(activity(launch, LAUNCH, 1))])) == [w]
     assert w.device_busy == launch.device_ns
+
+
+def test_the_wait_looks_again_at_a_process_only_for_its_records_and_lets_the_oldest_go_in_time():
+    """Requests of two processes held: records of one release its complete requests only; as
+    time passes the oldest goes late without a Tick; a silent process lets all its held go."""
+    clock, stats = Clock(), Stats()
+    times, wait = DeviceTimes(stats), DeviceWait(stats, clock)
+    other = PID + 1
+    a = cuda("cudaLaunchKernel", pid=PID, tid=1, ts=100 * US, grid=(2, 1, 1))
+    b = cuda("cudaLaunchKernel", pid=other, tid=1, ts=100 * US)
+    wait.process(times.process([DeviceClockSeen(PID), DeviceClockSeen(other), a, b]))
+    ra, rb = request([a]), request([b])
+    rb.tgid = other
+    rb2 = request([cuda("cudaLaunchKernel", pid=other, tid=1, ts=200 * US)])
+    rb2.tgid = other
+    assert wait.process([ra, rb]) == []
+    clock.now = 1.0
+    assert wait.process([rb2]) == []
+    assert wait.process(times.process([records(activity(a, LAUNCH, 1))])) == [ra]
+    assert wait.state() == {"held_for_device_times": 2}
+    clock.now = DEVICE_WAIT_S + 0.1  # rb is due, rb2 not yet: but its process is found silent
+    assert wait.process([]) == [rb, rb2]
+    assert stats.snapshot()["device_times_late"] == 2 and wait.state() == {"held_for_device_times": 0}
