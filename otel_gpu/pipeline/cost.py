@@ -47,6 +47,16 @@ HOST_WINDOW, DEVICE = "host_window", "device"
 MAX_FINISHED = 200_000         # finished requests remembered for windows' candidates
 
 
+def _keep(table: dict, wanted) -> None:
+    """Keeps in each list of `table` the items `wanted` says, and drops the keys left empty."""
+    for key in list(table):
+        kept = [x for x in table[key] if wanted(x)]
+        if kept:
+            table[key] = kept
+        else:
+            del table[key]
+
+
 def _end(window: tuple[int, int]) -> int:
     return window[1]
 
@@ -303,31 +313,14 @@ class CostStage:
             else:
                 del self._recent[key]
                 self._longest.pop(key, None)
-        for key in list(self._device_recent):
-            kept = [d for d in self._device_recent[key] if horizon is not None and d[0] > horizon]
-            if kept:
-                self._device_recent[key] = kept
-            else:
-                del self._device_recent[key]
+        _keep(self._device_recent, lambda d: horizon is not None and d[0] > horizon)
 
     def _trim_for_windows(self) -> None:
         """At each Tick: keep what this and the last Tick brought (a window comes at the
         Tick after its requests) and what a held window still needs."""
         horizon = min((hw.busy[0] for hw in self._held_windows if hw.busy is not None), default=None)
-        for key in list(self._charged):
-            kept = [w for w in self._charged[key]
-                    if w[2] >= self._gen - 1 or (horizon is not None and w[1] > horizon)]
-            if kept:
-                self._charged[key] = kept
-            else:
-                del self._charged[key]
-        for key in list(self._device_charged):
-            kept = [d for d in self._device_charged[key]
-                    if d[2] >= self._gen - 1 or (horizon is not None and d[0] > horizon)]
-            if kept:
-                self._device_charged[key] = kept
-            else:
-                del self._device_charged[key]
+        _keep(self._charged, lambda w: w[2] >= self._gen - 1 or (horizon is not None and w[1] > horizon))
+        _keep(self._device_charged, lambda d: d[2] >= self._gen - 1 or (horizon is not None and d[0] > horizon))
         wanted = {c for hw in self._held_windows for c in hw.w.candidates}
         for key in list(self._finished):
             over = len(self._finished) > MAX_FINISHED
