@@ -213,6 +213,15 @@ static void produce(const void *record, size_t size)
         buffer_completed(NULL, 0, full, full_size, full_used);
 }
 
+/* The fields every record the fake makes shares, from the maker's arguments of those names. */
+#define SET_COMMON(r) \
+    ((r).start = start, (r).end = end, (r).correlationId = correlation_id, (r).streamId = stream, \
+     (r).deviceId = device)
+/* A memcpy or memset record zeroed, of kind `activity`, with the shared fields set: false
+ * (nothing made) while the library keeps that kind off. */
+#define START_RECORD(r, activity) \
+    (enabled(activity) && (memset(&(r), 0, sizeof(r)), (r).kind = (activity), SET_COMMON(r), true))
+
 void fake_cupti_kernel(uint32_t correlation_id, uint64_t start, uint64_t end, uint32_t stream, uint32_t device)
 {
     kernel_record k;
@@ -222,7 +231,7 @@ void fake_cupti_kernel(uint32_t correlation_id, uint64_t start, uint64_t end, ui
                                                             : CUPTI_ACTIVITY_KIND_INVALID;
     if (k.kind == CUPTI_ACTIVITY_KIND_INVALID)
         return;
-    k.start = start, k.end = end, k.correlationId = correlation_id, k.streamId = stream, k.deviceId = device;
+    SET_COMMON(k);
     k.name = "fake_kernel";
     produce(&k, sizeof k);
 }
@@ -231,11 +240,8 @@ void fake_cupti_memcpy(uint32_t correlation_id, uint64_t start, uint64_t end, ui
                        uint32_t stream, uint32_t device)
 {
     memcpy_record m;
-    if (!enabled(CUPTI_ACTIVITY_KIND_MEMCPY))
+    if (!START_RECORD(m, CUPTI_ACTIVITY_KIND_MEMCPY))
         return;
-    memset(&m, 0, sizeof m);
-    m.kind = CUPTI_ACTIVITY_KIND_MEMCPY;
-    m.start = start, m.end = end, m.correlationId = correlation_id, m.streamId = stream, m.deviceId = device;
     m.bytes = bytes, m.copyKind = copy_kind;
     produce(&m, sizeof m);
 }
@@ -244,11 +250,8 @@ void fake_cupti_memset(uint32_t correlation_id, uint64_t start, uint64_t end, ui
                        uint32_t device)
 {
     memset_record m;
-    if (!enabled(CUPTI_ACTIVITY_KIND_MEMSET))
+    if (!START_RECORD(m, CUPTI_ACTIVITY_KIND_MEMSET))
         return;
-    memset(&m, 0, sizeof m);
-    m.kind = CUPTI_ACTIVITY_KIND_MEMSET;
-    m.start = start, m.end = end, m.correlationId = correlation_id, m.streamId = stream, m.deviceId = device;
     m.bytes = bytes;
     produce(&m, sizeof m);
 }

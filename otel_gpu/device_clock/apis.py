@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from typing import Optional
 
-from ..cuda_calls import CALLS, Category
+from ..cuda_calls import BY_ID, CALLS, Category
+from ..records import DEVICE_KERNEL, DEVICE_MEMCPY
 
 DRIVER_DOMAIN, RUNTIME_DOMAIN = 1, 2  # CUpti_CallbackDomain
 
@@ -49,9 +50,9 @@ def may_be(api: tuple, call: int) -> Optional[bool]:
         return True
     if api[0] != DRIVER_DOMAIN:
         return False
-    mine = next((c for c in CALLS if c.id == call), None)
+    mine = BY_ID.get(call)
     return mine is not None and mine.category is spec.category and mine.library != spec.library
 
 
-# What kind of device activity each category launches (records.DEVICE_*).
-ACTIVITY_OF = {Category.LAUNCH: 1, Category.GRAPH: 1, Category.MEMCPY: 2}
+# What kind of device activity each category launches: the calls a device record can time.
+ACTIVITY_OF = {Category.LAUNCH: DEVICE_KERNEL, Category.GRAPH: DEVICE_KERNEL, Category.MEMCPY: DEVICE_MEMCPY}

@@ -12,7 +12,7 @@ from .. import __version__
 from .. import semconv as sc
 from ..clock import BpfClock
 from ..cuda_calls import API_CUDA, API_OF, BY_ID, MEMCPY_DIRECTIONS, Category, call_name
-from ..pipeline import busy_time, cost, sampling
+from ..pipeline import busy_time, sampling
 from ..pipeline.model import CallSink, ProcessWindow, Request
 from ..pipeline.protocols.http2.grpc import SERVER_ERROR_CODES
 from ..probes import nccl

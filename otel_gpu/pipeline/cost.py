@@ -38,12 +38,9 @@ from ..records import ProcessGone, RequestCost, RequestOpened, Tick
 from ..semconv import SERVICE_NAME
 from ..value_cap import ValueCap
 from .busy_time import remainder_seconds, shared_seconds, split_by_overlap, split_seconds
-from .model import CallSink, ProcessWindow, Request
+from .model import DEVICE, CallSink, ProcessWindow, Request
 
 UNKNOWN_FEATURE = "(unknown)"  # a candidate request the stage never saw finish
-# otel_gpu.cost.source: the busy-window model's estimate, or (device-clock mode, a request
-# whose every launch and copy the device timed: pipeline/device_times.py) the device's clock.
-HOST_WINDOW, DEVICE = "host_window", "device"
 MAX_FINISHED = 200_000         # finished requests remembered for windows' candidates
 
 

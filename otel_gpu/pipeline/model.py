@@ -6,7 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from ..cuda_calls import API_CUDA, API_OF, BY_ID, MEMCPY_DIRECTIONS, Category
+from ..cuda_calls import API_CUDA, API_OF, BY_ID, MEMCPY_DIRECTIONS, Category, ids_in
+from ..device_clock.apis import ACTIVITY_OF
 from ..records import CudaCall, GraphCall
 from .protocols.base import RequestHead
 
@@ -19,6 +20,11 @@ SHARED = "shared"        # none open in the process, but in a related one (pipel
                          # a batch step for the requests in flight there, linked to all of them
 OUTSIDE = "outside"      # no request open in the process, or made in a context no request owns
 ATTRIBUTIONS = (TASK, THREAD, PROCESS, AMBIGUOUS, SHARED, OUTSIDE)
+
+# Where a span's GPU seconds came from (otel_gpu.cost.source, set by pipeline/cost.py): the
+# busy-window model's estimate, or, in device-clock mode, the device's clock for a request
+# (or window) whose every launch and copy the device timed (pipeline/device_times.py).
+HOST_WINDOW, DEVICE = "host_window", "device"
 
 
 MAX_CHUNK_TIMES = 4096  # response-write times kept per request (a few seconds of steps)
@@ -60,8 +66,7 @@ _SUMMARY_KIND = {c.id: c.category for c in BY_ID.values()
 _SYNC_IDS = frozenset(i for i, k in _SUMMARY_KIND.items() if k is Category.SYNC)
 # Calls whose GPU work a device-clock record times (pipeline/device_times.py): kept by a sink
 # even past its budget, so that device time covers every one.
-_DEVICE_WORK_IDS = frozenset(c.id for c in BY_ID.values() if c.category in (Category.LAUNCH, Category.GRAPH,
-                                                                             Category.MEMCPY))
+_DEVICE_WORK_IDS = ids_in(*ACTIVITY_OF)
 MAX_DEVICE_CALLS = 65536  # per sink; past it, its device time is not complete (device_counted)
 
 
@@ -260,7 +265,7 @@ class Request:
     route: Optional[str] = None          # set by enrich: http.route
     gpu_seconds: Optional[float] = None  # set by the cost stage
     cost: Optional[float] = None
-    cost_source: str = "host_window"  # otel_gpu.cost.source of gpu_seconds: pipeline/cost.py SOURCES
+    cost_source: str = HOST_WINDOW  # otel_gpu.cost.source of gpu_seconds (pipeline/cost.py)
     # Device-clock mode (pipeline/device_times.py): the device intervals of every launch, copy
     # and graph launch it made, once all came; None: not in that mode, or not all came.
     device_busy: Optional[tuple] = None
@@ -312,7 +317,7 @@ class ProcessWindow:
     # ambiguous or shared window that time split among the candidates ((trace_id, span_id) -> s).
     gpu_seconds: Optional[float] = None
     cost: Optional[float] = None
-    cost_source: str = "host_window"  # as Request's
+    cost_source: str = HOST_WINDOW  # as Request's
     device_busy: Optional[tuple] = None  # as Request's (pipeline/device_times.py)
     split: dict = field(default_factory=dict)
     split_features: dict = field(default_factory=dict)
