@@ -14,7 +14,8 @@ from pathlib import Path
 from . import machine
 from .items import (big_request, context_switches, device_clock_records, first_requests, go_goroutines, h2_streams,
                     http_service_load, idle_node, launch_breakdown, launch_overhead, many_processes, nccl_calls, neighbour_flood,
-                    probe_links, probe_prologue, python_contexts, runtime_driver_dedup, start_and_footprint,
+                    probe_links, probe_prologue, python_contexts, runtime_driver_dedup, runtime_driver_request,
+                    start_and_footprint,
                     sustained_launches, tls_requests, unselected_process, untraced_syscalls)
 from .collector import Collector
 from .native import use_private_cudart
@@ -27,7 +28,7 @@ READY_TARGET_S = 1.5  # issue 13
 def main() -> int:
     ap = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
     ap.add_argument("--quick", action="store_true", help="short phases (10 s sustained) for development")
-    ap.add_argument("--items", default="1,1b,1c,2,3,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20",
+    ap.add_argument("--items", default="1,1b,1c,2,3,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20,21",
                     help="comma-separated items to run (4 comes with any)")
     ap.add_argument("--wait-quiet", type=float, default=120,
                     help="seconds to wait for other collectors/bpftrace to finish before each item")
@@ -59,6 +60,8 @@ def main() -> int:
              ("17", "switches", lambda: context_switches.run(args.quick, starts), context_switches.rows),
              ("10", "nccl", lambda: nccl_calls.run(args.quick, starts), nccl_calls.rows),
              ("11", "dedup", lambda: runtime_driver_dedup.run(args.quick, starts), runtime_driver_dedup.rows),
+             ("21", "runtime_driver_request", lambda: runtime_driver_request.run(args.quick, starts),
+              runtime_driver_request.rows),
              ("8", "first_requests", lambda: first_requests.run(args.quick, starts), first_requests.rows),
              ("9", "tls", lambda: tls_requests.run(args.quick, starts), tls_requests.rows),
              ("16", "h2_streams", lambda: h2_streams.run(args.quick, starts), h2_streams.rows),

@@ -23,7 +23,9 @@ NOT_DROPS = frozenset({"requests_finished", "spans_exported", "resolved", "relis
                        # the collector's own export connections, left alone on purpose (own_sockets.py)
                        "connections_own_export",
                        # device-clock mode: records tied to their calls (pipeline/device_times.py)
-                       "device_tied"})
+                       "device_tied",
+                       # a runtime launch's pass through the driver, counted once (bpf/cuda_probes.c)
+                       "driver_launches_deduped"})
 
 
 def split_drops(counts: Dict[str, int]) -> tuple[Dict[str, int], Dict[str, int]]:

@@ -57,10 +57,10 @@ def _bpf_time(tracer_pid: int, iters: int, http: bool = False, before_go=None, f
 
 
 @contextlib.contextmanager
-def _bpftrace(cudart: str, action: str = "@n = count();"):
-    """bpftrace running `action` on cudaLaunchKernel in `cudart` (by path: its processes
-    only) while the block runs; yields {'pid'}, then holds its final count in ['counted']."""
-    prog = "uprobe:%s:cudaLaunchKernel { %s }" % (cudart, action)
+def bpftrace_on(library: str, action: str = "@n = count();", probe: str = "cudaLaunchKernel"):
+    """bpftrace running `action` on `probe` in `library` (by path: its processes only)
+    while the block runs; yields {'pid'}, then holds its final count in ['counted']."""
+    prog = "uprobe:%s:%s { %s }" % (library, probe, action)
     bt = subprocess.Popen(["bpftrace", "-e", prog], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     state = {"pid": bt.pid, "counted": None}
     try:
@@ -107,7 +107,7 @@ def run(quick: bool, starts: list) -> dict:
     col = Collector(args=("--exe", OTEL_EXE))
     starts.append(col.ready_s)
     try:
-        with _bpftrace(files["bpftrace"][1]) as bt, _bpftrace(files["empty"][1], action=""):
+        with bpftrace_on(files["bpftrace"][1]) as bt, bpftrace_on(files["empty"][1], action=""):
             rounds = _rounds(n_rounds, iters, files, col, time.monotonic() + budget_s)
             out["rounds"] = rounds
             cpu0 = col.cpu_seconds()

@@ -6,6 +6,7 @@ import os
 import shutil
 import socket
 import subprocess
+import threading
 from pathlib import Path
 
 from otel_gpu.demo.cuda_work import find_cudart
@@ -56,12 +57,17 @@ def use_private_cudart() -> str:
 
 class LaunchLoop:
     """One launch_loop process: started, held at `ready` until go(). With http, go() sends
-    one `GET <path>` that stays open for the whole loop. `cudart` and `binary` default to
-    the run's libcudart copy and bench/native/build/launch_loop."""
+    one `GET <path>` that stays open for the whole loop; with `requests` (K requests a rep,
+    `reps` reps) it sends them one after another on one connection, each once the one
+    before is answered. `cudart` and `binary` default to the run's libcudart copy and
+    bench/native/build/launch_loop."""
 
     def __init__(self, *options: str, http: bool = False, path: str = "/loop", cudart: str | None = None,
-                 binary: str | Path | None = None) -> None:
+                 binary: str | Path | None = None, requests: int = 0, reps: int = 1) -> None:
         argv = [str(binary or build()), cudart or find_cudart(), *options] + (["--http"] if http else [])
+        if requests:
+            argv += ["--requests", str(requests), "--reps", str(reps)]
+        self.sequence = requests * reps
         self.path = path
         self.cgroup = OwnCgroup()  # the bench process is not a related server of it (isolate.py)
         self.proc = subprocess.Popen(self.cgroup.wrap(argv), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -79,9 +85,24 @@ class LaunchLoop:
     def go(self) -> None:
         self.proc.stdin.write("go\n")
         self.proc.stdin.flush()
-        if self.port:  # one request, answered after the loop
-            self.client = socket.create_connection(("127.0.0.1", self.port), timeout=700)
-            self.client.sendall(f"GET {self.path} HTTP/1.1\r\nHost: bench\r\n\r\n".encode())
+        if not self.port:
+            return
+        self.client = socket.create_connection(("127.0.0.1", self.port), timeout=700)
+        request = f"GET {self.path} HTTP/1.1\r\nHost: bench\r\n\r\n".encode()
+        if not self.sequence:  # one request, answered after the loop
+            self.client.sendall(request)
+            return
+        self.answered = 0
+        self._sender = threading.Thread(target=self._send_each, args=(request,), daemon=True)
+        self._sender.start()
+
+    def _send_each(self, request: bytes) -> None:
+        """Each request once the one before is answered (the loop reads one per read)."""
+        for _ in range(self.sequence):
+            self.client.sendall(request)
+            if not self.client.recv(256):
+                return
+            self.answered += 1
 
     def result(self, timeout: float = 700) -> dict:
         """{'reps': [wall ns per launch], 'cpu_reps': [thread CPU ns per launch], 'launched': n,
@@ -97,7 +118,11 @@ class LaunchLoop:
             elif f and f[0] == "launched":
                 res["launched"] = int(f[1])
                 res["seconds"] = float(f[2]) if len(f) > 2 else None
-        if self.client:
+        if self.client and self.sequence:
+            self._sender.join(10)
+            res["answered"] = self.answered
+            self.client.close()
+        elif self.client:
             self.client.settimeout(10)
             res["response"] = self.client.recv(256).decode(errors="replace").split("\r\n", 1)[0]
             self.client.close()

@@ -1,15 +1,19 @@
-/* A tight cudaLaunchKernel loop through the real libcudart (dlopen by path).
+/* A tight cudaLaunchKernel loop through a libcudart (dlopen by path).
  *
- *   launch_loop LIBCUDART [--iters N] [--reps R] [--threads T --rate PER_S --seconds S] [--http]
+ *   launch_loop LIBCUDART [--iters N] [--reps R] [--threads T --rate PER_S --seconds S]
+ *               [--http [--requests K]]
  *
  * Prints "ready <pid>" and waits for a line on stdin, so the caller can first have
  * a tracer attach. With --http it listens on 127.0.0.1 (prints "port <p>" first),
  * and after the go line accepts one connection and reads one request from it, so
  * the collector sees an open HTTP request for the whole loop; the response is
- * written after the loop. Without --rate: R timed reps of N launches on one thread
- * ("rep <i> <wall ns per launch> <thread CPU ns per launch>"; the thread's CPU
- * time includes the uprobe and BPF work done on its behalf, not time preempted). With --rate: T threads paced to PER_S launches/s in
- * total for S seconds ("launched <n> <seconds>"). Every loop is bounded. */
+ * written after the loop. With --requests K the connection is kept alive and every rep
+ * serves K requests of N launches each (request, launches, response), timing only the
+ * launches: what a launch costs inside requests of that size. Without --rate: R timed
+ * reps of N launches on one thread ("rep <i> <wall ns per launch> <thread CPU ns per
+ * launch>"; the thread's CPU time includes the uprobe and BPF work
+ * done on its behalf, not time preempted). With --rate: T threads paced to PER_S
+ * launches/s in total for S seconds ("launched <n> <seconds>"). Every loop is bounded. */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
 #include <dlfcn.h>
@@ -87,20 +91,37 @@ static int listen_loopback(void)
     return s;
 }
 
-static int accept_request(int ls)
+/* One request head: the bench's clients send each in one write and wait for its answer. */
+static void read_request(int c)
 {
     char buf[1024];
-    int c = accept(ls, NULL, NULL);
-    if (c < 0 || read(c, buf, sizeof(buf)) <= 0) {
-        perror("accept/read");
+    if (read(c, buf, sizeof(buf)) <= 0) {
+        perror("read");
         exit(1);
     }
+}
+
+static int accept_request(int ls)
+{
+    int c = accept(ls, NULL, NULL);
+    if (c < 0) {
+        perror("accept");
+        exit(1);
+    }
+    read_request(c);
     return c;
+}
+
+static void respond(int c)
+{
+    const char resp[] = "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok";
+    if (write(c, resp, sizeof(resp) - 1) < 0)
+        perror("write");
 }
 
 int main(int argc, char **argv)
 {
-    long iters = 1000000, reps = 5, threads = 1, rate = 0;
+    long iters = 1000000, reps = 5, threads = 1, rate = 0, requests = 0;
     int http = 0;
     if (argc < 2) {
         fprintf(stderr, "usage: %s LIBCUDART [options]\n", argv[0]);
@@ -113,6 +134,7 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--threads")) threads = atol(v), i++;
         else if (!strcmp(argv[i], "--rate")) rate = atol(v), i++;
         else if (!strcmp(argv[i], "--seconds")) seconds = atol(v), i++;
+        else if (!strcmp(argv[i], "--requests")) requests = atol(v), i++;
         else if (!strcmp(argv[i], "--http")) http = 1;
         else { fprintf(stderr, "unknown option %s\n", argv[i]); return 2; }
     }
@@ -141,6 +163,23 @@ int main(int argc, char **argv)
         for (long i = 0; i < threads; i++)
             pthread_join(tid[i], NULL);
         printf("launched %ld %.3f\n", launched_total, now_s() - t0);
+    } else if (requests > 0 && conn >= 0) {
+        for (long r = 0; r < reps; r++) {
+            double wall = 0, cpu = 0;
+            for (long k = 0; k < requests; k++) {
+                if (k > 0 || r > 0)
+                    read_request(conn);  /* the first was read by accept_request */
+                double t0 = now_s(), c0 = clock_s(CLOCK_THREAD_CPUTIME_ID);
+                launch_n(iters);
+                cpu += clock_s(CLOCK_THREAD_CPUTIME_ID) - c0, wall += now_s() - t0;
+                respond(conn);
+            }
+            printf("rep %ld %.2f %.2f\n", r, wall * 1e9 / (iters * requests), cpu * 1e9 / (iters * requests));
+            fflush(stdout);
+        }
+        printf("launched %ld\n", iters * reps * requests);
+        close(conn);
+        conn = -1;
     } else {
         for (long r = 0; r < reps; r++) {
             double t0 = now_s(), c0 = clock_s(CLOCK_THREAD_CPUTIME_ID);
@@ -152,9 +191,7 @@ int main(int argc, char **argv)
         printf("launched %ld\n", iters * reps);
     }
     if (conn >= 0) {
-        const char resp[] = "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok";
-        if (write(conn, resp, sizeof(resp) - 1) < 0)
-            perror("write");
+        respond(conn);
         close(conn);
     }
     printf("done\n");

@@ -56,7 +56,9 @@ _TALLIES = {"tls_ciphertext": "tls_connections", "tls_untied": "tls_plaintext_un
             # how calls of processes with HTTP activity left the kernel: one by one, or counted
             "cuda_streamed": "cuda_calls_streamed", "aggregated": "cuda_calls_counted",
             # requests whose sampling the kernel decided as their head was read, or left to us
-            "head_decided": "heads_sampled_in_kernel", "head_left": "heads_sampled_here"}
+            "head_decided": "heads_sampled_in_kernel", "head_left": "heads_sampled_here",
+            # driver launches a runtime launch made on its way (counted once, at the runtime)
+            "driver_deduped": "driver_launches_deduped"}
 _COUNTED = {**_LOSSES, **{name: (stat, None) for name, stat in _TALLIES.items()}}
 # `traced` values (bpf/maps.h): traced, following no server; every related server.
 TRACED, FOLLOW_ALL = 1, 0xFFFFFFFF
