@@ -12,6 +12,9 @@ import os
 SYS_BPF, SYS_PIDFD_OPEN, SYS_PIDFD_GETFD = 321, 434, 438  # x86-64
 BPF_OBJ_GET_INFO_BY_FD = 15
 STATS = "/proc/sys/kernel/bpf_stats_enabled"
+# otel-gpu's launch programs (bpf/cuda_probes.c cuda_launch_kernel*, cu_launch_kernel*), by
+# the names the kernel keeps (15 characters)
+LAUNCH_PROGRAMS = ("cuda_launch_ker", "cu_launch_kerne")
 _libc = ct.CDLL(None, use_errno=True)
 
 

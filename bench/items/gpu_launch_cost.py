@@ -6,7 +6,10 @@ on a GPU host). Each phase: GET /launches/N (N one-launch additions: bound by th
 launch path) and GET /decode/S (eager forwards, each synchronised). Then, where the
 device-clock library builds (gcc, CUPTI headers), a second server loading it
 (CUDA_INJECTION64_PATH) timed with no collector (the library idle) and traced (the library
-on): device-clock mode's cost per launch (issue 46: target at most 1 us). Also printed, where
+on): device-clock mode's cost per launch (issue 46: target at most 1 us). Then, traced with
+the kernel's BPF stats on, one more GET /launches/N: the launch programs' runs a launch
+(issue 44: 1.00, one trap a launch; 2.00 where the runtime's launch reaches the driver and
+both probes fire). Also printed, where
 gcc is present: item 15's trap costs on this host (the first bytes of the probed
 functions are in scripts/gpu-tier.sh's machine log).
 Needs root, a GPU, PyTorch, bcc (scripts/gpu-tier.sh --bench runs it on a bare GPU machine)."""
@@ -24,6 +27,7 @@ from pathlib import Path
 
 from tests.support.otlp_receiver import OtlpReceiver
 
+from .. import bpfstats
 from ..collector import Collector
 from ..target import Service
 from . import probe_prologue, standalone
@@ -49,7 +53,7 @@ def _phase(svc: Service, rx, args, settle_s: float = 0.0):
             col.wait_traced(svc.pid)
             time.sleep(settle_s)
         _seconds(svc, f"/launches/{LAUNCHES // 10}")
-        yield
+        yield col
     finally:
         if col is not None:
             col.stop()
@@ -78,6 +82,18 @@ def _device_clock(rounds: int, rx, base: float) -> dict | str:
     return {name: (statistics.median(t) - base) / LAUNCHES * 1e6 for name, t in times.items()}
 
 
+def _program_runs(svc: Service, rx) -> dict:
+    """One traced GET /launches/N with bpf_stats on: runs and ns a launch of the launch
+    programs (runtime and driver; their names cut at 15 characters by the kernel)."""
+    with _phase(svc, rx, ()) as col, bpfstats.enabled():
+        before = bpfstats.snapshot(col.pid)
+        _seconds(svc, f"/launches/{LAUNCHES}")
+        ran = bpfstats.delta(before, bpfstats.snapshot(col.pid))
+    launch = [(n, runs, ns) for n, runs, ns in ran if n.startswith(bpfstats.LAUNCH_PROGRAMS)]
+    return {"programs": launch, "runs_per_launch": sum(r for _, r, _ in launch) / LAUNCHES,
+            "ns_per_launch": sum(ns for _, _, ns in launch) / LAUNCHES}
+
+
 def measure(rounds: int) -> dict:
     svc, rx = Service(argv=[sys.executable, str(SERVER)]), OtlpReceiver().start()
     times: dict = {name: {"launches": [], "decode": []} for name, _ in PHASES}
@@ -90,6 +106,7 @@ def measure(rounds: int) -> dict:
                 with _phase(svc, rx, args):
                     times[name]["launches"] += [_seconds(svc, f"/launches/{LAUNCHES}") for _ in range(REPS)]
                     times[name]["decode"] += [_seconds(svc, f"/decode/{DECODE_STEPS}") for _ in range(REPS)]
+        out["program_runs"] = _program_runs(svc, rx)
     finally:
         svc.stop()
         rx.stop()
@@ -122,6 +139,11 @@ def report(r: dict) -> str:
         lines.append("  device-clock mode (CUDA_INJECTION64_PATH), over the plain server untraced: " + (
             dc if isinstance(dc, str) else "; ".join(f"{n} +{v:.2f} us per launch" for n, v in dc.items())
             + " (target: at most +1 us for the library)"))
+    pr = r.get("program_runs")
+    if pr:
+        lines.append(f"  launch programs (bpf_stats, one traced GET /launches/{r['launches']}): "
+                     f"{pr['runs_per_launch']:.2f} runs a launch (target 1.00, #44), {pr['ns_per_launch']:.0f} ns; "
+                     + ", ".join(f"{n} {runs}" for n, runs, _ in pr["programs"]))
     trap = r["trap"]
     lines.append("  trap (item 15, an empty program, ns per call): " + (
         trap if isinstance(trap, str) else ", ".join(f"{k} +{v:.0f}" for k, v in trap["added_ns"].items())))

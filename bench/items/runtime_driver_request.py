@@ -28,7 +28,6 @@ VARIANTS = ("untraced", "otel", "bpftrace", "trap")
 OTEL_EXE = "rd_otel_loop"  # the collector's --exe (comm: 15 characters at most)
 SHAPES = {"decode": 20_000, "small": 200}  # launches a request
 LAUNCHES_A_PROCESS = 60_000  # timed, per process and shape: 3 decode requests, 300 small ones
-PROGRAM_PREFIXES = ("cuda_launch_ker", "cu_launch_kerne")  # kernel names are cut at 15 characters
 RUNTIME, DRIVER = "libcudart.so.12", "libcuda.so.1"
 
 
@@ -80,7 +79,7 @@ def _program_runs(col: Collector, folder: Path, shape: str, binary: str) -> dict
     with bpfstats.enabled():
         res = _loop(folder, shape, binary, traced_then_snapshot)
         ran = bpfstats.delta(taken["before"], bpfstats.snapshot(col.pid))
-    launch = [(name, runs, ns) for name, runs, ns in ran if name.startswith(PROGRAM_PREFIXES)]
+    launch = [(name, runs, ns) for name, runs, ns in ran if name.startswith(bpfstats.LAUNCH_PROGRAMS)]
     runs = sum(r for _, r, _ in launch)
     return {"programs": launch, "launched": res["launched"], "runs_per_launch": runs / max(res["launched"], 1),
             "ns_per_launch": sum(ns for _, _, ns in launch) / max(res["launched"], 1)}
