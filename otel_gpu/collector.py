@@ -17,15 +17,13 @@ from .device_clock.flag import lower_flag, raise_flag
 from .probes.discovery import Discovery
 from .probes.python import THREADS_WALKED, thread_states
 from .ratelimit import Stats, split_drops
-from .records import Accept, DeviceClockSeen, ProcessGone, ProcessSeen, SockClose, Tick
+from .connection_seeding import ConnectionSeeding
+from .records import DeviceClockSeen, ProcessGone, ProcessSeen, Tick
 from .signal_flag import SignalFlag
-from .sockets import existing_server_connections, open_sockets
 from .status.writer import StatusWriter
 from .wiring import build_pipeline
 
 log = logging.getLogger("otel_gpu")
-PRUNE_INTERVAL_S = 30.0  # kernel connection entries whose close was never seen are dropped this often
-FIRST_SEED = "opened before tracing"
 # A process that loaded or opened a CUDA library (bpf/library_probes.c) is scanned at
 # once, and again every SETTLE_EVERY_S while it does not map one yet (an open comes before
 # the loader's mmap), SETTLE_S at most (a process that only read the file: a copy, ldconfig).
@@ -35,6 +33,7 @@ SETTLE_S, SETTLE_EVERY_S = 1.0, 0.02
 POLL_MAX_S = 0.5
 # Records wake the loop at most this often: a busy service's records are read and pushed
 # through the pipeline in batches, not one wake-up and one pass of every stage a record.
+# Not while a process that opened a CUDA library is being settled (SETTLE_EVERY_S).
 POLL_EVERY_S = 0.05
 EXIT_MARGIN_S = 0.5  # of --shutdown-timeout, kept for the last log line and the interpreter's exit
 # The stages' closes give up at the deadline, then count what they could not deliver:
@@ -61,9 +60,8 @@ class Collector:
         self.state_requested = SignalFlag()  # SIGUSR1 (cli.py)
         self._settling: dict[int, float] = {}  # pid -> until when it is scanned again (SETTLE_S)
         self._next_settle = 0.0
-        self._seed_pending: set[int] = set()  # processes with connections still to seed
-        self._untracked_seen = 0
-        self._next_prune = time.monotonic() + PRUNE_INTERVAL_S
+        self.seeding = ConnectionSeeding(lambda: self.program.connections, config.proc_root, config.max_connections,
+                                         self.stats)
         # The bound the kernel samples heads by once an unsampled parent is seen (the default
         # sampler: pipeline/sampling.py bound_once_parents_unsampled); None: nothing deferred.
         self._heads_deferred = self.wiring.sampling.deferred_bound
@@ -196,7 +194,7 @@ class Collector:
             log.info("tracing pid %d (HTTP server related to a traced GPU process)", pid)
         self._servers |= servers
         if servers:
-            self._share_connections()
+            self.seeding.share(self._servers)
         self.groups.set_traced(found.cuda_pids | self._servers | (self._traced_pids if only else set()))
         if only is None:  # following needs every listening process: full scans only
             self._follow(found)
@@ -205,7 +203,7 @@ class Collector:
         self._push([ProcessSeen(pid, probes_from_ns if pid in late else 0)  # read /proc while they surely live
                     for pid in sorted(new)]
                    + [DeviceClockSeen(pid) for pid in sorted(device_clock - self._device_clock)]
-                   + self._seed_connections(new))
+                   + self.seeding.seed(new))
         self._device_clock = device_clock if only is None else self._device_clock | device_clock
         self._traced_pids = found.cuda_pids if only is None else self._traced_pids | found.cuda_pids
         return found.cuda_pids
@@ -245,56 +243,6 @@ class Collector:
                              f"pid {follow} has HTTP activity" if follow != FOLLOW_ALL
                              else f"related HTTP servers run ({len(servers)})")
 
-    def _share_connections(self) -> None:
-        """Each traced related server's share of the connection table (its own CUDA
-        processes have none: they keep what the servers cannot take)."""
-        from .kernel_io.connection_table import related_server_share
-        share = related_server_share(self.config.max_connections, len(self._servers))
-        self.program.connections.set_shares({pid: share for pid in self._servers})
-
-    def _seed_connections(self, pids: set, why: str = FIRST_SEED) -> list:
-        """Accept records for the keep-alive connections new processes already held, so
-        their next request is traced (the real accept happened before us), or that the
-        kernel's full table left untracked. A process with more connections than one scan
-        seeds (SEED_PER_SCAN), or some the full table left out, is seeded again at the next
-        flush; one past its share is not."""
-        now, out = time.monotonic_ns(), []
-        for pid in sorted(pids):
-            held = {c.fd: c for c in existing_server_connections(self.config.proc_root, pid)}
-            fds, short = self.program.connections.seed(pid, list(held))
-            if short in ("per scan", "table full"):
-                self._seed_pending.add(pid)
-            else:
-                self._seed_pending.discard(pid)
-            if fds or (short and why == FIRST_SEED):
-                rest = {"share": "; the others stay untracked (its share of --max-connections)",
-                        "per scan": "; more at the next flush", "table full": "; the others once there is room"}
-                log.info("pid %d: %d connections %s are followed from their next request%s", pid, len(fds), why,
-                         rest.get(short, ""))
-            out += [Accept(pid, pid, now, fd, held[fd].listen_fd, held[fd].peer_addr, held[fd].peer_port)
-                    for fd in fds]
-        return out
-
-    def _connections(self) -> list:
-        """At each flush: connections the full table left untracked are seeded once there
-        is room (from /proc, like those opened before tracing), and those a scan had no
-        time for; every PRUNE_INTERVAL_S, kernel entries whose close was never seen go,
-        with a SockClose record each."""
-        out = []
-        untracked = self.stats.snapshot().get("connections_untracked", 0)
-        if untracked > self._untracked_seen:
-            self._untracked_seen = untracked
-            out += self._seed_connections(self._traced_pids | self._servers, "left untracked (table full)")
-        elif self._seed_pending:
-            out += self._seed_connections(self._seed_pending & (self._traced_pids | self._servers), "still to seed")
-        now = time.monotonic()
-        if now >= self._next_prune:
-            self._next_prune = now + PRUNE_INTERVAL_S
-            ts = time.monotonic_ns()
-            out += [SockClose(tgid, tgid, ts, fd) for tgid, fd in
-                    self.program.connections.prune(lambda pid: open_sockets(self.config.proc_root, pid))]
-        return out
-
     def _push(self, batch: list) -> None:
         """One batch through the pipeline; then the program forgets processes that left."""
         out = self.pipeline.push(batch)
@@ -310,10 +258,10 @@ class Collector:
                 self.wiring.ports.forget(pid)
             self.groups.forget(gone)
             self._traced_pids -= gone
-            self._seed_pending -= gone
+            self.seeding.forget(gone)
             if gone & self._servers:
                 self._servers -= gone
-                self._share_connections()  # the others' shares grow
+                self.seeding.share(self._servers)  # the others' shares grow
             for pid in gone:
                 self._follows.pop(pid, None)
 
@@ -329,14 +277,14 @@ class Collector:
             self._push(self.program.poll(max(0, int(wait * 1000))))
             self._settle()
             now = time.monotonic()
-            if polled_at + POLL_EVERY_S > now and not self.program.ring.full:
+            if polled_at + POLL_EVERY_S > now and not self.program.ring.full and not self._settling:
                 time.sleep(polled_at + POLL_EVERY_S - now)
                 now = time.monotonic()
             if now >= next_scan:
                 self._scan()
                 next_scan = now + self.config.scan_interval_s
             if now >= next_flush:
-                self._push(self.program.read_rollups() + self._connections()
+                self._push(self.program.read_rollups() + self.seeding.at_flush(self._traced_pids | self._servers)
                            + [self.program.probe_counts(), Tick(time.monotonic_ns())])
                 next_flush = now + self.config.flush_interval_s
             if self.state_requested.is_set():

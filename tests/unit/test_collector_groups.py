@@ -146,11 +146,11 @@ def test_seeding_cut_short_goes_on_at_the_next_flush_for_that_process_only(tmp_p
     c.discovery.result = ScanResult({WORKER}, [], servers={FRONT})
     c.program.connections.short = "per scan"
     c._scan()
-    assert c._seed_pending == {WORKER, FRONT}
+    assert c.seeding.pending == {WORKER, FRONT}
     c.program.seeded.clear()
     c.program.connections.short = "share"
-    c._connections()
-    assert c.program.seeded == [FRONT, WORKER] and c._seed_pending == set()
+    c.seeding.at_flush(c._traced_pids | c._servers)
+    assert c.program.seeded == [FRONT, WORKER] and c.seeding.pending == set()
     c.program.seeded.clear()
-    c._connections()
+    c.seeding.at_flush(c._traced_pids | c._servers)
     assert c.program.seeded == []
