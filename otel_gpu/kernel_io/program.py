@@ -20,6 +20,7 @@ from ..ratelimit import Stats
 from . import launch_slots
 from .abi import COUNTER_NAMES, GoProc, PyProc, PyThreadKey
 from .connection_table import ConnectionTable
+from .kernel_counters import KernelCounters
 from .map_batch import BatchMap
 from .reader import AggregateReader, RingReader, RollupReader
 from .request_summaries import SummaryReader
@@ -34,32 +35,6 @@ _BY_PID_TGID = ("in_call", "reading", "writing", "accepting", "py_tstate", "tls_
                 "counted_threads")
 _STATE_TABLES = ("traced", "http_active", "conns", "rollup", "req_agg", "in_call", "py_procs", "py_tstate",
                  "py_threads")
-# Kernel counters (bpf/events.h) of what was lost or left out -> (stat, warning with the total).
-_LOSSES = {
-    "ringbuf_full": ("lost_events", "ring buffer full: %d events lost so far"),
-    "agg_full": ("lost_events", "per-request count table full (AGG_ENTRIES): %d CUDA calls lost so far"),
-    "rollup_full": ("lost_events", "count table of calls outside requests full (65536 process, call and kernel "
-                    "keys): %d calls lost so far"),
-    "thread_times_full": ("threads_untimed", "thread time table full (65536 threads of traced processes): %d "
-                          "threads' requests get no time split so far"),
-    "conn_table_full": ("connections_untracked", "connection table full (--max-connections): %d connections "
-                        "of traced processes left untracked so far"),
-    "scratch_busy": ("lost_events", "per-CPU scratch slots all held by preempted probes: %d TLS or kernel-name "
-                     "records dropped so far"),
-    "conn_over_share": ("connections_over_share", "related HTTP servers past their share of --max-connections: "
-                        "%d connections left untracked so far"),
-}
-# Kernel counters (bpf/events.h) -> stats: connections whose TLS ciphertext was not sent
-# (tied to an SSL* or not: a stack without probes gives no span), and SSL plaintext
-# dropped for want of a socket (client connections of the process, untied SSL*).
-_TALLIES = {"tls_ciphertext": "tls_connections", "tls_untied": "tls_plaintext_untied",
-            # how calls of processes with HTTP activity left the kernel: one by one, or counted
-            "cuda_streamed": "cuda_calls_streamed", "aggregated": "cuda_calls_counted",
-            # requests whose sampling the kernel decided as their head was read, or left to us
-            "head_decided": "heads_sampled_in_kernel", "head_left": "heads_sampled_here",
-            # driver launches a runtime launch made on its way (counted once, at the runtime)
-            "driver_deduped": "driver_launches_deduped"}
-_COUNTED = {**_LOSSES, **{name: (stat, None) for name, stat in _TALLIES.items()}}
 # `traced` values (bpf/maps.h): traced, following no server; every related server.
 TRACED, FOLLOW_ALL = 1, 0xFFFFFFFF
 # The `loaded` table is read when a LibraryLoaded cue says it has news, and this often all the
@@ -124,7 +99,7 @@ class BpfProgram:
                                           counted=lambda: sum(counters[aggregated]))
         self.connections = ConnectionTable(self.bpf)
         self.attacher = Attacher(self.bpf, stats, uprobes=uprobe_links.choose(self.bpf, options.uprobe_links))
-        self._seen: dict[str, int] = {}  # each kernel counter's value when last read
+        self.kernel_counters = KernelCounters(self.bpf["counters"], stats)
         self._runtime_text: dict = {}  # pid -> its runtime code ranges, as written to `runtime_text`
         self._py_threads: dict = {}  # pid -> {thread: state} as written to `py_threads`
         self._verdict_gens = itertools.count(1)  # next() is atomic: callers on several threads
@@ -179,26 +154,15 @@ class BpfProgram:
         """What the kernel counted since the last read (calls, and requests it summarised);
         also takes in lost events.
         `final` (the collector stops): every per-request count too."""
-        self._account_lost()
+        self.kernel_counters.account()
         summaries, self._late_summaries = self._late_summaries + self.summaries.read(), []
         if summaries:  # requests whose records were lost: counted, not dropped
             self.stats.add("requests_summarised", sum(c for s in summaries for c, _ in s.buckets))
         rollups = self.rollups.read(time.monotonic_ns()) + summaries
         return self.aggregates.merge([], final=True) + rollups if final else rollups
 
-    def _account_lost(self) -> None:
-        counters = self.counters()
-        for name, (stat, warning) in _COUNTED.items():
-            grown = counters[name] - self._seen.get(name, 0)
-            if grown > 0:
-                if warning:  # a loss: logged as it grows
-                    log.warning(warning, counters[name])
-                self.stats.add(stat, grown)
-                self._seen[name] = counters[name]
-
     def counters(self) -> dict[str, int]:
-        table = self.bpf["counters"]
-        return {name: sum(table[ct.c_int(i)]) for i, name in enumerate(COUNTER_NAMES)}
+        return self.kernel_counters.read()
 
     # --- probes and processes --------------------------------------------------------
     def attach(self, target: ProbeTarget, pid: Optional[int] = None) -> int:
