@@ -267,25 +267,29 @@ class Collector:
 
     def run(self, stop) -> None:
         """Until stop.is_set() (a SignalFlag, or a threading.Event set by another thread)."""
-        next_scan = next_flush = time.monotonic()
+        next_scan = next_flush = polled_at = time.monotonic()
         while not stop.is_set():
+            # At most every POLL_EVERY_S; before the poll, never between it and the flush: a
+            # Tick says the records up to its time were read (pipeline/steps.py decides by it).
+            rest = polled_at + POLL_EVERY_S - time.monotonic()
+            if rest > 0 and not self.program.ring.full and not self._settling:
+                time.sleep(rest)
             # Woken by records (a library load sends one: bpf/library_probes.c), else at the
             # next scan or flush, POLL_MAX_S at most: an idle node's collector sleeps.
             wait = SETTLE_EVERY_S if self._settling else min(POLL_MAX_S, next_scan - time.monotonic(),
                                                                next_flush - time.monotonic())
             polled_at = time.monotonic()
-            self._push(self.program.poll(max(0, int(wait * 1000))))
+            batch = self.program.poll(max(0, int(wait * 1000)))
+            read_ns = time.monotonic_ns()  # every record made before this was read
+            self._push(batch)
             self._settle()
             now = time.monotonic()
-            if polled_at + POLL_EVERY_S > now and not self.program.ring.full and not self._settling:
-                time.sleep(polled_at + POLL_EVERY_S - now)
-                now = time.monotonic()
             if now >= next_scan:
                 self._scan()
                 next_scan = now + self.config.scan_interval_s
             if now >= next_flush:
                 self._push(self.program.read_rollups() + self.seeding.at_flush(self._traced_pids | self._servers)
-                           + [self.program.probe_counts(), Tick(time.monotonic_ns())])
+                           + [self.program.probe_counts(), Tick(read_ns)])
                 next_flush = now + self.config.flush_interval_s
             if self.state_requested.is_set():
                 self.state_requested.clear()

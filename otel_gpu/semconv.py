@@ -162,7 +162,8 @@ GPU_TIME_BLOCKED = "otel_gpu.time.blocked"
 GPU_TIME_SHARED = "otel_gpu.time.shared"
 GPU_TIME_PART = "otel_gpu.time.part"  # metric label: on_cpu, cpu_wait, gpu_sync, blocked
 # Seconds a request of a batching engine waited before the first batch step it was in
-# (pipeline/steps.py): only where that step was decided before its span went out.
+# (pipeline/steps.py): for a streamed response (a chunk after each step), where that step
+# was decided before its span went out.
 GPU_TIME_QUEUED = "otel_gpu.time.queued"
 GPU_DEVICE = "gpu.device"                     # device ordinal (cudaSetDevice) of the request's work
 # The physical GPU that ordinal names, where certain (otel_gpu/gpu_devices.py): ours, after gpu.device.

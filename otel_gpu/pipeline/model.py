@@ -279,7 +279,7 @@ class Request:
     times_start: Optional[tuple] = None  # the thread's sums at its first read
     time_split: Optional[tuple] = None   # None: not split (its answer came from another thread, or unknown)
     time_shared: bool = False  # the split is its serving thread's, which did other work meanwhile
-    queued_ns: Optional[int] = None  # from its start to the first batch step it was in (pipeline/steps.py)
+    queued_ns: Optional[int] = None  # from its start to its first batch step, if streamed (pipeline/steps.py)
     untracked_connections: int = 0  # its process's connections the kernel could not track, at its end
     # Its response as written (pipeline/steps.py reads batch membership from it):
     headers_ts: int = 0   # when its response headers were written; 0: not yet

@@ -17,8 +17,9 @@ nothing. So a step's window, ending at t_k, is linked to:
 Candidates are the requests open while the step's calls were read (in related
 processes: pipeline/groups.py; or in the process, for a goroutine batcher). The window's
 cost is split among its links only (pipeline/cost.py), so a queued request pays nothing
-for steps it was not in; and a request's wait before the first step it was a member of is
-its queueing time (Request.queued_ns: otel_gpu.time.queued, where known when its span goes).
+for steps it was not in; and a streamed request's wait before the first step it was a member
+of is its queueing time (Request.queued_ns: otel_gpu.time.queued, where known when its span
+goes; a response of declared length proves only its last step).
 
 Assumes the front-end relays a step's tokens before the next step ends (true when a
 step takes longer than the relay: milliseconds against tens of microseconds on one
@@ -96,9 +97,13 @@ def _link_members(w: ProcessWindow, until: int) -> None:
         i = bisect_right(r.chunk_ts, w.end_ns)
         if i < len(r.chunk_ts) and r.chunk_ts[i] <= until:
             rules[ids] = BATCH_MEMBER
-            queued = max(0, w.start_ns - r.start_ns)  # until its first step began (steps come in order)
-            if r.queued_ns is None or queued < r.queued_ns:
-                r.queued_ns = queued
+            # A streamed response writes after every step it is in, so its first member step
+            # is its first step (steps come in order); a response of declared length writes
+            # once, after its last step, which says nothing of its first.
+            if r.streamed:
+                queued = max(0, w.start_ns - r.start_ns)
+                if r.queued_ns is None or queued < r.queued_ns:
+                    r.queued_ns = queued
         elif not r.headers_ts or r.headers_ts > until:
             rules[ids] = OVERLAP
     w.candidates, w.candidate_ids = list(rules), set(rules)

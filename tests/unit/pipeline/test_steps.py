@@ -59,6 +59,10 @@ def test_a_request_answered_in_one_write_is_linked_by_overlap_until_it_writes():
     w1, w2 = steps_out(s.process([Tick(T() + 10**9)]))
     assert w1.link_rules == {ids(reqs[10]): "overlap"}  # nothing written before step 2 ended
     assert w2.link_rules == {ids(reqs[10]): "batch_member"}  # its answer came after step 2
+    # Its one write follows its last step, not its first (it may have been in step 1 too):
+    # no queueing time, even with both steps decided before its span goes (the records
+    # read in one batch).
+    assert reqs[10].queued_ns is None
 
 
 def test_steps_wait_for_their_evidence_then_go_without_a_tick():
