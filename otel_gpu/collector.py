@@ -267,20 +267,21 @@ class Collector:
 
     def run(self, stop) -> None:
         """Until stop.is_set() (a SignalFlag, or a threading.Event set by another thread)."""
-        next_scan = next_flush = polled_at = time.monotonic()
+        next_scan = next_flush = time.monotonic()
+        read_ns = 0
         while not stop.is_set():
-            # At most every POLL_EVERY_S; before the poll, never between it and the flush: a
-            # Tick says the records up to its time were read (pipeline/steps.py decides by it).
-            rest = polled_at + POLL_EVERY_S - time.monotonic()
+            # The ring read at most every POLL_EVERY_S, the wait before the read, never between
+            # it and the flush: a Tick says the records made before its time were read
+            # (pipeline/steps.py decides batch steps by it).
+            rest = read_ns / 1e9 + POLL_EVERY_S - time.monotonic()
             if rest > 0 and not self.program.ring.full and not self._settling:
                 time.sleep(rest)
             # Woken by records (a library load sends one: bpf/library_probes.c), else at the
             # next scan or flush, POLL_MAX_S at most: an idle node's collector sleeps.
             wait = SETTLE_EVERY_S if self._settling else min(POLL_MAX_S, next_scan - time.monotonic(),
                                                                next_flush - time.monotonic())
-            polled_at = time.monotonic()
             batch = self.program.poll(max(0, int(wait * 1000)))
-            read_ns = time.monotonic_ns()  # every record made before this was read
+            read_ns = time.monotonic_ns()  # the records made before this were read (unless the batch was full)
             self._push(batch)
             self._settle()
             now = time.monotonic()

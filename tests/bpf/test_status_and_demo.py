@@ -47,11 +47,15 @@ def test_status_of_a_running_collector_without_root(open_dir, receiver, start_co
     assert receiver.wait_for(lambda spans: len(server_spans(spans, target.pid)) >= n + 1)  # + go()'s probe
     served = len(server_spans(receiver.spans, target.pid))
 
+    def exported(doc) -> int:
+        return sum(e.get("spans_exported", 0) for e in doc["state"]["exports"] if e["name"] == "otlp")
+
     deadline, doc = time.monotonic() + 30, None
     while time.monotonic() < deadline:  # rewritten every 2 s
         rc, doc, err = status_as_nobody(path)
         assert rc == 0, err
-        if doc["state"]["requests"]["finished"] >= served:
+        # The receiver can hold the spans before the exporter's call returns and counts them.
+        if doc["state"]["requests"]["finished"] >= served and exported(doc) >= served:
             break
         time.sleep(0.5)
     state = doc["state"]
