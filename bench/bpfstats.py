@@ -83,3 +83,12 @@ def enabled():
     finally:
         with open(STATS, "w") as f:
             f.write(old)
+
+
+def launch_runs(ran: list, launched: int) -> dict:
+    """Of delta()'s rows, otel-gpu's launch programs: each, and their runs and ns a launch
+    over `launched` launches (#44: 1.00 runs a launch is one trap)."""
+    launch = [(name, runs, ns) for name, runs, ns in ran if name.startswith(LAUNCH_PROGRAMS)]
+    n = max(launched, 1)
+    return {"programs": launch, "runs_per_launch": sum(r for _, r, _ in launch) / n,
+            "ns_per_launch": sum(ns for _, _, ns in launch) / n}

@@ -89,9 +89,7 @@ def _program_runs(svc: Service, rx) -> dict:
         before = bpfstats.snapshot(col.pid)
         _seconds(svc, f"/launches/{LAUNCHES}")
         ran = bpfstats.delta(before, bpfstats.snapshot(col.pid))
-    launch = [(n, runs, ns) for n, runs, ns in ran if n.startswith(bpfstats.LAUNCH_PROGRAMS)]
-    return {"programs": launch, "runs_per_launch": sum(r for _, r, _ in launch) / LAUNCHES,
-            "ns_per_launch": sum(ns for _, _, ns in launch) / LAUNCHES}
+    return bpfstats.launch_runs(ran, LAUNCHES)
 
 
 def measure(rounds: int) -> dict:

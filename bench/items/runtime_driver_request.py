@@ -79,10 +79,7 @@ def _program_runs(col: Collector, folder: Path, shape: str, binary: str) -> dict
     with bpfstats.enabled():
         res = _loop(folder, shape, binary, traced_then_snapshot)
         ran = bpfstats.delta(taken["before"], bpfstats.snapshot(col.pid))
-    launch = [(name, runs, ns) for name, runs, ns in ran if name.startswith(bpfstats.LAUNCH_PROGRAMS)]
-    runs = sum(r for _, r, _ in launch)
-    return {"programs": launch, "launched": res["launched"], "runs_per_launch": runs / max(res["launched"], 1),
-            "ns_per_launch": sum(ns for _, _, ns in launch) / max(res["launched"], 1)}
+    return {"launched": res["launched"], **bpfstats.launch_runs(ran, res["launched"])}
 
 
 def run(quick: bool, starts: list) -> dict:
