@@ -44,9 +44,13 @@ class KernelCounters:
         self.table, self.stats = table, stats
         self._seen: dict[str, int] = {}  # each counter's value when last taken in
 
+    def total(self, name: str) -> int:
+        """One counter's total over the CPUs."""
+        return sum(self.table[ct.c_int(COUNTER_NAMES.index(name))])
+
     def read(self) -> dict[str, int]:
         """Each counter's total over the CPUs."""
-        return {name: sum(self.table[ct.c_int(i)]) for i, name in enumerate(COUNTER_NAMES)}
+        return {name: self.total(name) for name in COUNTER_NAMES}
 
     def account(self) -> None:
         """What each counter grew by since the last call, into its stat."""

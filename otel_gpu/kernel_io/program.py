@@ -18,7 +18,7 @@ from ..probes.discovery import ProbeTarget
 from ..probes.source import ProgramOptions, load
 from ..ratelimit import Stats
 from . import launch_slots
-from .abi import COUNTER_NAMES, GoProc, PyProc, PyThreadKey
+from .abi import GoProc, PyProc, PyThreadKey
 from .connection_table import ConnectionTable
 from .kernel_counters import KernelCounters
 from .map_batch import BatchMap
@@ -94,12 +94,11 @@ class BpfProgram:
                                     launch_slots.reader(self.bpf, options.cpus, self.pid_bits.traced.__contains__))
         self.summaries = SummaryReader(self.bpf["req_summaries"])
         self._late_summaries: list = []  # read at a process's exit, before its entry went
-        counters, aggregated = self.bpf["counters"], ct.c_int(COUNTER_NAMES.index("aggregated"))
+        self.kernel_counters = KernelCounters(self.bpf["counters"], stats)
         self.aggregates = AggregateReader(BatchMap(self.bpf["req_agg"], "req_agg"), stats,
-                                          counted=lambda: sum(counters[aggregated]))
+                                          counted=lambda: self.kernel_counters.total("aggregated"))
         self.connections = ConnectionTable(self.bpf)
         self.attacher = Attacher(self.bpf, stats, uprobes=uprobe_links.choose(self.bpf, options.uprobe_links))
-        self.kernel_counters = KernelCounters(self.bpf["counters"], stats)
         self._runtime_text: dict = {}  # pid -> its runtime code ranges, as written to `runtime_text`
         self._py_threads: dict = {}  # pid -> {thread: state} as written to `py_threads`
         self._verdict_gens = itertools.count(1)  # next() is atomic: callers on several threads
