@@ -11,18 +11,6 @@
  * (cudaMalloc's void **) are read at return. Each handler names its signature. */
 #include "maps.h"
 
-/* Exact runtime/driver de-duplication: per process, the executable mappings of its CUDA
- * runtime (each libcudart, or the executable with cudart linked in), written by user
- * space at each scan (otel_gpu/probes/runtime_text.py). A driver launch called from
- * there is a runtime launch passing through libcuda, already counted; one called from
- * anywhere else (cuBLAS, cuDNN, NCCL, Triton) is a launch of its own. */
-#define RUNTIME_RANGES 4
-struct runtime_text {
-    u64 lo[RUNTIME_RANGES];
-    u64 hi[RUNTIME_RANGES]; /* exclusive; lo == hi: unused */
-};
-BPF_HASH(runtime_text, u32, struct runtime_text, MAX_PROCS);
-
 /* Calls with a return probe: entry state by thread. */
 struct call_entry {
     u64 ts_ns;
@@ -63,11 +51,33 @@ static __always_inline void runtime_dims(struct pt_regs *ctx, struct launch_dims
     d->block[2] = (u32)PT_REGS_PARM5(ctx);
 }
 
-/* cudaLaunchKernel(func, dim3 grid, dim3 block, void **args, size_t shmem, stream)
- * The hottest probe: outside requests it only counts (no stack reads, no event). */
-int cuda_launch_kernel(struct pt_regs *ctx)
+/* A launch with cuLaunchKernel's layout: (f, gx, gy, gz, bx, by, bz, shmem, stream, params,
+ * extra); hipModuleLaunchKernel's too. `global_size`: the grid is given in threads
+ * (hipExtModuleLaunchKernel), and the record's grid is it over the block, as the runtime
+ * computes it. */
+static __always_inline void driver_dims(struct pt_regs *ctx, struct launch_event *e, int global_size)
 {
-    u64 id = bpf_get_current_pid_tgid();
+    e->dims.grid[0] = PT_REGS_PARM2(ctx);
+    e->dims.grid[1] = PT_REGS_PARM3(ctx);
+    e->dims.grid[2] = PT_REGS_PARM4(ctx);
+    e->dims.block[0] = PT_REGS_PARM5(ctx);
+    e->dims.block[1] = PT_REGS_PARM6(ctx);
+    e->dims.block[2] = stack_arg(ctx, 7, &e->c.h.flags);
+    e->shmem = (u32)stack_arg(ctx, 8, &e->c.h.flags);
+    e->stream = stack_arg(ctx, 9, &e->c.h.flags);
+    if (global_size) {
+#pragma unroll
+        for (int i = 0; i < 3; i++)
+            e->dims.grid[i] = e->dims.block[i] ? e->dims.grid[i] / e->dims.block[i] : 0;
+    }
+}
+
+/* A cudaLaunchKernel of `func`: at its own probe (dims from its registers), or counted at
+ * the driver's probe in its place (`at_driver`: dims in cuLaunchKernel's layout;
+ * launch_routes.c). The hottest path: outside requests it only counts (no stack reads, no
+ * event). */
+static __always_inline int runtime_launch(struct pt_regs *ctx, u64 id, u64 func, int at_driver)
+{
     u32 tgid = id >> 32;
     /* The common case, a traced process that has never had HTTP activity and follows no
      * server, with nothing capturing: told from three inlined array reads (maps.h
@@ -75,8 +85,8 @@ int cuda_launch_kernel(struct pt_regs *ctx)
     u64 flags = pid_flags(tgid);
     int any_capture = captures_any();
     if (flags == PID_TRACED && !any_capture) {
-        if (!launch_slot_add(tgid, PT_REGS_PARM1(ctx)))
-            rollup_add(tgid, CALL_LAUNCH_KERNEL, PT_REGS_PARM1(ctx), 0, 0);
+        if (!launch_slot_add(tgid, func))
+            rollup_add(tgid, CALL_LAUNCH_KERNEL, func, 0, 0);
         return 0;
     }
     /* Inside a request, a thread past its budget (a decode loop's steady state): counted
@@ -87,7 +97,7 @@ int cuda_launch_kernel(struct pt_regs *ctx)
         if (s) {
             struct cuda_header c = {.call = CALL_LAUNCH_KERNEL, .ret = -1};
             fill_header(&c.h, EV_CUDA_LAUNCH, id);
-            counted_add(&c, s, unit, PT_REGS_PARM1(ctx), 0, 0);
+            counted_add(&c, s, unit, func, 0, 0);
             return 0;
         }
     }
@@ -96,22 +106,26 @@ int cuda_launch_kernel(struct pt_regs *ctx)
         return 0;
     int capture = capturing(tgid);
     if (!capture && !streaming(tgid, tv)) {
-        rollup_add(tgid, CALL_LAUNCH_KERNEL, PT_REGS_PARM1(ctx), 0, 0);
+        rollup_add(tgid, CALL_LAUNCH_KERNEL, func, 0, 0);
         return 0;
     }
     struct launch_event e = {};
     fill_header(&e.c.h, EV_CUDA_LAUNCH, id);
     e.c.call = CALL_LAUNCH_KERNEL;
     e.c.ret = -1;
-    e.func = PT_REGS_PARM1(ctx);
+    e.func = func;
     /* Inside a request past its budget (an LLM decode loop's steady state) the launch is
      * only counted: decided before the dims and the two stack reads. */
     struct http_seq *s = 0;
     if (!capture && !stream_admit(&e.c, tv, &s, e.func, 0, 0))
         return 0;
-    runtime_dims(ctx, &e.dims);
-    e.shmem = stack_arg(ctx, 7, &e.c.h.flags);
-    e.stream = stack_arg(ctx, 8, &e.c.h.flags);
+    if (at_driver) {
+        driver_dims(ctx, &e, 0);
+    } else {
+        runtime_dims(ctx, &e.dims);
+        e.shmem = stack_arg(ctx, 7, &e.c.h.flags);
+        e.stream = stack_arg(ctx, 8, &e.c.h.flags);
+    }
     if (capture)
         capture_emit(&e.c, sizeof(e));  /* recorded into a graph, or run: user space decides */
     else
@@ -119,9 +133,18 @@ int cuda_launch_kernel(struct pt_regs *ctx)
     return 0;
 }
 
+/* cudaLaunchKernel(func, dim3 grid, dim3 block, void **args, size_t shmem, stream) */
+int cuda_launch_kernel(struct pt_regs *ctx)
+{
+    u64 id = bpf_get_current_pid_tgid();
+    launch_mark(id);
+    return runtime_launch(ctx, id, PT_REGS_PARM1(ctx), 0);
+}
+
 /* cudaLaunchKernelExC(const cudaLaunchConfig_t *config, const void *func, void **args) */
 int cuda_launch_kernel_exc(struct pt_regs *ctx)
 {
+    launch_mark(bpf_get_current_pid_tgid());
     struct launch_event e = {};
     u32 tv = cuda_begin(&e.c, EV_CUDA_LAUNCH, CALL_LAUNCH_KERNEL_EXC);
     if (!tv)
@@ -136,73 +159,61 @@ int cuda_launch_kernel_exc(struct pt_regs *ctx)
     return 0;
 }
 
-/* At a driver entry point's first instruction: 1 when its caller (the return address,
- * [sp]) is the process's CUDA runtime, i.e. the runtime launch already counted (the
- * driver call is dropped, counted as driver_deduped); 0 for a call of its own. Before
- * user space has read the process's mappings (its first scan) the caller is unknown:
- * the call counts, and so does driver_caller_unknown. */
-static __always_inline int from_runtime(struct pt_regs *ctx, u32 tgid)
-{
-    struct runtime_text *t = runtime_text.lookup(&tgid);
-    u64 ret = 0;
-    if (!t || bpf_probe_read_user(&ret, sizeof(ret), (void *)PT_REGS_SP(ctx)) < 0) {
-        count(CNT_DRIVER_CALLER_UNKNOWN);
-        return 0;
-    }
-#pragma unroll
-    for (int i = 0; i < RUNTIME_RANGES; i++) {
-        if (ret >= t->lo[i] && ret < t->hi[i]) {
-            count(CNT_DRIVER_DEDUPED);
-            return 1;
-        }
-    }
-    return 0;
-}
-
-/* A launch with cuLaunchKernel's layout: (f, gx, gy, gz, bx, by, bz, shmem, stream, params,
- * extra); hipModuleLaunchKernel's too. `dedup`: a call from the runtime is dropped (above);
- * `global_size`: the grid is given in threads (hipExtModuleLaunchKernel), and the record's
- * grid is it over the block, as the runtime computes it. */
-static __always_inline int driver_layout_launch(struct pt_regs *ctx, u32 call, int dedup, int global_size)
+/* A launch with cuLaunchKernel's layout, the driver's own (from the driver's probe) or
+ * HIP's. */
+static __always_inline int driver_layout_launch(struct pt_regs *ctx, u32 call, int global_size)
 {
     struct launch_event e = {};
     u32 tv = cuda_begin(&e.c, EV_CUDA_LAUNCH, call);
-    if (!tv || (dedup && from_runtime(ctx, e.c.h.tgid)))
+    if (!tv)
         return 0;
     e.func = PT_REGS_PARM1(ctx);
-    e.dims.grid[0] = PT_REGS_PARM2(ctx);
-    e.dims.grid[1] = PT_REGS_PARM3(ctx);
-    e.dims.grid[2] = PT_REGS_PARM4(ctx);
-    e.dims.block[0] = PT_REGS_PARM5(ctx);
-    e.dims.block[1] = PT_REGS_PARM6(ctx);
-    e.dims.block[2] = stack_arg(ctx, 7, &e.c.h.flags);
-    e.shmem = (u32)stack_arg(ctx, 8, &e.c.h.flags);
-    e.stream = stack_arg(ctx, 9, &e.c.h.flags);
-    if (global_size) {
-#pragma unroll
-        for (int i = 0; i < 3; i++)
-            e.dims.grid[i] = e.dims.block[i] ? e.dims.grid[i] / e.dims.block[i] : 0;
-    }
+    driver_dims(ctx, &e, global_size);
     EMIT(e, tv, e.func, 0, 0);
     return 0;
 }
 
-/* cuLaunchKernel(f, gx, gy, gz, bx, by, bz, shmem, stream, params, extra) */
-int cu_launch_kernel(struct pt_regs *ctx) { return driver_layout_launch(ctx, CALL_CU_LAUNCH_KERNEL, 1, 0); }
+/* A driver launch probe's start (launch_routes.c): its thread's mark taken, then, for a
+ * traced process, where the launch counts. The pid bits first: a traced process pays no
+ * hash lookup to be told so. */
+static __always_inline int driver_launch_route(struct pt_regs *ctx, u64 id, u64 handle)
+{
+    int marked = launch_mark_take(id);
+    u32 tgid = id >> 32;
+    if (!(pid_flags(tgid) & PID_TRACED) && !cuda_admit(tgid))
+        return DRIVER_DROP;
+    return driver_route(ctx, id, marked, handle);
+}
 
-/* cuLaunchKernelEx(const CUlaunchConfig *config, f, params, extra) */
+/* cuLaunchKernel(f, gx, gy, gz, bx, by, bz, shmem, stream, params, extra) */
+int cu_launch_kernel(struct pt_regs *ctx)
+{
+    u64 id = bpf_get_current_pid_tgid(), f = PT_REGS_PARM1(ctx);
+    int route = driver_launch_route(ctx, id, f);
+    if (route == DRIVER_AS_RUNTIME)
+        return runtime_launch(ctx, id, launch_paired_func(id >> 32, f), 1);
+    return route == DRIVER_OWN ? driver_layout_launch(ctx, CALL_CU_LAUNCH_KERNEL, 0) : 0;
+}
+
+/* cuLaunchKernelEx(const CUlaunchConfig *config, f, params, extra); from the runtime, a
+ * cudaLaunchKernelExC. */
 int cu_launch_kernel_ex(struct pt_regs *ctx)
 {
+    u64 id = bpf_get_current_pid_tgid(), f = PT_REGS_PARM2(ctx);
+    int route = driver_launch_route(ctx, id, f);
+    if (route == DRIVER_DROP)
+        return 0;
     struct launch_event e = {};
-    u32 tv = cuda_begin(&e.c, EV_CUDA_LAUNCH, CALL_CU_LAUNCH_KERNEL_EX);
-    if (!tv || from_runtime(ctx, e.c.h.tgid))
+    int as_runtime = route == DRIVER_AS_RUNTIME;
+    u32 tv = cuda_begin(&e.c, EV_CUDA_LAUNCH, as_runtime ? CALL_LAUNCH_KERNEL_EXC : CALL_CU_LAUNCH_KERNEL_EX);
+    if (!tv)
         return 0;
     struct user_launch_config cfg = {};
     read_user(&cfg, sizeof(cfg), (void *)PT_REGS_PARM1(ctx), &e.c.h.flags);
     e.dims = cfg.dims;
     e.shmem = cfg.shared_mem_bytes;
     e.stream = cfg.stream;
-    e.func = PT_REGS_PARM2(ctx);
+    e.func = as_runtime ? launch_paired_func(id >> 32, f) : f;
     EMIT(e, tv, e.func, 0, 0);
     return 0;
 }

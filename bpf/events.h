@@ -444,7 +444,8 @@ enum counter {
     CNT_H2_UNWALKED = 14,   /* HTTP/2 connections whose frames the kernel could not walk: h2_walks full */
     CNT_ROLLUP_FULL = 15,   /* calls outside requests lost: the rollup table was full */
     CNT_THREAD_TIMES_FULL = 16, /* threads of traced processes whose time is not kept: thread_times full */
-    CNT_MAX = 17,
+    CNT_DRIVER_AS_RUNTIME = 17, /* runtime launches counted at the driver: the runtime's probe was not attached */
+    CNT_MAX = 18,
 };
 
 #endif

@@ -138,8 +138,8 @@ int cu_graph_exec_destroy(struct pt_regs *ctx) { return graph_destroyed(CALL_CU_
 
 /* cuGraphLaunch(hGraphExec, hStream): a graph launch of its own, unless its caller is
  * the process's CUDA runtime (cudaGraphLaunch passing through the driver, already
- * counted): the same exact rule as the driver's kernel launches (cuda_probes.c
- * `from_runtime`). */
+ * counted): the caller rule of the driver's kernel launches (launch_routes.c
+ * `from_runtime`), without marks: both graph launch probes stay attached. */
 int cu_graph_launch(struct pt_regs *ctx)
 {
     struct graph_event e = {};

@@ -43,11 +43,11 @@ int hip_launch_cooperative_kernel(struct pt_regs *ctx)
  * no caller rule. hipExtModuleLaunchKernel passes the global work size in threads. */
 int hip_module_launch_kernel(struct pt_regs *ctx)
 {
-    return driver_layout_launch(ctx, CALL_HIP_MODULE_LAUNCH_KERNEL, 0, 0);
+    return driver_layout_launch(ctx, CALL_HIP_MODULE_LAUNCH_KERNEL, 0);
 }
 int hip_ext_module_launch_kernel(struct pt_regs *ctx)
 {
-    return driver_layout_launch(ctx, CALL_HIP_EXT_MODULE_LAUNCH_KERNEL, 0, 1);
+    return driver_layout_launch(ctx, CALL_HIP_EXT_MODULE_LAUNCH_KERNEL, 1);
 }
 
 /* hipGraphLaunch(graphExec, stream): counts as a launch; its kernels come from the

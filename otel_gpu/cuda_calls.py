@@ -21,6 +21,12 @@ HIP = "hip"         # libamdhip64.so*: ROCm's HIP runtime (bpf/hip_probes.c)
 TLS = "ssl"         # OpenSSL's libssl.so.3 / .so.1.1: TLS plaintext (bpf/tls_probes.c), not CUDA calls
 GO = "go"           # a Go executable: goroutine starts and hand-offs (bpf/go_probes.c), not CUDA calls
 DEVICE_CLOCK = "otel_gpu_cupti"  # libotel_gpu_cupti.so: device-timed GPU activity (bpf/device_records.c)
+# A runtime file whose launches are routed (probes/launch_routes.py, bpf/launch_routes.c) is
+# probed in three parts: its other calls (for every process, or per process with --pid),
+# its launch entries per process while they are needed, and their learners beside them.
+RUNTIME_CALLS = "cudart-calls"
+RUNTIME_LAUNCHES = "cudart-launches"
+RUNTIME_LEARNERS = "cudart-learners"
 
 
 class Category(str, Enum):
@@ -283,6 +289,11 @@ class UprobeRow:
 CUDA_PROBES: tuple[UprobeRow, ...] = tuple(
     UprobeRow(c.library, sym, c.entry, c.ret) for c in CALLS for sym in c.symbols)
 CALL_LIBRARIES = frozenset(c.library for c in CALLS)  # the files whose probes see GPU calls
+# The runtime's kernel launch entries, and the learner run beside each (bpf/launch_routes.c).
+RUNTIME_LAUNCH_PROBES: tuple[UprobeRow, ...] = tuple(
+    UprobeRow(c.library, sym, c.entry, c.ret) for c in CALLS if c.library == RUNTIME
+    and c.category is Category.LAUNCH for sym in c.symbols)
+LEARNERS = {"cuda_launch_kernel": "runtime_launch_learn", "cuda_launch_kernel_exc": "runtime_launch_exc_learn"}
 
 # HIP's graph capture has the CUDA runtime's ABI (hipStreamBeginCapture(stream, mode),
 # hipStreamEndCapture(stream, hipGraph_t *), hipGraphInstantiate(exec *, graph, ...), and
@@ -392,4 +403,10 @@ def rows_for(library: str, addresses: tuple = ()) -> list[UprobeRow]:
         return [r for r in CUDA_PROBES if r.library == NCCL] + list(NCCL_STATE_PROBES)
     if library == HIP:
         return [r for r in CUDA_PROBES if r.library == HIP] + list(HIP_GRAPH_PROBES)
+    if library == RUNTIME_CALLS:
+        return [r for r in CUDA_PROBES if r.library == RUNTIME and r not in RUNTIME_LAUNCH_PROBES]
+    if library == RUNTIME_LAUNCHES:
+        return list(RUNTIME_LAUNCH_PROBES)
+    if library == RUNTIME_LEARNERS:
+        return [UprobeRow(RUNTIME, r.symbol, LEARNERS[r.entry]) for r in RUNTIME_LAUNCH_PROBES]
     return [r for r in CUDA_PROBES if r.library == library]

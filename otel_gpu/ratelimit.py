@@ -24,8 +24,9 @@ NOT_DROPS = frozenset({"requests_finished", "spans_exported", "resolved", "relis
                        "connections_own_export",
                        # device-clock mode: records tied to their calls (pipeline/device_times.py)
                        "device_tied",
-                       # a runtime launch's pass through the driver, counted once (bpf/cuda_probes.c)
-                       "driver_launches_deduped"})
+                       # a runtime launch's pass through the driver, counted once: at the runtime's
+                       # probe, or at the driver's where the runtime's is detached (bpf/launch_routes.c)
+                       "driver_launches_deduped", "driver_launches_as_runtime"})
 
 
 def split_drops(counts: Dict[str, int]) -> tuple[Dict[str, int], Dict[str, int]]:

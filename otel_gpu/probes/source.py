@@ -118,7 +118,7 @@ def kernel_tree() -> Path:
 # python_probes.c and go_probes.c define exec_unit(), which the HTTP and CUDA probes call.
 PROGRAM_FILES = ("maps.h", "library_probes.c", "python_probes.c", "go_probes.c", "thread_times.c", "http_requests.c",
                  "head_sampling.c", "http_probes.c", "http_syscalls.c", "h2_walk.c", "tls_probes.c", "graph_capture.c", "launch_slots.c",
-                 "request_counts.c", "call_out.c", "cuda_probes.c", "kernel_handles.c", "graph_probes.c", "nccl_probes.c",
+                 "request_counts.c", "call_out.c", "launch_routes.c", "cuda_probes.c", "kernel_handles.c", "graph_probes.c", "nccl_probes.c",
                  "hip_probes.c", "sched_probes.c", "device_records.c")
 
 

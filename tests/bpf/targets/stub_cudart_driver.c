@@ -1,9 +1,13 @@
 /* A stand-in libcudart that behaves as the real one does on a GPU (none here: the real
  * one returns 35 before it reaches a driver): cudaLaunchKernel and cudaLaunchKernelExC
  * reach libcuda's cuLaunchKernel / cuLaunchKernelEx with the same launch, called from
- * this library's code. Named as a stub; it launches nothing. Link it with the stub
- * libcuda.so.1 (stub_libcuda.c). */
+ * this library's code, passing the driver a handle of its own for the host stub (a heap
+ * block made at the stub's first launch, as the real runtime loads a kernel lazily).
+ * Named as a stub; it launches nothing. Link it with the stub libcuda.so.1
+ * (stub_libcuda.c). */
 #include <stddef.h>
+#include <pthread.h>
+#include <stdlib.h>
 
 typedef struct { unsigned x, y, z; } dim3;
 typedef struct {
@@ -24,12 +28,37 @@ int cuLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, 
                    unsigned shmem, void *stream, void **params, void **extra);
 int cuLaunchKernelEx(const CUlaunchConfig *config, void *f, void **params, void **extra);
 
+/* Host stub -> handle, for the first KERNELS stubs launched; a stub past them is its own
+ * handle (no test launches that many). */
+#define KERNELS 64
+static const void *stubs[KERNELS];
+static void *handles[KERNELS];
+
+static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+
+static void *handle_of(const void *func) {
+    void *h = (void *)func;
+    pthread_mutex_lock(&lock); /* threads launch at once */
+    for (int i = 0; i < KERNELS; i++) {
+        if (!stubs[i]) {
+            stubs[i] = func;
+            handles[i] = malloc(16);
+        }
+        if (stubs[i] == func) {
+            h = handles[i];
+            break;
+        }
+    }
+    pthread_mutex_unlock(&lock);
+    return h;
+}
+
 /* The driver's result mapped to a runtime error, as the real runtime does: work after
  * the call, so it is a call from here (never a tail jump). */
 static int runtime_error(int rc) { return rc == 0 ? 0 : 719; }
 
 int cudaLaunchKernel(const void *func, dim3 grid, dim3 block, void **args, size_t shmem, void *stream) {
-    int rc = cuLaunchKernel((void *)func, grid.x, grid.y, grid.z, block.x, block.y, block.z, (unsigned)shmem,
+    int rc = cuLaunchKernel(handle_of(func), grid.x, grid.y, grid.z, block.x, block.y, block.z, (unsigned)shmem,
                             stream, args, NULL);
     return runtime_error(rc);
 }
@@ -38,6 +67,6 @@ int cudaLaunchKernelExC(const cudaLaunchConfig_t *config, const void *func, void
     CUlaunchConfig c = {config->gridDim.x, config->gridDim.y, config->gridDim.z, config->blockDim.x,
                         config->blockDim.y, config->blockDim.z, (unsigned)config->dynamicSmemBytes,
                         config->stream, NULL, 0};
-    int rc = cuLaunchKernelEx(&c, (void *)func, args, NULL);
+    int rc = cuLaunchKernelEx(&c, handle_of(func), args, NULL);
     return runtime_error(rc);
 }

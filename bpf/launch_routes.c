@@ -1,0 +1,168 @@
+/* Where a runtime launch is counted. On a GPU, cudaLaunchKernel calls the driver's
+ * cuLaunchKernel from libcudart's code: with both probed, one launch runs two programs
+ * (two traps). So, per process, the runtime's launch probes are attached while they are
+ * needed and detached after (otel_gpu/probes/launch_routes.py); the driver's probe
+ * (cuda_probes.c) then counts the launch in the runtime's name, exactly, by these rules:
+ *
+ * - Every run of a runtime launch probe marks its thread (`launch_marks`, a byte per
+ *   thread id: an inlined array store). Every driver launch probe takes its thread's
+ *   mark first thing, so a mark never outlives the launch that made it, wherever the
+ *   launch ends.
+ * - A driver launch called from the runtime's code (`runtime_text`: its return address
+ *   lies in a libcudart mapping the scan found) with the mark: the runtime's probe has
+ *   counted it; dropped (driver_deduped). Without the mark: the runtime's probe did not
+ *   run; counted here as the runtime call (driver_as_runtime).
+ * - A driver launch from anywhere else (cuBLAS, Triton, NCCL) is a launch of its own.
+ *
+ * Attaching or detaching a runtime probe in the middle of a launch is exact either way:
+ * the mark says whether its program ran. The one launch that is not exact: one failing
+ * inside libcudart before it reaches the driver (so its mark stays) right before that
+ * process's runtime probes go; that thread's next launch through the runtime is then
+ * dropped as counted. The count stays equal (the failed call was counted in its place);
+ * one launch's dims and kernel are the failed call's.
+ *
+ * Kernel names: the runtime names a kernel by its host stub (func), the driver by a
+ * handle. While a process's runtime probes are attached, learner programs on the same
+ * entries (runtime_launch_learn*) keep each thread's func (`launch_funcs`), and the driver
+ * probe that takes a mark pairs its handle with it (`launch_pairs`). A launch counted at
+ * the driver carries its paired func, or its handle where none is paired yet (user
+ * space names it from what the handle probes learned, and attaches the runtime probes
+ * again: `launch_routes` counts both per process). */
+#include "maps.h"
+
+/* Exact runtime/driver de-duplication: per process, the executable mappings of its CUDA
+ * runtime (each libcudart, or the executable with cudart linked in), written by user
+ * space at each scan (otel_gpu/probes/runtime_text.py). */
+#define RUNTIME_RANGES 4
+struct runtime_text {
+    u64 lo[RUNTIME_RANGES];
+    u64 hi[RUNTIME_RANGES]; /* exclusive; lo == hi: unused */
+};
+BPF_HASH(runtime_text, u32, struct runtime_text, MAX_PROCS);
+
+/* A byte per thread id, for the ids pid_max allowed at start (PID_WORDS * 32; ids past it
+ * have no mark and their driver launches from the runtime are dropped as before). */
+BPF_ARRAY(launch_marks, u8, PID_WORDS * 32);
+
+struct launch_pair_key {
+    u32 tgid;
+    u32 pad;
+    u64 handle;
+};
+/* handle -> the runtime's func, per process; LRU: a process's kernels come and go. */
+BPF_TABLE("lru_hash", struct launch_pair_key, u64, launch_pairs, 16384);
+/* Thread id -> the func of its runtime launch in flight, kept only by the learner programs. */
+BPF_TABLE("lru_hash", u32, u64, launch_funcs, 4096);
+
+struct launch_route {
+    u64 paired;    /* handle and func pairs learned */
+    u64 unpaired;  /* launches counted at the driver whose handle had no pair */
+};
+BPF_F_TABLE("hash", u32, struct launch_route, launch_routes, MAX_PROCS, BY_NEED);
+
+enum driver_route { DRIVER_OWN, DRIVER_DROP, DRIVER_AS_RUNTIME };
+
+/* A runtime launch probe's first act. */
+static __always_inline void launch_mark(u64 id)
+{
+    u32 tid = (u32)id;
+    u8 *m = launch_marks.lookup(&tid);
+    if (m)
+        *m = 1;
+}
+
+/* A driver launch probe's first act: 1 marked (and cleared), 0 not, -1 no mark kept. */
+static __always_inline int launch_mark_take(u64 id)
+{
+    u32 tid = (u32)id;
+    u8 *m = launch_marks.lookup(&tid);
+    if (!m)
+        return -1;
+    if (!*m)
+        return 0;
+    *m = 0;
+    return 1;
+}
+
+static __always_inline struct launch_route *route_of(u32 tgid)
+{
+    struct launch_route zero = {};
+    launch_routes.insert(&tgid, &zero); /* fails when it exists: then the lookup finds it */
+    return launch_routes.lookup(&tgid);
+}
+
+/* The learner's func for this thread's launch, paired with the driver's handle. */
+static __always_inline void launch_pair_learn(u64 id, u64 handle)
+{
+    u32 tid = (u32)id;
+    u64 *func = launch_funcs.lookup(&tid);
+    if (!func)
+        return;
+    struct launch_pair_key k = {.tgid = id >> 32, .handle = handle};
+    u64 *known = launch_pairs.lookup(&k);
+    if (!known || *known != *func) {
+        launch_pairs.update(&k, func);
+        struct launch_route *r = route_of(k.tgid);
+        if (r)
+            __sync_fetch_and_add(&r->paired, 1);
+    }
+    launch_funcs.delete(&tid);
+}
+
+/* The func a launch counted at the driver carries: its pair, else the handle itself. */
+static __always_inline u64 launch_paired_func(u32 tgid, u64 handle)
+{
+    struct launch_pair_key k = {.tgid = tgid, .handle = handle};
+    u64 *func = launch_pairs.lookup(&k);
+    if (func)
+        return *func;
+    struct launch_route *r = route_of(tgid);
+    if (r)
+        __sync_fetch_and_add(&r->unpaired, 1);
+    return handle;
+}
+
+/* At a driver entry point's first instruction ([sp]: its return address): 1 when its
+ * caller is the process's CUDA runtime. Before user space has read the process's mappings
+ * (its first scan) the caller is unknown: 0, counted as driver_caller_unknown. */
+static __always_inline int from_runtime(struct pt_regs *ctx, u32 tgid)
+{
+    struct runtime_text *t = runtime_text.lookup(&tgid);
+    u64 ret = 0;
+    if (!t || bpf_probe_read_user(&ret, sizeof(ret), (void *)PT_REGS_SP(ctx)) < 0) {
+        count(CNT_DRIVER_CALLER_UNKNOWN);
+        return 0;
+    }
+    int found = 0;
+#pragma unroll
+    for (int i = 0; i < RUNTIME_RANGES; i++)
+        found |= ret >= t->lo[i] && ret < t->hi[i];
+    return found;
+}
+
+/* The rules above for a driver launch of `handle` by a traced process; `marked`: what
+ * launch_mark_take said. */
+static __always_inline int driver_route(struct pt_regs *ctx, u64 id, int marked, u64 handle)
+{
+    if (!from_runtime(ctx, id >> 32))
+        return DRIVER_OWN;
+    if (marked) { /* 1, or -1: no mark kept for this thread (dropped, as before marks) */
+        count(CNT_DRIVER_DEDUPED);
+        if (marked > 0)
+            launch_pair_learn(id, handle);
+        return DRIVER_DROP;
+    }
+    count(CNT_DRIVER_AS_RUNTIME);
+    return DRIVER_AS_RUNTIME;
+}
+
+/* The learners: attached beside the runtime's launch probes while a process's pairs are
+ * learned. cudaLaunchKernel(func, ...) and cudaLaunchKernelExC(config, func, args). */
+static __always_inline int launch_func_keep(u64 func)
+{
+    u32 tid = (u32)bpf_get_current_pid_tgid();
+    launch_funcs.update(&tid, &func);
+    return 0;
+}
+int runtime_launch_learn(struct pt_regs *ctx) { return launch_func_keep(PT_REGS_PARM1(ctx)); }
+int runtime_launch_exc_learn(struct pt_regs *ctx) { return launch_func_keep(PT_REGS_PARM2(ctx)); }

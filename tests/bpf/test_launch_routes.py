@@ -1,0 +1,199 @@
+"""Where a runtime launch is counted (bpf/launch_routes.c), with the real probes in the
+real kernel: the stand-in libcudart passes the stand-in libcuda a handle of its own for
+each host stub (as the real runtime does on a GPU). While the runtime's launch probes and
+their learners are attached, each launch is counted once by the runtime's probe and the
+driver pairs the handle with the func; once they are detached, the driver's probe alone
+counts each launch in the runtime's name, with the paired func, the runtime's dims, and
+one BPF program run a launch. A handle with no pair is counted all the same, carrying
+itself, and counted as unpaired for the process."""
+from __future__ import annotations
+
+import ctypes as ct
+import sys
+
+import pytest
+
+from otel_gpu import proc
+from otel_gpu.cuda_calls import DRIVER, RUNTIME_LAUNCHES, RUNTIME_LEARNERS, call_id
+from otel_gpu.kernel_io.abi import CNT_DRIVER_AS_RUNTIME, CNT_DRIVER_DEDUPED
+from otel_gpu.probes import runtime_text
+from otel_gpu.probes.closer import ProbeCloser
+from otel_gpu.ratelimit import Stats
+from otel_gpu.records import LaunchCall
+from tests.bpf.probe_harness import Child, Probes, build_stub
+
+# Each call's launches carry the kernel (func), grid and block the test chose, so a launch
+# counted under another's func or dims fails.
+CHILD = r'''
+import ctypes as ct, json, struct, sys
+drv, rt, lib = (ct.CDLL(p) for p in sys.argv[1:4])
+vp, u, size_t = ct.c_void_p, ct.c_uint, ct.c_size_t
+class Dim3(ct.Structure):
+    _fields_ = [("x", u), ("y", u), ("z", u)]
+rt.cudaLaunchKernel.argtypes = [vp, Dim3, Dim3, vp, size_t, vp]
+rt.cudaLaunchKernelExC.argtypes = [vp, vp, vp]
+lib.stub_library_launch.argtypes = [vp] + [u] * 7
+
+def launches(func, n, gx):
+    return [rt.cudaLaunchKernel(func, Dim3(gx, 2, 1), Dim3(64, 1, 1), None, 0, None) for _ in range(n)]
+
+def exc(func, gx):
+    cfg = ct.create_string_buffer(struct.pack("<6IQQQI4x", gx, 2, 1, 64, 1, 1, 0, 0, 0, 0))
+    return [rt.cudaLaunchKernelExC(cfg, func, None)]
+
+def library(func, gx):
+    return [lib.stub_library_launch(func, gx, 2, 1, 64, 1, 1, 0)]
+
+print(json.dumps({"ready": True}), flush=True)
+for line in sys.stdin:
+    name, *args = line.split()
+    print(json.dumps(globals()[name](*map(int, args))), flush=True)
+'''
+F, G = 0x7000, 0x7100  # two host stubs (never called: the stand-in launches nothing)
+
+
+class Links:
+    """One kind of row of one file, for one process: attached, and detached at will."""
+
+    def __init__(self, probes: Probes, kind: str, path: str, pid: int) -> None:
+        before = len(probes.handles)
+        assert probes.attach(kind, path, pid) >= 2, kind
+        self.handles, self.probes = probes.handles[before:], probes
+
+    def detach(self) -> None:
+        closer = ProbeCloser(self.probes.bpf, Stats())
+        closer.detach_all(self.handles)
+        assert closer.wait(60)
+        self.probes.handles = [h for h in self.probes.handles if h not in self.handles]
+
+
+@pytest.fixture
+def child(probes, tmp_path):
+    drv = build_stub(tmp_path, "stub_libcuda.c", "libcuda.so.1")
+    link = [f"-L{tmp_path}", "-l:libcuda.so.1", f"-Wl,-rpath,{tmp_path}"]
+    rt = build_stub(tmp_path, "stub_cudart_driver.c", "libcudart.so.12", *link)
+    lib = build_stub(tmp_path, "stub_driver_library.c", "libstub_blas.so", *link)
+    c = Child([sys.executable, "-c", CHILD, drv, rt, lib])
+    c.runtime = rt
+    assert probes.attach(DRIVER, drv, c.pid) >= 2
+    c.launches = Links(probes, RUNTIME_LAUNCHES, rt, c.pid)
+    c.learners = Links(probes, RUNTIME_LEARNERS, rt, c.pid)
+    ranges = runtime_text.runtime_ranges(proc.maps("/proc", c.pid), {rt})
+    runtime_text.write(probes.bpf["runtime_text"], c.pid, ranges)
+    probes.set("traced", c.pid, ct.c_uint32(1))
+    yield c
+    c.stop()
+    for table in ("runtime_text", "http_active", "traced", "launch_routes"):
+        probes.unset(table, c.pid)
+
+
+def _counter(probes: Probes, idx: int) -> int:
+    return sum(probes.bpf["counters"][ct.c_int(idx)])
+
+
+def _launches(probes: Probes, pid: int) -> list:
+    return [(r.name, r.func, r.grid) for r in probes.of(pid) if isinstance(r, LaunchCall)]
+
+
+def _pairs(probes: Probes, pid: int) -> dict:
+    return {k.handle: v.value for k, v in probes.bpf["launch_pairs"].items() if k.tgid == pid}
+
+
+def _route(probes: Probes, pid: int) -> tuple:
+    r = probes.bpf["launch_routes"].get(ct.c_uint32(pid))
+    return (r.paired, r.unpaired) if r else (0, 0)
+
+
+def _runs(probes: Probes) -> dict:
+    """Runs of the launch programs so far (kernel.bpf_stats_enabled: on around the calls)."""
+    out = {}
+    for name in ("cuda_launch_kernel", "cuda_launch_kernel_exc", "cu_launch_kernel", "cu_launch_kernel_ex",
+                 "runtime_launch_learn", "runtime_launch_exc_learn"):
+        fn = probes.bpf.funcs.get(name.encode())
+        if fn is None:
+            out[name] = 0
+            continue
+        with open(f"/proc/self/fdinfo/{fn.fd}") as f:
+            out[name] = int(dict(line.split(":", 1) for line in f if ":" in line)["run_cnt"])
+    return out
+
+
+@pytest.fixture
+def bpf_stats():
+    path = "/proc/sys/kernel/bpf_stats_enabled"
+    old = open(path).read().strip()
+    with open(path, "w") as f:
+        f.write("1")
+    yield
+    with open(path, "w") as f:
+        f.write(old)
+
+
+RT, EXC, CU = "cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel"
+
+
+def test_learned_then_counted_at_the_driver_alone(probes, child, bpf_stats):
+    probes.set("http_active", child.pid, ct.c_int64(1))  # streamed, as during a request
+    deduped, as_runtime = _counter(probes, CNT_DRIVER_DEDUPED), _counter(probes, CNT_DRIVER_AS_RUNTIME)
+    # Learning: both probes run; each runtime launch is counted once, by the runtime's.
+    assert child.run(f"launches {F} 3 5") + child.run(f"exc {F} 6") + child.run(f"library {F} 7") == [0] * 5
+    assert _launches(probes, child.pid) == [(RT, F, (5, 2, 1))] * 3 + [(EXC, F, (6, 2, 1)), (CU, F, (7, 2, 1))]
+    assert _counter(probes, CNT_DRIVER_DEDUPED) == deduped + 4
+    pairs = _pairs(probes, child.pid)
+    assert list(pairs.values()) == [F] and F not in pairs, pairs  # the stand-in's own handle, paired
+    assert _route(probes, child.pid) == (1, 0)
+
+    # The runtime's launch probes and learners go: the driver's probe counts each launch
+    # in the runtime's name, with the paired func and the runtime's dims, one run each.
+    child.launches.detach()
+    child.learners.detach()
+    before = _runs(probes)
+    assert child.run(f"launches {F} 4 8") + child.run(f"exc {F} 9") + child.run(f"library {F} 10") == [0] * 6
+    runs = {k: v - before[k] for k, v in _runs(probes).items()}
+    assert runs == {"cuda_launch_kernel": 0, "cuda_launch_kernel_exc": 0, "cu_launch_kernel": 5,
+                    "cu_launch_kernel_ex": 1, "runtime_launch_learn": 0, "runtime_launch_exc_learn": 0}, runs
+    assert _launches(probes, child.pid)[5:] == [(RT, F, (8, 2, 1))] * 4 + [(EXC, F, (9, 2, 1)), (CU, F, (10, 2, 1))]
+    assert _counter(probes, CNT_DRIVER_AS_RUNTIME) == as_runtime + 5
+    assert _counter(probes, CNT_DRIVER_DEDUPED) == deduped + 4
+
+    # A kernel first launched now has no pair: counted, carrying its handle, and counted
+    # as unpaired for the process (user space then attaches the runtime's probes again).
+    assert child.run(f"launches {G} 2 11") == [0, 0]
+    got = _launches(probes, child.pid)[11:]
+    assert [(n, grid) for n, _, grid in got] == [(RT, (11, 2, 1))] * 2
+    assert len({func for _, func, _ in got}) == 1 and got[0][1] not in (F, G, *pairs)
+    assert _route(probes, child.pid) == (1, 2)
+
+
+def test_counted_outside_requests_too(probes, child):
+    """Outside requests (the launch slots and rollup): the same counts, under the func."""
+    child.run(f"launches {F} 2 5")  # learnt
+    child.launches.detach()
+    child.learners.detach()
+    child.run(f"launches {F} 5 5")
+    child.run(f"library {F} 5")
+    counts = {}
+    for (call, detail), (n, _bytes, _ns) in probes.rollup(child.pid).items():
+        counts[(call, detail)] = counts.get((call, detail), 0) + n
+    assert counts == {(call_id(RT), F): 7, (call_id(CU), F): 1}
+    assert probes.of(child.pid) == []
+
+
+def test_a_runtime_probe_back_counts_once_and_pairs(probes, child):
+    """Detached, then attached again (as user space does on an unpaired handle): every
+    launch counted exactly once through both changes, and the new kernel paired."""
+    probes.set("http_active", child.pid, ct.c_int64(1))
+    child.launches.detach()
+    child.learners.detach()
+    child.run(f"launches {G} 2 3")  # no pair yet: counted at the driver, with its handle
+    child.learners = Links(probes, RUNTIME_LEARNERS, child.runtime, child.pid)
+    child.launches = Links(probes, RUNTIME_LAUNCHES, child.runtime, child.pid)
+    child.run(f"launches {G} 3 4")  # the runtime's probe counts; the driver pairs
+    child.launches.detach()
+    child.learners.detach()
+    child.run(f"launches {G} 2 5")  # paired now: the driver counts them under G
+    got = _launches(probes, child.pid)
+    assert [grid[0] for _, _, grid in got] == [3, 3, 4, 4, 4, 5, 5]
+    assert [func for _, func, _ in got][2:] == [G] * 5 and got[0][1] == got[1][1] != G
+    assert _pairs(probes, child.pid) == {got[0][1]: G}
+    assert _route(probes, child.pid) == (1, 2)
