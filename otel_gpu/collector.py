@@ -130,10 +130,12 @@ class Collector:
         files = known_library_files(root if self.config.proc_root != "/proc" else "",
                                     [p for p in sys.path if p.endswith("-packages")])
         t0 = time.monotonic()
+        routes = self.program.launch_routes
+        routes.saw(files)
         for target in files:
             self.program.attach_load_probe(target)
             if self.config.trace_all:
-                self.program.attach(target)
+                self.program.attach(routes.calls_of(target))
         log.info("%d CUDA library files probed ahead of any process (%.2f s)", len(files), time.monotonic() - t0)
 
     def _python_threads(self, pid: int, found, new: bool = False) -> dict:
@@ -155,9 +157,13 @@ class Collector:
         # --pid/--exe: per selected process, so the other processes mapping the same file
         # never trap. The interpreter and Go runtime probes are always per process: only
         # the CUDA processes pay for them, not every Python or Go program on the host.
-        wanted = [(pid, t) for pid, targets in found.by_pid.items() for t in targets
+        # A routed runtime's launch entries are per process in both modes (launch_routes.py).
+        routes = self.program.launch_routes
+        routes.saw(found.targets)
+        wanted = [(pid, routes.calls_of(t)) for pid, targets in found.by_pid.items() for t in targets
                   if not self.config.trace_all or t.kind in optional]
-        wanted += [(None, t) for t in found.targets if t.kind not in optional] if self.config.trace_all else []
+        wanted += [(None, routes.calls_of(t)) for t in found.targets if t.kind not in optional] \
+            if self.config.trace_all else []
         self.program.set_runtime_text(found.runtime_text)  # before any new pid is traced: exact from its first scan
         new = found.cuda_pids - self._traced_pids
         for pid in new:  # before its probes attach (~0.3 s): its HTTP is seen from now
@@ -168,6 +174,9 @@ class Collector:
             if target.kind not in optional and self.program.attach(target, pid) and target.kind in CALL_LIBRARIES:
                 late |= {pid} & new if pid is not None else \
                     {p for p in new if any(t.key == target.key for t in found.by_pid.get(p, ()))}
+        for pid, targets in found.by_pid.items():
+            if routes.see(pid, targets):
+                late |= {pid} & new
         probes_from_ns = time.monotonic_ns()  # the BPF clock: their calls before this were not seen
         for pid, target in wanted:  # the interpreter and Go runtime probes: after the CUDA ones
             if target.kind in optional and optional[target.kind]:
@@ -289,6 +298,7 @@ class Collector:
                 self._scan()
                 next_scan = now + self.config.scan_interval_s
             if now >= next_flush:
+                self.program.launch_routes.review()
                 self._push(self.program.read_rollups() + self.seeding.at_flush(self._traced_pids | self._servers)
                            + [self.program.probe_counts(), Tick(read_ns)])
                 next_flush = now + self.config.flush_interval_s

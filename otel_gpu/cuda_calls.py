@@ -288,7 +288,8 @@ class UprobeRow:
 
 CUDA_PROBES: tuple[UprobeRow, ...] = tuple(
     UprobeRow(c.library, sym, c.entry, c.ret) for c in CALLS for sym in c.symbols)
-CALL_LIBRARIES = frozenset(c.library for c in CALLS)  # the files whose probes see GPU calls
+# The files whose probes see GPU calls (a routed runtime's calls too: probes/launch_routes.py).
+CALL_LIBRARIES = frozenset(c.library for c in CALLS) | {RUNTIME_CALLS}
 # The runtime's kernel launch entries, and the learner run beside each (bpf/launch_routes.c).
 RUNTIME_LAUNCH_PROBES: tuple[UprobeRow, ...] = tuple(
     UprobeRow(c.library, sym, c.entry, c.ret) for c in CALLS if c.library == RUNTIME

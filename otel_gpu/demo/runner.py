@@ -39,9 +39,10 @@ class LineWatcher:
                 self.lines.append(line)
                 self._cond.notify_all()
 
-    def wait_for(self, needle: str, timeout: float) -> bool:
+    def wait_for(self, needle: str, timeout: float, count: int = 1) -> bool:
+        """Until `count` lines contain `needle`."""
         with self._cond:
-            return self._cond.wait_for(lambda: any(needle in l for l in self.lines), timeout)
+            return self._cond.wait_for(lambda: sum(needle in l for l in self.lines) >= count, timeout)
 
 
 def stop_process(proc: subprocess.Popen, sig: int = signal.SIGTERM, timeout: float = 30) -> int:

@@ -14,6 +14,7 @@ from typing import Optional
 
 from ..probes import compiler_memory, pid_bits, runtime_text, uprobe_links
 from ..probes.attacher import Attacher
+from ..probes.launch_routes import LaunchRoutes
 from ..probes.discovery import ProbeTarget
 from ..probes.source import ProgramOptions, load
 from ..ratelimit import Stats
@@ -30,7 +31,7 @@ log = logging.getLogger(__name__)
 # Maps keyed by tgid, and maps keyed by pid_tgid (tgid in the high 32 bits) or by a
 # struct with a tgid field: every entry of an exited process goes.
 _BY_TGID = ("traced", "http_active", "http_seq", "py_procs", "go_procs", "runtime_text", "capture_procs",
-            "quiet_procs", "conn_shares", "req_summaries")
+            "quiet_procs", "conn_shares", "req_summaries", "launch_routes")
 _BY_PID_TGID = ("in_call", "reading", "writing", "accepting", "py_tstate", "tls_calls", "tls_last_read",
                 "counted_threads")
 _STATE_TABLES = ("traced", "http_active", "conns", "rollup", "req_agg", "in_call", "py_procs", "py_tstate",
@@ -99,6 +100,7 @@ class BpfProgram:
                                           counted=lambda: self.kernel_counters.total("aggregated"))
         self.connections = ConnectionTable(self.bpf)
         self.attacher = Attacher(self.bpf, stats, uprobes=uprobe_links.choose(self.bpf, options.uprobe_links))
+        self.launch_routes = LaunchRoutes(self.attacher, self.bpf["launch_routes"])
         self._runtime_text: dict = {}  # pid -> its runtime code ranges, as written to `runtime_text`
         self._py_threads: dict = {}  # pid -> {thread: state} as written to `py_threads`
         self._verdict_gens = itertools.count(1)  # next() is atomic: callers on several threads
@@ -160,6 +162,16 @@ class BpfProgram:
         rollups = self.rollups.read(time.monotonic_ns()) + summaries
         return self.aggregates.merge([], final=True) + rollups if final else rollups
 
+    def _forget_launch_pairs(self, tgids: set) -> None:
+        """Their kernels' handle pairs (bpf/launch_routes.c): a pid used again must not
+        name its launches by them."""
+        table = self.bpf["launch_pairs"]
+        for k in [k for k in table.keys() if k.tgid in tgids]:
+            try:
+                del table[k]
+            except KeyError:
+                pass
+
     def counters(self) -> dict[str, int]:
         return self.kernel_counters.read()
 
@@ -215,6 +227,7 @@ class BpfProgram:
     def detach(self, pid: int, why: str) -> None:
         """Detaches process `pid`'s own probes; nothing is left in the kernel for it."""
         n = self.attacher.detach(pid)
+        self.launch_routes.forget(pid)
         if n:
             log.info("detached %d CUDA probes of pid %d (%s)", n, pid, why)
 
@@ -345,6 +358,8 @@ class BpfProgram:
         self.rollups.forget(tgids)
         for tgid in tgids:
             self._runtime_text.pop(tgid, None)
+            self.launch_routes.forget(tgid)  # one at the driver has no probe of its own left
+        self._forget_launch_pairs(tgids)
         self.aggregates.forget(tgids)
         self._late_summaries += self.summaries.read()
         self.summaries.forget(tgids)

@@ -229,14 +229,17 @@ class Attacher:
     def detach(self, pid: int) -> int:
         """Detaches process `pid`'s own probes (it exited, or is no longer selected);
         returns how many."""
-        n = 0
-        for key in [k for k in self.attached if k[1] == pid]:
-            a = self.attached.pop(key)
-            n += self._detach_events(a.events)
-            self.by_symbol -= Counter(a.symbols)
-            self.failed -= Counter(a.failures.keys())
-            self.probe_count -= len(a.events)
-        return n
+        return sum(self.detach_target(key, pid) for key, p in list(self.attached) if p == pid)
+
+    def detach_target(self, key: tuple, pid: int) -> int:
+        """Detaches the probes of one target (by its key) for process `pid`; how many."""
+        a = self.attached.pop((key, pid), None)
+        if a is None:
+            return 0
+        self.by_symbol -= Counter(a.symbols)
+        self.failed -= Counter(a.failures.keys())
+        self.probe_count -= len(a.events)
+        return self._detach_events(a.events)
 
     def _detach_events(self, events: list) -> int:
         return self.closer.detach(events)

@@ -84,6 +84,10 @@ def to_text(state: dict, now: float, stale: Optional[str]) -> str:
     if probes.get("single_stepped"):  # each call of these pays two exceptions (probes/prologue.py)
         lines += textwrap.wrap(f"single-stepped by x86 ({SINGLE_STEP_COST}): {', '.join(probes['single_stepped'])}",
                                100, initial_indent="  ", subsequent_indent="    ")
+    routes = probes.get("launch_routes")
+    if routes and (routes["at_driver"] or routes["at_runtime"]):  # probes/launch_routes.py
+        lines.append(f"  runtime launches of {routes['at_driver']} processes counted at the driver alone (one probe "
+                     f"a launch), of {routes['at_runtime']} at the runtime's probe")
     maps = state.get("kernel_maps")
     if maps:  # kernel_io/map_memory.py
         lines.append(f"kernel memory (BPF maps): {maps['mb']:g} MB on {maps['cpus']} CPUs; at {maps['node_cpus']} CPUs "

@@ -39,11 +39,14 @@ def probe_status(program) -> dict:
     """Uprobes by function: how many times each is attached (once per file, or per file
     and process with --pid/--exe), and each failure to attach one (a symbol a library
     does not define is not a failure); the functions whose probe x86 single-steps, with
-    their files (probes/prologue.py: each call pays SINGLE_STEP_COST)."""
+    their files (probes/prologue.py: each call pays SINGLE_STEP_COST); the processes whose
+    runtime launches are counted at the driver's probe alone, and at the runtime's
+    (probes/launch_routes.py)."""
     a = program.attacher
     return {"tracepoints": program.tracepoints(), "files": a.files(),
             "attached": dict(a.by_symbol), "failed": dict(a.failed),
-            "single_stepped": {s: sorted(files) for s, files in sorted(a.single_stepped.items()) if files}}
+            "single_stepped": {s: sorted(files) for s, files in sorted(a.single_stepped.items()) if files},
+            "launch_routes": program.launch_routes.state()}
 
 
 class ExportHealth:

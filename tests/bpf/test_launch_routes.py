@@ -197,3 +197,87 @@ def test_a_runtime_probe_back_counts_once_and_pairs(probes, child):
     assert [func for _, func, _ in got][2:] == [G] * 5 and got[0][1] == got[1][1] != G
     assert _pairs(probes, child.pid) == {got[0][1]: G}
     assert _route(probes, child.pid) == (1, 2)
+
+
+# --- End to end: the collector decides when the runtime's probes go and come back ---------
+
+A, B = "vec_add(float*, int)", "scale(float*, int)"
+
+
+def _expected(request_id: int, kernels: str) -> list:
+    """(call, kernel name, grid) of each launch routed_http.py makes for the request."""
+    out = []
+    for k, letter in enumerate(kernels):
+        name = {"a": A, "b": B}[letter]
+        out += [(RT, name, (request_id, k + 1, 1))] * 2 + [(EXC, name, (request_id, k + 1, 2))]
+    return sorted(out, key=_order)
+
+
+def _order(launch: tuple) -> tuple:
+    name, kernel, grid = launch
+    return name, grid, kernel or ""
+
+
+def _children(receiver, pid: int, request_id: int) -> list:
+    from tests.harness import children_of, server_spans
+    span = next(s for s in server_spans(receiver.spans, pid) if s.attributes.get("url.path", "").split("/")[2:3]
+                == [str(request_id)])
+    return sorted(((k.name, k.attributes.get("gpu.kernel.name"), tuple(k.attributes["gpu.grid"]))
+                   for k in children_of(receiver.spans, span)), key=_order)
+
+
+def _serve(target, receiver, plan: dict) -> None:
+    """Requests {id: kernels} from 8 clients at once; waits for every span."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from tests.harness import server_spans
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(lambda i: target.get(f"/launch/{i}/{plan[i]}"), plan))
+    assert receiver.wait_for(lambda spans: {s.attributes.get("url.path") for s in server_spans(spans, target.pid)}
+                             >= {f"/launch/{i}/{k}" for i, k in plan.items()})
+
+
+def test_the_collector_detaches_the_runtime_probes_and_brings_them_back(tmp_path, receiver, start_collector):
+    """A process started before the collector. While its runtime probes learn, then once
+    the driver's probe counts alone, then for a kernel first launched after, and once that
+    one is learned: every span's launches are its own (its id in the grid), named, counted
+    once; the kernel counters say which probe counted each."""
+    from tests.harness import Target
+    libcuda = build_stub(tmp_path, "stub_libcuda.c", "libcuda.so.1")
+    link = [f"-L{tmp_path}", "-l:libcuda.so.1", f"-Wl,-rpath,{tmp_path}"]
+    env = {"STUB_LIBCUDA": libcuda,
+           "STUB_CUDART": build_stub(tmp_path, "stub_cudart_driver.c", "libcudart.so.12", *link)}
+    from pathlib import Path
+    target = Target([sys.executable, str(Path(__file__).parent / "targets" / "routed_http.py")], env)
+    try:
+        collector = start_collector()
+        collector.wait_traced(target.pid)
+        target.go()
+        at_driver = f"pid {target.pid}: its runtime launches are counted at the driver from now on"
+        learning = {i: "a" for i in range(1, 9)}  # vec_add learned; 3 launches a request
+        _serve(target, receiver, learning)
+        assert collector.log.wait_for(at_driver, 30), collector.log.lines[-20:]
+        alone = {i: "a" for i in range(9, 25)}
+        _serve(target, receiver, alone)
+        assert collector.log.wait_for(f"pid {target.pid}: a kernel launched with no paired handle", 1) is False
+        new = {25: "ab"}  # scale first launched now: its handle has no pair
+        _serve(target, receiver, new)
+        assert collector.log.wait_for(f"pid {target.pid}: a kernel launched with no paired handle", 30)
+        relearn = {26: "ab"}
+        _serve(target, receiver, relearn)
+        assert collector.log.wait_for(at_driver, 30, count=2), collector.log.lines[-20:]
+        after = {i: "ba" for i in range(27, 35)}
+        _serve(target, receiver, after)
+        for plan in (learning, alone, relearn, after):
+            for i, kernels in plan.items():
+                assert _children(receiver, target.pid, i) == _expected(i, kernels), i
+        # Request 25: scale's launches carry its handle, unnamed; vec_add's are paired.
+        assert [(n, name if grid[1] == 1 else None, grid) for n, name, grid in _children(receiver, target.pid, 25)] \
+            == [(n, name if grid[1] == 1 else None, grid) for n, name, grid in _expected(25, "ab")]
+    finally:
+        target.stop()
+    assert collector.stop() == 0
+    counted = collector.counts()["counted"]
+    runtime = 3 * (len(learning) + 2 * len(relearn))  # both probes ran: the driver's dropped its pass
+    driver = 3 * (len(alone) + 2 * len(new) + 2 * len(after))
+    assert counted.get("driver_launches_deduped") == runtime and counted.get("driver_launches_as_runtime") == driver

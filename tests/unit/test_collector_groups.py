@@ -1,6 +1,7 @@
 """The collector's scan with related processes: HTTP servers related to a CUDA process
 are traced (once), the CUDA process follows the one server (or all of several), and
 everything is forgotten when the processes go. Discovery and the BPF program are fakes."""
+from otel_gpu.probes.launch_routes import LaunchRoutes
 from otel_gpu.collector import Collector
 from otel_gpu.config import Config
 from otel_gpu.records import ProcExit
@@ -29,6 +30,7 @@ class FakeProgram:
     def __init__(self):
         self.calls, self.seeded = [], []
         self.connections = FakeConnections(self)
+        self.launch_routes = LaunchRoutes(self, {})  # attaches through attach() below
 
     def attach(self, target, pid=None):
         return 0

@@ -28,6 +28,13 @@ int cuLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, 
                    unsigned shmem, void *stream, void **params, void **extra);
 int cuLaunchKernelEx(const CUlaunchConfig *config, void *f, void **params, void **extra);
 
+/* Host stubs to launch, as a CUDA program's (they name their kernels): vec_add(float*, int)
+ * and scale(float*, int). */
+void stub_vec_add(float *a, int n) __asm__("_Z7vec_addPfi");
+void stub_vec_add(float *a, int n) { if (a) a[0] += n; }
+void stub_scale(float *a, int n) __asm__("_Z5scalePfi");
+void stub_scale(float *a, int n) { if (a) a[0] *= n; }
+
 /* Host stub -> handle, for the first KERNELS stubs launched; a stub past them is its own
  * handle (no test launches that many). */
 #define KERNELS 64

@@ -1,0 +1,138 @@
+"""Per process, whether its runtime launch probes are attached: one program run per
+launch where the runtime reaches the driver (#44). bpf/launch_routes.c keeps every launch
+counted exactly once whichever probes are attached, and counts a launch at the driver's
+probe in the runtime's name once the runtime's are gone; this module decides when they go.
+
+- A runtime file is routed when the host is known to have a CUDA driver by the time the
+  file is first probed (a libcuda among the well-known files, or mapped by a process
+  found so far): its launch entries are then probed per process (RUNTIME_LAUNCHES), its
+  other calls as any file's (RUNTIME_CALLS). A file probed before any driver was seen
+  keeps its launch probes for every process: a launch that never reaches a driver (no
+  GPU) is seen by the runtime's probe only, from the process's first call.
+- A process that maps a routed runtime and the driver learns its kernels' handles: the
+  learners (RUNTIME_LEARNERS) run beside the runtime's launch probes. Once it has paired
+  one handle at least and paired no new one for `stable_s`, its runtime launch probes and
+  learners are detached: from then on each launch is one run of the driver's probe.
+- A launch the driver counts with a handle that has no pair (a kernel first launched
+  after the detach) carries the handle, named from what the handle probes learned where
+  they saw it, and brings the process's runtime probes back to learn it; `stable_s`
+  doubles each time, up to STABLE_MAX_S.
+- A process that maps no driver keeps its runtime launch probes: its launches reach no
+  driver probe."""
+from __future__ import annotations
+
+import ctypes as ct
+import logging
+import time
+from dataclasses import dataclass, field, replace
+from typing import Callable, Iterable
+
+from ..cuda_calls import DRIVER, RUNTIME, RUNTIME_CALLS, RUNTIME_LAUNCHES, RUNTIME_LEARNERS
+
+log = logging.getLogger(__name__)
+
+STABLE_S = 2.0       # no new pair this long (one at least): the runtime's launch probes go
+STABLE_MAX_S = 60.0  # the wait doubles at each return of the probes, up to this
+
+
+@dataclass
+class _Process:
+    runtimes: list        # its routed runtime files (ProbeTargets of kind RUNTIME)
+    driver: bool          # it maps the driver: its runtime launches reach the driver's probe
+    since: float          # when its pairs last changed, or its learning started
+    attached: bool = True  # its runtime launch probes (and, with the driver, learners)
+    paired: int = 0        # launch_routes' counts when last read
+    unpaired: int = 0
+    stable_s: float = STABLE_S
+    detaches: int = 0
+
+
+@dataclass
+class LaunchRoutes:
+    attacher: object          # probes/attacher.py Attacher
+    table: object             # the kernel's `launch_routes` (pid -> paired, unpaired)
+    clock: Callable[[], float] = time.monotonic
+    driver_seen: bool = False
+    files: dict = field(default_factory=dict)       # runtime file key -> routed, decided at first sight
+    processes: dict = field(default_factory=dict)   # pid -> _Process
+
+    def saw(self, targets: Iterable) -> None:
+        """Files found (a scan, the well-known files): a driver among them routes every
+        runtime file first probed from now on."""
+        if not self.driver_seen and any(t.kind == DRIVER for t in targets):
+            self.driver_seen = True
+            log.info("a CUDA driver is on this host: runtime launch probes are per process, and go once "
+                     "the driver's probe can count their launches alone")
+
+    def routed(self, target) -> bool:
+        return target.kind == RUNTIME and self.files.setdefault(target.key, self.driver_seen)
+
+    def calls_of(self, target):
+        """The target to probe for every process (or per process with --pid): a routed
+        runtime file's calls but its launches; any other file as it is."""
+        return replace(target, kind=RUNTIME_CALLS) if self.routed(target) else target
+
+    def see(self, pid: int, targets: list) -> int:
+        """pid's files at a scan: its routed runtimes get their launch probes for it, and
+        learners where it maps the driver, unless they were detached. Returns probes added."""
+        runtimes = [t for t in targets if self.routed(t)]
+        if not runtimes:
+            return 0
+        driver = any(t.kind == DRIVER for t in targets)
+        p = self.processes.get(pid)
+        if p is None:
+            p = self.processes[pid] = _Process(runtimes, driver, self.clock())
+        elif driver and not p.driver:
+            p.since = self.clock()  # its learning starts now
+        p.runtimes, p.driver = runtimes, driver
+        return self._attach(pid, p) if p.attached else 0
+
+    def review(self) -> None:
+        """Reads each learning or detached process's counts: detaches, or brings back,
+        its runtime launch probes."""
+        now = self.clock()
+        for pid, p in list(self.processes.items()):
+            if not p.driver:
+                continue
+            r = self.table.get(ct.c_uint32(pid))
+            paired, unpaired = (r.paired, r.unpaired) if r is not None else (0, 0)
+            if paired != p.paired:
+                p.paired, p.since = paired, now
+            if p.attached and paired and now - p.since >= p.stable_s:
+                n = self._detach(pid, p)
+                p.attached, p.detaches = False, p.detaches + 1
+                log.info("pid %d: its runtime launches are counted at the driver from now on (%d kernel handles "
+                         "paired; %d runtime probes detached)", pid, paired, n)
+            elif not p.attached and unpaired != p.unpaired:
+                p.attached, p.since = True, now
+                p.stable_s = min(STABLE_MAX_S, p.stable_s * 2)
+                log.info("pid %d: a kernel launched with no paired handle: its runtime launch probes are back "
+                         "to learn it (%d probes)", pid, self._attach(pid, p))
+            p.unpaired = unpaired
+
+    def forget(self, pid: int) -> None:
+        """pid's probes were detached with the rest of its own (it exited, or left)."""
+        self.processes.pop(pid, None)
+
+    def state(self) -> dict:
+        """For `otel-gpu status`: processes counting their runtime launches at the driver,
+        and those whose runtime launch probes are attached."""
+        at_driver = sum(1 for p in self.processes.values() if not p.attached)
+        return {"at_driver": at_driver, "at_runtime": len(self.processes) - at_driver}
+
+    def _attach(self, pid: int, p: _Process) -> int:
+        n = 0
+        for t in p.runtimes:
+            # Learners first: a launch their program missed is only a pair not learned.
+            for kind in (RUNTIME_LEARNERS,) * p.driver + (RUNTIME_LAUNCHES,):
+                n += self.attacher.attach(_part(t, kind), pid)
+        return n
+
+    def _detach(self, pid: int, p: _Process) -> int:
+        return sum(self.attacher.detach_target(_part(t, kind).key, pid)
+                   for t in p.runtimes for kind in (RUNTIME_LAUNCHES, RUNTIME_LEARNERS))
+
+
+def _part(target, kind: str):
+    """One kind of a runtime file's rows, attached under a key of its own."""
+    return replace(target, kind=kind, key=(*target.key, kind))

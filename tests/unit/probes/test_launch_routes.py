@@ -1,0 +1,133 @@
+"""When a process's runtime launch probes go and come back (probes/launch_routes.py),
+driven by the kernel's per-process counts of paired and unpaired handles. The kernel's
+side (every launch counted once whichever probes are attached) is tests/bpf/
+test_launch_routes.py."""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from otel_gpu.cuda_calls import DRIVER, RUNTIME, RUNTIME_CALLS, RUNTIME_LAUNCHES, RUNTIME_LEARNERS
+from otel_gpu.probes.discovery import ProbeTarget
+from otel_gpu.probes.launch_routes import STABLE_MAX_S, STABLE_S, LaunchRoutes
+
+CUDART = ProbeTarget(RUNTIME, "/lib/libcudart.so.12", (1, 10))
+LIBCUDA = ProbeTarget(DRIVER, "/lib/libcuda.so.1", (1, 20))
+OLD_CUDART = ProbeTarget(RUNTIME, "/wheel/libcudart.so.12", (1, 30))
+PID = 4242
+
+
+class FakeAttacher:
+    def __init__(self):
+        self.attached: dict = {}  # (key, pid) -> kind
+
+    def attach(self, target, pid=None):
+        if (target.key, pid) in self.attached:
+            return 0
+        self.attached[(target.key, pid)] = target.kind
+        return 4
+
+    def detach_target(self, key, pid):
+        return 4 if self.attached.pop((key, pid), None) else 0
+
+    def kinds(self, pid):
+        return sorted(kind for (_, p), kind in self.attached.items() if p == pid)
+
+
+class Table(dict):
+    """The kernel's launch_routes, keyed by pid (a c_uint32 from the reader)."""
+
+    def get(self, key):
+        return dict.get(self, key.value)
+
+    def counts(self, pid, paired, unpaired=0):
+        self[pid] = SimpleNamespace(paired=paired, unpaired=unpaired)
+
+
+def routes(now):
+    attacher, table = FakeAttacher(), Table()
+    return LaunchRoutes(attacher, table, clock=lambda: now[0]), attacher, table
+
+
+def test_files_probed_before_a_driver_was_seen_keep_their_launch_probes_for_everyone():
+    now = [0.0]
+    r, attacher, _ = routes(now)
+    assert r.calls_of(OLD_CUDART) == OLD_CUDART  # no driver seen yet: every row, every process
+    r.saw([LIBCUDA, CUDART])
+    assert r.calls_of(OLD_CUDART) == OLD_CUDART  # decided at its first sight, never changed
+    assert r.calls_of(CUDART).kind == RUNTIME_CALLS
+    assert r.calls_of(LIBCUDA) == LIBCUDA
+    assert r.see(PID, [OLD_CUDART, LIBCUDA]) == 0 and not attacher.attached
+
+
+def test_learned_then_detached_then_back_on_an_unpaired_handle():
+    now = [100.0]
+    r, attacher, table = routes(now)
+    r.saw([LIBCUDA])
+    assert r.see(PID, [CUDART, LIBCUDA]) == 8
+    assert attacher.kinds(PID) == [RUNTIME_LAUNCHES, RUNTIME_LEARNERS]
+    assert r.see(PID, [CUDART, LIBCUDA]) == 0  # the next scan: already there
+
+    r.review()  # nothing paired yet: the launches may not reach the driver at all
+    now[0] += 10 * STABLE_S
+    r.review()
+    assert attacher.kinds(PID) == [RUNTIME_LAUNCHES, RUNTIME_LEARNERS]
+
+    table.counts(PID, paired=3)
+    r.review()  # a new pair: the wait starts again
+    now[0] += STABLE_S - 0.1
+    r.review()
+    assert attacher.kinds(PID) == [RUNTIME_LAUNCHES, RUNTIME_LEARNERS]
+    now[0] += 0.1
+    r.review()
+    assert attacher.kinds(PID) == [] and r.state() == {"at_driver": 1, "at_runtime": 0}
+    assert r.see(PID, [CUDART, LIBCUDA]) == 0  # a scan does not bring them back
+
+    table.counts(PID, paired=3, unpaired=1)  # a kernel first launched now
+    r.review()
+    assert attacher.kinds(PID) == [RUNTIME_LAUNCHES, RUNTIME_LEARNERS]
+    table.counts(PID, paired=4, unpaired=1)
+    r.review()
+    now[0] += STABLE_S
+    r.review()
+    assert attacher.kinds(PID) == [RUNTIME_LAUNCHES, RUNTIME_LEARNERS]  # the wait doubled
+    now[0] += STABLE_S
+    r.review()
+    assert attacher.kinds(PID) == []
+    assert r.processes[PID].stable_s == 2 * STABLE_S
+
+
+def test_the_wait_is_capped():
+    now = [0.0]
+    r, attacher, table = routes(now)
+    r.saw([LIBCUDA])
+    r.see(PID, [CUDART, LIBCUDA])
+    for i in range(1, 12):
+        table.counts(PID, paired=i, unpaired=i - 1)
+        r.review()  # back (after the first), with a new pair
+        now[0] += STABLE_MAX_S
+        r.review()  # gone
+        assert attacher.kinds(PID) == []
+    assert r.processes[PID].stable_s == STABLE_MAX_S
+
+
+def test_a_process_without_the_driver_keeps_its_runtime_probes_and_learns_nothing():
+    now = [0.0]
+    r, attacher, table = routes(now)
+    r.saw([LIBCUDA])
+    assert r.see(PID, [CUDART]) == 4
+    assert attacher.kinds(PID) == [RUNTIME_LAUNCHES]
+    table.counts(PID, paired=0, unpaired=5)
+    now[0] += STABLE_MAX_S
+    r.review()
+    assert attacher.kinds(PID) == [RUNTIME_LAUNCHES]
+    assert r.see(PID, [CUDART, LIBCUDA]) == 4  # it loaded the driver: its learners come
+    assert attacher.kinds(PID) == [RUNTIME_LAUNCHES, RUNTIME_LEARNERS]
+
+
+def test_forget():
+    now = [0.0]
+    r, attacher, _ = routes(now)
+    r.saw([LIBCUDA])
+    r.see(PID, [CUDART, LIBCUDA])
+    r.forget(PID)
+    assert r.state() == {"at_driver": 0, "at_runtime": 0}
