@@ -176,22 +176,22 @@ static __always_inline int driver_layout_launch(struct pt_regs *ctx, u32 call, i
 /* A driver launch probe's start (launch_routes.c): its thread's mark taken, then, for a
  * traced process, where the launch counts. The pid bits first: a traced process pays no
  * hash lookup to be told so. */
-static __always_inline int driver_launch_route(struct pt_regs *ctx, u64 id, u64 handle)
+static __always_inline int driver_launch_route(struct pt_regs *ctx, u64 id, u64 handle, u64 *func)
 {
     int marked = launch_mark_take(id);
     u32 tgid = id >> 32;
     if (!(pid_flags(tgid) & PID_TRACED) && !cuda_admit(tgid))
         return DRIVER_DROP;
-    return driver_route(ctx, id, marked, handle);
+    return driver_route(ctx, id, marked, handle, func);
 }
 
 /* cuLaunchKernel(f, gx, gy, gz, bx, by, bz, shmem, stream, params, extra) */
 int cu_launch_kernel(struct pt_regs *ctx)
 {
-    u64 id = bpf_get_current_pid_tgid(), f = PT_REGS_PARM1(ctx);
-    int route = driver_launch_route(ctx, id, f);
+    u64 id = bpf_get_current_pid_tgid(), f = PT_REGS_PARM1(ctx), func = 0;
+    int route = driver_launch_route(ctx, id, f, &func);
     if (route == DRIVER_AS_RUNTIME)
-        return runtime_launch(ctx, id, launch_paired_func(id >> 32, f), 1);
+        return runtime_launch(ctx, id, func, 1);
     return route == DRIVER_OWN ? driver_layout_launch(ctx, CALL_CU_LAUNCH_KERNEL, 0) : 0;
 }
 
@@ -199,8 +199,8 @@ int cu_launch_kernel(struct pt_regs *ctx)
  * cudaLaunchKernelExC. */
 int cu_launch_kernel_ex(struct pt_regs *ctx)
 {
-    u64 id = bpf_get_current_pid_tgid(), f = PT_REGS_PARM2(ctx);
-    int route = driver_launch_route(ctx, id, f);
+    u64 id = bpf_get_current_pid_tgid(), f = PT_REGS_PARM2(ctx), func = 0;
+    int route = driver_launch_route(ctx, id, f, &func);
     if (route == DRIVER_DROP)
         return 0;
     struct launch_event e = {};
@@ -213,7 +213,7 @@ int cu_launch_kernel_ex(struct pt_regs *ctx)
     e.dims = cfg.dims;
     e.shmem = cfg.shared_mem_bytes;
     e.stream = cfg.stream;
-    e.func = as_runtime ? launch_paired_func(id >> 32, f) : f;
+    e.func = as_runtime ? func : f;
     EMIT(e, tv, e.func, 0, 0);
     return 0;
 }

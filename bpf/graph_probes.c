@@ -144,8 +144,12 @@ int cu_graph_launch(struct pt_regs *ctx)
 {
     struct graph_event e = {};
     u32 tv = cuda_begin(&e.c, EV_CUDA_GRAPH, CALL_CU_GRAPH_LAUNCH);
-    if (!tv || from_runtime(ctx, e.c.h.tgid))
+    if (!tv)
         return 0;
+    if (from_runtime(ctx, e.c.h.tgid)) {
+        count(CNT_DRIVER_DEDUPED);
+        return 0;
+    }
     e.graph_exec = PT_REGS_PARM1(ctx);
     e.stream = PT_REGS_PARM2(ctx);
     EMIT(e, tv, e.graph_exec, 0, 0);

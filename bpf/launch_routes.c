@@ -109,19 +109,6 @@ static __always_inline void launch_pair_learn(u64 id, u64 handle)
     launch_funcs.delete(&tid);
 }
 
-/* The func a launch counted at the driver carries: its pair, else the handle itself. */
-static __always_inline u64 launch_paired_func(u32 tgid, u64 handle)
-{
-    struct launch_pair_key k = {.tgid = tgid, .handle = handle};
-    u64 *func = launch_pairs.lookup(&k);
-    if (func)
-        return *func;
-    struct launch_route *r = route_of(tgid);
-    if (r)
-        __sync_fetch_and_add(&r->unpaired, 1);
-    return handle;
-}
-
 /* At a driver entry point's first instruction ([sp]: its return address): 1 when its
  * caller is the process's CUDA runtime. Before user space has read the process's mappings
  * (its first scan) the caller is unknown: 0, counted as driver_caller_unknown. */
@@ -141,16 +128,34 @@ static __always_inline int from_runtime(struct pt_regs *ctx, u32 tgid)
 }
 
 /* The rules above for a driver launch of `handle` by a traced process; `marked`: what
- * launch_mark_take said. */
-static __always_inline int driver_route(struct pt_regs *ctx, u64 id, int marked, u64 handle)
+ * launch_mark_take said; `func`: set for DRIVER_AS_RUNTIME, the launch's func (its pair,
+ * else the handle itself). Reading the return address costs ~50 ns here (a user memory
+ * read), half the driver probe's run: an unmarked launch of a paired handle is taken for
+ * the runtime's without it. So a library's own driver launch of a handle the runtime
+ * launched too would count as the runtime's call: the count stays equal, its name is the
+ * runtime's. */
+static __always_inline int driver_route(struct pt_regs *ctx, u64 id, int marked, u64 handle, u64 *func)
 {
-    if (!from_runtime(ctx, id >> 32))
-        return DRIVER_OWN;
+    u32 tgid = id >> 32;
     if (marked) { /* 1, or -1: no mark kept for this thread (dropped, as before marks) */
+        if (!from_runtime(ctx, tgid))
+            return DRIVER_OWN;
         count(CNT_DRIVER_DEDUPED);
         if (marked > 0)
             launch_pair_learn(id, handle);
         return DRIVER_DROP;
+    }
+    struct launch_pair_key k = {.tgid = tgid, .handle = handle};
+    u64 *paired = launch_pairs.lookup(&k);
+    if (paired) {
+        *func = *paired;
+    } else {
+        if (!from_runtime(ctx, tgid))
+            return DRIVER_OWN;
+        struct launch_route *r = route_of(tgid);
+        if (r)
+            __sync_fetch_and_add(&r->unpaired, 1);
+        *func = handle;
     }
     count(CNT_DRIVER_AS_RUNTIME);
     return DRIVER_AS_RUNTIME;

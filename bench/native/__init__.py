@@ -82,6 +82,13 @@ class LaunchLoop:
         self.pid = int(line.split()[1])
         self.client = None
 
+    def warm(self, n: int) -> None:
+        """n untimed launches more before go(), where a tracer may watch them."""
+        self.proc.stdin.write(f"warm {n}\n")
+        self.proc.stdin.flush()
+        if self.proc.stdout.readline().strip() != "warmed":
+            raise RuntimeError("launch_loop did not warm")
+
     def go(self) -> None:
         self.proc.stdin.write("go\n")
         self.proc.stdin.flush()

@@ -149,8 +149,16 @@ int main(int argc, char **argv)
     printf("ready %d\n", getpid());
     fflush(stdout);
     char line[64];
-    if (!fgets(line, sizeof(line), stdin))
-        return 1;
+    long warm;
+    for (;;) { /* "warm N": N untimed launches more (answered "warmed"), until "go" */
+        if (!fgets(line, sizeof(line), stdin))
+            return 1;
+        if (sscanf(line, "warm %ld", &warm) != 1)
+            break;
+        launch_n(warm);
+        printf("warmed\n");
+        fflush(stdout);
+    }
     int conn = http ? accept_request(ls) : -1;
     if (rate > 0) {
         pthread_t tid[64];
