@@ -293,7 +293,11 @@ static __always_inline int set_device_emit(struct pt_regs *ctx, u32 call)
 }
 
 int cuda_free(struct pt_regs *ctx) { return free_emit(ctx, CALL_FREE); }
-int cuda_graph_launch(struct pt_regs *ctx) { return graph_launch_emit(ctx, CALL_GRAPH_LAUNCH); }
+int cuda_graph_launch(struct pt_regs *ctx)
+{
+    launch_mark(bpf_get_current_pid_tgid()); /* its pass through cuGraphLaunch: bpf/graph_probes.c */
+    return graph_launch_emit(ctx, CALL_GRAPH_LAUNCH);
+}
 int cuda_set_device(struct pt_regs *ctx) { return set_device_emit(ctx, CALL_SET_DEVICE); }
 
 /* Calls with a duration or a result: entry stashes (arg0: the stream or event a sync waits

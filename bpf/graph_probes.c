@@ -136,19 +136,26 @@ int cuda_graph_exec_destroy(struct pt_regs *ctx) { return graph_destroyed(CALL_G
 int cu_graph_destroy(struct pt_regs *ctx) { return graph_destroyed(CALL_CU_GRAPH_DESTROY, PT_REGS_PARM1(ctx), 0); }
 int cu_graph_exec_destroy(struct pt_regs *ctx) { return graph_destroyed(CALL_CU_GRAPH_EXEC_DESTROY, 0, PT_REGS_PARM1(ctx)); }
 
-/* cuGraphLaunch(hGraphExec, hStream): a graph launch of its own, unless its caller is
- * the process's CUDA runtime (cudaGraphLaunch passing through the driver, already
- * counted): the caller rule of the driver's kernel launches (launch_routes.c
- * `from_runtime`), without marks: both graph launch probes stay attached. */
+/* cuGraphLaunch(hGraphExec, hStream): a graph launch of its own, unless its caller is the
+ * process's CUDA runtime: cudaGraphLaunch passing through, counted once by the rules of the
+ * kernel launches (launch_routes.c): dropped when cudaGraphLaunch's probe marked the
+ * thread, else counted here as the cudaGraphLaunch (the runtime's exec is the driver's:
+ * no pairing). */
 int cu_graph_launch(struct pt_regs *ctx)
 {
+    u64 id = bpf_get_current_pid_tgid();
+    int marked = launch_mark_take(id);
     struct graph_event e = {};
     u32 tv = cuda_begin(&e.c, EV_CUDA_GRAPH, CALL_CU_GRAPH_LAUNCH);
     if (!tv)
         return 0;
     if (from_runtime(ctx, e.c.h.tgid)) {
-        count(CNT_DRIVER_DEDUPED);
-        return 0;
+        if (marked) {
+            count(CNT_DRIVER_DEDUPED);
+            return 0;
+        }
+        count(CNT_DRIVER_AS_RUNTIME);
+        e.c.call = CALL_GRAPH_LAUNCH;
     }
     e.graph_exec = PT_REGS_PARM1(ctx);
     e.stream = PT_REGS_PARM2(ctx);

@@ -290,10 +290,11 @@ CUDA_PROBES: tuple[UprobeRow, ...] = tuple(
     UprobeRow(c.library, sym, c.entry, c.ret) for c in CALLS for sym in c.symbols)
 # The files whose probes see GPU calls (a routed runtime's calls too: probes/launch_routes.py).
 CALL_LIBRARIES = frozenset(c.library for c in CALLS) | {RUNTIME_CALLS}
-# The runtime's kernel launch entries, and the learner run beside each (bpf/launch_routes.c).
+# The runtime's kernel and graph launch entries, and the learner run beside each kernel
+# launch's (bpf/launch_routes.c; a graph's exec is the same handle for the driver).
 RUNTIME_LAUNCH_PROBES: tuple[UprobeRow, ...] = tuple(
     UprobeRow(c.library, sym, c.entry, c.ret) for c in CALLS if c.library == RUNTIME
-    and c.category is Category.LAUNCH for sym in c.symbols)
+    and c.category in (Category.LAUNCH, Category.GRAPH) for sym in c.symbols)
 LEARNERS = {"cuda_launch_kernel": "runtime_launch_learn", "cuda_launch_kernel_exc": "runtime_launch_exc_learn"}
 
 # HIP's graph capture has the CUDA runtime's ABI (hipStreamBeginCapture(stream, mode),
@@ -409,5 +410,6 @@ def rows_for(library: str, addresses: tuple = ()) -> list[UprobeRow]:
     if library == RUNTIME_LAUNCHES:
         return list(RUNTIME_LAUNCH_PROBES)
     if library == RUNTIME_LEARNERS:
-        return [UprobeRow(RUNTIME, r.symbol, LEARNERS[r.entry]) for r in RUNTIME_LAUNCH_PROBES]
+        return [UprobeRow(RUNTIME, r.symbol, LEARNERS[r.entry]) for r in RUNTIME_LAUNCH_PROBES
+                if r.entry in LEARNERS]
     return [r for r in CUDA_PROBES if r.library == library]

@@ -281,3 +281,35 @@ def test_the_collector_detaches_the_runtime_probes_and_brings_them_back(tmp_path
     runtime = 3 * (len(learning) + 2 * len(relearn))  # both probes ran: the driver's dropped its pass
     driver = 3 * (len(alone) + 2 * len(new) + 2 * len(after))
     assert counted.get("driver_launches_deduped") == runtime and counted.get("driver_launches_as_runtime") == driver
+
+
+def test_graph_launches_through_the_driver_count_once_either_way(probes, tmp_path):
+    """cudaGraphLaunch reaching cuGraphLaunch (the exec is the same handle for both: no
+    pairing): dropped at the driver while the runtime's probe marks the thread, counted
+    there as the cudaGraphLaunch once it is detached; a library's own cuGraphLaunch of the
+    same exec counts on its own throughout."""
+    from otel_gpu.records import GraphCall
+    from tests.bpf.test_graph_probes import CHILD as GRAPH_CHILD, EXEC, STREAM
+    drv = build_stub(tmp_path, "stub_libcuda_graphs.c", "libcuda.so.1")
+    rt = build_stub(tmp_path, "stub_cudart_graphs.c", "libcudart.so.12")
+    c = Child([sys.executable, "-c", GRAPH_CHILD, drv, rt, str(EXEC), str(STREAM)])
+    try:
+        assert probes.attach(DRIVER, drv, c.pid) >= 2
+        launches = Links(probes, RUNTIME_LAUNCHES, rt, c.pid)
+        runtime_text.write(probes.bpf["runtime_text"], c.pid,
+                           runtime_text.runtime_ranges(proc.maps("/proc", c.pid), {rt}))
+        probes.set("traced", c.pid, ct.c_uint32(1))
+        probes.set("http_active", c.pid, ct.c_int64(1))
+        deduped, as_runtime = _counter(probes, CNT_DRIVER_DEDUPED), _counter(probes, CNT_DRIVER_AS_RUNTIME)
+        gcall, cucall = call_id("cudaGraphLaunch"), call_id("cuGraphLaunch")
+        assert c.run("through") == [0] * 6
+        launches.detach()
+        assert c.run("through") == [0] * 6
+        got = [(r.call, r.graph_exec, r.stream) for r in probes.of(c.pid) if isinstance(r, GraphCall)]
+        assert got == [(gcall, EXEC, STREAM), (cucall, EXEC, STREAM)] * 6
+        assert _counter(probes, CNT_DRIVER_DEDUPED) == deduped + 3
+        assert _counter(probes, CNT_DRIVER_AS_RUNTIME) == as_runtime + 3
+    finally:
+        c.stop()
+        for table in ("runtime_text", "http_active", "traced"):
+            probes.unset(table, c.pid)
