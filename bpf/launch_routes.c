@@ -4,9 +4,9 @@
  * needed and detached after (otel_gpu/probes/launch_routes.py); the driver's probe
  * (cuda_probes.c) then counts the launch in the runtime's name, exactly, by these rules:
  *
- * - Every run of a runtime launch probe marks its thread (`launch_marks`, a byte per
- *   thread id: an inlined array store). Every driver launch probe takes its thread's
- *   mark first thing, so a mark never outlives the launch that made it, wherever the
+ * - Every run of a runtime launch probe marks its thread (`launch_marks`, a bit per
+ *   thread id in an inlined array). Every driver launch probe takes its thread's mark
+ *   first thing, so a mark never outlives the launch that made it, wherever the
  *   launch ends.
  * - A driver launch called from the runtime's code (`runtime_text`: its return address
  *   lies in a libcudart mapping the scan found) with the mark: the runtime's probe has
@@ -40,9 +40,12 @@ struct runtime_text {
 };
 BPF_HASH(runtime_text, u32, struct runtime_text, MAX_PROCS);
 
-/* A byte per thread id, for the ids pid_max allowed at start (PID_WORDS * 32; ids past it
- * have no mark and their driver launches from the runtime are dropped as before). */
-BPF_ARRAY(launch_marks, u8, PID_WORDS * 32);
+/* A bit per thread id, for the ids pid_max allowed at start (PID_WORDS * 32; ids past it
+ * have no mark and their driver launches from the runtime are dropped as before): 512 KB
+ * at the largest pid_max. A word holds 64 threads' bits: set and cleared atomically, and
+ * only when they change (a runtime launch whose mark no driver takes, as where no driver
+ * exists, reads its word and writes nothing). */
+BPF_ARRAY(launch_marks, u64, (PID_WORDS + 1) / 2);
 
 struct launch_pair_key {
     u32 tgid;
@@ -65,22 +68,24 @@ enum driver_route { DRIVER_OWN, DRIVER_DROP, DRIVER_AS_RUNTIME };
 /* A runtime launch probe's first act. */
 static __always_inline void launch_mark(u64 id)
 {
-    u32 tid = (u32)id;
-    u8 *m = launch_marks.lookup(&tid);
-    if (m)
-        *m = 1;
+    u32 tid = (u32)id, word = tid >> 6;
+    u64 bit = 1ULL << (tid & 63);
+    u64 *m = launch_marks.lookup(&word);
+    if (m && !(*m & bit))
+        __sync_fetch_and_or(m, bit);
 }
 
 /* A driver launch probe's first act: 1 marked (and cleared), 0 not, -1 no mark kept. */
 static __always_inline int launch_mark_take(u64 id)
 {
-    u32 tid = (u32)id;
-    u8 *m = launch_marks.lookup(&tid);
+    u32 tid = (u32)id, word = tid >> 6;
+    u64 bit = 1ULL << (tid & 63);
+    u64 *m = launch_marks.lookup(&word);
     if (!m)
         return -1;
-    if (!*m)
+    if (!(*m & bit))
         return 0;
-    *m = 0;
+    __sync_fetch_and_and(m, ~bit);
     return 1;
 }
 
