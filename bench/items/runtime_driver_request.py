@@ -86,6 +86,7 @@ def _at_driver(col: Collector):
                 col.not_at_driver += 1
                 return
             loop.warm(1000)
+        loop.warm(1000)  # the runtime probes' links close in the background (probes/closer.py)
     return wait
 
 
