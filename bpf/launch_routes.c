@@ -27,7 +27,8 @@
  * probe that takes a mark pairs its handle with it (`launch_pairs`). A launch counted at
  * the driver carries its paired func, or its handle where none is paired yet (user
  * space names it from what the handle probes learned, and attaches the runtime probes
- * again: `launch_routes` counts both per process). */
+ * again: `launch_routes` counts pairs, unpaired launches and the learners' runs per
+ * process). */
 #include "maps.h"
 
 /* Exact runtime/driver de-duplication: per process, the executable mappings of its CUDA
@@ -60,6 +61,7 @@ BPF_TABLE("lru_hash", u32, u64, launch_funcs, 4096);
 struct launch_route {
     u64 paired;    /* handle and func pairs learned */
     u64 unpaired;  /* launches counted at the driver whose handle had no pair */
+    u64 kept;      /* funcs the learners kept: launches seen while learning */
 };
 BPF_F_TABLE("hash", u32, struct launch_route, launch_routes, MAX_PROCS, BY_NEED);
 
@@ -91,8 +93,11 @@ static __always_inline int launch_mark_take(u64 id)
 
 static __always_inline struct launch_route *route_of(u32 tgid)
 {
+    struct launch_route *r = launch_routes.lookup(&tgid);
+    if (r)
+        return r;
     struct launch_route zero = {};
-    launch_routes.insert(&tgid, &zero); /* fails when it exists: then the lookup finds it */
+    launch_routes.insert(&tgid, &zero); /* fails when another CPU made it meanwhile */
     return launch_routes.lookup(&tgid);
 }
 
@@ -170,8 +175,12 @@ static __always_inline int driver_route(struct pt_regs *ctx, u64 id, int marked,
  * learned. cudaLaunchKernel(func, ...) and cudaLaunchKernelExC(config, func, args). */
 static __always_inline int launch_func_keep(u64 func)
 {
-    u32 tid = (u32)bpf_get_current_pid_tgid();
+    u64 id = bpf_get_current_pid_tgid();
+    u32 tid = (u32)id;
     launch_funcs.update(&tid, &func);
+    struct launch_route *r = route_of(id >> 32);
+    if (r)
+        __sync_fetch_and_add(&r->kept, 1);
     return 0;
 }
 int runtime_launch_learn(struct pt_regs *ctx) { return launch_func_keep(PT_REGS_PARM1(ctx)); }

@@ -18,7 +18,9 @@ probe in the runtime's name once the runtime's are gone; this module decides whe
   they saw it, and brings the process's runtime probes back to learn it; `stable_s`
   doubles each time, up to STABLE_MAX_S.
 - A process that maps no driver keeps its runtime launch probes: its launches reach no
-  driver probe."""
+  driver probe. So does one whose learners kept UNREACHED_LAUNCHES funcs with no pair
+  made: its runtime's launches do not reach the driver's probed entries (its learners go,
+  and its runtime probes count its launches as elsewhere)."""
 from __future__ import annotations
 
 import ctypes as ct
@@ -33,18 +35,19 @@ log = logging.getLogger(__name__)
 
 STABLE_S = 2.0       # no new pair this long (one at least): the runtime's launch probes go
 STABLE_MAX_S = 60.0  # the wait doubles at each return of the probes, up to this
+UNREACHED_LAUNCHES = 10_000  # launches learnt from with no pair made: the driver's probe never sees them
 
 
 @dataclass
 class _Process:
     runtimes: list        # its routed runtime files (ProbeTargets of kind RUNTIME)
-    driver: bool          # it maps the driver: its runtime launches reach the driver's probe
+    driver: bool          # it maps the driver (and its runtime's launches are not known to miss it)
     since: float          # when its pairs last changed, or its learning started
     attached: bool = True  # its runtime launch probes (and, with the driver, learners)
     paired: int = 0        # launch_routes' counts when last read
     unpaired: int = 0
     stable_s: float = STABLE_S
-    detaches: int = 0
+    unreached: bool = False  # its runtime's launches never reached the driver's probe
 
 
 @dataclass
@@ -82,9 +85,9 @@ class LaunchRoutes:
         p = self.processes.get(pid)
         if p is None:
             p = self.processes[pid] = _Process(runtimes, driver, self.clock())
-        elif driver and not p.driver:
+        elif driver and not p.driver and not p.unreached:
             p.since = self.clock()  # its learning starts now
-        p.runtimes, p.driver = runtimes, driver
+        p.runtimes, p.driver = runtimes, driver and not p.unreached
         return self._attach(pid, p) if p.attached else 0
 
     def review(self) -> None:
@@ -95,12 +98,18 @@ class LaunchRoutes:
             if not p.driver:
                 continue
             r = self.table.get(ct.c_uint32(pid))
-            paired, unpaired = (r.paired, r.unpaired) if r is not None else (0, 0)
+            paired, unpaired, kept = (r.paired, r.unpaired, r.kept) if r is not None else (0, 0, 0)
+            if not paired and kept >= UNREACHED_LAUNCHES:
+                p.driver, p.unreached = False, True
+                n = sum(self.attacher.detach_target(_part(t, RUNTIME_LEARNERS).key, pid) for t in p.runtimes)
+                log.info("pid %d: %d runtime launches and none reached the driver's probed entries: its runtime "
+                         "launch probes count them (%d learners detached)", pid, kept, n)
+                continue
             if paired != p.paired:
                 p.paired, p.since = paired, now
             if p.attached and paired and now - p.since >= p.stable_s:
                 n = self._detach(pid, p)
-                p.attached, p.detaches = False, p.detaches + 1
+                p.attached = False
                 log.info("pid %d: its runtime launches are counted at the driver from now on (%d kernel handles "
                          "paired; %d runtime probes detached)", pid, paired, n)
             elif not p.attached and unpaired != p.unpaired:

@@ -142,6 +142,7 @@ def test_learned_then_counted_at_the_driver_alone(probes, child, bpf_stats):
     pairs = _pairs(probes, child.pid)
     assert list(pairs.values()) == [F] and F not in pairs, pairs  # the stand-in's own handle, paired
     assert _route(probes, child.pid) == (1, 0)
+    assert probes.bpf["launch_routes"][ct.c_uint32(child.pid)].kept == 4  # the learners' runs
 
     # The runtime's launch probes and learners go: the driver's probe counts each launch
     # in the runtime's name, with the paired func and the runtime's dims, one run each.

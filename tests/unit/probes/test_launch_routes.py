@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 from otel_gpu.cuda_calls import DRIVER, RUNTIME, RUNTIME_CALLS, RUNTIME_LAUNCHES, RUNTIME_LEARNERS
 from otel_gpu.probes.discovery import ProbeTarget
-from otel_gpu.probes.launch_routes import STABLE_MAX_S, STABLE_S, LaunchRoutes
+from otel_gpu.probes.launch_routes import STABLE_MAX_S, STABLE_S, UNREACHED_LAUNCHES, LaunchRoutes
 
 CUDART = ProbeTarget(RUNTIME, "/lib/libcudart.so.12", (1, 10))
 LIBCUDA = ProbeTarget(DRIVER, "/lib/libcuda.so.1", (1, 20))
@@ -39,8 +39,8 @@ class Table(dict):
     def get(self, key):
         return dict.get(self, key.value)
 
-    def counts(self, pid, paired, unpaired=0):
-        self[pid] = SimpleNamespace(paired=paired, unpaired=unpaired)
+    def counts(self, pid, paired, unpaired=0, kept=0):
+        self[pid] = SimpleNamespace(paired=paired, unpaired=unpaired, kept=kept)
 
 
 def routes(now):
@@ -122,6 +122,26 @@ def test_a_process_without_the_driver_keeps_its_runtime_probes_and_learns_nothin
     assert attacher.kinds(PID) == [RUNTIME_LAUNCHES]
     assert r.see(PID, [CUDART, LIBCUDA]) == 4  # it loaded the driver: its learners come
     assert attacher.kinds(PID) == [RUNTIME_LAUNCHES, RUNTIME_LEARNERS]
+
+
+def test_runtime_launches_that_never_reach_the_driver_keep_the_runtime_probes_without_learners():
+    """Where the runtime reaches the driver by an entry no probe is on (nothing pairs),
+    learning would cost a learner run a launch for ever: after UNREACHED_LAUNCHES the
+    learners go, the runtime probes stay, and no later scan brings the learners back."""
+    now = [0.0]
+    r, attacher, table = routes(now)
+    r.saw([LIBCUDA])
+    r.see(PID, [CUDART, LIBCUDA])
+    table.counts(PID, paired=0, kept=UNREACHED_LAUNCHES - 1)
+    r.review()
+    assert attacher.kinds(PID) == [RUNTIME_LAUNCHES, RUNTIME_LEARNERS]
+    table.counts(PID, paired=0, kept=UNREACHED_LAUNCHES)
+    r.review()
+    assert attacher.kinds(PID) == [RUNTIME_LAUNCHES]
+    assert r.see(PID, [CUDART, LIBCUDA]) == 0 and attacher.kinds(PID) == [RUNTIME_LAUNCHES]
+    now[0] += STABLE_MAX_S
+    r.review()
+    assert attacher.kinds(PID) == [RUNTIME_LAUNCHES] and r.state() == {"at_driver": 0, "at_runtime": 1}
 
 
 def test_forget():
