@@ -100,7 +100,7 @@ class BpfProgram:
                                           counted=lambda: self.kernel_counters.total("aggregated"))
         self.connections = ConnectionTable(self.bpf)
         self.attacher = Attacher(self.bpf, stats, uprobes=uprobe_links.choose(self.bpf, options.uprobe_links))
-        self.launch_routes = LaunchRoutes(self.attacher, self.bpf["launch_routes"])
+        self.launch_routes = LaunchRoutes(self.attacher, self.bpf["launch_routes"], self.bpf["launch_pairs"])
         self._runtime_text: dict = {}  # pid -> its runtime code ranges, as written to `runtime_text`
         self._py_threads: dict = {}  # pid -> {thread: state} as written to `py_threads`
         self._verdict_gens = itertools.count(1)  # next() is atomic: callers on several threads
@@ -161,16 +161,6 @@ class BpfProgram:
             self.stats.add("requests_summarised", sum(c for s in summaries for c, _ in s.buckets))
         rollups = self.rollups.read(time.monotonic_ns()) + summaries
         return self.aggregates.merge([], final=True) + rollups if final else rollups
-
-    def _forget_launch_pairs(self, tgids: set) -> None:
-        """Their kernels' handle pairs (bpf/launch_routes.c): a pid used again must not
-        name its launches by them."""
-        table = self.bpf["launch_pairs"]
-        for k in [k for k in table.keys() if k.tgid in tgids]:
-            try:
-                del table[k]
-            except KeyError:
-                pass
 
     def counters(self) -> dict[str, int]:
         return self.kernel_counters.read()
@@ -358,8 +348,7 @@ class BpfProgram:
         self.rollups.forget(tgids)
         for tgid in tgids:
             self._runtime_text.pop(tgid, None)
-            self.launch_routes.forget(tgid)  # one at the driver has no probe of its own left
-        self._forget_launch_pairs(tgids)
+        self.launch_routes.exited(tgids)
         self.aggregates.forget(tgids)
         self._late_summaries += self.summaries.read()
         self.summaries.forget(tgids)

@@ -53,7 +53,8 @@ class _Process:
 @dataclass
 class LaunchRoutes:
     attacher: object          # probes/attacher.py Attacher
-    table: object             # the kernel's `launch_routes` (pid -> paired, unpaired)
+    table: object             # the kernel's `launch_routes` (pid -> paired, unpaired, kept)
+    pairs: object = None      # the kernel's `launch_pairs` ((pid, handle) -> func)
     clock: Callable[[], float] = time.monotonic
     driver_seen: bool = False
     files: dict = field(default_factory=dict)       # runtime file key -> routed, decided at first sight
@@ -122,6 +123,17 @@ class LaunchRoutes:
     def forget(self, pid: int) -> None:
         """pid's probes were detached with the rest of its own (it exited, or left)."""
         self.processes.pop(pid, None)
+
+    def exited(self, pids: set) -> None:
+        """Processes gone (their last records read): their entries, and their kernels'
+        pairs, which must not name the launches of a process given the same pid."""
+        for pid in pids:
+            self.forget(pid)  # one at the driver has no probe of its own for detach() to forget
+        for k in [k for k in self.pairs.keys() if k.tgid in pids] if self.pairs is not None else ():
+            try:
+                del self.pairs[k]
+            except KeyError:
+                pass
 
     def state(self) -> dict:
         """For `otel-gpu status`: processes counting their runtime launches at the driver,

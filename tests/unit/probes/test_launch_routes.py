@@ -144,10 +144,20 @@ def test_runtime_launches_that_never_reach_the_driver_keep_the_runtime_probes_wi
     assert attacher.kinds(PID) == [RUNTIME_LAUNCHES] and r.state() == {"at_driver": 0, "at_runtime": 1}
 
 
-def test_forget():
+def test_an_exited_process_leaves_no_entry_and_no_pair():
+    """A pid given to a new process must not name its launches by the old one's pairs."""
+    from collections import namedtuple
+    Key = namedtuple("Key", "tgid handle")
     now = [0.0]
-    r, attacher, _ = routes(now)
+    r, attacher, table = routes(now)
+    r.pairs = {Key(PID, 0xA0): 0x7000, Key(PID, 0xB0): 0x7100, Key(PID + 1, 0xA0): 0x7000}
     r.saw([LIBCUDA])
     r.see(PID, [CUDART, LIBCUDA])
-    r.forget(PID)
+    table.counts(PID, paired=2)
+    r.review()
+    now[0] += STABLE_S
+    r.review()  # at the driver alone: no probe of its own left
+    assert r.state() == {"at_driver": 1, "at_runtime": 0}
+    r.exited({PID})
     assert r.state() == {"at_driver": 0, "at_runtime": 0}
+    assert r.pairs == {Key(PID + 1, 0xA0): 0x7000}
