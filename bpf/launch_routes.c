@@ -57,6 +57,10 @@ struct launch_pair_key {
 BPF_TABLE("lru_hash", struct launch_pair_key, u64, launch_pairs, 16384);
 /* Thread id -> the func of its runtime launch in flight, kept only by the learner programs. */
 BPF_TABLE("lru_hash", u32, u64, launch_funcs, 4096);
+/* Processes whose learners are attached (written by user space before it attaches them,
+ * deleted before it detaches them): a func kept by a learner run that no driver pass took
+ * (a launch that failed first) is never paired once they go. */
+BPF_HASH(launch_learning, u32, u8, MAX_PROCS);
 
 struct launch_route {
     u64 paired;    /* handle and func pairs learned */
@@ -104,7 +108,9 @@ static __always_inline struct launch_route *route_of(u32 tgid)
 /* The learner's func for this thread's launch, paired with the driver's handle. */
 static __always_inline void launch_pair_learn(u64 id, u64 handle)
 {
-    u32 tid = (u32)id;
+    u32 tid = (u32)id, tgid = id >> 32;
+    if (!launch_learning.lookup(&tgid))
+        return;
     u64 *func = launch_funcs.lookup(&tid);
     if (!func)
         return;

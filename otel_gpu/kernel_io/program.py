@@ -31,7 +31,7 @@ log = logging.getLogger(__name__)
 # Maps keyed by tgid, and maps keyed by pid_tgid (tgid in the high 32 bits) or by a
 # struct with a tgid field: every entry of an exited process goes.
 _BY_TGID = ("traced", "http_active", "http_seq", "py_procs", "go_procs", "runtime_text", "capture_procs",
-            "quiet_procs", "conn_shares", "req_summaries", "launch_routes")
+            "quiet_procs", "conn_shares", "req_summaries", "launch_routes", "launch_learning")
 _BY_PID_TGID = ("in_call", "reading", "writing", "accepting", "py_tstate", "tls_calls", "tls_last_read",
                 "counted_threads")
 _STATE_TABLES = ("traced", "http_active", "conns", "rollup", "req_agg", "in_call", "py_procs", "py_tstate",
@@ -100,7 +100,8 @@ class BpfProgram:
                                           counted=lambda: self.kernel_counters.total("aggregated"))
         self.connections = ConnectionTable(self.bpf)
         self.attacher = Attacher(self.bpf, stats, uprobes=uprobe_links.choose(self.bpf, options.uprobe_links))
-        self.launch_routes = LaunchRoutes(self.attacher, self.bpf["launch_routes"], self.bpf["launch_pairs"])
+        self.launch_routes = LaunchRoutes(self.attacher, self.bpf["launch_routes"], self.bpf["launch_pairs"],
+                                          self.bpf["launch_learning"])
         self._runtime_text: dict = {}  # pid -> its runtime code ranges, as written to `runtime_text`
         self._py_threads: dict = {}  # pid -> {thread: state} as written to `py_threads`
         self._verdict_gens = itertools.count(1)  # next() is atomic: callers on several threads

@@ -55,6 +55,7 @@ class LaunchRoutes:
     attacher: object          # probes/attacher.py Attacher
     table: object             # the kernel's `launch_routes` (pid -> paired, unpaired, kept)
     pairs: object = None      # the kernel's `launch_pairs` ((pid, handle) -> func)
+    learning: object = None   # the kernel's `launch_learning` (pid -> 1 while its learners are attached)
     clock: Callable[[], float] = time.monotonic
     driver_seen: bool = False
     files: dict = field(default_factory=dict)       # runtime file key -> routed, decided at first sight
@@ -102,6 +103,7 @@ class LaunchRoutes:
             paired, unpaired, kept = (r.paired, r.unpaired, r.kept) if r is not None else (0, 0, 0)
             if not paired and kept >= UNREACHED_LAUNCHES:
                 p.driver, p.unreached = False, True
+                self._learn(pid, False)
                 n = sum(self.attacher.detach_target(_part(t, RUNTIME_LEARNERS).key, pid) for t in p.runtimes)
                 log.info("pid %d: %d runtime launches and none reached the driver's probed entries: its runtime "
                          "launch probes count them (%d learners detached)", pid, kept, n)
@@ -143,6 +145,8 @@ class LaunchRoutes:
 
     def _attach(self, pid: int, p: _Process) -> int:
         n = 0
+        if p.driver:
+            self._learn(pid, True)
         for t in p.runtimes:
             # Learners first: a launch their program missed is only a pair not learned.
             for kind in (RUNTIME_LEARNERS,) * p.driver + (RUNTIME_LAUNCHES,):
@@ -150,8 +154,20 @@ class LaunchRoutes:
         return n
 
     def _detach(self, pid: int, p: _Process) -> int:
+        self._learn(pid, False)
         return sum(self.attacher.detach_target(_part(t, kind).key, pid)
                    for t in p.runtimes for kind in (RUNTIME_LAUNCHES, RUNTIME_LEARNERS))
+
+    def _learn(self, pid: int, on: bool) -> None:
+        """pid's `launch_learning` entry: set before its learners attach, gone before they
+        detach (bpf/launch_routes.c)."""
+        if self.learning is None:
+            return
+        key = ct.c_uint32(pid)
+        if on:
+            self.learning[key] = ct.c_uint8(1)
+        else:
+            self.learning.pop(key, None)
 
 
 def _part(target, kind: str):

@@ -53,14 +53,21 @@ F, G = 0x7000, 0x7100  # two host stubs (never called: the stand-in launches not
 
 
 class Links:
-    """One kind of row of one file, for one process: attached, and detached at will."""
+    """One kind of row of one file, for one process: attached, and detached at will. The
+    learners go with the process's `launch_learning` entry, as user space keeps it
+    (probes/launch_routes.py): set before they attach, gone before they detach."""
 
     def __init__(self, probes: Probes, kind: str, path: str, pid: int) -> None:
+        self.learning = (kind == RUNTIME_LEARNERS) and pid
+        if self.learning:
+            probes.set("launch_learning", pid, ct.c_uint8(1))
         before = len(probes.handles)
         assert probes.attach(kind, path, pid) >= 2, kind
         self.handles, self.probes = probes.handles[before:], probes
 
     def detach(self) -> None:
+        if self.learning:
+            self.probes.unset("launch_learning", self.learning)
         closer = ProbeCloser(self.probes.bpf, Stats())
         closer.detach_all(self.handles)
         assert closer.wait(60)
@@ -83,7 +90,7 @@ def child(probes, tmp_path):
     probes.set("traced", c.pid, ct.c_uint32(1))
     yield c
     c.stop()
-    for table in ("runtime_text", "http_active", "traced", "launch_routes"):
+    for table in ("runtime_text", "http_active", "traced", "launch_routes", "launch_learning"):
         probes.unset(table, c.pid)
 
 
@@ -164,6 +171,21 @@ def test_learned_then_counted_at_the_driver_alone(probes, child, bpf_stats):
     assert [(n, grid) for n, _, grid in got] == [(RT, (11, 2, 1))] * 2
     assert len({func for _, func, _ in got}) == 1 and got[0][1] not in (F, G, *pairs)
     assert _route(probes, child.pid) == (1, 2)
+
+
+def test_no_pair_is_made_once_the_learners_go(probes, child):
+    """A func a learner kept for a launch that never reached the driver (it failed first),
+    then the learners gone before the runtime's probe: the next marked pass pairs nothing
+    (`launch_learning` is gone), where it would have paired its handle with the stale func."""
+    probes.set("http_active", child.pid, ct.c_int64(1))
+    tid_func = probes.bpf["launch_funcs"]
+    child.learners.detach()  # learning off, as user space does before they detach
+    child.run(f"launches {F} 1 5")  # marked by the runtime's probe; no learner ran
+    tid = next(iter(probes.of(child.pid))).tid
+    tid_func[ct.c_uint32(tid)] = ct.c_uint64(G)  # a stale func, as a failed launch leaves
+    child.run(f"launches {F} 2 6")
+    assert _pairs(probes, child.pid) == {} and _route(probes, child.pid) == (0, 0)
+    assert [(n, func) for n, func, _ in _launches(probes, child.pid)] == [(RT, F)] * 3
 
 
 def test_counted_outside_requests_too(probes, child):
