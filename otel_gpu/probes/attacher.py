@@ -224,7 +224,7 @@ class Attacher:
         return {pid for _, pid in self.attached if pid is not None and pid != LOAD_PROBE}
 
     def files(self) -> int:
-        return len({key for key, pid in self.attached if pid != LOAD_PROBE})
+        return len({key[:2] for key, pid in self.attached if pid != LOAD_PROBE})  # (st_dev, st_ino): a file's parts once
 
     def detach(self, pid: int) -> int:
         """Detaches process `pid`'s own probes (it exited, or is no longer selected);
