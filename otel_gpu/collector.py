@@ -170,13 +170,13 @@ class Collector:
             self._trace(pid)
             self._follows.pop(pid, None)  # trace() reset it
         late = set()  # new processes whose CUDA probes attach only now
+        for pid, targets in found.by_pid.items():  # a routed runtime's launches: before its other calls
+            if routes.see(pid, targets):
+                late |= {pid} & new
         for pid, target in wanted:
             if target.kind not in optional and self.program.attach(target, pid) and target.kind in CALL_LIBRARIES:
                 late |= {pid} & new if pid is not None else \
                     {p for p in new if any(t.key == target.key for t in found.by_pid.get(p, ()))}
-        for pid, targets in found.by_pid.items():
-            if routes.see(pid, targets):
-                late |= {pid} & new
         probes_from_ns = time.monotonic_ns()  # the BPF clock: their calls before this were not seen
         for pid, target in wanted:  # the interpreter and Go runtime probes: after the CUDA ones
             if target.kind in optional and optional[target.kind]:
