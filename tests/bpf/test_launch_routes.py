@@ -10,17 +10,21 @@ from __future__ import annotations
 
 import ctypes as ct
 import sys
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from bench import bpfstats
 from otel_gpu import proc
 from otel_gpu.cuda_calls import DRIVER, RUNTIME_LAUNCHES, RUNTIME_LEARNERS, call_id
 from otel_gpu.kernel_io.abi import CNT_DRIVER_AS_RUNTIME, CNT_DRIVER_DEDUPED
 from otel_gpu.probes import runtime_text
 from otel_gpu.probes.closer import ProbeCloser
 from otel_gpu.ratelimit import Stats
-from otel_gpu.records import LaunchCall
+from otel_gpu.records import GraphCall, LaunchCall
 from tests.bpf.probe_harness import Child, Probes, build_stub
+from tests.bpf.test_graph_probes import CHILD as GRAPH_CHILD, EXEC, STREAM
+from tests.harness import TARGETS, Target, children_of, server_spans
 
 # Each call's launches carry the kernel (func), grid and block the test chose, so a launch
 # counted under another's func or dims fails.
@@ -127,13 +131,8 @@ def _runs(probes: Probes) -> dict:
 
 @pytest.fixture
 def bpf_stats():
-    path = "/proc/sys/kernel/bpf_stats_enabled"
-    old = open(path).read().strip()
-    with open(path, "w") as f:
-        f.write("1")
-    yield
-    with open(path, "w") as f:
-        f.write(old)
+    with bpfstats.enabled():  # kernel.bpf_stats_enabled: the programs' run counts
+        yield
 
 
 RT, EXC, CU = "cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel"
@@ -242,7 +241,6 @@ def _order(launch: tuple) -> tuple:
 
 
 def _children(receiver, pid: int, request_id: int) -> list:
-    from tests.harness import children_of, server_spans
     span = next(s for s in server_spans(receiver.spans, pid) if s.attributes.get("url.path", "").split("/")[2:3]
                 == [str(request_id)])
     return sorted(((k.name, k.attributes.get("gpu.kernel.name"), tuple(k.attributes["gpu.grid"]))
@@ -251,9 +249,6 @@ def _children(receiver, pid: int, request_id: int) -> list:
 
 def _serve(target, receiver, plan: dict) -> None:
     """Requests {id: kernels} from 8 clients at once; waits for every span."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    from tests.harness import server_spans
     with ThreadPoolExecutor(8) as pool:
         list(pool.map(lambda i: target.get(f"/launch/{i}/{plan[i]}"), plan))
     assert receiver.wait_for(lambda spans: {s.attributes.get("url.path") for s in server_spans(spans, target.pid)}
@@ -265,13 +260,11 @@ def test_the_collector_detaches_the_runtime_probes_and_brings_them_back(tmp_path
     the driver's probe counts alone, then for a kernel first launched after, and once that
     one is learned: every span's launches are its own (its id in the grid), named, counted
     once; the kernel counters say which probe counted each."""
-    from tests.harness import Target
     libcuda = build_stub(tmp_path, "stub_libcuda.c", "libcuda.so.1")
     link = [f"-L{tmp_path}", "-l:libcuda.so.1", f"-Wl,-rpath,{tmp_path}"]
     env = {"STUB_LIBCUDA": libcuda,
            "STUB_CUDART": build_stub(tmp_path, "stub_cudart_driver.c", "libcudart.so.12", *link)}
-    from pathlib import Path
-    target = Target([sys.executable, str(Path(__file__).parent / "targets" / "routed_http.py")], env)
+    target = Target([sys.executable, str(TARGETS / "routed_http.py")], env)
     try:
         collector = start_collector()
         collector.wait_traced(target.pid)
@@ -311,8 +304,6 @@ def test_graph_launches_through_the_driver_count_once_either_way(probes, tmp_pat
     pairing): dropped at the driver while the runtime's probe marks the thread, counted
     there as the cudaGraphLaunch once it is detached; a library's own cuGraphLaunch of the
     same exec counts on its own throughout."""
-    from otel_gpu.records import GraphCall
-    from tests.bpf.test_graph_probes import CHILD as GRAPH_CHILD, EXEC, STREAM
     drv = build_stub(tmp_path, "stub_libcuda_graphs.c", "libcuda.so.1")
     rt = build_stub(tmp_path, "stub_cudart_graphs.c", "libcudart.so.12")
     c = Child([sys.executable, "-c", GRAPH_CHILD, drv, rt, str(EXEC), str(STREAM)])
