@@ -22,7 +22,8 @@ def state(pid: int, written_at: float, **extra) -> dict:
             "started_at": written_at - 75, "written_at": written_at, "uptime_s": 75, "interval_s": 2.0,
             "processes": {"count": 1, "listed": [{"pid": 4242, "name": "uvicorn", "role": "cuda"}]},
             "probes": {"tracepoints": 22, "files": 1, "attached": {"cudaLaunchKernel": 1},
-                       "failed": {"cudaMalloc": 1}, "single_stepped": {"SSL_free": ["/lib/libssl.so.3"]}},
+                       "failed": {"cudaMalloc": 1}, "single_stepped": {"SSL_free": ["/lib/libssl.so.3"]},
+                       "launch_routes": {"at_driver": 3, "at_runtime": 1}},
             "kernel_maps": {"mb": 45.7, "cpus": 2, "node_cpus": 224, "node_mb": 54.2, "node_full_mb": 86.7,
                             "largest": {"events": 8.4}},
             "requests": {"finished": 1234, "per_second": 12.5},
@@ -48,6 +49,8 @@ def test_running_collector_text(tmp_path):
     assert "4242  uvicorn" in text
     assert "cudaLaunchKernel 1" in text and "FAILED to attach: cudaMalloc 1" in text
     assert "single-stepped by x86 (~10 us a call on VMs" in text and text.rstrip().count("SSL_free") == 1
+    assert "runtime launches of 3 processes counted at the driver alone (one probe a launch), of 1 at the " \
+           "runtime's probe" in text
     assert "kernel memory (BPF maps): 45.7 MB on 2 CPUs; at 224 CPUs 54.2 MB, 86.7 MB with every table" in text
     assert "requests: 1234 finished, 12.5/s" in text
     assert "drops and errors (counters): http_parse_errors 3" in text  # work counters are not drops
