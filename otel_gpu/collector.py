@@ -293,6 +293,7 @@ class Collector:
             read_ns = time.monotonic_ns()  # the records made before this were read (unless the batch was full)
             self._push(batch)
             self._settle()
+            self.program.launch_routes.confirm_detached()
             now = time.monotonic()
             if now >= next_scan:
                 self._scan()

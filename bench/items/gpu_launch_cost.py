@@ -40,6 +40,7 @@ LAUNCHES, DECODE_STEPS, REPS = 20_000, 200, 3
 PHASES = (("untraced", None), ("traced", ()), ("no contexts", ("--no-python-context",)))
 AT_DRIVER_WAIT_S = 10.0
 AT_DRIVER: list = []  # per traced phase: whether its timed requests ran with the driver's probe alone
+# (not where the runtime's launches never reach the driver's probed entries: both probes stay)
 
 
 def _seconds(svc: Service, path: str) -> float:
@@ -57,8 +58,9 @@ def _phase(svc: Service, rx, args, settle_s: float = 0.0):
             col.wait_traced(svc.pid)
             time.sleep(settle_s)
         _seconds(svc, f"/launches/{LAUNCHES // 10}")
-        if col is not None:
-            AT_DRIVER.append(_until_at_driver(svc, col))
+        if col is not None:  # probes/launch_routes.py: kernels paired, then stable
+            AT_DRIVER.append(col.until_at_driver(svc.pid, AT_DRIVER_WAIT_S,
+                                                 lambda: _seconds(svc, f"/launches/{LAUNCHES // 10}")))
         yield col
     finally:
         if col is not None:
@@ -86,20 +88,6 @@ def _device_clock(rounds: int, rx, base: float) -> dict | str:
     finally:
         svc.stop()
     return {name: (statistics.median(t) - base) / LAUNCHES * 1e6 for name, t in times.items()}
-
-
-def _until_at_driver(svc: Service, col) -> bool:
-    """Untimed requests until the collector counts the service's runtime launches at the
-    driver alone (probes/launch_routes.py: kernels paired, then stable), AT_DRIVER_WAIT_S at
-    most; whether it got there (not where the runtime's launches never reach the driver's
-    probed entries: then both probes stay)."""
-    deadline = time.monotonic() + AT_DRIVER_WAIT_S
-    line = f"pid {svc.pid}: its runtime launches are counted at the driver"
-    while not col.log.wait_for(line, 0.5):
-        if time.monotonic() > deadline:
-            return False
-        _seconds(svc, f"/launches/{LAUNCHES // 10}")
-    return True
 
 
 def _program_runs(svc: Service, rx) -> dict:

@@ -79,13 +79,9 @@ def _at_driver(col: Collector):
     seconds. Counts a loop that never gets there (then its launches run both probes)."""
     def wait(loop) -> None:
         col.wait_traced(loop.pid)
-        deadline = time.monotonic() + AT_DRIVER_WAIT_S
-        line = f"pid {loop.pid}: its runtime launches are counted at the driver"
-        while not col.log.wait_for(line, 0.2):
-            if time.monotonic() > deadline:
-                col.not_at_driver += 1
-                return
-            loop.warm(1000)
+        if not col.until_at_driver(loop.pid, AT_DRIVER_WAIT_S, lambda: loop.warm(1000)):
+            col.not_at_driver += 1
+            return
         loop.warm(1000)  # the runtime probes' links close in the background (probes/closer.py)
     return wait
 

@@ -241,6 +241,11 @@ class Attacher:
         self.probe_count -= len(a.events)
         return self._detach_events(a.events)
 
+    def links_closed(self) -> bool:
+        """Every detached link closed: their programs run no more (a perf-event uprobe
+        stops as it is detached)."""
+        return self.closer.wait_links(0)
+
     def _detach_events(self, events: list) -> int:
         return self.closer.detach(events)
 

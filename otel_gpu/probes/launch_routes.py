@@ -12,7 +12,8 @@ probe in the runtime's name once the runtime's are gone; this module decides whe
 - A process that maps a routed runtime and the driver learns its kernels' handles: the
   learners (RUNTIME_LEARNERS) run beside the runtime's launch probes. Once it has paired
   one handle at least and paired no new one for `stable_s`, its runtime launch probes and
-  learners are detached: from then on each launch is one run of the driver's probe.
+  learners are detached: once their links have closed (confirm_detached, every loop, logs
+  `at_driver_line` then), each launch is one run of the driver's probe.
 - A launch the driver counts with a handle that has no pair (a kernel first launched
   after the detach) carries the handle, named from what the handle probes learned where
   they saw it, and brings the process's runtime probes back to learn it; `stable_s`
@@ -38,6 +39,12 @@ STABLE_MAX_S = 60.0  # the wait doubles at each return of the probes, up to this
 UNREACHED_LAUNCHES = 10_000  # launches learnt from with no pair made: the driver's probe never sees them
 
 
+def at_driver_line(pid: int) -> str:
+    """The start of the line logged when pid's runtime launch probes go (the bench and the
+    tests wait for it)."""
+    return f"pid {pid}: its runtime launches are counted at the driver"
+
+
 @dataclass
 class _Process:
     runtimes: list        # its routed runtime files (ProbeTargets of kind RUNTIME)
@@ -48,6 +55,7 @@ class _Process:
     unpaired: int = 0
     stable_s: float = STABLE_S
     unreached: bool = False  # its runtime's launches never reached the driver's probe
+    closing: int = 0  # runtime probes detached whose links may still run (probes/closer.py)
 
 
 @dataclass
@@ -60,6 +68,7 @@ class LaunchRoutes:
     driver_seen: bool = False
     files: dict = field(default_factory=dict)       # runtime file key -> routed, decided at first sight
     processes: dict = field(default_factory=dict)   # pid -> _Process
+    closing: bool = False     # a process's detached links may still run: confirm_detached() looks
 
     def saw(self, targets: Iterable) -> None:
         """Files found (a scan, the well-known files): a driver among them routes every
@@ -111,16 +120,26 @@ class LaunchRoutes:
             if paired != p.paired:
                 p.paired, p.since = paired, now
             if p.attached and paired and now - p.since >= p.stable_s:
-                n = self._detach(pid, p)
-                p.attached = False
-                log.info("pid %d: its runtime launches are counted at the driver from now on (%d kernel handles "
-                         "paired; %d runtime probes detached)", pid, paired, n)
+                p.attached, p.closing = False, self._detach(pid, p)
+                self.closing = True
             elif not p.attached and unpaired != p.unpaired:
-                p.attached, p.since = True, now
+                p.attached, p.since, p.closing = True, now, 0
                 p.stable_s = min(STABLE_MAX_S, p.stable_s * 2)
                 log.info("pid %d: a kernel launched with no paired handle: its runtime launch probes are back "
                          "to learn it (%d probes)", pid, self._attach(pid, p))
             p.unpaired = unpaired
+
+    def confirm_detached(self) -> None:
+        """Called every loop: once the links detached by review() have closed (their
+        programs run no more), their processes are at the driver alone, and logged so."""
+        closing = [(pid, p) for pid, p in self.processes.items() if p.closing] if self.closing else ()
+        if not closing or not self.attacher.links_closed():
+            return
+        for pid, p in closing:
+            log.info("%s from now on (%d kernel handles paired; %d runtime probes detached)",
+                     at_driver_line(pid), p.paired, p.closing)
+            p.closing = 0
+        self.closing = False
 
     def forget(self, pid: int) -> None:
         """pid's probes were detached with the rest of its own (it exited, or left)."""
@@ -140,7 +159,7 @@ class LaunchRoutes:
     def state(self) -> dict:
         """For `otel-gpu status`: processes counting their runtime launches at the driver,
         and those whose runtime launch probes are attached."""
-        at_driver = sum(1 for p in self.processes.values() if not p.attached)
+        at_driver = sum(1 for p in self.processes.values() if not p.attached and not p.closing)
         return {"at_driver": at_driver, "at_runtime": len(self.processes) - at_driver}
 
     def _attach(self, pid: int, p: _Process) -> int:

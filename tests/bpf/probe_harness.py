@@ -35,6 +35,16 @@ def build_stub(out_dir, source: str, name: str, *link: str) -> str:
     return str(out)
 
 
+def build_driver_stubs(out_dir, runtime: str) -> tuple[str, str, str]:
+    """The stand-in libcuda.so.1 (stub_libcuda.c), a stand-in libcudart named `runtime` that
+    reaches its cuLaunchKernel as the real one does on a GPU (stub_cudart_driver.c), and a
+    library launching through the driver itself, as cuBLAS does (stub_driver_library.c)."""
+    drv = build_stub(out_dir, "stub_libcuda.c", "libcuda.so.1")
+    link = [f"-L{out_dir}", "-l:libcuda.so.1", f"-Wl,-rpath,{out_dir}"]
+    return (drv, build_stub(out_dir, "stub_cudart_driver.c", runtime, *link),
+            build_stub(out_dir, "stub_driver_library.c", "libstub_blas.so", *link))
+
+
 # The start of a child script that calls the real libcudart's cudaLaunchKernel (as `rt`).
 LAUNCH_CHILD_HEAD = r'''
 import ctypes as ct, json, socket, sys

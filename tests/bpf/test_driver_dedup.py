@@ -19,7 +19,7 @@ from otel_gpu.records import LaunchCall
 from otel_gpu.probes import runtime_text
 from otel_gpu.probes.discovery import libraries_in_maps
 from otel_gpu.cuda_calls import DRIVER, RUNTIME, call_id
-from tests.bpf.probe_harness import Child, Probes, build_stub
+from tests.bpf.probe_harness import Child, Probes, build_driver_stubs
 
 # The child: the stub libcuda, a stub libcudart that reaches it, a library launching
 # through the driver itself, and the real libcudart (which never reaches a driver here).
@@ -70,10 +70,7 @@ for line in sys.stdin:
 
 @pytest.fixture
 def child(probes, tmp_path):
-    drv = build_stub(tmp_path, "stub_libcuda.c", "libcuda.so.1")
-    link = [f"-L{tmp_path}", "-l:libcuda.so.1", f"-Wl,-rpath,{tmp_path}"]
-    stub_rt = build_stub(tmp_path, "stub_cudart_driver.c", "libcudart-stub.so", *link)
-    lib = build_stub(tmp_path, "stub_driver_library.c", "libstub_blas.so", *link)
+    drv, stub_rt, lib = build_driver_stubs(tmp_path, "libcudart-stub.so")
     c = Child([sys.executable, "-c", CHILD, drv, stub_rt, lib])
     maps = proc.maps("/proc", c.pid)
     runtimes = {p for kind, p in libraries_in_maps(maps) if kind == RUNTIME}

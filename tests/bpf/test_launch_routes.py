@@ -20,9 +20,10 @@ from otel_gpu.cuda_calls import DRIVER, RUNTIME_LAUNCHES, RUNTIME_LEARNERS, call
 from otel_gpu.kernel_io.abi import CNT_DRIVER_AS_RUNTIME, CNT_DRIVER_DEDUPED
 from otel_gpu.probes import runtime_text
 from otel_gpu.probes.closer import ProbeCloser
+from otel_gpu.probes.launch_routes import at_driver_line
 from otel_gpu.ratelimit import Stats
 from otel_gpu.records import GraphCall, LaunchCall
-from tests.bpf.probe_harness import Child, Probes, build_stub
+from tests.bpf.probe_harness import Child, Probes, build_driver_stubs, build_stub
 from tests.bpf.test_graph_probes import CHILD as GRAPH_CHILD, EXEC, STREAM
 from tests.harness import TARGETS, Target, children_of, server_spans
 
@@ -80,10 +81,7 @@ class Links:
 
 @pytest.fixture
 def child(probes, tmp_path):
-    drv = build_stub(tmp_path, "stub_libcuda.c", "libcuda.so.1")
-    link = [f"-L{tmp_path}", "-l:libcuda.so.1", f"-Wl,-rpath,{tmp_path}"]
-    rt = build_stub(tmp_path, "stub_cudart_driver.c", "libcudart.so.12", *link)
-    lib = build_stub(tmp_path, "stub_driver_library.c", "libstub_blas.so", *link)
+    drv, rt, lib = build_driver_stubs(tmp_path, "libcudart.so.12")
     c = Child([sys.executable, "-c", CHILD, drv, rt, lib])
     c.runtime = rt
     assert probes.attach(DRIVER, drv, c.pid) >= 2
@@ -260,16 +258,14 @@ def test_the_collector_detaches_the_runtime_probes_and_brings_them_back(tmp_path
     the driver's probe counts alone, then for a kernel first launched after, and once that
     one is learned: every span's launches are its own (its id in the grid), named, counted
     once; the kernel counters say which probe counted each."""
-    libcuda = build_stub(tmp_path, "stub_libcuda.c", "libcuda.so.1")
-    link = [f"-L{tmp_path}", "-l:libcuda.so.1", f"-Wl,-rpath,{tmp_path}"]
-    env = {"STUB_LIBCUDA": libcuda,
-           "STUB_CUDART": build_stub(tmp_path, "stub_cudart_driver.c", "libcudart.so.12", *link)}
+    libcuda, cudart, _ = build_driver_stubs(tmp_path, "libcudart.so.12")
+    env = {"STUB_LIBCUDA": libcuda, "STUB_CUDART": cudart}
     target = Target([sys.executable, str(TARGETS / "routed_http.py")], env)
     try:
         collector = start_collector()
         collector.wait_traced(target.pid)
         target.go()
-        at_driver = f"pid {target.pid}: its runtime launches are counted at the driver from now on"
+        at_driver = at_driver_line(target.pid)
         learning = {i: "a" for i in range(1, 9)}  # vec_add learned; 3 launches a request
         _serve(target, receiver, learning)
         assert collector.log.wait_for(at_driver, 30), collector.log.lines[-20:]

@@ -67,12 +67,8 @@ def test_eager_launches_counted_at_the_driver_alone_keep_their_names(receiver, s
     counted and named as torch.profiler sees them. Printed: whether it got there (not where
     the real runtime reaches the driver by no probed entry: then both probes stay)."""
     collector, target = _traced(start_collector, "torch_server.py")
-    line = f"pid {target.pid}: its runtime launches are counted at the driver"
     try:
-        deadline = time.monotonic() + AT_DRIVER_WAIT_S
-        while not collector.log.wait_for(line, 0.5) and time.monotonic() < deadline:
-            slow_get(target.port, "/run/eager")
-        at_driver = collector.log.wait_for(line, 0)
+        at_driver = collector.until_at_driver(target.pid, AT_DRIVER_WAIT_S, lambda: slow_get(target.port, "/run/eager"))
         with capsys.disabled():
             print(f"\ngpu[launch routes]: runtime launches counted at the driver alone: {at_driver}; "
                   + "; ".join(l.strip() for l in collector.log.lines if f"pid {target.pid}:" in l)[-600:])

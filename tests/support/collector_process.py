@@ -66,6 +66,18 @@ class CollectorProcess:
         if not self.log.wait_for(f"tracing pid {pid}", timeout):
             raise RuntimeError(f"pid {pid} never traced:\n" + "".join(self.log.lines))
 
+    def until_at_driver(self, pid: int, timeout: float, step) -> bool:
+        """step() (a warm-up launch or request) until the log says pid's runtime launches
+        are counted at the driver alone (probes/launch_routes.py), `timeout` s at most;
+        whether it got there."""
+        from otel_gpu.probes.launch_routes import at_driver_line
+        deadline, line = time.monotonic() + timeout, at_driver_line(pid)
+        while not self.log.wait_for(line, 0.2):
+            if time.monotonic() > deadline:
+                return False
+            step()
+        return True
+
     def cpu_seconds(self) -> float:
         return cpu_seconds(self.pid)
 

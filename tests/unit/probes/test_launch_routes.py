@@ -29,6 +29,11 @@ class FakeAttacher:
     def detach_target(self, key, pid):
         return 4 if self.attached.pop((key, pid), None) else 0
 
+    def links_closed(self):
+        return self.closing == 0
+
+    closing = 0  # links still closing, as the closer's threads close them
+
     def kinds(self, pid):
         return sorted(kind for (_, p), kind in self.attached.items() if p == pid)
 
@@ -79,6 +84,7 @@ def test_learned_then_detached_then_back_on_an_unpaired_handle():
     assert attacher.kinds(PID) == [RUNTIME_LAUNCHES, RUNTIME_LEARNERS]
     now[0] += 0.1
     r.review()
+    r.confirm_detached()  # the links closed (at once, here)
     assert attacher.kinds(PID) == [] and r.state() == {"at_driver": 1, "at_runtime": 0}
     assert r.see(PID, [CUDART, LIBCUDA]) == 0  # a scan does not bring them back
 
@@ -94,6 +100,34 @@ def test_learned_then_detached_then_back_on_an_unpaired_handle():
     r.review()
     assert attacher.kinds(PID) == []
     assert r.processes[PID].stable_s == 2 * STABLE_S
+
+
+def test_at_the_driver_only_once_the_detached_links_have_closed(caplog):
+    """A link's program runs until its close (probes/closer.py closes them in the
+    background): the process is at the driver alone, and logged so, only after."""
+    import logging
+
+    from otel_gpu.probes.launch_routes import at_driver_line
+    now = [0.0]
+    r, attacher, table = routes(now)
+    r.saw([LIBCUDA])
+    r.see(PID, [CUDART, LIBCUDA])
+    table.counts(PID, paired=1)
+    r.review()
+    now[0] += STABLE_S
+    attacher.closing = 2
+    with caplog.at_level(logging.INFO, logger="otel_gpu.probes.launch_routes"):
+        r.review()
+        r.confirm_detached()
+        assert attacher.kinds(PID) == [] and r.state() == {"at_driver": 0, "at_runtime": 1}
+        assert at_driver_line(PID) not in caplog.text
+        attacher.closing = 0
+        r.confirm_detached()
+        assert r.state() == {"at_driver": 1, "at_runtime": 0}
+        assert caplog.text.count(at_driver_line(PID)) == 1
+        r.review()
+        r.confirm_detached()
+        assert caplog.text.count(at_driver_line(PID)) == 1
 
 
 def test_the_wait_is_capped():
@@ -156,7 +190,8 @@ def test_an_exited_process_leaves_no_entry_and_no_pair():
     table.counts(PID, paired=2)
     r.review()
     now[0] += STABLE_S
-    r.review()  # at the driver alone: no probe of its own left
+    r.review()
+    r.confirm_detached()  # at the driver alone: no probe of its own left
     assert r.state() == {"at_driver": 1, "at_runtime": 0}
     r.exited({PID})
     assert r.state() == {"at_driver": 0, "at_runtime": 0}
