@@ -35,6 +35,8 @@ import pytest
 from tests.bpf.load_client import fetch_all
 from tests.support.otlp_receiver import OtlpReceiver
 from tests.harness import ROOT, TARGETS, RunningCollector, Target, check_clean, server_spans
+from otel_gpu.ratelimit import split_drops
+from otel_gpu.status.file import read_state
 from tests.support.placement import max_overlap
 
 K = 3                  # launches per request (plus one cudaMemcpy)
@@ -144,6 +146,29 @@ class Served:
     def close(self) -> None:
         if self.target:
             self.target.stop()
+
+    def whereabouts(self, missing: list[int]) -> str:
+        """Where the calls of requests without a server span went, and what the collector
+        said, so that a loss reads as a cause: late spans (one more wait), spans whose
+        parent never came, its WARNING lines and its live drop counters."""
+        self.wait_spans(missing, timeout=15)
+        spans = list(self.receiver.spans)
+        now = {request_id(s) for s in server_spans(spans, self.pid)}
+        calls = defaultdict(list)
+        ids = set(missing)
+        for s in spans:
+            a = s.attributes
+            rid = ((a.get("gpu.grid") or [None])[0] if s.name == LAUNCH else
+                   a.get("gpu.memcpy.bytes") if s.name == MEMCPY else None)
+            if rid in ids and ROLLUP not in a and s.resource.get("process.pid") == self.pid:
+                calls[rid].append(f"{s.name} parent={s.parent_span_id or '-'} {a.get(ATTRIBUTION)}")
+        try:
+            drops, _ = split_drops(read_state(self.collector.status_file).get("counters", {}))
+        except (OSError, ValueError):
+            drops = "no state file"
+        warnings = [l.strip() for l in self.collector.log.lines if " WARNING " in l][-10:]
+        return (f"came within 15 s more: {sorted(set(missing) & now)}; "
+                f"their calls: {dict(calls)}; drops: {drops}; last warnings: {warnings}")
 
 
 class Check:
@@ -260,7 +285,8 @@ def test_each_request_gets_exactly_its_own_calls(interp, kind, concurrency):
     served.wait_spans(ids)
     check = Check(list(served.receiver.spans), served.pid, ids)
     print(check.summary(served, concurrency))
-    assert not check.missing, f"no server span for ids {check.missing[:10]}: {check.summary(served, concurrency)}"
+    assert not check.missing, (f"no server span for ids {check.missing[:10]}: {check.summary(served, concurrency)}; "
+                               f"{served.whereabouts(check.missing)}")
     if concurrency >= 8:  # the load really overlapped (else this level tests nothing)
         assert check.overlap >= 2, check.summary(served, concurrency)
     assert not check.wrong, f"calls under a wrong request: {check.wrong[:8]}; {check.summary(served, concurrency)}"
