@@ -101,7 +101,8 @@ class BpfProgram:
         self.connections = ConnectionTable(self.bpf)
         self.attacher = Attacher(self.bpf, stats, uprobes=uprobe_links.choose(self.bpf, options.uprobe_links))
         self.launch_routes = LaunchRoutes(self.attacher, self.bpf["launch_routes"], self.bpf["launch_pairs"],
-                                          self.bpf["launch_learning"])
+                                          self.bpf["launch_learning"],
+                                          BatchMap(self.bpf["launch_pair_cache"], "launch_pair_cache"))
         self._runtime_text: dict = {}  # pid -> its runtime code ranges, as written to `runtime_text`
         self._py_threads: dict = {}  # pid -> {thread: state} as written to `py_threads`
         self._verdict_gens = itertools.count(1)  # next() is atomic: callers on several threads

@@ -64,6 +64,7 @@ class LaunchRoutes:
     table: object             # the kernel's `launch_routes` (pid -> paired, unpaired, kept)
     pairs: object = None      # the kernel's `launch_pairs` ((pid, handle) -> func)
     learning: object = None   # the kernel's `launch_learning` (pid -> 1 while its learners are attached)
+    cache: object = None      # the kernel's `launch_pair_cache`, as a kernel_io BatchMap (slot -> a pair)
     clock: Callable[[], float] = time.monotonic
     driver_seen: bool = False
     files: dict = field(default_factory=dict)       # runtime file key -> routed, decided at first sight
@@ -148,6 +149,7 @@ class LaunchRoutes:
     def exited(self, pids: set) -> None:
         """Processes gone (their last records read): their entries, and their kernels'
         pairs, which must not name the launches of a process given the same pid."""
+        routed = {pid for pid in pids if pid in self.processes}  # only their learners made pairs
         for pid in pids:
             self.forget(pid)  # one at the driver has no probe of its own for detach() to forget
         for k in [k for k in self.pairs.keys() if k.tgid in pids] if self.pairs is not None else ():
@@ -155,6 +157,10 @@ class LaunchRoutes:
                 del self.pairs[k]
             except KeyError:
                 pass
+        if routed and self.cache is not None:  # a slot may outlive its pair's LRU entry: all are read
+            for slot, pair in self.cache.items():
+                if pair.tgid in routed:
+                    self.cache.table[slot] = self.cache.Leaf()
 
     def state(self) -> dict:
         """For `otel-gpu status`: processes counting their runtime launches at the driver,

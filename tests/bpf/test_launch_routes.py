@@ -170,6 +170,40 @@ def test_learned_then_counted_at_the_driver_alone(probes, child, bpf_stats):
     assert _route(probes, child.pid) == (1, 2)
 
 
+PAIR_MIX, U64 = 0x9E3779B97F4A7C15, (1 << 64) - 1
+
+
+def _check(tgid: int, handle: int, func: int) -> int:
+    """bpf/launch_routes.c pair_check: what makes a slot whole."""
+    return (((handle ^ (func * PAIR_MIX & U64) ^ tgid) * PAIR_MIX) & U64) >> 32
+
+
+def test_the_pair_cache_is_read_first_and_a_spoiled_slot_is_a_miss(probes, child):
+    """launch_pair_cache in front of launch_pairs: a whole slot names the launch without
+    the hash; fields of two pairs (a slot read while another CPU writes it) or another
+    process's pair in the slot are a miss, which the hash answers and writes back."""
+    probes.set("http_active", child.pid, ct.c_int64(1))
+    child.run(f"launches {F} 1 5")  # learnt: the pair, and its slot
+    (handle,) = _pairs(probes, child.pid)
+    child.launches.detach()
+    child.learners.detach()
+    cache = probes.bpf["launch_pair_cache"]
+    ((slot, pair),) = [(k.value, v) for k, v in cache.items() if v.tgid == child.pid]
+    assert (pair.handle, pair.func, pair.check) == (handle, F, _check(child.pid, handle, F))
+
+    def put(tgid: int, func: int, check: int) -> None:
+        cache[ct.c_int(slot)] = cache.Leaf(handle=handle, func=func, tgid=tgid, check=check)
+
+    put(child.pid, G, pair.check)  # torn: G with F's check
+    child.run(f"launches {F} 1 6")
+    assert cache[ct.c_int(slot)].func == F  # written back from the hash
+    put(child.pid, G, _check(child.pid, handle, G))  # whole: believed before the hash
+    child.run(f"launches {F} 1 7")
+    put(child.pid + 1, G, _check(child.pid + 1, handle, G))  # another process's pair
+    child.run(f"launches {F} 1 8")
+    assert [(func, grid[0]) for _, func, grid in _launches(probes, child.pid)] == [(F, 5), (F, 6), (G, 7), (F, 8)]
+
+
 def test_no_pair_is_made_once_the_learners_go(probes, child):
     """A func a learner kept for a launch that never reached the driver (it failed first),
     then the learners gone before the runtime's probe: the next marked pass pairs nothing

@@ -178,13 +178,28 @@ def test_runtime_launches_that_never_reach_the_driver_keep_the_runtime_probes_wi
     assert attacher.kinds(PID) == [RUNTIME_LAUNCHES] and r.state() == {"at_driver": 0, "at_runtime": 1}
 
 
+class PairCache:
+    """The kernel's launch_pair_cache as the BatchMap user space reads it: slot -> a pair."""
+    Leaf = staticmethod(lambda: SimpleNamespace(handle=0, func=0, tgid=0, check=0))
+
+    def __init__(self, slots: dict):
+        self.table = slots
+
+    def items(self):
+        return list(self.table.items())
+
+
 def test_an_exited_process_leaves_no_entry_and_no_pair():
-    """A pid given to a new process must not name its launches by the old one's pairs."""
+    """A pid given to a new process must not name its launches by the old one's pairs, in
+    the pair table or in the cache in front of it (a slot may outlive its pair there)."""
     from collections import namedtuple
     Key = namedtuple("Key", "tgid handle")
     now = [0.0]
     r, attacher, table = routes(now)
     r.pairs = {Key(PID, 0xA0): 0x7000, Key(PID, 0xB0): 0x7100, Key(PID + 1, 0xA0): 0x7000}
+    pair = SimpleNamespace(handle=0xC0, func=0x7200, tgid=PID, check=1)  # its LRU entry evicted
+    other = SimpleNamespace(handle=0xA0, func=0x7000, tgid=PID + 1, check=2)
+    r.cache = PairCache({3: pair, 9: other})
     r.saw([LIBCUDA])
     r.see(PID, [CUDART, LIBCUDA])
     table.counts(PID, paired=2)
@@ -196,3 +211,4 @@ def test_an_exited_process_leaves_no_entry_and_no_pair():
     r.exited({PID})
     assert r.state() == {"at_driver": 0, "at_runtime": 0}
     assert r.pairs == {Key(PID + 1, 0xA0): 0x7000}
+    assert r.cache.table[3].tgid == 0 and r.cache.table[9] is other
