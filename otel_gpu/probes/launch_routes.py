@@ -18,6 +18,11 @@ probe in the runtime's name once the runtime's are gone; this module decides whe
   after the detach) carries the handle, named from what the handle probes learned where
   they saw it, and brings the process's runtime probes back to learn it; `stable_s`
   doubles each time, up to STABLE_MAX_S.
+- A process that launches graphs only keeps them too: its graph launches need no pair,
+  but reaching the driver through cudaGraphLaunch proves nothing of the path its kernel
+  launches would take (they might reach the driver by an entry no probe is on, and be
+  lost once the runtime's probes go). A graph launch stands for many kernels: two traps
+  each is a small price.
 - A process that maps no driver keeps its runtime launch probes: its launches reach no
   driver probe. So does one whose learners kept UNREACHED_LAUNCHES funcs with no pair
   made: its runtime's launches do not reach the driver's probed entries (its learners go,
