@@ -152,6 +152,7 @@ int cu_graph_launch(struct pt_regs *ctx)
     if (from_runtime(ctx, e.c.h.tgid)) {
         if (marked) {
             count(CNT_DRIVER_DEDUPED);
+            graph_launch_reached(e.c.h.tgid);
             return 0;
         }
         count(CNT_DRIVER_AS_RUNTIME);

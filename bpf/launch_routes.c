@@ -27,8 +27,10 @@
  * probe that takes a mark pairs its handle with it (`launch_pairs`). A launch counted at
  * the driver carries its paired func, or its handle where none is paired yet (user
  * space names it from what the handle probes learned, and attaches the runtime probes
- * again: `launch_routes` counts pairs, unpaired launches and the learners' runs per
- * process). */
+ * again: `launch_routes` counts pairs, unpaired launches, the learners' runs and graph
+ * launches seen reaching the driver per process). Graph launches need no pair: one seen
+ * reaching the driver's probe is enough for user space to detach the runtime's graph
+ * launch probes. */
 #include "maps.h"
 
 /* Exact runtime/driver de-duplication: per process, the executable mappings of its CUDA
@@ -126,6 +128,8 @@ struct launch_route {
     u64 paired;    /* handle and func pairs learned */
     u64 unpaired;  /* launches counted at the driver whose handle had no pair */
     u64 kept;      /* funcs the learners kept: launches seen while learning */
+    u64 graphs;    /* runtime graph launches seen reaching the driver's probe while
+                    * learning: they need no pair (the exec is the same handle for both) */
 };
 BPF_F_TABLE("hash", u32, struct launch_route, launch_routes, MAX_PROCS, BY_NEED);
 
@@ -184,6 +188,17 @@ static __always_inline void launch_pair_learn(u64 id, u64 handle)
             __sync_fetch_and_add(&r->paired, 1);
     }
     launch_funcs.delete(&tid);
+}
+
+/* A runtime graph launch of tgid dropped at the driver's probe as counted: while tgid
+ * learns, its graph launches are known to reach that probe. */
+static __always_inline void graph_launch_reached(u32 tgid)
+{
+    if (!launch_learning.lookup(&tgid))
+        return;
+    struct launch_route *r = route_of(tgid);
+    if (r)
+        __sync_fetch_and_add(&r->graphs, 1);
 }
 
 /* At a driver entry point's first instruction ([sp]: its return address): 1 when its

@@ -22,10 +22,12 @@ TLS = "ssl"         # OpenSSL's libssl.so.3 / .so.1.1: TLS plaintext (bpf/tls_pr
 GO = "go"           # a Go executable: goroutine starts and hand-offs (bpf/go_probes.c), not CUDA calls
 DEVICE_CLOCK = "otel_gpu_cupti"  # libotel_gpu_cupti.so: device-timed GPU activity (bpf/device_records.c)
 # A runtime file whose launches are routed (probes/launch_routes.py, bpf/launch_routes.c) is
-# probed in three parts: its other calls (for every process, or per process with --pid),
-# its launch entries per process while they are needed, and their learners beside them.
+# probed in four parts: its other calls (for every process, or per process with --pid),
+# its kernel launch entries and its graph launch entries per process while they are
+# needed, and the kernel launches' learners beside them.
 RUNTIME_CALLS = "cudart-calls"
 RUNTIME_LAUNCHES = "cudart-launches"
+RUNTIME_GRAPH_LAUNCHES = "cudart-graph-launches"
 RUNTIME_LEARNERS = "cudart-learners"
 
 
@@ -292,9 +294,9 @@ CUDA_PROBES: tuple[UprobeRow, ...] = tuple(
 CALL_LIBRARIES = frozenset(c.library for c in CALLS) | {RUNTIME_CALLS}
 # The runtime's kernel and graph launch entries, and the learner run beside each kernel
 # launch's (bpf/launch_routes.c; a graph's exec is the same handle for the driver).
-RUNTIME_LAUNCH_PROBES: tuple[UprobeRow, ...] = tuple(
+RUNTIME_LAUNCH_PROBES, RUNTIME_GRAPH_LAUNCH_PROBES = (tuple(
     UprobeRow(c.library, sym, c.entry, c.ret) for c in CALLS if c.library == RUNTIME
-    and c.category in (Category.LAUNCH, Category.GRAPH) for sym in c.symbols)
+    and c.category is category for sym in c.symbols) for category in (Category.LAUNCH, Category.GRAPH))
 LEARNERS = {"cuda_launch_kernel": "runtime_launch_learn", "cuda_launch_kernel_exc": "runtime_launch_exc_learn"}
 
 # HIP's graph capture has the CUDA runtime's ABI (hipStreamBeginCapture(stream, mode),
@@ -406,9 +408,12 @@ def rows_for(library: str, addresses: tuple = ()) -> list[UprobeRow]:
     if library == HIP:
         return [r for r in CUDA_PROBES if r.library == HIP] + list(HIP_GRAPH_PROBES)
     if library == RUNTIME_CALLS:
-        return [r for r in CUDA_PROBES if r.library == RUNTIME and r not in RUNTIME_LAUNCH_PROBES]
+        return [r for r in CUDA_PROBES if r.library == RUNTIME and r not in RUNTIME_LAUNCH_PROBES
+                and r not in RUNTIME_GRAPH_LAUNCH_PROBES]
     if library == RUNTIME_LAUNCHES:
         return list(RUNTIME_LAUNCH_PROBES)
+    if library == RUNTIME_GRAPH_LAUNCHES:
+        return list(RUNTIME_GRAPH_LAUNCH_PROBES)
     if library == RUNTIME_LEARNERS:
         return [UprobeRow(RUNTIME, r.symbol, LEARNERS[r.entry]) for r in RUNTIME_LAUNCH_PROBES
                 if r.entry in LEARNERS]

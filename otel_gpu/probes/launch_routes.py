@@ -18,11 +18,14 @@ probe in the runtime's name once the runtime's are gone; this module decides whe
   after the detach) carries the handle, named from what the handle probes learned where
   they saw it, and brings the process's runtime probes back to learn it; `stable_s`
   doubles each time, up to STABLE_MAX_S.
-- A process that launches graphs only keeps them too: its graph launches need no pair,
-  but reaching the driver through cudaGraphLaunch proves nothing of the path its kernel
-  launches would take (they might reach the driver by an entry no probe is on, and be
-  lost once the runtime's probes go). A graph launch stands for many kernels: two traps
-  each is a small price.
+- Graph launches need no pair (the exec is the same handle for both): once one of the
+  process's runtime graph launches is seen reaching the driver's probe while it learns,
+  its runtime graph launch probes (RUNTIME_GRAPH_LAUNCHES) go at the next review, and
+  stay gone (confirm_detached logs `graphs_at_driver_line`). Its kernel launch probes
+  stay until its kernels are paired: a graph launch reaching the driver proves nothing
+  of the path its kernel launches take (they might reach it by an entry no probe is on,
+  and be lost once the runtime's probes go). So a process that launches graphs only is
+  at one program run a graph launch too.
 - A process that maps no driver keeps its runtime launch probes: its launches reach no
   driver probe. So does one whose learners kept UNREACHED_LAUNCHES funcs with no pair
   made: its runtime's launches do not reach the driver's probed entries (its learners go,
@@ -35,7 +38,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Callable, Iterable
 
-from ..cuda_calls import DRIVER, RUNTIME, RUNTIME_CALLS, RUNTIME_LAUNCHES, RUNTIME_LEARNERS
+from ..cuda_calls import DRIVER, RUNTIME, RUNTIME_CALLS, RUNTIME_GRAPH_LAUNCHES, RUNTIME_LAUNCHES, RUNTIME_LEARNERS
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +53,11 @@ def at_driver_line(pid: int) -> str:
     return f"pid {pid}: its runtime launches are counted at the driver"
 
 
+def graphs_at_driver_line(pid: int) -> str:
+    """The start of the line logged when pid's runtime graph launch probes go."""
+    return f"pid {pid}: its runtime graph launches are counted at the driver"
+
+
 @dataclass
 class _Process:
     runtimes: list        # its routed runtime files (ProbeTargets of kind RUNTIME)
@@ -61,6 +69,8 @@ class _Process:
     stable_s: float = STABLE_S
     unreached: bool = False  # its runtime's launches never reached the driver's probe
     closing: int = 0  # runtime probes detached whose links may still run (probes/closer.py)
+    graphs_attached: bool = True  # its runtime graph launch probes (gone for good once proven)
+    closing_graphs: int = 0  # as `closing`, for those alone
 
 
 @dataclass
@@ -115,7 +125,7 @@ class LaunchRoutes:
             if not p.driver:
                 continue
             r = self.table.get(ct.c_uint32(pid))
-            paired, unpaired, kept = (r.paired, r.unpaired, r.kept) if r is not None else (0, 0, 0)
+            paired, unpaired, kept, graphs = (r.paired, r.unpaired, r.kept, r.graphs) if r is not None else (0,) * 4
             if not paired and kept >= UNREACHED_LAUNCHES:
                 p.driver, p.unreached = False, True
                 self._learn(pid, False)
@@ -128,6 +138,11 @@ class LaunchRoutes:
             if p.attached and paired and now - p.since >= p.stable_s:
                 p.attached, p.closing = False, self._detach(pid, p)
                 self.closing = True
+            elif p.attached and p.graphs_attached and graphs:
+                p.graphs_attached = False
+                p.closing_graphs = sum(self.attacher.detach_target(_part(t, RUNTIME_GRAPH_LAUNCHES).key, pid)
+                                       for t in p.runtimes)
+                self.closing = True
             elif not p.attached and unpaired != p.unpaired:
                 p.attached, p.since, p.closing = True, now, 0
                 p.stable_s = min(STABLE_MAX_S, p.stable_s * 2)
@@ -138,13 +153,17 @@ class LaunchRoutes:
     def confirm_detached(self) -> None:
         """Called every loop: once the links detached by review() have closed (their
         programs run no more), their processes are at the driver alone, and logged so."""
-        closing = [(pid, p) for pid, p in self.processes.items() if p.closing] if self.closing else ()
+        closing = ([(pid, p) for pid, p in self.processes.items() if p.closing or p.closing_graphs]
+                   if self.closing else ())
         if not closing or not self.attacher.links_closed():
             return
         for pid, p in closing:
-            log.info("%s from now on (%d kernel handles paired; %d runtime probes detached)",
-                     at_driver_line(pid), p.paired, p.closing)
-            p.closing = 0
+            if p.closing_graphs:
+                log.info("%s from now on (%d runtime probes detached)", graphs_at_driver_line(pid), p.closing_graphs)
+            if p.closing:
+                log.info("%s from now on (%d kernel handles paired; %d runtime probes detached)",
+                         at_driver_line(pid), p.paired, p.closing)
+            p.closing = p.closing_graphs = 0
         self.closing = False
 
     def forget(self, pid: int) -> None:
@@ -179,14 +198,15 @@ class LaunchRoutes:
             self._learn(pid, True)
         for t in p.runtimes:
             # Learners first: a launch their program missed is only a pair not learned.
-            for kind in (RUNTIME_LEARNERS,) * p.driver + (RUNTIME_LAUNCHES,):
+            for kind in (RUNTIME_LEARNERS,) * p.driver + (RUNTIME_LAUNCHES,) + (RUNTIME_GRAPH_LAUNCHES,) * p.graphs_attached:
                 n += self.attacher.attach(_part(t, kind), pid)
         return n
 
     def _detach(self, pid: int, p: _Process) -> int:
         self._learn(pid, False)
+        p.graphs_attached = False  # its kernels reach the driver: its graphs are taken to as well
         return sum(self.attacher.detach_target(_part(t, kind).key, pid)
-                   for t in p.runtimes for kind in (RUNTIME_LAUNCHES, RUNTIME_LEARNERS))
+                   for t in p.runtimes for kind in (RUNTIME_LAUNCHES, RUNTIME_GRAPH_LAUNCHES, RUNTIME_LEARNERS))
 
     def _learn(self, pid: int, on: bool) -> None:
         """pid's `launch_learning` entry: set before its learners attach, gone before they

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import sys
 
+from otel_gpu.probes.launch_routes import at_driver_line, graphs_at_driver_line
 from tests.bpf.probe_harness import build_stub
 from tests.harness import TARGETS, Target, children_of, server_spans
 
@@ -69,3 +70,46 @@ def test_graph_launches_name_the_captured_kernels(tmp_path, receiver, start_coll
             assert list(c.attributes["gpu.graph.kernel_counts"]) == [3, 1]
     finally:
         target.stop()
+
+
+def test_graph_launches_count_once_at_the_driver_once_seen_reaching_it(tmp_path, receiver, start_collector):
+    """The warm-up's replays reach cuGraphLaunch from libcudart while the process learns:
+    its runtime graph launch probes go (one program run a graph launch from then on). Its
+    kernel launches never reach the driver here (the stand-in runtime keeps them), so no
+    pair is made and its kernel launch probes stay: each request's own launch is still
+    counted. Request n makes n graph launches and one copy_side launch of grid (n, 1, 1):
+    each span's children are exactly its own, named, counted once."""
+    env = {"STUB_LIBCUDA": build_stub(tmp_path, "stub_libcuda_graphs.c", "libcuda.so.1"),
+           "STUB_CUDART": build_stub(tmp_path, "stub_cudart_graphs.c", "libcudart.so.12")}
+    collector = start_collector()
+    target = Target([sys.executable, str(TARGETS / "graph_http.py")], env)
+    sizes = range(1, 5)
+    try:
+        collector.wait_traced(target.pid)
+        target.go()
+        assert target.log.wait_for("warm", 10)
+        assert collector.log.wait_for(graphs_at_driver_line(target.pid), 30), collector.log.lines[-20:]
+        for n in sizes:
+            target.get(f"/graph/{n}")
+        paths = {f"/graph/{n}" for n in sizes}
+        assert receiver.wait_for(lambda s: paths <= {x.attributes.get("url.path") for x in server_spans(s, target.pid)})
+        spans = list(receiver.spans)
+        for n in sizes:
+            (server,) = [x for x in server_spans(spans, target.pid) if x.attributes.get("url.path") == f"/graph/{n}"]
+            kids = children_of(spans, server)
+            graphs = [k for k in kids if k.name == "cudaGraphLaunch"]
+            assert len(graphs) == n and len(kids) == n + 1, [k.attributes for k in kids]
+            for k in graphs:
+                assert list(k.attributes["gpu.graph.kernels"]) == [GEMM, RELU]
+                assert list(k.attributes["gpu.graph.kernel_counts"]) == [3, 1]
+            (own,) = [k for k in kids if k.name == "cudaLaunchKernel"]
+            assert own.attributes["gpu.kernel.name"] == COPY and list(own.attributes["gpu.grid"]) == [n, 1, 1]
+        assert not collector.log.wait_for(at_driver_line(target.pid), 0.1)  # no pair: kernels at the runtime
+    finally:
+        target.stop()
+    assert collector.stop() == 0
+    counted = collector.counts()["counted"]
+    # The replays while learning: dropped at the driver; each request's: counted there.
+    assert counted.get("driver_launches_deduped") == REPLAYS
+    assert counted.get("driver_launches_as_runtime") == sum(sizes)
+

@@ -16,7 +16,7 @@ import pytest
 
 from bench import bpfstats
 from otel_gpu import proc
-from otel_gpu.cuda_calls import DRIVER, RUNTIME_LAUNCHES, RUNTIME_LEARNERS, call_id
+from otel_gpu.cuda_calls import DRIVER, RUNTIME_GRAPH_LAUNCHES, RUNTIME_LAUNCHES, RUNTIME_LEARNERS, call_id
 from otel_gpu.kernel_io.abi import CNT_DRIVER_AS_RUNTIME, CNT_DRIVER_DEDUPED
 from otel_gpu.probes import runtime_text
 from otel_gpu.probes.closer import ProbeCloser
@@ -67,7 +67,7 @@ class Links:
         if self.learning:
             probes.set("launch_learning", pid, ct.c_uint8(1))
         before = len(probes.handles)
-        assert probes.attach(kind, path, pid) >= 2, kind
+        assert probes.attach(kind, path, pid) >= 1, kind
         self.handles, self.probes = probes.handles[before:], probes
 
     def detach(self) -> None:
@@ -111,6 +111,11 @@ def _pairs(probes: Probes, pid: int) -> dict:
 def _route(probes: Probes, pid: int) -> tuple:
     r = probes.bpf["launch_routes"].get(ct.c_uint32(pid))
     return (r.paired, r.unpaired) if r else (0, 0)
+
+
+def _graphs_reached(probes: Probes, pid: int) -> int:
+    r = probes.bpf["launch_routes"].get(ct.c_uint32(pid))
+    return r.graphs if r else 0
 
 
 def _runs(probes: Probes) -> dict:
@@ -331,15 +336,16 @@ def test_the_collector_detaches_the_runtime_probes_and_brings_them_back(tmp_path
 
 def test_graph_launches_through_the_driver_count_once_either_way(probes, tmp_path):
     """cudaGraphLaunch reaching cuGraphLaunch (the exec is the same handle for both: no
-    pairing): dropped at the driver while the runtime's probe marks the thread, counted
-    there as the cudaGraphLaunch once it is detached; a library's own cuGraphLaunch of the
-    same exec counts on its own throughout."""
+    pairing): dropped at the driver while the runtime's probe marks the thread, and, while
+    the process learns, counted as reaching it (user space then detaches the runtime's
+    graph launch probes); counted there as the cudaGraphLaunch once it is detached; a
+    library's own cuGraphLaunch of the same exec counts on its own throughout."""
     drv = build_stub(tmp_path, "stub_libcuda_graphs.c", "libcuda.so.1")
     rt = build_stub(tmp_path, "stub_cudart_graphs.c", "libcudart.so.12")
     c = Child([sys.executable, "-c", GRAPH_CHILD, drv, rt, str(EXEC), str(STREAM)])
     try:
         assert probes.attach(DRIVER, drv, c.pid) >= 2
-        launches = Links(probes, RUNTIME_LAUNCHES, rt, c.pid)
+        launches = Links(probes, RUNTIME_GRAPH_LAUNCHES, rt, c.pid)
         runtime_text.write(probes.bpf["runtime_text"], c.pid,
                            runtime_text.runtime_ranges(proc.maps("/proc", c.pid), {rt}))
         probes.set("traced", c.pid, ct.c_uint32(1))
@@ -347,13 +353,18 @@ def test_graph_launches_through_the_driver_count_once_either_way(probes, tmp_pat
         deduped, as_runtime = _counter(probes, CNT_DRIVER_DEDUPED), _counter(probes, CNT_DRIVER_AS_RUNTIME)
         gcall, cucall = call_id("cudaGraphLaunch"), call_id("cuGraphLaunch")
         assert c.run("through") == [0] * 6
+        assert _graphs_reached(probes, c.pid) == 0  # not learning: not kept
+        probes.set("launch_learning", c.pid, ct.c_uint8(1))
+        assert c.run("through") == [0] * 6
+        assert _graphs_reached(probes, c.pid) == 3
+        probes.unset("launch_learning", c.pid)
         launches.detach()
         assert c.run("through") == [0] * 6
         got = [(r.call, r.graph_exec, r.stream) for r in probes.of(c.pid) if isinstance(r, GraphCall)]
-        assert got == [(gcall, EXEC, STREAM), (cucall, EXEC, STREAM)] * 6
-        assert _counter(probes, CNT_DRIVER_DEDUPED) == deduped + 3
+        assert got == [(gcall, EXEC, STREAM), (cucall, EXEC, STREAM)] * 9
+        assert _counter(probes, CNT_DRIVER_DEDUPED) == deduped + 6
         assert _counter(probes, CNT_DRIVER_AS_RUNTIME) == as_runtime + 3
     finally:
         c.stop()
-        for table in ("runtime_text", "http_active", "traced"):
+        for table in ("runtime_text", "http_active", "traced", "launch_routes", "launch_learning"):
             probes.unset(table, c.pid)

@@ -9,7 +9,8 @@ on to the driver's, as libcudart does). After "go", outside any request:
 
 and then serves
 
-  /graph   two graph launches
+  /graph       two graph launches
+  /graph/<n>   n graph launches, then copy_side launched on its own with grid (n, 1, 1)
 
 Prints "listening on PORT" to stderr, then waits for a line on stdin; prints "warm" to
 stderr once the warm-up is done."""
@@ -68,9 +69,14 @@ class H(BaseHTTPRequestHandler):
 
     def do_GET(self):
         status, body = 404, b"not found"
-        if self.path == "/graph":
-            for _ in range(2):
+        parts = self.path.split("/")
+        if parts[1:2] == ["graph"] and len(parts) <= 3:
+            n = int(parts[2]) if len(parts) == 3 else 2
+            for _ in range(n):
                 rt.cudaGraphLaunch(vp(self.graph_exec), vp(S))
+            if len(parts) == 3:
+                assert rt.cudaLaunchKernel(ct.cast(rt._Z9copy_sidePfi, vp), Dim3(n, 1, 1), Dim3(64, 1, 1), None, 0,
+                                           vp(OTHER)) == 0
             status, body = 200, b"ok"
         self.send_response(status)
         self.send_header("Content-Length", str(len(body)))

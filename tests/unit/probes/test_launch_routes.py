@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from otel_gpu.cuda_calls import DRIVER, RUNTIME, RUNTIME_CALLS, RUNTIME_LAUNCHES, RUNTIME_LEARNERS
+from otel_gpu.cuda_calls import (DRIVER, RUNTIME, RUNTIME_CALLS, RUNTIME_GRAPH_LAUNCHES, RUNTIME_LAUNCHES,
+                                  RUNTIME_LEARNERS)
 from otel_gpu.probes.discovery import ProbeTarget
 from otel_gpu.probes.launch_routes import STABLE_MAX_S, STABLE_S, UNREACHED_LAUNCHES, LaunchRoutes
 
@@ -44,8 +45,8 @@ class Table(dict):
     def get(self, key):
         return dict.get(self, key.value)
 
-    def counts(self, pid, paired, unpaired=0, kept=0):
-        self[pid] = SimpleNamespace(paired=paired, unpaired=unpaired, kept=kept)
+    def counts(self, pid, paired, unpaired=0, kept=0, graphs=0):
+        self[pid] = SimpleNamespace(paired=paired, unpaired=unpaired, kept=kept, graphs=graphs)
 
 
 def routes(now):
@@ -68,20 +69,20 @@ def test_learned_then_detached_then_back_on_an_unpaired_handle():
     now = [100.0]
     r, attacher, table = routes(now)
     r.saw([LIBCUDA])
-    assert r.see(PID, [CUDART, LIBCUDA]) == 8
-    assert attacher.kinds(PID) == [RUNTIME_LAUNCHES, RUNTIME_LEARNERS]
+    assert r.see(PID, [CUDART, LIBCUDA]) == 12
+    assert attacher.kinds(PID) == [RUNTIME_GRAPH_LAUNCHES, RUNTIME_LAUNCHES, RUNTIME_LEARNERS]
     assert r.see(PID, [CUDART, LIBCUDA]) == 0  # the next scan: already there
 
     r.review()  # nothing paired yet: the launches may not reach the driver at all
     now[0] += 10 * STABLE_S
     r.review()
-    assert attacher.kinds(PID) == [RUNTIME_LAUNCHES, RUNTIME_LEARNERS]
+    assert attacher.kinds(PID) == [RUNTIME_GRAPH_LAUNCHES, RUNTIME_LAUNCHES, RUNTIME_LEARNERS]
 
     table.counts(PID, paired=3)
     r.review()  # a new pair: the wait starts again
     now[0] += STABLE_S - 0.1
     r.review()
-    assert attacher.kinds(PID) == [RUNTIME_LAUNCHES, RUNTIME_LEARNERS]
+    assert attacher.kinds(PID) == [RUNTIME_GRAPH_LAUNCHES, RUNTIME_LAUNCHES, RUNTIME_LEARNERS]
     now[0] += 0.1
     r.review()
     r.confirm_detached()  # the links closed (at once, here)
@@ -90,7 +91,7 @@ def test_learned_then_detached_then_back_on_an_unpaired_handle():
 
     table.counts(PID, paired=3, unpaired=1)  # a kernel first launched now
     r.review()
-    assert attacher.kinds(PID) == [RUNTIME_LAUNCHES, RUNTIME_LEARNERS]
+    assert attacher.kinds(PID) == [RUNTIME_LAUNCHES, RUNTIME_LEARNERS]  # its graph launches stay at the driver
     table.counts(PID, paired=4, unpaired=1)
     r.review()
     now[0] += STABLE_S
@@ -100,6 +101,44 @@ def test_learned_then_detached_then_back_on_an_unpaired_handle():
     r.review()
     assert attacher.kinds(PID) == []
     assert r.processes[PID].stable_s == 2 * STABLE_S
+
+
+def test_graph_launches_go_to_the_driver_once_seen_reaching_it_and_kernel_launches_stay(caplog):
+    """A graph launch needs no pair: one seen reaching the driver's probe while learning
+    sends the runtime's graph launch probes away at the next review (logged once their
+    links have closed); the kernel launch probes and learners stay until pairs are made,
+    and their return on an unpaired handle does not bring the graph probes back."""
+    from otel_gpu.probes.launch_routes import graphs_at_driver_line
+    caplog.set_level("INFO", "otel_gpu.probes.launch_routes")
+    now = [0.0]
+    r, attacher, table = routes(now)
+    r.saw([LIBCUDA])
+    r.see(PID, [CUDART, LIBCUDA])
+    table.counts(PID, paired=0, kept=3)  # kernel launches that reach no driver probe yet
+    r.review()
+    assert attacher.kinds(PID) == [RUNTIME_GRAPH_LAUNCHES, RUNTIME_LAUNCHES, RUNTIME_LEARNERS]
+    table.counts(PID, paired=0, kept=3, graphs=1)
+    attacher.closing = 1
+    r.review()
+    assert attacher.kinds(PID) == [RUNTIME_LAUNCHES, RUNTIME_LEARNERS]
+    r.confirm_detached()
+    assert graphs_at_driver_line(PID) not in caplog.text  # its links still run
+    attacher.closing = 0
+    r.confirm_detached()
+    assert caplog.text.count(graphs_at_driver_line(PID)) == 1
+    assert r.state() == {"at_driver": 0, "at_runtime": 1}  # its kernel launches: at the runtime
+    now[0] += 10 * STABLE_S
+    r.review()  # no pair: the kernel launch probes stay however long
+    assert attacher.kinds(PID) == [RUNTIME_LAUNCHES, RUNTIME_LEARNERS]
+    table.counts(PID, paired=1, kept=4, graphs=3)
+    r.review()
+    now[0] += STABLE_S
+    r.review()
+    r.confirm_detached()
+    assert attacher.kinds(PID) == [] and r.state() == {"at_driver": 1, "at_runtime": 0}
+    table.counts(PID, paired=1, unpaired=1, kept=4, graphs=3)
+    r.review()
+    assert attacher.kinds(PID) == [RUNTIME_LAUNCHES, RUNTIME_LEARNERS]
 
 
 def test_at_the_driver_only_once_the_detached_links_have_closed(caplog):
@@ -148,14 +187,14 @@ def test_a_process_without_the_driver_keeps_its_runtime_probes_and_learns_nothin
     now = [0.0]
     r, attacher, table = routes(now)
     r.saw([LIBCUDA])
-    assert r.see(PID, [CUDART]) == 4
-    assert attacher.kinds(PID) == [RUNTIME_LAUNCHES]
+    assert r.see(PID, [CUDART]) == 8
+    assert attacher.kinds(PID) == [RUNTIME_GRAPH_LAUNCHES, RUNTIME_LAUNCHES]
     table.counts(PID, paired=0, unpaired=5)
     now[0] += STABLE_MAX_S
     r.review()
-    assert attacher.kinds(PID) == [RUNTIME_LAUNCHES]
+    assert attacher.kinds(PID) == [RUNTIME_GRAPH_LAUNCHES, RUNTIME_LAUNCHES]
     assert r.see(PID, [CUDART, LIBCUDA]) == 4  # it loaded the driver: its learners come
-    assert attacher.kinds(PID) == [RUNTIME_LAUNCHES, RUNTIME_LEARNERS]
+    assert attacher.kinds(PID) == [RUNTIME_GRAPH_LAUNCHES, RUNTIME_LAUNCHES, RUNTIME_LEARNERS]
 
 
 def test_runtime_launches_that_never_reach_the_driver_keep_the_runtime_probes_without_learners():
@@ -168,14 +207,14 @@ def test_runtime_launches_that_never_reach_the_driver_keep_the_runtime_probes_wi
     r.see(PID, [CUDART, LIBCUDA])
     table.counts(PID, paired=0, kept=UNREACHED_LAUNCHES - 1)
     r.review()
-    assert attacher.kinds(PID) == [RUNTIME_LAUNCHES, RUNTIME_LEARNERS]
+    assert attacher.kinds(PID) == [RUNTIME_GRAPH_LAUNCHES, RUNTIME_LAUNCHES, RUNTIME_LEARNERS]
     table.counts(PID, paired=0, kept=UNREACHED_LAUNCHES)
     r.review()
-    assert attacher.kinds(PID) == [RUNTIME_LAUNCHES]
-    assert r.see(PID, [CUDART, LIBCUDA]) == 0 and attacher.kinds(PID) == [RUNTIME_LAUNCHES]
+    assert attacher.kinds(PID) == [RUNTIME_GRAPH_LAUNCHES, RUNTIME_LAUNCHES]
+    assert r.see(PID, [CUDART, LIBCUDA]) == 0 and attacher.kinds(PID) == [RUNTIME_GRAPH_LAUNCHES, RUNTIME_LAUNCHES]
     now[0] += STABLE_MAX_S
     r.review()
-    assert attacher.kinds(PID) == [RUNTIME_LAUNCHES] and r.state() == {"at_driver": 0, "at_runtime": 1}
+    assert attacher.kinds(PID) == [RUNTIME_GRAPH_LAUNCHES, RUNTIME_LAUNCHES] and r.state() == {"at_driver": 0, "at_runtime": 1}
 
 
 class PairCache:
