@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import contextlib
 
-from otel_gpu.cuda_calls import HTTP_RAW_TRACEPOINTS, HTTP_TRACEPOINTS
+from otel_gpu.probes.rows import HTTP_RAW_TRACEPOINTS, HTTP_TRACEPOINTS
 from otel_gpu.probes.source import kernel_headers_hint
 from otel_gpu.probes.syscalls import followed
 

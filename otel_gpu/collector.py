@@ -148,7 +148,8 @@ class Collector:
     def _scan(self, only: Optional[set] = None) -> set:
         """All of /proc, or only the processes `only` (they just loaded or opened a CUDA
         library); returns the CUDA processes found."""
-        from .cuda_calls import CALL_LIBRARIES, DEVICE_CLOCK, GO, PYTHON
+        from .cuda_calls import DEVICE_CLOCK, GO, PYTHON
+        from .probes.rows import CALL_LIBRARIES
         found = self.discovery.scan(only)
         python = found.python if self.config.python_context else {}
         go = found.go if self.config.go_goroutines else {}

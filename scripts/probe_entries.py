@@ -11,7 +11,8 @@ from pathlib import Path
 from bcc import BPF
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file, from any venv
-from otel_gpu.cuda_calls import DRIVER, NCCL, PYTHON, RUNTIME, TLS, rows_for  # noqa: E402
+from otel_gpu.cuda_calls import DRIVER, NCCL, PYTHON, RUNTIME, TLS  # noqa: E402
+from otel_gpu.probes.rows import rows_for  # noqa: E402
 from otel_gpu.probes.prologue import entry_skip  # noqa: E402
 
 KINDS = ((r"libcudart\.so", RUNTIME), (r"libcuda\.so", DRIVER), (r"libnccl\.so", NCCL),

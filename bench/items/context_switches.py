@@ -13,7 +13,7 @@ import contextlib
 import statistics
 import subprocess
 
-from otel_gpu.cuda_calls import SCHED_TRACEPOINTS
+from otel_gpu.probes.rows import SCHED_TRACEPOINTS
 from otel_gpu.probes.source import kernel_headers_hint
 
 from .. import bpfstats

@@ -13,7 +13,7 @@ from __future__ import annotations
 import statistics
 import subprocess
 
-from otel_gpu.cuda_calls import HTTP_RAW_TRACEPOINTS
+from otel_gpu.probes.rows import HTTP_RAW_TRACEPOINTS
 
 from .. import bpfstats
 from ..collector import Collector

@@ -26,8 +26,8 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
 from .. import __version__
 from .. import semconv as sc
-from ..cuda_calls import (API_CUDA, API_HIP, BY_ID, CUDA_PROBES, MEMCPY_DIRECTIONS, NCCL_STATE_PROBES, PYTHON_PROBES,
-                          Category)
+from ..cuda_calls import API_CUDA, API_HIP, BY_ID, Category, MEMCPY_DIRECTIONS
+from ..probes.rows import CUDA_PROBES, NCCL_STATE_PROBES, PYTHON_PROBES
 from ..pipeline.model import ATTRIBUTIONS, ProcessWindow, Request
 from ..pipeline.time_split import PARTS
 from ..probes import nccl

@@ -17,7 +17,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
-from ..cuda_calls import CALLS, TLS, Category, UprobeRow, rows_for
+from ..cuda_calls import CALLS, Category, TLS
+from .rows import UprobeRow, rows_for
 from .closer import ProbeCloser
 from .discovery import ProbeTarget
 from .elf_init import init_address

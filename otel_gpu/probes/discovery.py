@@ -26,7 +26,8 @@ from typing import Callable, Iterable, Optional
 
 from .. import proc
 from .. import sockets
-from ..cuda_calls import DEVICE_CLOCK, DRIVER, GO, GO_PROBES, HIP, NCCL, PYTHON, RUNTIME, TLS
+from ..cuda_calls import DEVICE_CLOCK, DRIVER, GO, HIP, NCCL, PYTHON, RUNTIME, TLS
+from .rows import GO_PROBES
 from . import go_functions, go_runtime, python, tls_entries
 from .elf_file import ElfFile
 from .runtime_text import runtime_ranges

@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 from typing import Optional
 
-from ..cuda_calls import TLS_INTERNAL_PROBES
+from .rows import TLS_INTERNAL_PROBES
 from .elf_file import ElfFile
 from .prologue import calls, emulated, tail_call
 

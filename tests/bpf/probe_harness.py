@@ -11,7 +11,7 @@ import subprocess
 from otel_gpu.config import DEFAULT_BPF_CACHE
 from otel_gpu.kernel_io.decode import decode
 from otel_gpu.records import LibraryLoaded
-from otel_gpu.cuda_calls import rows_for
+from otel_gpu.probes.rows import rows_for
 from tests.harness import ROOT, TARGETS
 
 

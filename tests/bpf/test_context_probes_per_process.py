@@ -9,7 +9,7 @@ import subprocess
 import sys
 
 from bench import bpfstats
-from otel_gpu.cuda_calls import PYTHON_PROBES
+from otel_gpu.probes.rows import PYTHON_PROBES
 from tests.harness import traced
 
 COPIES = 20_000  # each copy_context() is a PyContext_CopyCurrent

@@ -18,7 +18,8 @@ import pytest
 
 from bench import bpfstats
 from bench.machine import foreign_tracers
-from otel_gpu.cuda_calls import RUNTIME, rows_for
+from otel_gpu.cuda_calls import RUNTIME
+from otel_gpu.probes.rows import rows_for
 from tests.bpf.probe_harness import Child
 from tests.bpf.targets.relia_support import cudart_path, lines_with, state, wait_until
 from tests.bpf.test_probe_lifecycle import _our_uprobes, _probe_fds

@@ -9,8 +9,8 @@ import site
 import pytest
 
 from otel_gpu.config import DEFAULT_BPF_CACHE
-from otel_gpu.cuda_calls import (GRAPH_RAW_TRACEPOINTS, HTTP_RAW_TRACEPOINTS, HTTP_TRACEPOINTS, LIBRARY_RAW_TRACEPOINTS,
-                                 LIBRARY_TRACEPOINTS)
+from otel_gpu.probes.rows import (GRAPH_RAW_TRACEPOINTS, HTTP_RAW_TRACEPOINTS, HTTP_TRACEPOINTS,
+                                  LIBRARY_RAW_TRACEPOINTS, LIBRARY_TRACEPOINTS)
 from otel_gpu.probes.attacher import Attacher
 from otel_gpu.probes.discovery import known_library_files
 from otel_gpu.ratelimit import Stats

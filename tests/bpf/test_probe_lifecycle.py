@@ -6,8 +6,8 @@ import os
 import pytest
 
 from otel_gpu.config import DEFAULT_BPF_CACHE
-from otel_gpu.cuda_calls import (CUDA_PROBES, GRAPH_RAW_TRACEPOINTS, HTTP_RAW_TRACEPOINTS, HTTP_TRACEPOINTS,
-                                 LIBRARY_RAW_TRACEPOINTS, LIBRARY_TRACEPOINTS)
+from otel_gpu.probes.rows import (CUDA_PROBES, GRAPH_RAW_TRACEPOINTS, HTTP_RAW_TRACEPOINTS, HTTP_TRACEPOINTS,
+                                  LIBRARY_RAW_TRACEPOINTS, LIBRARY_TRACEPOINTS)
 from tests.bpf.probe_harness import open_fds
 
 

@@ -18,7 +18,7 @@ import pytest
 
 from otel_gpu.probes.program_cache import INSN, CacheError
 from otel_gpu.probes.source import ProgramOptions, load, program_cache
-from otel_gpu.cuda_calls import CUDA_PROBES
+from otel_gpu.probes.rows import CUDA_PROBES
 from otel_gpu.ratelimit import Stats
 from tests.bpf.probe_harness import open_fds
 from tests.harness import children_of, server_spans, started

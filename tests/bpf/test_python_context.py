@@ -19,7 +19,8 @@ from otel_gpu.kernel_io.abi import PyProc, PyThreadKey
 from otel_gpu.records import ContextCopy, CudaCall, LaunchCall, MemcpyCall, SockIo
 from otel_gpu.probes import python
 from otel_gpu.probes.discovery import Discovery
-from otel_gpu.cuda_calls import PYTHON, PYTHON_PROBES, RUNTIME
+from otel_gpu.cuda_calls import PYTHON, RUNTIME
+from otel_gpu.probes.rows import PYTHON_PROBES
 from tests.bpf.probe_harness import Child
 
 # Each command runs on the main thread inside OUTER, a context whose id() is known;

@@ -11,8 +11,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from otel_gpu.cuda_calls import (GRAPH_RAW_TRACEPOINTS, HTTP_RAW_TRACEPOINTS, HTTP_TRACEPOINTS, LIBRARY_RAW_TRACEPOINTS,
-                                 LIBRARY_TRACEPOINTS)
+from otel_gpu.probes.rows import (GRAPH_RAW_TRACEPOINTS, HTTP_RAW_TRACEPOINTS, HTTP_TRACEPOINTS,
+                                  LIBRARY_RAW_TRACEPOINTS, LIBRARY_TRACEPOINTS)
 from otel_gpu.demo.runner import free_port
 from tests.bpf.probe_harness import build_stub
 from tests.harness import TARGETS, Target, module_collector, server_spans

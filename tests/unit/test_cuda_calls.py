@@ -2,8 +2,9 @@
 import re
 
 from otel_gpu import records
-from otel_gpu.cuda_calls import (BY_ID, CALLS, CUDA_PROBES, DRIVER, HIP, HIP_GRAPH_PROBES, NCCL, ROLLUP_DETAIL,
-                                 RUNTIME, SHAPE_OF, Category, c_defines, call_name, rows_for)
+from otel_gpu.cuda_calls import (BY_ID, CALLS, Category, DRIVER, HIP, NCCL, ROLLUP_DETAIL, RUNTIME, SHAPE_OF,
+                                 c_defines, call_name)
+from otel_gpu.probes.rows import CUDA_PROBES, HIP_GRAPH_PROBES, rows_for
 
 RECORD_OF_SHAPE = {"launch": records.LaunchCall, "memcpy": records.MemcpyCall, "memory": records.MemoryCall,
                    "sync": records.SyncCall, "graph": records.GraphCall, "device": records.DeviceCall,

@@ -11,7 +11,8 @@ import pytest
 from otel_gpu.probes.attacher import RETRY_MAX_S, RETRY_TRIES, Attacher
 from otel_gpu.probes.discovery import ProbeTarget
 from otel_gpu.probes.tls_entries import internal_entries
-from otel_gpu.cuda_calls import RUNTIME, TLS, rows_for
+from otel_gpu.cuda_calls import RUNTIME, TLS
+from otel_gpu.probes.rows import rows_for
 from otel_gpu.ratelimit import Stats
 
 

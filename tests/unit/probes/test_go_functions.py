@@ -13,7 +13,7 @@ import pytest
 from otel_gpu.probes.elf_file import ElfFile
 from otel_gpu.probes.go_functions import addresses
 from otel_gpu.probes.prologue import emulated, entry_code, skip
-from otel_gpu.cuda_calls import GO_PROBES
+from otel_gpu.probes.rows import GO_PROBES
 from tests.bpf.targets.go.build import build, toolchains
 
 TOOLCHAINS = toolchains()

@@ -16,7 +16,8 @@ import subprocess
 
 import pytest
 
-from otel_gpu.cuda_calls import CALLS, HIP, rows_for
+from otel_gpu.cuda_calls import CALLS, HIP
+from otel_gpu.probes.rows import rows_for
 from otel_gpu.probes.prologue import emulated, entry_code
 
 LIBS = sorted(glob.glob("/usr/lib/x86_64-linux-gnu/libamdhip64.so.[0-9]"))

@@ -5,7 +5,8 @@ import os
 
 import pytest
 
-from otel_gpu.cuda_calls import RUNTIME, rows_for
+from otel_gpu.cuda_calls import RUNTIME
+from otel_gpu.probes.rows import rows_for
 from otel_gpu.probes.prologue import calls, emulated, entry_code, entry_skip, skip, tail_call
 
 ENDBR64 = "f30f1efa"

@@ -15,7 +15,8 @@ import pytest
 from otel_gpu.probes import python
 from otel_gpu.probes.elf_file import ElfFile
 from otel_gpu.probes.discovery import Discovery
-from otel_gpu.cuda_calls import BY_ID, CUDA_PROBES, PYTHON, PYTHON_PROBES, RUNTIME, rows_for
+from otel_gpu.cuda_calls import BY_ID, PYTHON, RUNTIME
+from otel_gpu.probes.rows import CUDA_PROBES, PYTHON_PROBES, rows_for
 
 GCC = shutil.which("gcc")
 HEADER_DIRS = sorted(glob.glob("/root/.pyenv/versions/3.*/include/python3.*") + glob.glob("/usr/include/python3.*"))

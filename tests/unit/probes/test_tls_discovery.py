@@ -14,7 +14,8 @@ from otel_gpu.probes.discovery import Discovery, known_library_files, libssl_in_
 from otel_gpu.probes.prologue import emulated, entry_code
 from otel_gpu.probes.source import bpf_dir
 from otel_gpu.probes.tls_entries import READ, WRITE, internal_entries
-from otel_gpu.cuda_calls import TLS, TLS_THROUGH, rows_for
+from otel_gpu.cuda_calls import TLS
+from otel_gpu.probes.rows import TLS_THROUGH, rows_for
 from tests.unit.pipeline.test_groups import CUDA_MAPS, Tree
 
 
