@@ -10,6 +10,7 @@ from __future__ import annotations
 import statistics
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 from tests.gpu.gpu_spans import get_json, launch_figures, report, request_span, slow_get
@@ -46,6 +47,10 @@ def _one_request(receiver, target, mode: str, capsys) -> tuple[int, int, dict]:
         print("\n" + report(mode, figures, expected["launches"] + expected["graph_launches"]))
         print(f"gpu[{mode} names]: {len(theirs & names)} of torch.profiler's {len(theirs)} kernel names among ours; "
               f"theirs only: {sorted(theirs - names)[:6]}; ours only: {sorted(names - theirs)[:6]}")
+        # Which call each launch is named (a launch counted at the driver alone takes the
+        # runtime's name by the driver entry it passed: launch_routes.c).
+        calls = Counter(c.attributes.get("gpu.cuda.call") for c in children_of(receiver.spans, span))
+        print(f"gpu[{mode} calls]: {dict(calls)}")
     if theirs and named:
         assert len(theirs & names) >= 0.9 * len(theirs), (sorted(theirs - names), sorted(names - theirs))
     return ours, named, expected
