@@ -100,5 +100,5 @@ def rows(r: dict) -> list:
     p = r.get("programs") or {}
     if p.get("ns_per_hit") is not None:
         out.append(("17", f"  our sched programs' own run time per hit, traced loop (bpf_stats, {p['runs']} hits; "
-                          "a round trip is 2 switches and 2 wake-ups)", f"{p['ns_per_hit']:.0f} ns", "", None))
+                          "a round trip is 2 switches, each a hit)", f"{p['ns_per_hit']:.0f} ns", "", None))
     return out

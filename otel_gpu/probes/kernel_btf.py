@@ -108,10 +108,11 @@ class Btf:
 
 
 @functools.lru_cache(maxsize=1)
-def task_pid_state_offsets() -> Optional[tuple[int, int, int]]:
-    """offsetof(struct task_struct, pid), of its tgid and of its state (`__state` since
-    5.14, `state` before), for the raw sched tracepoints (bpf/sched_probes.c), or None
-    without BTF (the time split is then off)."""
+def task_time_offsets() -> Optional[tuple[int, int, int, int]]:
+    """offsetof(struct task_struct, pid), of its tgid, of its state (`__state` since 5.14,
+    `state` before) and of sched_info.run_delay (its runqueue wait, CONFIG_SCHED_INFO), for
+    the time split (bpf/sched_probes.c, bpf/thread_times.c), or None without BTF or without
+    that field (the time split is then off)."""
     try:
         btf = Btf.running()
         pid, tgid = btf.offset("task_struct", "pid"), btf.offset("task_struct", "tgid")
@@ -119,7 +120,7 @@ def task_pid_state_offsets() -> Optional[tuple[int, int, int]]:
             state = btf.offset("task_struct", "__state")
         except KeyError:
             state = btf.offset("task_struct", "state")
-        return pid, tgid, state
+        return pid, tgid, state, btf.offset("task_struct", "sched_info", "run_delay")
     except (OSError, ValueError, KeyError, struct.error):
         return None
 

@@ -55,9 +55,9 @@ GRAPH_RAW_TRACEPOINTS: tuple[str, ...] = ("sched:sched_process_exit",)
 LIBRARY_TRACEPOINTS: tuple[str, ...] = ("syscalls:sys_enter_openat", "syscalls:sys_enter_open")
 LIBRARY_RAW_TRACEPOINTS: tuple[str, ...] = ("sched:sched_process_exec",)
 
-# The sched tracepoints of bpf/sched_probes.c, raw (BPF links, no perf record): each traced
+# The sched tracepoint of bpf/sched_probes.c, raw (a BPF link, no perf record): each traced
 # thread's time per state (the time split).
-SCHED_TRACEPOINTS: tuple[str, ...] = ("sched:sched_switch", "sched:sched_wakeup", "sched:sched_wakeup_new")
+SCHED_TRACEPOINTS: tuple[str, ...] = ("sched:sched_switch",)
 
 
 # The Python execution-context probe (bpf/python_probes.c), an exported symbol: each

@@ -47,8 +47,9 @@ class ProgramOptions:
     pid_words: int = field(default_factory=pid_words)  # bpf/maps.h pid_bits: this host's pid_max / 32
     cpus: int = field(default_factory=launch_slot_sizes.possible_cpus)  # bpf/launch_slots.c: a block of slots per CPU
     task_fsbase: int = field(default_factory=lambda: kernel_btf.task_fsbase_offset() or -1)  # bpf/go_probes.c
-    # offsetof(task_struct, pid), (tgid) and (its state), for bpf/sched_probes.c; -1: no BTF, no time split
-    task_pid_state: tuple = field(default_factory=lambda: kernel_btf.task_pid_state_offsets() or (-1, -1, -1))
+    # offsetof(task_struct, pid), (tgid), (its state) and (sched_info.run_delay), for the time
+    # split (bpf/sched_probes.c, thread_times.c); -1: no BTF, no time split
+    task_offsets: tuple = field(default_factory=lambda: kernel_btf.task_time_offsets() or (-1, -1, -1, -1))
     uprobe_links: str = "auto"  # how uprobes are planted (probes/uprobe_links.py); not part of the program
 
     @classmethod
@@ -84,9 +85,10 @@ class ProgramOptions:
             f"-DLAUNCH_CPUS={self.cpus}",
             f"-DLAUNCH_SLOTS_LOG2={launch_slot_sizes.SLOTS_LOG2}",
             f"-DTASK_FSBASE_OFFSET={self.task_fsbase}",
-            f"-DTASK_PID_OFFSET={self.task_pid_state[0]}",
-            f"-DTASK_TGID_OFFSET={self.task_pid_state[1]}",
-            f"-DTASK_STATE_OFFSET={self.task_pid_state[2]}",
+            f"-DTASK_PID_OFFSET={self.task_offsets[0]}",
+            f"-DTASK_TGID_OFFSET={self.task_offsets[1]}",
+            f"-DTASK_STATE_OFFSET={self.task_offsets[2]}",
+            f"-DTASK_RUN_DELAY_OFFSET={self.task_offsets[3]}",
             f"-DPY_TSTATE_NEXT={python.TSTATE_NEXT}",
             f"-DPY_THREADS_WALKED={python.THREADS_WALKED}",
             *summary_buckets.cflags(),

@@ -21,6 +21,7 @@ from tests.support.placement import max_overlap
 PARTS = ("on_cpu", "cpu_wait", "gpu_sync", "blocked")
 DOMINANT = {"cpu": "on_cpu", "sleep": "blocked", "sync": "gpu_sync", "contended": "cpu_wait"}
 WORK_S = 0.04
+NAPS, NAP_S = 40, 0.001  # targets/time_split_http.py
 
 
 @pytest.fixture(scope="module")
@@ -79,6 +80,30 @@ def test_each_route_spends_its_time_where_it_should(collector, tmp_path):
             assert split(spans[f"/sleep/{k}"])["blocked"] >= 0.9 * WORK_S
             assert split(spans[f"/sync/{k}"])["gpu_sync"] >= 0.9 * WORK_S  # the sync's sleep, not "blocked"
             assert split(spans[f"/contended/{k}"])["cpu_wait"] >= 0.5 * WORK_S
+    finally:
+        target.stop()
+
+
+def test_the_wait_for_a_cpu_after_each_wake_up_is_the_kernels_own_count(collector, tmp_path):
+    """/naps: 40 sleeps of 1 ms on a CPU that busy processes share, each woken into a queue
+    for it. No program runs at the wake-ups: the span's cpu_wait is the kernel's own count
+    of the thread's runqueue wait (sched_info.run_delay), which the handler also reads from
+    /proc/thread-self/schedstat around its work. Ours holds it, and at most what the span
+    holds beyond the work; the sleeps themselves are blocked."""
+    target = start("stdlib", tmp_path)
+    try:
+        target.go()
+        collector.wait_traced(target.pid, 60)
+        bodies = {f"/naps/{k}": target.get(f"/naps/{k}") for k in range(1, 4)}
+        spans = wait_spans(collector, target, bodies)
+        for path, body in bodies.items():
+            kernel = int(body.split()[2]) / 1e9
+            parts = split(spans[path])
+            check_adds_up(spans[path])
+            assert kernel >= 0.002, (path, kernel)  # the wake-ups did queue (3-9 ms here): else this tests nothing
+            # the span holds a little more than the work (its head read, its answer): 10 % and 1 ms
+            assert abs(parts["cpu_wait"] - kernel) <= 0.001 + 0.1 * kernel, (path, parts, kernel)
+            assert parts["blocked"] >= 0.8 * NAPS * NAP_S, (path, parts)
     finally:
         target.stop()
 

@@ -7,6 +7,10 @@ path ends in the request's number k:
   /sleep/{k}      asleep 40 ms
   /sync/{k}       cudaDeviceSynchronize on a stub libcudart whose sync sleeps 40 ms (STUB_CUDART)
   /contended/{k}  40 ms of CPU time on CPU 0, which HOGS busy processes share meanwhile
+  /naps/{k}       on CPU 0 beside the HOGS, NAPS sleeps of NAP_S, each woken into a queue for
+                  the CPU; the body is "ok <runtime> <run_delay>": this thread's
+                  /proc/thread-self/schedstat deltas over the work (the kernel's own ns on
+                  the CPU and waiting for it)
 
 Prints "listening on PORT", waits for "go" on stdin, then serves. Args: kind port"""
 from __future__ import annotations
@@ -41,11 +45,14 @@ def hog() -> int:
     return pid
 
 
-def contended() -> None:
+NAPS, NAP_S = 40, 0.001
+
+
+def beside_hogs(job) -> None:
     hogs = [hog() for _ in range(HOGS)]
     os.sched_setaffinity(0, {0})  # this thread, onto the hogs' CPU
     try:
-        spin(WORK_S)
+        job()
     finally:
         os.sched_setaffinity(0, range(os.cpu_count() or 1))
         for pid in hogs:
@@ -53,7 +60,25 @@ def contended() -> None:
             os.waitpid(pid, 0)
 
 
-def work(route: str) -> bool:
+def schedstat() -> tuple[int, int]:
+    """This thread's ns on the CPU and waiting for it, as the kernel counts them."""
+    with open("/proc/thread-self/schedstat") as f:
+        runtime, run_delay, _ = f.read().split()
+    return int(runtime), int(run_delay)
+
+
+def naps() -> bytes:
+    def job():
+        for _ in range(NAPS):
+            time.sleep(NAP_S)
+    before = schedstat()
+    beside_hogs(job)
+    after = schedstat()
+    return f"ok {after[0] - before[0]} {after[1] - before[1]}".encode()
+
+
+def work(route: str):
+    """The route's work; its body (True: "ok"), or False for no such route."""
     if route == "cpu":
         spin(WORK_S)
     elif route == "sleep":
@@ -61,7 +86,9 @@ def work(route: str) -> bool:
     elif route == "sync":
         CUDART.cudaDeviceSynchronize()
     elif route == "contended":
-        contended()
+        beside_hogs(lambda: spin(WORK_S))
+    elif route == "naps":
+        return naps()
     else:
         return False
     return True
@@ -81,7 +108,7 @@ class Handler(BaseHTTPRequestHandler):
 
     def do_GET(self):
         ok = work(route_of(self.path))
-        body = b"ok" if ok else b"not found"
+        body = ok if isinstance(ok, bytes) else b"ok" if ok else b"not found"
         self.send_response(200 if ok else 404)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
