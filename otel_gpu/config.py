@@ -84,7 +84,7 @@ class Config:
     self_service_name: str = "otel-gpu"  # service.name of the collector's own metrics
     python_context: bool = True   # probe Python interpreters for asyncio task / context attribution
     go_goroutines: bool = True    # read Go processes' goroutines for attribution (bpf/go_probes.c)
-    time_split: bool = False      # the sched tracepoints of the time split (bpf/sched_probes.c): opt-in
+    time_split: bool = True       # the sched tracepoint of the time split (bpf/sched_probes.c); --no-time-split
     traces_sampler: str = "parentbased_always_on"  # OTEL_TRACES_SAMPLER (pipeline/sampling.py)
     traces_sampler_arg: Optional[str] = None        # OTEL_TRACES_SAMPLER_ARG: the ratio
     uprobe_links: str = "auto"    # auto, multi or perf: how uprobes are planted (probes/uprobe_links.py)

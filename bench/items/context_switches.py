@@ -1,11 +1,11 @@
 """Item 17: what the time split's sched tracepoints (bpf/sched_probes.c) cost a context
 switch. bench/native/switch_loop.c ping-pongs two threads on one CPU over pipes (two
-switches, two wake-ups and four pipe syscalls a round trip), untraced and traced (it loads
+switches and four pipe syscalls a round trip), untraced and traced (it loads
 libcudart, so the collector keeps its threads' time), in interleaved rounds: with nothing
-attached, with no-op programs on the same raw sched tracepoints (the kernel's floor), with the
-collector run --time-split, and with the collector as it runs by default (the split is
-opt-in; its syscall tracepoints alone: what the pipe syscalls pay). The time split's share
-per switch = (the --time-split round trip - the default one) / 2. Our sched programs' own run time per
+attached, with no-op programs on the same raw sched tracepoint (the kernel's floor), with the
+collector as it runs by default (the split on), and with it run --no-time-split (its syscall
+tracepoints alone: what the pipe syscalls pay). The time split's share per switch = (the
+default round trip - the --no-time-split one) / 2. Our sched programs' own run time per
 hit comes from kernel.bpf_stats_enabled over a separate traced loop."""
 from __future__ import annotations
 
@@ -67,7 +67,7 @@ def run(quick: bool, starts: list) -> dict:
         phases["none"].append(_loop(n, reps, False))
         with _noop():
             phases["noop"].append(_loop(n, reps, False))
-        for key, args in (("split", ("--time-split",)), ("no_split", ())):
+        for key, args in (("split", ()), ("no_split", ("--no-time-split",))):
             col = Collector(args=args)
             starts.append(col.ready_s)
             try:
@@ -89,13 +89,13 @@ def rows(r: dict) -> list:
     ph = r["phases"]
     spread = lambda xs: f"{min(xs):.0f}-{max(xs):.0f}"  # noqa: E731
     untraced, floor = r["untraced_added_ns_per_switch"], r["floor_ns_per_switch"]
-    out = [("17", f"untraced process, ns per context switch the time split adds (collector --time-split - "
-                  f"collector) vs no-op programs on the sched tracepoints ({r['rounds']} interleaved rounds; "
+    out = [("17", f"untraced process, ns per context switch the time split adds (collector - collector "
+                  f"--no-time-split) vs a no-op program on the sched tracepoint ({r['rounds']} interleaved rounds; "
                   f"round trip none {spread(ph['none'])}, no-op {spread(ph['noop'])}, collector "
-                  f"{spread(ph['split'])}, without {spread(ph['no_split'])} ns)",
+                  f"{spread(ph['split'])}, --no-time-split {spread(ph['no_split'])} ns)",
             f"{untraced:+.0f} vs {floor:+.0f}", f"<= {TARGET_NS}", untraced <= TARGET_NS),
            ("17", f"traced process (its threads' time kept): ns per context switch the time split adds (round trip "
-                  f"--time-split {spread(ph['split_traced'])}, without {spread(ph['no_split_traced'])} ns)",
+                  f"split on {spread(ph['split_traced'])}, off {spread(ph['no_split_traced'])} ns)",
             f"{r['traced_added_ns_per_switch']:+.0f}", "", None)]
     p = r.get("programs") or {}
     if p.get("ns_per_hit") is not None:

@@ -37,7 +37,7 @@ def bpf_dir() -> Path:
 @dataclass(frozen=True)
 class ProgramOptions:
     trace_all: bool = True      # False with --pid/--exe filters
-    time_split: bool = False    # the sched tracepoints (bpf/sched_probes.c): --time-split
+    time_split: bool = False    # the sched tracepoint (bpf/sched_probes.c): from the config, on by default
     ringbuf_pages: int = 2048   # 8 MiB; a power of two
     max_procs: int = 4096
     max_conns: int = 65536

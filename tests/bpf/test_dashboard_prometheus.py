@@ -120,7 +120,7 @@ def legend_failures(title: str, series: list, legend: set) -> list:
 def test_every_dashboard_query_returns_series_with_its_legend_labels(tmp_path, receiver, start_collector,
                                                                       start_target, targets, prometheus):
     port = free_port()
-    collector = start_collector("--prometheus-port", str(port), "--gpu-price", "3.6", "--time-split")  # its panel
+    collector = start_collector("--prometheus-port", str(port), "--gpu-price", "3.6")  # the time split's panel too: on by default
     prom = prometheus(f"127.0.0.1:{port}")
 
     def start(*args) -> Target:  # stopped at the test's end, whatever happens (the targets fixture)

@@ -43,7 +43,7 @@ def test_detach_all_closes_every_probe_before_returning(links):
     assert probes >= 20 and tracepoints == len(HTTP_TRACEPOINTS + LIBRARY_TRACEPOINTS), bpf.tracepoint_fds
     perf, link = _probe_fds()
     raw = len(bpf.raw_tracepoint_fds)  # links: every syscall's entry and exit, graph_probes.c's process exit
-    # (the time split's: opt-in)
+    # (the time split's sched_switch: not in a program built with ProgramOptions' defaults)
     assert raw == len(HTTP_RAW_TRACEPOINTS + GRAPH_RAW_TRACEPOINTS + LIBRARY_RAW_TRACEPOINTS), bpf.raw_tracepoint_fds
     assert (perf - perf_before, link - links_before) == \
         ((tracepoints, probes + raw) if links == "multi" else (probes + tracepoints, raw))

@@ -7,7 +7,7 @@ import pytest
 
 from otel_gpu.config import DEFAULT_BPF_CACHE
 from otel_gpu.probes.rows import (CUDA_PROBES, GRAPH_RAW_TRACEPOINTS, HTTP_RAW_TRACEPOINTS, HTTP_TRACEPOINTS,
-                                  LIBRARY_RAW_TRACEPOINTS, LIBRARY_TRACEPOINTS)
+                                  LIBRARY_RAW_TRACEPOINTS, LIBRARY_TRACEPOINTS, SCHED_TRACEPOINTS)
 from tests.bpf.probe_harness import open_fds
 
 
@@ -46,9 +46,9 @@ def test_sigterm_detaches_every_probe(receiver, start_collector, start_target, l
     expected = "uprobe_multi links" if links == "auto" else "perf-event uprobes (as configured)"
     assert any(f"uprobes: {expected}" in line for line in collector.log.lines)
     # The tracepoints are perf events; the raw ones (every syscall's entry and exit,
-    # graph_probes.c's process exit) are links (the time split's are opt-in: --time-split).
+    # graph_probes.c's process exit, the time split's sched_switch) are links.
     tracepoints = len(HTTP_TRACEPOINTS) + len(LIBRARY_TRACEPOINTS)
-    raw = len(HTTP_RAW_TRACEPOINTS + GRAPH_RAW_TRACEPOINTS + LIBRARY_RAW_TRACEPOINTS)
+    raw = len(HTTP_RAW_TRACEPOINTS + GRAPH_RAW_TRACEPOINTS + LIBRARY_RAW_TRACEPOINTS + SCHED_TRACEPOINTS)
     perf, link = open_fds("[perf_event]", pid) - tracepoints, open_fds("bpf_link", pid) - raw
     assert perf >= 0 and link >= 0, (perf, link)
     uprobes, others = (link, perf) if links == "auto" else (perf, link)

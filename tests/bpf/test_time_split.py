@@ -26,7 +26,7 @@ NAPS, NAP_S = 40, 0.001  # targets/time_split_http.py
 
 @pytest.fixture(scope="module")
 def collector():
-    with module_collector("--time-split", "--flush-interval", "1") as c:
+    with module_collector("--flush-interval", "1") as c:  # the split is on by default
         yield c
 
 
@@ -148,9 +148,9 @@ def test_requests_sharing_an_event_loop_are_flagged_shared(collector, tmp_path):
 
 
 def test_without_time_split_no_sched_tracepoint_runs(receiver, start_collector, tmp_path):
-    """By default (the split is opt-in: --time-split) no sched tracepoint runs (no host-wide
-    cost per context switch), and no span says where its time went."""
-    collector = start_collector("--flush-interval", "1")
+    """With --no-time-split no sched tracepoint runs (no host-wide cost per context
+    switch), and no span says where its time went."""
+    collector = start_collector("--no-time-split", "--flush-interval", "1")
     target = start("stdlib", tmp_path)
     try:
         target.go()

@@ -224,7 +224,7 @@ def test_the_time_split_sees_the_synchronize(receiver, start_collector, capsys):
     the span's time split must hold the synchronize's time, as gpu_sync where the runtime
     blocks in it and as on_cpu where it spins (CUDA's default for a busy wait on few
     threads). The parts add up to the span's duration. Printed beside torch's own figure."""
-    _, target = _traced(start_collector, "torch_server.py", "--time-split")  # opt-in
+    _, target = _traced(start_collector, "torch_server.py")  # the time split: on by default
     try:
         get_json(target.port, "/wait/20")  # warm-up: the sleep kernel's first launch
         measured = get_json(target.port, "/wait/200")["sync_seconds"]
