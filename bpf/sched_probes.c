@@ -10,7 +10,7 @@
  * inside a synchronising call, else blocked) until it runs again. */
 #include "maps.h"
 
-#if TIMES_ON  /* bpf/thread_times.c: --time-split, and BTF */
+#if TIMES_ON  /* bpf/thread_times.c: the split on (the default), and BTF */
 
 static __always_inline void thread_time_add(struct thread_time *t, u64 now)
 {
@@ -68,4 +68,4 @@ RAW_TRACEPOINT_PROBE(sched_switch)
     return 0;
 }
 
-#endif /* TIMES_ON: opt-in (--time-split) */
+#endif /* TIMES_ON: off with --no-time-split */

@@ -34,7 +34,7 @@ struct thread_time {
 BPF_F_TABLE("hash", u32, struct thread_time, thread_times, 65536, BY_NEED);
 
 #define TIMES_ON (TIME_SPLIT && TASK_PID_OFFSET >= 0 && TASK_TGID_OFFSET >= 0 && TASK_STATE_OFFSET >= 0 \
-                   && TASK_RUN_DELAY_OFFSET >= 0)  /* off: not --time-split, or no BTF */
+                   && TASK_RUN_DELAY_OFFSET >= 0)  /* off: --no-time-split, or no BTF */
 
 /* The running thread's runqueue wait so far (ns). */
 static __always_inline u64 current_run_delay(void)

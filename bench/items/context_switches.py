@@ -6,10 +6,13 @@ attached, with no-op programs on the same raw sched tracepoint (the kernel's flo
 collector as it runs by default (the split on), and with it run --no-time-split (its syscall
 tracepoints alone: what the pipe syscalls pay). The time split's share per switch = (the
 default round trip - the --no-time-split one) / 2. Our sched programs' own run time per
-hit comes from kernel.bpf_stats_enabled over a separate traced loop."""
+hit comes from kernel.bpf_stats_enabled over a separate traced loop. Then what a traced
+service pays per request: the bench service's CPU per request under the collector with and
+without the split, interleaved (_per_request)."""
 from __future__ import annotations
 
 import contextlib
+import os
 import statistics
 import subprocess
 
@@ -17,10 +20,14 @@ from otel_gpu.probes.rows import SCHED_TRACEPOINTS
 from otel_gpu.probes.source import kernel_headers_hint
 
 from .. import bpfstats
+from tests.support.collector_process import cpu_seconds
+
 from ..collector import Collector
 from ..native import build, use_private_cudart
+from ..target import Service
 
 SWITCHES_PER_ROUND_TRIP = 2
+PATH = "/launch/0"  # the bench service's HTTP path alone (bench/http_service.py)
 TARGET_NS = 100  # issue 48: an untraced busy process's cost per context switch
 # bcc gives the kernel a raw tracepoint program's name without its raw_tracepoint__ prefix,
 # cut at 15 characters.
@@ -82,7 +89,47 @@ def run(quick: bool, starts: list) -> dict:
     out["untraced_added_ns_per_switch"] = (med("split") - med("no_split")) / SWITCHES_PER_ROUND_TRIP
     out["traced_added_ns_per_switch"] = (med("split_traced") - med("no_split_traced")) / SWITCHES_PER_ROUND_TRIP
     out["floor_ns_per_switch"] = (med("noop") - med("none")) / SWITCHES_PER_ROUND_TRIP
+    out["service"] = _per_request(2 if quick else 5, rounds, starts)
     return out
+
+
+def _per_request(seconds: float, rounds: int, starts: list) -> dict:
+    """The traced service's cost per request: the bench service (real libcudart, its HTTP
+    path alone: GET /launch/0, one keep-alive connection) under the collector with the
+    split and run --no-time-split, interleaved; its own CPU per request (utime + stime:
+    the sched program and the snapshots run on its threads) and the switches its threads
+    made per request (/proc voluntary + involuntary)."""
+    phases: dict = {"split": [], "no_split": [], "switches": []}
+    svc = Service()
+    try:
+        svc.load(1, conns=1, path=PATH)  # warm-up
+        for _ in range(rounds):
+            for key, args in (("split", ()), ("no_split", ("--no-time-split",))):
+                col = Collector(args=args)
+                starts.append(col.ready_s)
+                try:
+                    col.wait_traced(svc.pid)
+                    svc.load(1, conns=1, path=PATH)
+                    cpu0, sw0 = cpu_seconds(svc.pid), _switches(svc.pid)
+                    n = max(svc.load(seconds, conns=1, path=PATH)["ok"], 1)
+                    phases[key].append((cpu_seconds(svc.pid) - cpu0) / n * 1e6)
+                    phases["switches"].append((_switches(svc.pid) - sw0) / n)
+                finally:
+                    col.stop()
+    finally:
+        svc.stop()
+    added = statistics.median(phases["split"]) - statistics.median(phases["no_split"])
+    return {"seconds": seconds, "path": PATH, "phases": phases, "added_us_per_request": added,
+            "switches_per_request": statistics.median(phases["switches"])}
+
+
+def _switches(pid: int) -> int:
+    """Context switches of every thread of `pid` so far."""
+    total = 0
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{tid}/status") as f:
+            total += sum(int(line.split()[1]) for line in f if "ctxt_switches:" in line)
+    return total
 
 
 def rows(r: dict) -> list:
@@ -101,4 +148,11 @@ def rows(r: dict) -> list:
     if p.get("ns_per_hit") is not None:
         out.append(("17", f"  our sched programs' own run time per hit, traced loop (bpf_stats, {p['runs']} hits; "
                           "a round trip is 2 switches, each a hit)", f"{p['ns_per_hit']:.0f} ns", "", None))
+    s = r.get("service")
+    if s:
+        out.append(("17", f"traced service, its CPU per request the time split adds ({s['path']}, 1 connection, "
+                          f"{r['rounds']} interleaved rounds of {s['seconds']} s; on "
+                          f"{spread(s['phases']['split'])}, --no-time-split {spread(s['phases']['no_split'])} µs; "
+                          f"{s['switches_per_request']:.1f} switches a request)",
+                    f"{s['added_us_per_request']:+.1f} µs", "", None))
     return out
