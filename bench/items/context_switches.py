@@ -12,7 +12,6 @@ without the split, interleaved (_per_request)."""
 from __future__ import annotations
 
 import contextlib
-import os
 import statistics
 import subprocess
 
@@ -97,9 +96,8 @@ def _per_request(seconds: float, rounds: int, starts: list) -> dict:
     """The traced service's cost per request: the bench service (real libcudart, its HTTP
     path alone: GET /launch/0, one keep-alive connection) under the collector with the
     split and run --no-time-split, interleaved; its own CPU per request (utime + stime:
-    the sched program and the snapshots run on its threads) and the switches its threads
-    made per request (/proc voluntary + involuntary)."""
-    phases: dict = {"split": [], "no_split": [], "switches": []}
+    the sched program and the snapshots run on its threads)."""
+    phases: dict = {"split": [], "no_split": []}
     svc = Service()
     try:
         svc.load(1, conns=1, path=PATH)  # warm-up
@@ -110,26 +108,15 @@ def _per_request(seconds: float, rounds: int, starts: list) -> dict:
                 try:
                     col.wait_traced(svc.pid)
                     svc.load(1, conns=1, path=PATH)
-                    cpu0, sw0 = cpu_seconds(svc.pid), _switches(svc.pid)
+                    cpu0 = cpu_seconds(svc.pid)
                     n = max(svc.load(seconds, conns=1, path=PATH)["ok"], 1)
                     phases[key].append((cpu_seconds(svc.pid) - cpu0) / n * 1e6)
-                    phases["switches"].append((_switches(svc.pid) - sw0) / n)
                 finally:
                     col.stop()
     finally:
         svc.stop()
     added = statistics.median(phases["split"]) - statistics.median(phases["no_split"])
-    return {"seconds": seconds, "path": PATH, "phases": phases, "added_us_per_request": added,
-            "switches_per_request": statistics.median(phases["switches"])}
-
-
-def _switches(pid: int) -> int:
-    """Context switches of every thread of `pid` so far."""
-    total = 0
-    for tid in os.listdir(f"/proc/{pid}/task"):
-        with open(f"/proc/{pid}/task/{tid}/status") as f:
-            total += sum(int(line.split()[1]) for line in f if "ctxt_switches:" in line)
-    return total
+    return {"seconds": seconds, "path": PATH, "phases": phases, "added_us_per_request": added}
 
 
 def rows(r: dict) -> list:
@@ -152,7 +139,6 @@ def rows(r: dict) -> list:
     if s:
         out.append(("17", f"traced service, its CPU per request the time split adds ({s['path']}, 1 connection, "
                           f"{r['rounds']} interleaved rounds of {s['seconds']} s; on "
-                          f"{spread(s['phases']['split'])}, --no-time-split {spread(s['phases']['no_split'])} µs; "
-                          f"{s['switches_per_request']:.1f} switches a request)",
+                          f"{spread(s['phases']['split'])}, --no-time-split {spread(s['phases']['no_split'])} µs)",
                     f"{s['added_us_per_request']:+.1f} µs", "", None))
     return out
