@@ -84,6 +84,7 @@ class LaunchRoutes:
     driver_seen: bool = False
     files: dict = field(default_factory=dict)       # runtime file key -> routed, decided at first sight
     processes: dict = field(default_factory=dict)   # pid -> _Process
+    taught: set = field(default_factory=set)  # pids whose learners were ever on: only theirs made pairs
     closing: bool = False     # a process's detached links may still run: confirm_detached() looks
 
     def saw(self, targets: Iterable) -> None:
@@ -172,19 +173,22 @@ class LaunchRoutes:
 
     def exited(self, pids: set) -> None:
         """Processes gone (their last records read): their entries, and their kernels'
-        pairs, which must not name the launches of a process given the same pid."""
-        routed = {pid for pid in pids if pid in self.processes}  # only their learners made pairs
+        pairs and cache slots, which must not name the launches of a process given the
+        same pid. Only a process that learned has any: the tables are read for those."""
         for pid in pids:
             self.forget(pid)  # one at the driver has no probe of its own for detach() to forget
-        for k in [k for k in self.pairs.keys() if k.tgid in pids] if self.pairs is not None else ():
+        taught = pids & self.taught
+        if not taught:
+            return
+        self.taught -= taught
+        for k in [k for k in self.pairs.keys() if k.tgid in taught] if self.pairs is not None else ():
             try:
                 del self.pairs[k]
             except KeyError:
                 pass
-        if routed and self.cache is not None:  # a slot may outlive its pair's LRU entry: all are read
-            for slot, pair in self.cache.items():
-                if pair.tgid in routed:
-                    self.cache.table[slot] = self.cache.Leaf()
+        for slot, pair in self.cache.items() if self.cache is not None else ():  # a slot may outlive its pair
+            if pair.tgid in taught:
+                self.cache.table[slot] = self.cache.Leaf()
 
     def state(self) -> dict:
         """For `otel-gpu status`: processes counting their runtime launches at the driver,
@@ -211,6 +215,8 @@ class LaunchRoutes:
     def _learn(self, pid: int, on: bool) -> None:
         """pid's `launch_learning` entry: set before its learners attach, gone before they
         detach (bpf/launch_routes.c)."""
+        if on:
+            self.taught.add(pid)
         if self.learning is None:
             return
         key = ct.c_uint32(pid)

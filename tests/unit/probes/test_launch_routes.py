@@ -251,3 +251,30 @@ def test_an_exited_process_leaves_no_entry_and_no_pair():
     assert r.state() == {"at_driver": 0, "at_runtime": 0}
     assert r.pairs == {Key(PID + 1, 0xA0): 0x7000}
     assert r.cache.table[3].tgid == 0 and r.cache.table[9] is other
+
+
+def test_a_process_that_learned_then_left_loses_its_pairs_at_its_exit_and_one_that_never_learned_costs_no_read():
+    """Pairs and slots are made only by a process whose learners were on: one that left
+    (its probes detached, its entry forgotten) before it exited still loses them at its
+    exit; the exit of one that never learned reads neither table."""
+    from collections import namedtuple
+    Key = namedtuple("Key", "tgid handle")
+
+    class Untouchable(dict):
+        def keys(self):
+            raise AssertionError("read for a process that never learned")
+
+        def items(self):
+            raise AssertionError("read for a process that never learned")
+
+    r, _, _ = routes([0.0])
+    r.saw([LIBCUDA])
+    r.see(PID, [CUDART, LIBCUDA])  # learns
+    r.forget(PID)  # left: no longer selected, its probes detached
+    r.pairs = Untouchable()
+    r.cache = Untouchable()
+    r.exited({PID + 7})  # never seen, never learned
+    r.pairs = {Key(PID, 0xA0): 0x7000}
+    r.cache = PairCache({5: SimpleNamespace(handle=0xA0, func=0x7000, tgid=PID, check=1)})
+    r.exited({PID})
+    assert r.pairs == {} and r.cache.table[5].tgid == 0
