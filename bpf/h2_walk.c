@@ -9,7 +9,7 @@
  * at the next. What the walk cannot cover stops it for good, with its cause on the
  * record (H2_STOP_*), which user space counts as it drops the connection.
  *
- * Tail-called by io_exit (http_probes.c) with the transfer in this CPU's h2_transfers
+ * Tail-called by io_done (http_probes.c) with the transfer in this CPU's h2_transfers
  * slot; a run walks H2_WALK_STEPS steps and tail-calls itself to go on, so a transfer
  * gets up to ~32 runs (the kernel's tail-call limit) while the verifier checks one.
  * Comes after http_syscalls.c (conns, the emit path's helpers). */
@@ -175,7 +175,7 @@ static __always_inline int h2_step(struct h2_scratch *s, struct h2_transfer *t, 
     return 0;
 }
 
-/* Never attached: io_exit tail-calls it for a transfer of a walked HTTP/2 connection. */
+/* Never attached: io_done tail-calls it for a transfer of a walked HTTP/2 connection. */
 int h2_walk(void *ctx)
 {
     u32 zero = 0;

@@ -46,21 +46,12 @@ struct conn_share {
 };
 BPF_HASH(conn_shares, u32, struct conn_share, MAX_PROCS);
 
-struct pending_accept {
-    s32 listen_fd;
-    u32 pad;
-    u64 addr;      /* struct sockaddr __user * */
-};
-/* Syscalls in progress, by thread. LRU: a thread killed mid-syscall leaves no leak. */
-BPF_TABLE("lru_hash", u64, struct pending_accept, accepting, 4096);
-
-struct pending_io {
+/* A read or write syscall's buffer, as its exit finds it in the saved registers. */
+struct io_args {
     s32 fd;
     u32 is_iov;    /* non-zero: buf points at an array of this many struct iovec */
     u64 buf;
 };
-BPF_TABLE("lru_hash", u64, struct pending_io, reading, 4096);
-BPF_TABLE("lru_hash", u64, struct pending_io, writing, 4096);
 
 /* Per-CPU scratch: a sock_io_event is too large for the 512-byte BPF stack. The slack
  * after it lets gather_iov() copy at a variable offset the verifier can bound. The
@@ -97,7 +88,7 @@ struct h2_walk {
  * (CNT_H2_UNWALKED). */
 BPF_HASH(h2_walks, struct conn_key, struct h2_walk, MAX_H2_CONNS);
 /* The transfer h2_walk (tail-called: verified once, and able to go on in a new run
- * where one run's steps end) walks next: left by io_exit in this CPU's slot. */
+ * where one run's steps end) walks next: left by io_done in this CPU's slot. */
 struct h2_transfer {
     u64 id;       /* pid_tgid */
     u64 buf;      /* the buffer, or the iovec array */
@@ -121,7 +112,7 @@ BPF_PROG_ARRAY(h2_walkers, 1);
  * then (or where the verifier refused it) HTTP/2 connections are copied as any other. */
 BPF_ARRAY(h2_walk_on, u32, 1);
 #define EMIT_HEAD_SCAN 1 /* emit_sock_io: its read's head is to be decided (head_sampling.c) */
-#define EMIT_H2_WALK 2   /* emit_sock_io sent nothing: the transfer is h2_walk's (io_exit hands a
+#define EMIT_H2_WALK 2   /* emit_sock_io sent nothing: the transfer is h2_walk's (io_done hands a
                           * walked connection's later transfers to it without copying them first) */
 
 /* The connection is HTTP/2 from here on: its frames are walked, reads from the client
@@ -164,25 +155,12 @@ static __always_inline void forget_conn(struct conn_key *key, struct conn_state 
     conns.delete(key);
 }
 
-/* accept_*, io_*: called only for a process maybe_traced (http_syscalls.c's dispatch). */
-static __always_inline void accept_enter(s32 listen_fd, void *addr)
+/* accept_done, io_done: called at the syscall's exit (its arguments still in the saved
+ * registers), only for a process maybe_traced (http_syscalls.c's dispatch). */
+static __always_inline void accept_done(s32 listen_fd, u64 addr, long ret)
 {
     u64 id = bpf_get_current_pid_tgid();
-    if (!is_traced(id >> 32))
-        return; /* its pid bit outlived its entry */
-    struct pending_accept p = {.listen_fd = listen_fd, .addr = (u64)addr};
-    accepting.update(&id, &p);
-}
-
-static __always_inline void accept_exit(long ret)
-{
-    u64 id = bpf_get_current_pid_tgid();
-    struct pending_accept *p = accepting.lookup(&id);
-    if (!p)
-        return;
-    struct pending_accept pa = *p;
-    accepting.delete(&id);
-    if (ret < 0)
+    if (ret < 0 || !is_traced(id >> 32)) /* the latter: its pid bit outlived its entry */
         return;
     struct conn_key key = {.tgid = id >> 32, .fd = (s32)ret};
     struct conn_state st = {}, *old = conns.lookup(&key);
@@ -202,14 +180,14 @@ static __always_inline void accept_exit(long ret)
     }
     fill_header(&e.h, EV_ACCEPT, id);
     e.fd = (s32)ret;
-    e.listen_fd = pa.listen_fd;
-    if (pa.addr) {
-        bpf_probe_read_user(&e.family, sizeof(e.family), (void *)pa.addr);
-        bpf_probe_read_user(&e.peer_port, sizeof(e.peer_port), (void *)(pa.addr + 2));
+    e.listen_fd = listen_fd;
+    if (addr) {
+        bpf_probe_read_user(&e.family, sizeof(e.family), (void *)addr);
+        bpf_probe_read_user(&e.peer_port, sizeof(e.peer_port), (void *)(addr + 2));
         if (e.family == 2 /* AF_INET */)
-            bpf_probe_read_user(e.peer_addr, 4, (void *)(pa.addr + 4));
+            bpf_probe_read_user(e.peer_addr, 4, (void *)(addr + 4));
         else if (e.family == 10 /* AF_INET6 */)
-            bpf_probe_read_user(e.peer_addr, 16, (void *)(pa.addr + 8));
+            bpf_probe_read_user(e.peer_addr, 16, (void *)(addr + 8));
     }
     submit(&e, sizeof(e));
 }
@@ -333,7 +311,7 @@ static __always_inline int emit_sock_io(struct sock_io_scratch *scratch, u8 kind
 
 /* A write's last HTTP_TAIL_CAP bytes into the scratch event (user space finds a chunked
  * body's end in them), when `buf` is the whole buffer; none for an iovec (buf 0) or a
- * read. Read before emit_sock_io, in a program without the iovec path (io_exit): as a
+ * read. Read before emit_sock_io, in a program without the iovec path (io_done): as a
  * branch after the iovec copy's unrolled loop it made the verifier walk the rest of each
  * write program once more per state (127 k instructions, 0.22 s each of a warm start). */
 static __always_inline void write_tail(struct sock_io_scratch *scratch, u8 kind, u64 buf, long ret)
@@ -380,37 +358,9 @@ static __always_inline u32 gather_iov(u64 iovp, u32 count, u64 ret)
     return off;
 }
 
-static __always_inline void io_enter(u8 kind, s32 fd, u64 buf, u32 is_iov)
-{
-    u64 id = bpf_get_current_pid_tgid();
-    u32 tgid = id >> 32;
-    if (!is_traced(tgid))
-        return;
-    struct conn_key key = {.tgid = tgid, .fd = fd};
-    struct conn_state *st = conns.lookup(&key);
-    if (!st || (st->state == CONN_OTHER && !st->tls))
-        return;
-    if (st->tls) { /* ciphertext: its plaintext comes from the SSL probes */
-        if (!st->ssl && kind == EV_SOCK_READ)
-            tls_last_read.update(&id, &fd);
-        return;
-    }
-    struct tls_call *t = tls_calls.lookup(&id);
-    if (t) { /* inside SSL_read/SSL_write/SSL_do_handshake: this is its SSL*'s socket */
-        tls_tie(tgid, t->ssl, fd, st);
-        return;
-    }
-    struct pending_io p = {.fd = fd, .is_iov = is_iov, .buf = buf};
-    /* bcc maps cannot be passed by pointer: pick by kind. */
-    if (kind == EV_SOCK_READ)
-        reading.update(&id, &p);
-    else
-        writing.update(&id, &p);
-}
-
 /* Hands the transfer to h2_walk (tail-called: it returns only where h2_walk is not
  * installed, counted). */
-static __always_inline void h2_walk_transfer(void *ctx, u8 kind, u64 id, struct pending_io *p, long ret, int iovec)
+static __always_inline void h2_walk_transfer(void *ctx, u8 kind, u64 id, struct io_args *p, long ret, int iovec)
 {
     u32 zero = 0;
     struct h2_transfer *t = h2_transfers.lookup(&zero);
@@ -426,24 +376,29 @@ static __always_inline void h2_walk_transfer(void *ctx, u8 kind, u64 id, struct 
 /* `iovec`: the syscall's buffer is an iovec array (readv, writev, recvmsg, sendmsg); a
  * constant, so each program holds one path only (each path is verified once, not for
  * every state of the other). */
-static __always_inline void io_exit(void *ctx, u8 kind, long ret, int iovec)
+static __always_inline void io_done(void *ctx, u8 kind, struct io_args p, long ret, int iovec)
 {
     u64 id = bpf_get_current_pid_tgid();
-    struct pending_io *pp = kind == EV_SOCK_READ ? reading.lookup(&id) : writing.lookup(&id);
-    if (!pp)
+    u32 tgid = id >> 32;
+    if (!is_traced(tgid))
         return;
-    struct pending_io p = *pp;
-    if (kind == EV_SOCK_READ)
-        reading.delete(&id);
-    else
-        writing.delete(&id);
-    if (ret <= 0 || (p.is_iov != 0) != iovec) /* the latter: left by another syscall, its exit unseen */
+    struct conn_key key = {.tgid = tgid, .fd = p.fd};
+    struct conn_state *st = conns.lookup(&key);
+    if (!st || (st->state == CONN_OTHER && !st->tls))
+        return;
+    if (st->tls) { /* ciphertext: its plaintext comes from the SSL probes */
+        if (!st->ssl && kind == EV_SOCK_READ)
+            tls_last_read.update(&id, &key.fd);
+        return;
+    }
+    struct tls_call *t = tls_calls.lookup(&id);
+    if (t) { /* inside SSL_read/SSL_write/SSL_do_handshake: this is its SSL*'s socket */
+        tls_tie(tgid, t->ssl, key.fd, st);
+        return;
+    }
+    if (ret <= 0)
         return;
     u64 buf = p.buf, copy_max = (u64)ret;
-    struct conn_key key = {.tgid = id >> 32, .fd = p.fd};
-    struct conn_state *st = conns.lookup(&key);
-    if (!st)
-        return;
     if (st->req.unframed && h2_walks.lookup(&key)) { /* walked: h2_walk alone reads its bytes */
         h2_walk_transfer(ctx, kind, id, &p, ret, iovec);
         return;

@@ -2,26 +2,21 @@
  * program calls with its arguments): accept, the reads and writes of every flavour,
  * close (a tracked connection ends), and process exit.
  *
- * Attached once, at raw_syscalls' sys_enter and sys_exit: raw tracepoints build no perf
- * record per hit, as the per-syscall tracepoints do, and that record was most of what
- * every process on the host paid for them (bench item 7). An untraced process's syscall
- * costs the dispatch and one inlined pid read. A traced process's is tail-called, by its
- * number, into the program for that syscall and phase (on_enter_<name>, on_exit_<name>),
- * which probes/syscalls.py puts in sys_enters and sys_exits as the program loads, before
- * any process is traced. x86-64: its numbers, and the arguments in di, si and dx of the
- * registers saved at entry (a traced process is a 64-bit CUDA or HIP one: no ia32 calls). */
+ * Attached once, at raw_syscalls' sys_exit alone: a raw tracepoint builds no perf record
+ * per hit, as the per-syscall tracepoints do, and that record was most of what every
+ * process on the host paid for them (bench item 7); and each call is seen once, at its
+ * exit, where its arguments are still in the registers saved at its entry (the kernel
+ * writes only ax, the return value) and its result is known. So nothing is kept between
+ * a call's entry and exit, and no program runs at any syscall's entry on the host.
+ * An untraced process's syscall costs the dispatch and one inlined pid read. A traced
+ * process's is tail-called, by its number (orig_ax), into the program for that syscall
+ * (on_<name>), which probes/syscalls.py puts in sys_exits as the program loads, before any
+ * process is traced. x86-64: its numbers, and the arguments in di, si and dx (a traced
+ * process is a 64-bit CUDA or HIP one: no ia32 calls). */
 #include "maps.h"
 
 #define SYSCALL_SLOTS 512 /* above x86-64's highest syscall number (463 in 6.18) */
-BPF_PROG_ARRAY(sys_enters, SYSCALL_SLOTS);
 BPF_PROG_ARRAY(sys_exits, SYSCALL_SLOTS);
-
-RAW_TRACEPOINT_PROBE(sys_enter) /* args[0]: the saved registers, args[1]: the number */
-{
-    if (maybe_traced(bpf_get_current_pid_tgid() >> 32))
-        sys_enters.call(ctx, (u32)ctx->args[1]); /* returns where no program is for it */
-    return 0;
-}
 
 RAW_TRACEPOINT_PROBE(sys_exit) /* args[0]: the saved registers, args[1]: the return value */
 {
@@ -29,11 +24,11 @@ RAW_TRACEPOINT_PROBE(sys_exit) /* args[0]: the saved registers, args[1]: the ret
         return 0;
     u64 nr = SYSCALL_SLOTS;
     bpf_probe_read_kernel(&nr, sizeof(nr), &((struct pt_regs *)ctx->args[0])->orig_ax);
-    sys_exits.call(ctx, (u32)nr);
+    sys_exits.call(ctx, (u32)nr); /* returns where no program is for it */
     return 0;
 }
 
-/* Argument `i` (0, 1 or 2: a constant) of the syscall, at its entry. */
+/* Argument `i` (0, 1 or 2: a constant) of the syscall, from the registers saved at its entry. */
 static __always_inline u64 sys_arg(struct bpf_raw_tracepoint_args *ctx, int i)
 {
     struct pt_regs *regs = (struct pt_regs *)ctx->args[0];
@@ -42,56 +37,54 @@ static __always_inline u64 sys_arg(struct bpf_raw_tracepoint_args *ctx, int i)
     return v;
 }
 #define SYS_RET(ctx) ((long)(ctx)->args[1])
-#define ENTER(name) int on_enter_##name(struct bpf_raw_tracepoint_args *ctx)
-#define EXIT(name) int on_exit_##name(struct bpf_raw_tracepoint_args *ctx)
+#define ON(name) int on_##name(struct bpf_raw_tracepoint_args *ctx)
 
-ENTER(accept4) { accept_enter(sys_arg(ctx, 0), (void *)sys_arg(ctx, 1)); return 0; }
-EXIT(accept4) { accept_exit(SYS_RET(ctx)); return 0; }
-ENTER(accept) { accept_enter(sys_arg(ctx, 0), (void *)sys_arg(ctx, 1)); return 0; }
-EXIT(accept) { accept_exit(SYS_RET(ctx)); return 0; }
+ON(accept4) { accept_done(sys_arg(ctx, 0), sys_arg(ctx, 1), SYS_RET(ctx)); return 0; }
+ON(accept) { accept_done(sys_arg(ctx, 0), sys_arg(ctx, 1), SYS_RET(ctx)); return 0; }
 
-ENTER(read) { io_enter(EV_SOCK_READ, sys_arg(ctx, 0), sys_arg(ctx, 1), 0); return 0; }
-EXIT(read) { io_exit(ctx, EV_SOCK_READ, SYS_RET(ctx), 0); return 0; }
-ENTER(recvfrom) { io_enter(EV_SOCK_READ, sys_arg(ctx, 0), sys_arg(ctx, 1), 0); return 0; }
-EXIT(recvfrom) { io_exit(ctx, EV_SOCK_READ, SYS_RET(ctx), 0); return 0; }
-/* An iovec count as pending_io.is_iov: never 0 (that means a plain buffer). */
+/* A buffer syscall's arguments: fd, then a buffer (iovecs = 0) or an array of `iovecs`. */
+static __always_inline struct io_args io_args_of(struct bpf_raw_tracepoint_args *ctx, u64 buf, u32 iovecs)
+{
+    struct io_args a = {.fd = sys_arg(ctx, 0), .is_iov = iovecs, .buf = buf};
+    return a;
+}
+/* An iovec count as io_args.is_iov: never 0 (that means a plain buffer). */
 static __always_inline u32 iov_count(u64 n)
 {
     return n == 0 ? 1 : n > H2_WALK_IOVS ? H2_WALK_IOVS : (u32)n;
 }
-ENTER(readv) { io_enter(EV_SOCK_READ, sys_arg(ctx, 0), sys_arg(ctx, 1), iov_count(sys_arg(ctx, 2))); return 0; }
-EXIT(readv) { io_exit(ctx, EV_SOCK_READ, SYS_RET(ctx), 1); return 0; }
-ENTER(write) { io_enter(EV_SOCK_WRITE, sys_arg(ctx, 0), sys_arg(ctx, 1), 0); return 0; }
-EXIT(write) { io_exit(ctx, EV_SOCK_WRITE, SYS_RET(ctx), 0); return 0; }
-ENTER(sendto) { io_enter(EV_SOCK_WRITE, sys_arg(ctx, 0), sys_arg(ctx, 1), 0); return 0; }
-EXIT(sendto) { io_exit(ctx, EV_SOCK_WRITE, SYS_RET(ctx), 0); return 0; }
-ENTER(writev) { io_enter(EV_SOCK_WRITE, sys_arg(ctx, 0), sys_arg(ctx, 1), iov_count(sys_arg(ctx, 2))); return 0; }
-EXIT(writev) { io_exit(ctx, EV_SOCK_WRITE, SYS_RET(ctx), 1); return 0; }
+#define PLAIN(ctx) io_args_of(ctx, sys_arg(ctx, 1), 0)
+#define IOVEC(ctx) io_args_of(ctx, sys_arg(ctx, 1), iov_count(sys_arg(ctx, 2)))
+
+ON(read) { io_done(ctx, EV_SOCK_READ, PLAIN(ctx), SYS_RET(ctx), 0); return 0; }
+ON(recvfrom) { io_done(ctx, EV_SOCK_READ, PLAIN(ctx), SYS_RET(ctx), 0); return 0; }
+ON(readv) { io_done(ctx, EV_SOCK_READ, IOVEC(ctx), SYS_RET(ctx), 1); return 0; }
+ON(write) { io_done(ctx, EV_SOCK_WRITE, PLAIN(ctx), SYS_RET(ctx), 0); return 0; }
+ON(sendto) { io_done(ctx, EV_SOCK_WRITE, PLAIN(ctx), SYS_RET(ctx), 0); return 0; }
+ON(writev) { io_done(ctx, EV_SOCK_WRITE, IOVEC(ctx), SYS_RET(ctx), 1); return 0; }
 
 /* recvmsg/sendmsg: struct user_msghdr { name; namelen(+pad); msg_iov @16; msg_iovlen @24; ... } */
-static __always_inline u64 msg_iov(u64 msg)
+static __always_inline struct io_args msg_args(struct bpf_raw_tracepoint_args *ctx)
 {
-    u64 iov = 0;
+    u64 msg = sys_arg(ctx, 1), iov = 0, n = 0;
     bpf_probe_read_user(&iov, sizeof(iov), (void *)(msg + 16));
-    return iov;
-}
-static __always_inline u32 msg_iovlen(u64 msg)
-{
-    u64 n = 0;
     bpf_probe_read_user(&n, sizeof(n), (void *)(msg + 24));
-    return iov_count(n);
+    return io_args_of(ctx, iov, iov_count(n));
 }
-ENTER(recvmsg) { u64 msg = sys_arg(ctx, 1); io_enter(EV_SOCK_READ, sys_arg(ctx, 0), msg_iov(msg), msg_iovlen(msg)); return 0; }
-EXIT(recvmsg) { io_exit(ctx, EV_SOCK_READ, SYS_RET(ctx), 1); return 0; }
-ENTER(sendmsg) { u64 msg = sys_arg(ctx, 1); io_enter(EV_SOCK_WRITE, sys_arg(ctx, 0), msg_iov(msg), msg_iovlen(msg)); return 0; }
-EXIT(sendmsg) { io_exit(ctx, EV_SOCK_WRITE, SYS_RET(ctx), 1); return 0; }
+ON(recvmsg) { io_done(ctx, EV_SOCK_READ, msg_args(ctx), SYS_RET(ctx), 1); return 0; }
+ON(sendmsg) { io_done(ctx, EV_SOCK_WRITE, msg_args(ctx), SYS_RET(ctx), 1); return 0; }
 
-ENTER(close)
+/* A tracked connection's close, seen at its exit: its fd is released by then (whatever
+ * close returned), so another thread's accept may hold the same number already. Once that
+ * accept has returned, it has ended this connection as an unseen close and the key is its
+ * own; until it returns, its return will (user space: "connection replaced"). Either way
+ * the fd is open again, and fd_open keeps this close from ending the new connection. */
+ON(close)
 {
     u64 id = bpf_get_current_pid_tgid();
     struct conn_key key = {.tgid = id >> 32, .fd = sys_arg(ctx, 0)};
     struct conn_state *st = conns.lookup(&key);
-    if (!st)
+    if (!st || fd_open(key.fd))
         return 0;
     /* Every tracked connection's close is reported: user space holds state from its accept. */
     int report = is_traced(key.tgid);

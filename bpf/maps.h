@@ -55,6 +55,20 @@
 #ifndef TASK_STATE_OFFSET
 #define TASK_STATE_OFFSET -1
 #endif
+/* offsetof(struct task_struct, files), (files_struct, fdt), (fdtable, max_fds) and
+ * (fdtable, fd), likewise: fd_open below; -1: no BTF. */
+#ifndef TASK_FILES_OFFSET
+#define TASK_FILES_OFFSET -1
+#endif
+#ifndef FILES_FDT_OFFSET
+#define FILES_FDT_OFFSET -1
+#endif
+#ifndef FDT_MAX_FDS_OFFSET
+#define FDT_MAX_FDS_OFFSET -1
+#endif
+#ifndef FDT_FD_OFFSET
+#define FDT_FD_OFFSET -1
+#endif
 
 BPF_RINGBUF_OUTPUT(events, RINGBUF_PAGES);
 
@@ -68,6 +82,29 @@ static __always_inline u64 thread_pointer(void)
     void *task = (void *)bpf_get_current_task();
     bpf_probe_read_kernel(&fsbase, sizeof(fsbase), task + TASK_FSBASE_OFFSET);
     return fsbase;
+}
+
+/* Whether the current process has `fd` open now (its file table's slot holds a file);
+ * 0 where the kernel's BTF gave no offsets. */
+static __always_inline int fd_open(s32 fd)
+{
+#if TASK_FILES_OFFSET >= 0 && FILES_FDT_OFFSET >= 0 && FDT_MAX_FDS_OFFSET >= 0 && FDT_FD_OFFSET >= 0
+    void *task = (void *)bpf_get_current_task(), *files = 0, *fdt = 0, *slots = 0, *file = 0;
+    u32 max_fds = 0;
+    bpf_probe_read_kernel(&files, sizeof(files), task + TASK_FILES_OFFSET);
+    if (files)
+        bpf_probe_read_kernel(&fdt, sizeof(fdt), files + FILES_FDT_OFFSET);
+    if (!fdt)
+        return 0;
+    bpf_probe_read_kernel(&max_fds, sizeof(max_fds), fdt + FDT_MAX_FDS_OFFSET);
+    bpf_probe_read_kernel(&slots, sizeof(slots), fdt + FDT_FD_OFFSET);
+    if (fd < 0 || (u32)fd >= max_fds || !slots)
+        return 0;
+    bpf_probe_read_kernel(&file, sizeof(file), slots + (u64)fd * sizeof(void *));
+    return file != 0;
+#else
+    return 0;
+#endif
 }
 
 /* Unread bytes in `events`. bcc rewrites only the map methods it knows, and

@@ -133,3 +133,16 @@ def task_fsbase_offset() -> Optional[int]:
         return Btf.running().offset("task_struct", "thread", "fsbase")
     except (OSError, ValueError, KeyError, struct.error):
         return None
+
+
+@functools.lru_cache(maxsize=1)
+def fd_table_offsets() -> Optional[tuple[int, int, int, int]]:
+    """offsetof(struct task_struct, files), (files_struct, fdt), (fdtable, max_fds) and
+    (fdtable, fd): the syscall probes read whether an fd is open at close's exit (bpf/maps.h
+    fd_open), or None without BTF (a close then ends its connection unchecked)."""
+    try:
+        btf = Btf.running()
+        return (btf.offset("task_struct", "files"), btf.offset("files_struct", "fdt"),
+                btf.offset("fdtable", "max_fds"), btf.offset("fdtable", "fd"))
+    except (OSError, ValueError, KeyError, struct.error):
+        return None

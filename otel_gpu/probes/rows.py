@@ -42,10 +42,10 @@ HIP_GRAPH_PROBES: tuple[UprobeRow, ...] = tuple(
         ("hipGraphDestroy", "cudaGraphDestroy"), ("hipGraphExecDestroy", "cudaGraphExecDestroy")))
 
 # The HTTP probes' tracepoints (bcc attaches the *_PROBE functions by itself; these lists
-# are what `otel-gpu run` reports and the detach tests check): every syscall's entry and
-# exit, raw (BPF links, no perf record; the syscalls followed: probes/syscalls.py), and
+# are what `otel-gpu run` reports and the detach tests check): every syscall's exit, raw
+# (a BPF link, no perf record; the syscalls followed: probes/syscalls.py), and
 # process exit (a perf event).
-HTTP_RAW_TRACEPOINTS: tuple[str, ...] = ("raw_syscalls:sys_enter", "raw_syscalls:sys_exit")
+HTTP_RAW_TRACEPOINTS: tuple[str, ...] = ("raw_syscalls:sys_exit",)
 HTTP_TRACEPOINTS: tuple[str, ...] = ("sched:sched_process_exit",)
 # bpf/graph_probes.c's process exit, raw (http_syscalls.c holds the perf event's program name).
 GRAPH_RAW_TRACEPOINTS: tuple[str, ...] = ("sched:sched_process_exit",)

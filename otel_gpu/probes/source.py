@@ -50,6 +50,9 @@ class ProgramOptions:
     # offsetof(task_struct, pid), (tgid), (its state) and (sched_info.run_delay), for the time
     # split (bpf/sched_probes.c, thread_times.c); -1: no BTF, no time split
     task_offsets: tuple = field(default_factory=lambda: kernel_btf.task_time_offsets() or (-1, -1, -1, -1))
+    # offsetof(task_struct, files), (files_struct, fdt), (fdtable, max_fds), (fdtable, fd): is an
+    # fd open at close's exit (bpf/maps.h fd_open); -1: no BTF, a close is not checked
+    fd_offsets: tuple = field(default_factory=lambda: kernel_btf.fd_table_offsets() or (-1, -1, -1, -1))
     uprobe_links: str = "auto"  # how uprobes are planted (probes/uprobe_links.py); not part of the program
 
     @classmethod
@@ -89,6 +92,10 @@ class ProgramOptions:
             f"-DTASK_TGID_OFFSET={self.task_offsets[1]}",
             f"-DTASK_STATE_OFFSET={self.task_offsets[2]}",
             f"-DTASK_RUN_DELAY_OFFSET={self.task_offsets[3]}",
+            f"-DTASK_FILES_OFFSET={self.fd_offsets[0]}",
+            f"-DFILES_FDT_OFFSET={self.fd_offsets[1]}",
+            f"-DFDT_MAX_FDS_OFFSET={self.fd_offsets[2]}",
+            f"-DFDT_FD_OFFSET={self.fd_offsets[3]}",
             f"-DPY_TSTATE_NEXT={python.TSTATE_NEXT}",
             f"-DPY_THREADS_WALKED={python.THREADS_WALKED}",
             *summary_buckets.cflags(),

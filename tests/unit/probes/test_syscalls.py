@@ -8,19 +8,18 @@ from pathlib import Path
 import pytest
 
 from otel_gpu.probes.source import bpf_dir
-from otel_gpu.probes.syscalls import ARRAYS, SYSCALL_NUMBERS, programs
+from otel_gpu.probes.syscalls import ARRAY, SYSCALL_NUMBERS, programs
 
 UNISTD = Path("/usr/include/x86_64-linux-gnu/asm/unistd_64.h")
 
 
 def test_the_table_names_exactly_the_programs_the_c_defines():
     text = (bpf_dir() / "http_syscalls.c").read_text()
-    defined = {f"on_{phase.lower()}_{name}" for phase, name in re.findall(r"^(ENTER|EXIT)\((\w+)\)", text, re.M)}
-    assert {fn for _, fn, _ in programs()} == defined
+    defined = {f"on_{name}" for name in re.findall(r"^ON\((\w+)\)", text, re.M)}
+    assert {fn for fn, _ in programs()} == defined
     slots = int(re.search(r"#define SYSCALL_SLOTS (\d+)", text).group(1))
-    assert all(0 <= nr < slots for _, _, nr in programs())
-    assert {array for array, _, _ in programs()} == set(ARRAYS.values())
-    assert all(f"BPF_PROG_ARRAY({array}, SYSCALL_SLOTS)" in text for array in ARRAYS.values())
+    assert all(0 <= nr < slots for _, nr in programs())
+    assert re.findall(r"BPF_PROG_ARRAY\((\w+), SYSCALL_SLOTS\)", text) == [ARRAY]
 
 
 def test_the_numbers_are_the_systems():
