@@ -134,11 +134,12 @@ class Connections:
         self._drop_requests(p, c, ev.ts_ns, "malformed HTTP/2", out)
         return False
 
-    def _break(self, p: Proc, c: Conn, tid: int) -> None:
-        """No session can follow `c` any more: its threads lose thread/process attribution."""
+    def _break(self, p: Proc, c: Conn, tid: int, hides: bool = True) -> None:
+        """No session can follow `c` any more: its threads lose thread/process attribution.
+        `hides`: requests may go on unseen on it (not where the server never spoke HTTP/2)."""
         c.broken = True
         p.broken.setdefault(tid, set()).add(c.fd)
-        if c.session is not None and not c.session.serial and not c.hides:  # HTTP/2: requests go on unseen
+        if hides and c.session is not None and not c.session.serial and not c.hides:  # HTTP/2: unseen requests
             c.hides = True
             p.hidden += 1
         for t in [t for t, fd in p.partial_heads.items() if fd == c.fd]:
@@ -172,7 +173,7 @@ class Connections:
                     self._finish(p, c, req, e.ts_ns, e.reason, out)
             elif kind is ProtocolError:
                 self._log.event(e.counter, e.level, "pid %d fd %d: %s", p.tgid, c.fd, e.message)
-                self._break(p, c, tid)
+                self._break(p, c, tid, hides=e.hides)
                 self._drop_requests(p, c, ts, e.drop_reason, out)
                 return
             elif kind is SwitchProtocol:  # the old session's last event

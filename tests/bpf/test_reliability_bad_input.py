@@ -70,8 +70,7 @@ def _finish(collector, receiver, target, expect: list) -> dict:
     got = sorted((s.attributes["url.path"], s.attributes["gpu.launches"],
                   s.attributes.get("http.response.status_code"))
                  for s in server_spans(receiver.spans, target.pid) if s.attributes["url.path"] != "/nothing")
-    # On a miss, what the collector did with the calls and the connections (one CI run once
-    # saw the follow-up's 3 launches missing, never reproduced since).
+    # On a miss, what the collector did with the calls and the connections.
     assert got == want, (got, collector.counts(), [l for l in collector.log.lines if " INFO " not in l][-10:])
     for s in server_spans(receiver.spans, target.pid):
         assert s.attributes["http.request.method"] == "GET"
@@ -100,15 +99,20 @@ def test_redis_protocol_on_the_http_port(receiver, start_collector, start_target
 
 
 def test_http2_prior_knowledge_to_an_http1_server(receiver, start_collector, start_target):
-    """The preface is HTTP/2's; the stdlib server answers in HTTP/1.x (505), which is not
-    HTTP/2 framing: the connection is dropped and counted, no span."""
+    """The preface is HTTP/2's; the stdlib server answers in HTTP/1.x (a 505 page), which is
+    not HTTP/2 framing: the connection is dropped and counted, no span. The server never
+    spoke HTTP/2 on it, so no request hides there: the server closes it after the client
+    saw its end of the reply (shutdown, then close), and the follow-up's calls, made while
+    it may still be open, are its own (they were `ambiguous` in 2 of 7 CI runs when a
+    broken HTTP/2 connection always hid requests)."""
     collector, target = _started(start_collector, start_target)
     settings = b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"  # empty SETTINGS frame
     _send_and_close(target.port, [b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + settings], linger=2)
     counters = _finish(collector, receiver, target, [])
     assert counters.get("h2_parse_errors") == 1, counters
     assert counters.get("connections_unknown_protocol", 0) == 0, counters
-    assert [l for l in collector.log.lines if "dropping HTTP/2 connection" in l], collector.log.lines
+    assert [l for l in collector.log.lines if "dropping HTTP/2 connection" in l
+            and "the server never answered in HTTP/2" in l], collector.log.lines
 
 
 def test_64k_request_head(receiver, start_collector, start_target):

@@ -135,6 +135,7 @@ class ProtocolError:
     message: str      # for the log: never header values, targets or bodies
     drop_reason: str  # the error of the requests dropped with the connection
     level: int = logging.WARNING
+    hides: bool = True  # a multiplexed connection's requests may go on unseen after it (Proc.hidden)
 
 
 @dataclass

@@ -37,6 +37,11 @@ class H2FramingError(ValueError):
     frames: list = []
 
 
+class MalformedFrame(H2FramingError):
+    """A frame header no HTTP/2 peer sends: the bytes are not HTTP/2 frames (not a copy or
+    walk that fell short)."""
+
+
 # Why the kernel's walk of a direction stopped (bpf/events.h H2_STOP_*) -> its counter.
 WALK_STOPS = {1: ("h2_walk_room", "a transfer's frames needed more digest records than the kernel sends"),
               2: ("h2_walk_steps", "a transfer held more frames than the kernel's walk steps"),
@@ -165,16 +170,16 @@ class FrameSplitter:
 
     def _check(self, length: int, type_: int, flags: int, stream: int) -> None:
         if self._first and type_ != SETTINGS:
-            raise H2FramingError(f"first frame is type {type_}, not SETTINGS")
+            raise MalformedFrame(f"first frame is type {type_}, not SETTINGS")
         self._first = False
         if length > self.max_frame:
-            raise H2FramingError(f"frame of {length} bytes, over the {self.max_frame} allowed")
+            raise MalformedFrame(f"frame of {length} bytes, over the {self.max_frame} allowed")
         if _FIXED_LEN.get(type_, length) != length or (type_ == SETTINGS and length % 6) \
                 or (type_ == GOAWAY and length < 8):
-            raise H2FramingError(f"frame type {type_} with a payload of {length} bytes")
+            raise MalformedFrame(f"frame type {type_} with a payload of {length} bytes")
         on_0 = _ON_STREAM_0.get(type_)
         if on_0 is not None and on_0 != (stream == 0):
-            raise H2FramingError(f"frame type {type_} on stream {stream}")
+            raise MalformedFrame(f"frame type {type_} on stream {stream}")
 
     @property
     def pending(self) -> int:

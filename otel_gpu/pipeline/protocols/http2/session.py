@@ -29,7 +29,7 @@ from ..base import (Handover, Notice, ProtocolError, RequestFinished, RequestHea
 from ..http1.framing import safe_target
 from . import grpc
 from .frames import (ACK, DEFAULT_MAX_FRAME, MAX_FRAME_LEN, DATA, END_STREAM, GOAWAY, HEADERS, PUSH_PROMISE,
-                     CONTINUATION, RST_STREAM, SETTINGS, FrameSplitter, H2FramingError)
+                     CONTINUATION, RST_STREAM, SETTINGS, FrameSplitter, H2FramingError, MalformedFrame)
 from .headers import MAX_BLOCK, HeaderBlocks, HpackLost
 
 SETTINGS_HEADER_TABLE_SIZE, SETTINGS_MAX_FRAME_SIZE = 0x1, 0x5
@@ -68,6 +68,7 @@ class H2Session(Session):
         self._streams: dict[int, _Stream] = {}
         self._last_client_stream = 0
         self._failed = False
+        self._server_framed = False  # a whole frame seen from the server: it speaks HTTP/2 here
         if handover is not None:
             self._take_over(handover)
 
@@ -105,7 +106,12 @@ class H2Session(Session):
         except H2FramingError as e:  # HpackLost and H2WalkStopped included
             self._failed = True
             counter = "h2_hpack_lost" if isinstance(e, HpackLost) else getattr(e, "counter", "h2_parse_errors")
-            events.append(ProtocolError(counter, f"dropping HTTP/2 connection ({e})", "malformed HTTP/2"))
+            # The server's first bytes are no frame (an HTTP/1 server answering the preface):
+            # it never spoke HTTP/2 here, so no request goes on unseen on the connection.
+            never = isinstance(e, MalformedFrame) and d is self._out and not self._server_framed
+            events.append(ProtocolError(counter, f"dropping HTTP/2 connection ({e})"
+                                        + ("; the server never answered in HTTP/2" if never else ""),
+                                        "malformed HTTP/2", hides=not never))
         return events
 
     def _on_frames(self, d: _Direction, data: bytes, length: int, ts_ns: int, tid: int, handle,
@@ -114,6 +120,8 @@ class H2Session(Session):
             frames, fault = d.frames.feed(data, length), None
         except H2FramingError as e:  # the frames before it still count
             frames, fault = e.frames, e
+        if d is self._out and frames:
+            self._server_framed = True
         if d is self._out:  # which streams this write carries: a handler thread's binding
             self.written = frozenset(f.stream for f in frames if f.stream)
         for f in frames:

@@ -223,6 +223,34 @@ def test_calls_while_an_unfollowed_http2_connection_is_open_are_ambiguous_never_
     assert s.by_rule["process.idle"] == 1 and s.attributed["outside"] == 1
 
 
+@pytest.mark.parametrize("reply", [b"HTTP/1.1 505 HTTP Version Not Supported\r\n\r\n",
+                                   b"<!DOCTYPE HTML>\n<html lang=\"en\"><head>Error response</head></html>\n"])
+def test_a_server_that_never_answers_in_http2_hides_no_requests(reply):
+    """An HTTP/1 server given HTTP/2's preface answers in HTTP/1 (Python's http.server: a
+    505 page, without a status line): its first bytes are no HTTP/2 frame, so no request
+    can go on unseen on that connection. It is dropped and counted, and while it stays
+    open (the server's close can come after the client's next request) the process's
+    calls are attributed as they would be without it."""
+    s = new()
+    s.process([read(PREFACE + settings())])
+    s.process([write(reply)])
+    assert s.stats.snapshot()["h2_parse_errors"] == 1
+    s.process([launch(WORKER, 7)])  # no request open, none can be hidden
+    assert s.by_rule["process.unfollowed"] == 0 and s.attributed["outside"] == 1
+
+
+def test_a_server_that_spoke_http2_then_lost_its_framing_still_hides():
+    """The same bytes after a frame the server did send: framing lost, not a server that
+    never spoke HTTP/2. Its requests may go on unseen: the calls are ambiguous."""
+    s = new()
+    s.process([read(PREFACE + settings())])
+    s.process([write(settings())])
+    s.process([write(b"<!DOCTYPE HTML>\n")])
+    assert s.stats.snapshot()["h2_parse_errors"] == 1
+    s.process([launch(WORKER, 7)])
+    assert s.by_rule["process.unfollowed"] == 1 and s.attributed["outside"] == 0
+
+
 def test_a_digest_on_a_connection_user_space_follows_as_http1_drops_it_counted():
     """The kernel walks a connection as HTTP/2 that user space follows as HTTP/1 (never
     expected: both decide from the same bytes): the connection is dropped, logged and
