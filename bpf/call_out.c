@@ -207,7 +207,7 @@ static __always_inline int stream_admit(struct cuda_header *c, u32 tv, struct ht
     u32 tgid = c->h.tgid;
     u64 id = (u64)tgid << 32 | c->h.tid;
     struct http_seq *s = http_seq.lookup(&tgid);
-    struct verdict_basis basis = verdict_basis_now(s);
+    struct verdict_basis basis = verdict_basis_now(tgid, s);
     *sp = s;
     if (s && s->unseen)
         c->h.flags |= EV_FLAG_HTTP_UNSEEN;
@@ -217,7 +217,7 @@ static __always_inline int stream_admit(struct cuda_header *c, u32 tv, struct ht
         return 1;
     if (verdict == COUNT_UNTIL && s && tv == TRACED)
         remember_counted(tgid, id, c->ctx, basis);
-    agg_add(c, s, detail, bytes, duration_ns);
+    agg_add(c, s ? s->epoch : 0, detail, bytes, duration_ns);
     return 0;
 }
 
@@ -234,7 +234,7 @@ static __always_inline void stream_out(struct cuda_header *c, u32 size, struct h
         count(CNT_RINGBUF_FULL);
         return;
     }
-    agg_add(c, s, detail, bytes, duration_ns);
+    agg_add(c, s->epoch, detail, bytes, duration_ns);
 }
 
 /* The one way out for a CUDA call: while its process streams, the whole record within
@@ -248,10 +248,10 @@ static __always_inline void cuda_emit(struct cuda_header *c, u32 size, u32 tv, u
         return;
     }
     if (tv == TRACED && (pid_flags(c->h.tgid) & PID_SLOW)) {
-        u64 unit, id = (u64)c->h.tgid << 32 | c->h.tid;
-        struct http_seq *s = standing_verdict(c->h.tgid, id, &unit);
-        if (s) {
-            counted_add(c, s, unit, detail, bytes, duration_ns);
+        u64 id = (u64)c->h.tgid << 32 | c->h.tid;
+        struct verdict_held held;
+        if (standing_verdict(c->h.tgid, id, &held)) {
+            counted_add(c, &held, detail, bytes, duration_ns);
             return;
         }
     }

@@ -90,14 +90,13 @@ static __always_inline int runtime_launch(struct pt_regs *ctx, u64 id, u64 func,
         return 0;
     }
     /* Inside a request, a thread past its budget (a decode loop's steady state): counted
-     * under its standing verdict (bpf/request_counts.c), with two lookups. */
+     * under its standing verdict (bpf/request_counts.c), with one lookup. */
     if (flags == (PID_TRACED | PID_SLOW) && !any_capture) {
-        u64 unit;
-        struct http_seq *s = standing_verdict(tgid, id, &unit);
-        if (s) {
+        struct verdict_held held;
+        if (standing_verdict(tgid, id, &held)) {
             struct cuda_header c = {.call = CALL_LAUNCH_KERNEL, .ret = -1};
             fill_header(&c.h, EV_CUDA_LAUNCH, id);
-            counted_add(&c, s, unit, func, 0, 0);
+            counted_add(&c, &held, func, 0, 0);
             return 0;
         }
     }

@@ -25,6 +25,7 @@ struct conn_state {
     u8 line_start; /* SAMPLE_PENDING: its last read ended a line */
     u8 pad[4];
     u16 parent_at; /* head_scan -> head_parent: the parent's line in the read */
+    u64 ino;       /* its socket's inode number: accept_done's (maps.h fd_ino), a seeded one's from /proc; 0: not known */
 };
 
 /* Accepted TCP connections of traced processes only, so no neighbour can fill it
@@ -163,7 +164,7 @@ static __always_inline void accept_done(s32 listen_fd, u64 addr, long ret)
     if (ret < 0 || !is_traced(id >> 32)) /* the latter: its pid bit outlived its entry */
         return;
     struct conn_key key = {.tgid = id >> 32, .fd = (s32)ret};
-    struct conn_state st = {}, *old = conns.lookup(&key);
+    struct conn_state st = {.ino = fd_ino((s32)ret)}, *old = conns.lookup(&key);
     if (old) /* the previous connection on this fd: its close was not seen */
         forget_conn(&key, old);
     struct accept_event e = {};

@@ -92,6 +92,7 @@ static __always_inline u8 request_boundary(u32 tgid, struct req_bounds *r, u8 ki
 /* The process's connections with untold losses (http_seq.unseen) go up or down by one. */
 static __always_inline void unseen_add(u32 tgid, s32 delta)
 {
+    seq_word_bump(tgid);
     struct http_seq *s = http_seq.lookup(&tgid);
     if (s)
         __sync_fetch_and_add(&s->unseen, delta);

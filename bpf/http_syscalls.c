@@ -75,16 +75,17 @@ ON(recvmsg) { io_done(ctx, EV_SOCK_READ, msg_args(ctx), SYS_RET(ctx), 1); return
 ON(sendmsg) { io_done(ctx, EV_SOCK_WRITE, msg_args(ctx), SYS_RET(ctx), 1); return 0; }
 
 /* A tracked connection's close, seen at its exit: its fd is released by then (whatever
- * close returned), so another thread's accept may hold the same number already. Once that
- * accept has returned, it has ended this connection as an unseen close and the key is its
- * own; until it returns, its return will (user space: "connection replaced"). Either way
- * the fd is open again, and fd_open keeps this close from ending the new connection. */
+ * close returned), so the number may already be another file's: one this process opened,
+ * or a connection another thread's accept took. That accept, once returned, has ended this
+ * connection as an unseen close and tracks its own under the key (until it returns, its
+ * return will: user space says "connection replaced"). So the entry is ended unless it
+ * is that new connection: its socket is at the fd now (fd_ino). */
 ON(close)
 {
     u64 id = bpf_get_current_pid_tgid();
     struct conn_key key = {.tgid = id >> 32, .fd = sys_arg(ctx, 0)};
     struct conn_state *st = conns.lookup(&key);
-    if (!st || fd_open(key.fd))
+    if (!st || (st->ino && fd_ino(key.fd) == st->ino))
         return 0;
     /* Every tracked connection's close is reported: user space holds state from its accept. */
     int report = is_traced(key.tgid);

@@ -55,8 +55,8 @@
 #ifndef TASK_STATE_OFFSET
 #define TASK_STATE_OFFSET -1
 #endif
-/* offsetof(struct task_struct, files), (files_struct, fdt), (fdtable, max_fds) and
- * (fdtable, fd), likewise: fd_open below; -1: no BTF. */
+/* offsetof(struct task_struct, files), (files_struct, fdt), (fdtable, max_fds), (fdtable,
+ * fd), (file, f_inode) and (inode, i_ino), likewise: fd_ino below; -1: no BTF. */
 #ifndef TASK_FILES_OFFSET
 #define TASK_FILES_OFFSET -1
 #endif
@@ -68,6 +68,12 @@
 #endif
 #ifndef FDT_FD_OFFSET
 #define FDT_FD_OFFSET -1
+#endif
+#ifndef FILE_INODE_OFFSET
+#define FILE_INODE_OFFSET -1
+#endif
+#ifndef INODE_INO_OFFSET
+#define INODE_INO_OFFSET -1
 #endif
 
 BPF_RINGBUF_OUTPUT(events, RINGBUF_PAGES);
@@ -84,12 +90,16 @@ static __always_inline u64 thread_pointer(void)
     return fsbase;
 }
 
-/* Whether the current process has `fd` open now (its file table's slot holds a file);
- * 0 where the kernel's BTF gave no offsets. */
-static __always_inline int fd_open(s32 fd)
+/* The inode number of the file the current process has at `fd` now (a socket's is the
+ * N of /proc's "socket:[N]", never reused while the socket lives), or 0: none, or no
+ * offsets from the kernel's BTF. Its number, not its struct file *: a file closed
+ * synchronously can be reallocated at the same address at once. */
+static __always_inline u64 fd_ino(s32 fd)
 {
-#if TASK_FILES_OFFSET >= 0 && FILES_FDT_OFFSET >= 0 && FDT_MAX_FDS_OFFSET >= 0 && FDT_FD_OFFSET >= 0
-    void *task = (void *)bpf_get_current_task(), *files = 0, *fdt = 0, *slots = 0, *file = 0;
+#if TASK_FILES_OFFSET >= 0 && FILES_FDT_OFFSET >= 0 && FDT_MAX_FDS_OFFSET >= 0 && FDT_FD_OFFSET >= 0 \
+    && FILE_INODE_OFFSET >= 0 && INODE_INO_OFFSET >= 0
+    void *task = (void *)bpf_get_current_task(), *files = 0, *fdt = 0, *slots = 0, *file = 0, *inode = 0;
+    u64 ino = 0;
     u32 max_fds = 0;
     bpf_probe_read_kernel(&files, sizeof(files), task + TASK_FILES_OFFSET);
     if (files)
@@ -101,7 +111,11 @@ static __always_inline int fd_open(s32 fd)
     if (fd < 0 || (u32)fd >= max_fds || !slots)
         return 0;
     bpf_probe_read_kernel(&file, sizeof(file), slots + (u64)fd * sizeof(void *));
-    return file != 0;
+    if (file)
+        bpf_probe_read_kernel(&inode, sizeof(inode), file + FILE_INODE_OFFSET);
+    if (inode)
+        bpf_probe_read_kernel(&ino, sizeof(ino), inode + INODE_INO_OFFSET);
+    return ino;
 #else
     return 0;
 #endif
@@ -140,6 +154,25 @@ BPF_HASH(quiet_procs, u32, u8, MAX_PROCS);
 
 /* By tgid (struct http_seq): the HTTP epoch and read count of a process. */
 BPF_HASH(http_seq, u32, struct http_seq, MAX_PROCS);
+/* A word per process, by its pid's low bits, that every change of its http_seq bumps
+ * first (epoch, reads, unseen): a thread's standing verdict (bpf/request_counts.c) holds
+ * while the word is as it was, told by an inlined array read instead of a hash lookup of
+ * http_seq at every call. Processes that share a word only decide again more often. */
+#define SEQ_WORDS_LOG2 16
+BPF_ARRAY(http_seq_words, u32, 1 << SEQ_WORDS_LOG2);
+
+static __always_inline u32 *seq_word(u32 tgid)
+{
+    u32 i = tgid & ((1 << SEQ_WORDS_LOG2) - 1);
+    return http_seq_words.lookup(&i);
+}
+
+static __always_inline void seq_word_bump(u32 tgid)
+{
+    u32 *w = seq_word(tgid);
+    if (w)
+        __sync_fetch_and_add(w, 1);
+}
 
 BPF_PERCPU_ARRAY(counters, u64, CNT_MAX);
 
@@ -325,6 +358,7 @@ static __always_inline int epoch_submit(void *data, u32 size, struct event_heade
 {
     u32 tgid = h->tgid;
     struct http_seq zero = {};
+    seq_word_bump(tgid);
     struct http_seq *s = http_seq.lookup_or_try_init(&tgid, &zero);
     if (s) {
         if (read)
@@ -342,6 +376,7 @@ static __always_inline int epoch_submit(void *data, u32 size, struct event_heade
  * one (bpf/request_counts.c). The next record carries a later epoch all the same. */
 static __always_inline void epoch_bump(u32 tgid)
 {
+    seq_word_bump(tgid);
     struct http_seq *s = http_seq.lookup(&tgid);
     if (s)
         s->epoch++;

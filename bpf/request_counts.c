@@ -9,8 +9,10 @@
  * six lookups (traced, http_active, the execution unit, quiet_procs, the budget, the
  * ring's fill level): the verdict is kept per thread in `counted_threads` instead,
  * and holds while nothing it was decided from has changed:
- *  - the process's http_seq (epoch, reads): every HTTP record, context copy and
- *    goroutine binding bumps the epoch, and so does a change of its HTTP activity;
+ *  - the process's http_seq (epoch, reads, unseen): every HTTP record, context copy and
+ *    goroutine binding bumps the epoch, and so does a change of its HTTP activity; every
+ *    change bumps the process's word in http_seq_words first (maps.h), which is what a
+ *    call reads, and the epoch and unseen it counts under are the verdict's copies;
  *  - `verdict_gen`, which user space bumps after each change of `traced`, py_procs,
  *    go_procs or quiet_procs (otel_gpu/kernel_io/program.py);
  *  - the thread's Python context, read again at each call from its PyThreadState
@@ -20,11 +22,11 @@
 
 BPF_F_TABLE("hash", struct agg_key, struct agg_value, req_agg, AGG_ENTRIES, BY_NEED);  /* maps.h */
 
-/* One more call in req_agg. Only the calling thread writes its keys: no atomics. */
-static __always_inline void agg_add(struct cuda_header *c, struct http_seq *s, u64 detail, u64 bytes,
-                                    u64 duration_ns)
+/* One more call in req_agg, under the process's HTTP epoch `epoch`. Only the calling
+ * thread writes its keys: no atomics. */
+static __always_inline void agg_add(struct cuda_header *c, u32 epoch, u64 detail, u64 bytes, u64 duration_ns)
 {
-    struct agg_key k = {.tgid = c->h.tgid, .tid = c->h.tid, .epoch = s ? s->epoch : 0,
+    struct agg_key k = {.tgid = c->h.tgid, .tid = c->h.tid, .epoch = epoch,
                         .call = c->call | (c->h.flags & EV_FLAG_HTTP_UNSEEN ? AGG_HTTP_UNSEEN : 0),
                         .detail = detail, .ctx = c->ctx};
     u64 end = c->h.ts_ns + duration_ns;
@@ -55,12 +57,15 @@ static __always_inline u32 verdict_gen_now(void)
     return g ? *g : 0;
 }
 
-/* What a thread's verdict was decided from (http_seq and verdict_gen are read before
- * the decision: a change during it shows as a difference at the next call). */
+/* What a thread's verdict was decided from (the word, verdict_gen and http_seq are read
+ * before the decision, the word first: a change during it shows as a difference at the
+ * next call). */
 struct verdict_basis {
-    u32 epoch;
-    u32 reads;
+    u32 word;    /* the process's http_seq_words entry */
     u32 gen;
+    u32 epoch;   /* http_seq's, as the word says they still are */
+    u32 reads;
+    u32 unseen;
 };
 
 /* pid_tgid -> its standing verdict: count its calls in req_agg. LRU: threads end
@@ -76,13 +81,18 @@ struct counted_thread {
 };
 BPF_TABLE("lru_hash", u64, struct counted_thread, counted_threads, 16384);
 
-/* Before a decision: what it is made from. */
-static __always_inline struct verdict_basis verdict_basis_now(struct http_seq *s)
+/* Before a decision: what it is made from (`s`: the process's http_seq, or NULL). */
+static __always_inline struct verdict_basis verdict_basis_now(u32 tgid, struct http_seq *s)
 {
-    struct verdict_basis b = {.gen = verdict_gen_now()};
+    struct verdict_basis b = {};
+    u32 *w = seq_word(tgid);
+    if (w)
+        b.word = *w;
+    b.gen = verdict_gen_now();
     if (s) {
         b.epoch = s->epoch;
         b.reads = s->reads;
+        b.unseen = s->unseen;
     }
     return b;
 }
@@ -107,33 +117,45 @@ static __always_inline void remember_counted(u32 tgid, u64 id, u64 unit, struct 
     counted_threads.update(&id, &t);
 }
 
-/* The calling thread's process's http_seq when the thread's standing verdict holds
- * (the caller then counts the call: counted_add), else NULL. *unit: the execution unit
- * it holds for. */
-static __always_inline struct http_seq *standing_verdict(u32 tgid, u64 id, u64 *unit)
+/* A call counted under its thread's standing verdict: the unit, epoch and losses to count it with. */
+struct verdict_held {
+    u64 unit;
+    u32 epoch;
+    u32 unseen;
+};
+
+/* 1 when the calling thread's standing verdict holds (the caller then counts the call:
+ * counted_add), with *held set from it; else 0. One LRU lookup and an inlined array read:
+ * the process's http_seq is not read. */
+static __always_inline int standing_verdict(u32 tgid, u64 id, struct verdict_held *held)
 {
     struct counted_thread *t = counted_threads.lookup(&id);
     if (!t)
-        return NULL;
-    struct http_seq *s = http_seq.lookup(&tgid);
-    if (!s || s->epoch != t->basis.epoch || s->reads != t->basis.reads || verdict_gen_now() != t->basis.gen)
-        return NULL;
-    *unit = 0;
+        return 0;
+    u32 *w = seq_word(tgid);
+    if (!w || *w != t->basis.word || verdict_gen_now() != t->basis.gen)
+        return 0;
+    u64 unit = 0;
     if (t->tstate) {
         u64 owner = 0;
         if (bpf_probe_read_user(&owner, sizeof(owner), (void *)(t->tstate + t->id_offset)) || owner != t->self
-            || bpf_probe_read_user(unit, sizeof(*unit), (void *)(t->tstate + t->ctx_offset)))
-            return NULL;
+            || bpf_probe_read_user(&unit, sizeof(unit), (void *)(t->tstate + t->ctx_offset)))
+            return 0;
     }
-    return *unit == t->unit ? s : NULL;
+    if (unit != t->unit)
+        return 0;
+    held->unit = unit;
+    held->epoch = t->basis.epoch;
+    held->unseen = t->basis.unseen;
+    return 1;
 }
 
 /* A call (its header filled) counted under its thread's standing verdict. */
-static __always_inline void counted_add(struct cuda_header *c, struct http_seq *s, u64 unit, u64 detail, u64 bytes,
+static __always_inline void counted_add(struct cuda_header *c, struct verdict_held *held, u64 detail, u64 bytes,
                                         u64 duration_ns)
 {
-    c->ctx = unit;
-    if (s->unseen)
+    c->ctx = held->unit;
+    if (held->unseen)
         c->h.flags |= EV_FLAG_HTTP_UNSEEN;
-    agg_add(c, s, detail, bytes, duration_ns);
+    agg_add(c, held->epoch, detail, bytes, duration_ns);
 }

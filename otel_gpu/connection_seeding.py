@@ -41,7 +41,7 @@ class ConnectionSeeding:
         now, out = time.monotonic_ns(), []
         for pid in sorted(pids):
             held = {c.fd: c for c in existing_server_connections(self.proc_root, pid)}
-            fds, short = self.table().seed(pid, list(held))
+            fds, short = self.table().seed(pid, {fd: c.inode for fd, c in held.items()})
             if short in ("per scan", "table full"):
                 self.pending.add(pid)
             else:

@@ -61,6 +61,7 @@ class ServerConnection:
     listen_fd: int   # the listening socket on the same local port, -1 if not held
     peer_addr: str
     peer_port: int
+    inode: int       # its socket's (socket:[N]): the kernel's close check (bpf/maps.h fd_ino)
 
 
 def existing_server_connections(proc_root: str, pid: int) -> list[ServerConnection]:
@@ -78,5 +79,5 @@ def existing_server_connections(proc_root: str, pid: int) -> list[ServerConnecti
         for wildcard in ("0.0.0.0", "::"):
             listen_fd = listen_fd if listen_fd is not None else listening.get((wildcard, s.local_port))
         if listen_fd is not None:
-            out.append(ServerConnection(fds[s.inode], listen_fd, s.peer_addr, s.peer_port))
+            out.append(ServerConnection(fds[s.inode], listen_fd, s.peer_addr, s.peer_port, s.inode))
     return out

@@ -31,11 +31,13 @@ class ConnectionTable:
         self._prune_suspects: set = set()  # (tgid, fd) found without a socket once
         self._kernel_forgets = True  # False once the kernel would not run forget_unseen_close
 
-    def seed(self, tgid: int, fds: list) -> tuple[list, Optional[str]]:
+    def seed(self, tgid: int, fds: dict) -> tuple[list, Optional[str]]:
         """Server connections the process held before we traced it (their accept was never
         seen), or that a full table left untracked: from now on their next read is parsed
-        like any other. At most SEED_PER_SCAN at a time, within the process's share.
-        Returns the fds seeded, and why it stopped short ("table full", "share", "per scan")."""
+        like any other. `fds`: fd -> its socket's inode number, which the kernel's close
+        check compares (bpf/http_syscalls.c). At most SEED_PER_SCAN at a time, within the
+        process's share. Returns the fds seeded, and why it stopped short ("table full",
+        "share", "per scan")."""
         table, shares = self.bpf["conns"], self.bpf["conn_shares"]
         share = shares.get(ct.c_uint32(tgid))
         room = SEED_PER_SCAN if share is None else min(SEED_PER_SCAN, share.limit - share.used)
@@ -49,6 +51,7 @@ class ConnectionTable:
                 break
             leaf = table.Leaf()  # state unknown: the next read decides
             leaf.counted = share is not None
+            leaf.ino = fds[fd]
             try:
                 table[key] = leaf
             except Exception:  # bcc raises a plain Exception when the map is full

@@ -136,13 +136,15 @@ def task_fsbase_offset() -> Optional[int]:
 
 
 @functools.lru_cache(maxsize=1)
-def fd_table_offsets() -> Optional[tuple[int, int, int, int]]:
-    """offsetof(struct task_struct, files), (files_struct, fdt), (fdtable, max_fds) and
-    (fdtable, fd): the syscall probes read whether an fd is open at close's exit (bpf/maps.h
-    fd_open), or None without BTF (a close then ends its connection unchecked)."""
+def fd_table_offsets() -> Optional[tuple[int, int, int, int, int, int]]:
+    """offsetof(struct task_struct, files), (files_struct, fdt), (fdtable, max_fds),
+    (fdtable, fd), (file, f_inode) and (inode, i_ino): the syscall probes read the inode
+    number of the file an fd holds, at accept's and close's exits (bpf/maps.h fd_ino), or
+    None without BTF (a close then ends whatever connection its fd has in the table)."""
     try:
         btf = Btf.running()
         return (btf.offset("task_struct", "files"), btf.offset("files_struct", "fdt"),
-                btf.offset("fdtable", "max_fds"), btf.offset("fdtable", "fd"))
+                btf.offset("fdtable", "max_fds"), btf.offset("fdtable", "fd"),
+                btf.offset("file", "f_inode"), btf.offset("inode", "i_ino"))
     except (OSError, ValueError, KeyError, struct.error):
         return None

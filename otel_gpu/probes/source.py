@@ -50,9 +50,10 @@ class ProgramOptions:
     # offsetof(task_struct, pid), (tgid), (its state) and (sched_info.run_delay), for the time
     # split (bpf/sched_probes.c, thread_times.c); -1: no BTF, no time split
     task_offsets: tuple = field(default_factory=lambda: kernel_btf.task_time_offsets() or (-1, -1, -1, -1))
-    # offsetof(task_struct, files), (files_struct, fdt), (fdtable, max_fds), (fdtable, fd): is an
-    # fd open at close's exit (bpf/maps.h fd_open); -1: no BTF, a close is not checked
-    fd_offsets: tuple = field(default_factory=lambda: kernel_btf.fd_table_offsets() or (-1, -1, -1, -1))
+    # offsetof(task_struct, files), (files_struct, fdt), (fdtable, max_fds), (fdtable, fd), (file,
+    # f_inode), (inode, i_ino): an fd's inode at accept's and close's exits (bpf/maps.h fd_ino);
+    # -1: no BTF, a close is not checked
+    fd_offsets: tuple = field(default_factory=lambda: kernel_btf.fd_table_offsets() or (-1,) * 6)
     uprobe_links: str = "auto"  # how uprobes are planted (probes/uprobe_links.py); not part of the program
 
     @classmethod
@@ -96,6 +97,8 @@ class ProgramOptions:
             f"-DFILES_FDT_OFFSET={self.fd_offsets[1]}",
             f"-DFDT_MAX_FDS_OFFSET={self.fd_offsets[2]}",
             f"-DFDT_FD_OFFSET={self.fd_offsets[3]}",
+            f"-DFILE_INODE_OFFSET={self.fd_offsets[4]}",
+            f"-DINODE_INO_OFFSET={self.fd_offsets[5]}",
             f"-DPY_TSTATE_NEXT={python.TSTATE_NEXT}",
             f"-DPY_THREADS_WALKED={python.THREADS_WALKED}",
             *summary_buckets.cflags(),

@@ -1,14 +1,19 @@
-"""bpf/http_syscalls.c on_close, the program a tracked connection's close reaches at the
-syscall's exit: by then the fd is released, and another thread's accept may already hold
-the same number. The close must end its connection only where the fd is no longer open
-(bpf/maps.h fd_open, through the running kernel's file table at BTF offsets), or it would
-end the new connection in the old one's place.
+"""bpf/http_syscalls.c's close program, which a tracked connection's close reaches at the
+syscall's exit: by then the fd is released, and the number may already be another file's.
+Where another thread's accept took it, the entry under the key is that new connection
+(the accept ended the old one as an unseen close), and the close must leave it; where the
+process opened anything else there, or nothing, the close ends its own connection. A
+tracked connection keeps its socket's inode number (bpf/maps.h fd_ino, the running
+kernel's file table at BTF offsets), and the close compares (a file's address would not
+do: a closed file's memory can be reused at once).
 
-The program runs here through BPF_PROG_TEST_RUN, in this process, on the collector's
-loaded program: a registers pointer the kernel cannot read makes its arguments read as 0,
-so the close is of fd 0, which the test holds open, then closes."""
+The accept and close programs run here through BPF_PROG_TEST_RUN, in this process, on the
+collector's loaded program: a registers pointer the kernel cannot read makes a call's
+arguments read as 0, so the close is of fd 0, and the accept's result (its return value,
+the context's second word) is fd 0 too. The test holds fd 0 as it needs."""
 from __future__ import annotations
 
+import ctypes as ct
 import os
 import socket
 
@@ -18,7 +23,7 @@ from otel_gpu.kernel_io.program import BpfProgram
 from otel_gpu.kernel_io.run_program import run_raw_tracepoint
 from otel_gpu.probes import kernel_btf
 
-FD = 0  # what the program reads for the close's fd (above)
+FD = 0  # the close's fd and the accept's result (above)
 
 
 @pytest.fixture(scope="module")
@@ -27,41 +32,55 @@ def program():
     from otel_gpu.probes.source import ProgramOptions
     from otel_gpu.ratelimit import Stats
     if kernel_btf.fd_table_offsets() is None:
-        pytest.skip("no kernel BTF: a close is not checked (bpf/maps.h fd_open)")
+        pytest.skip("no kernel BTF: a close is not checked (bpf/maps.h fd_ino)")
     p = BpfProgram(ProgramOptions(bpf_cache=DEFAULT_BPF_CACHE), Stats())
+    p.bpf["traced"][ct.c_uint32(os.getpid())] = ct.c_uint32(1)
     yield p
     p.close()
 
 
 @pytest.fixture
-def fd0_is_a_socket():
-    """fd 0 of this process is a connected socket for the test, stdin again after it."""
+def stdin_back():
     saved = os.dup(FD)
+    yield
+    os.dup2(saved, FD)
+    os.close(saved)
+
+
+def _run(program, name: bytes, *args: int) -> None:
+    from bcc import BPF
+    run_raw_tracepoint(program.bpf.load_func(name, BPF.RAW_TRACEPOINT).fd, *args)
+
+
+def _accepted_at_fd0(program) -> socket.socket:
+    """A connected socket at fd 0, tracked as accept's exit tracks one it returns there."""
     a, b = socket.socketpair()
     os.dup2(a.fileno(), FD)
-    try:
-        yield
-    finally:
-        os.dup2(saved, FD)
-        os.close(saved)
-        a.close()
-        b.close()
+    a.close()
+    _run(program, b"on_accept4", 0, FD)
+    assert _tracked(program), "the accept program tracked nothing"
+    return b
 
 
 def _tracked(program) -> bool:
-    conns = program.bpf["conns"]
-    return any(k.tgid == os.getpid() and k.fd == FD for k in conns.keys())
+    return any(k.tgid == os.getpid() and k.fd == FD for k in program.bpf["conns"].keys())
 
 
-def test_a_close_ends_its_connection_only_once_the_fd_is_released(program, fd0_is_a_socket):
-    from bcc import BPF
-    conns = program.bpf["conns"]
-    conns[conns.Key(os.getpid(), FD)] = conns.Leaf()
-    on_close = program.bpf.load_func(b"on_close", BPF.RAW_TRACEPOINT).fd
-
-    run_raw_tracepoint(on_close, 0, 0)  # fd 0 open: another connection's now (the race)
-    assert _tracked(program), "a close whose fd is open again ended the connection on it"
-
+def test_a_close_leaves_the_connection_another_threads_accept_holds_there(program, stdin_back):
+    peer = _accepted_at_fd0(program)
+    _run(program, b"on_close", 0, 0)  # the socket accepted at fd 0 is there: that accept's connection
+    assert _tracked(program), "a close ended the connection an accept had taken its number for"
     os.close(FD)
-    run_raw_tracepoint(on_close, 0, 0)  # released: this close's own connection
+    _run(program, b"on_close", 0, 0)  # released: its own
     assert not _tracked(program), "a close whose fd was released left its connection tracked"
+    peer.close()
+
+
+def test_a_close_whose_number_the_process_opened_again_ends_its_connection(program, stdin_back):
+    peer = _accepted_at_fd0(program)
+    os.close(FD)
+    reopened = os.open(os.devnull, os.O_RDONLY)  # the lowest free number: 0
+    assert reopened == FD
+    _run(program, b"on_close", 0, 0)
+    assert not _tracked(program), "a close left its connection tracked because the number was reused"
+    peer.close()

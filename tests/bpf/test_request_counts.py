@@ -1,7 +1,8 @@
 """A thread's standing verdict (bpf/request_counts.c), on the real libcudart: once its
 streaming budget is spent, or while its process is quiet, a thread's launches are
 counted in req_agg without deciding again, until what the verdict was made from
-changes: the process's HTTP reads and epoch (http_seq), or user space's verdict_gen.
+changes: the process's HTTP reads and epoch (http_seq, as its word in http_seq_words
+says), or user space's verdict_gen.
 The loaded program (conftest's `probes`) and the maps are the collector's; http_active
 and http_seq are written here in place of the HTTP probes, as a request's read would
 leave them."""
@@ -40,8 +41,12 @@ def child(probes):
     c.stop()
 
 
-def _read(probes, pid: int, epoch: int, reads: int) -> None:
-    """What an HTTP read of the process leaves in http_seq (bpf/maps.h epoch_submit)."""
+def _read(probes, pid: int, epoch: int, reads: int, bump: bool = True) -> None:
+    """What an HTTP read of the process leaves in http_seq (bpf/maps.h epoch_submit): its
+    word in http_seq_words bumped first, then the epoch and reads."""
+    if bump:
+        words, i = probes.bpf["http_seq_words"], ct.c_int(pid & (len(probes.bpf["http_seq_words"]) - 1))
+        words[i] = ct.c_uint32(words[i].value + 1)
     probes.bpf["http_seq"][ct.c_uint32(pid)] = HttpSeq(epoch=epoch, reads=reads)
 
 
@@ -78,6 +83,19 @@ def test_a_quiet_process_streams_again_once_user_space_wakes_it(probes, child):
     assert _has_verdict(probes, child.pid)
     probes.unset("quiet_procs", child.pid)
     assert _launches(probes, child, 20) == (20, 0)
+
+
+def test_a_verdict_holds_while_the_processs_word_is_unchanged(probes, child):
+    """A call reads the process's word, not http_seq: a change of http_seq that did not
+    bump the word (which the probes never make) leaves the verdict standing, and counts go
+    under the epoch the verdict copied; the word's bump ends it."""
+    _read(probes, child.pid, epoch=1, reads=1)
+    assert _launches(probes, child, BUDGET + 10) == (BUDGET, 10)
+    _read(probes, child.pid, epoch=2, reads=2, bump=False)
+    assert _launches(probes, child, 10) == (0, 10)
+    assert {k.epoch for k, v in probes.bpf["req_agg"].items() if k.tgid == child.pid} == {1}
+    _read(probes, child.pid, epoch=2, reads=2)
+    assert _launches(probes, child, BUDGET + 10) == (BUDGET, 10)
 
 
 def test_an_unchanged_generation_keeps_the_verdict(probes, child):
