@@ -164,7 +164,7 @@ static __always_inline void accept_done(s32 listen_fd, u64 addr, long ret)
     if (ret < 0 || !is_traced(id >> 32)) /* the latter: its pid bit outlived its entry */
         return;
     struct conn_key key = {.tgid = id >> 32, .fd = (s32)ret};
-    struct conn_state st = {.ino = fd_ino((s32)ret)}, *old = conns.lookup(&key);
+    struct conn_state st = {}, *old = conns.lookup(&key);
     if (old) /* the previous connection on this fd: its close was not seen */
         forget_conn(&key, old);
     struct accept_event e = {};
@@ -173,11 +173,14 @@ static __always_inline void accept_done(s32 listen_fd, u64 addr, long ret)
     if (share && share->used >= share->limit) {
         count(CNT_CONN_OVER_SHARE);
         e.flags = ACCEPT_UNTRACKED | ACCEPT_OVER_SHARE;
-    } else if (conns.update(&key, &st) != 0) {
-        count(CNT_CONN_TABLE_FULL);
-        e.flags = ACCEPT_UNTRACKED;
-    } else if (share) {
-        __sync_fetch_and_add(&share->used, 1);
+    } else {
+        st.ino = fd_ino((s32)ret); /* for an entry only: a flood past its share reads no file table */
+        if (conns.update(&key, &st) != 0) {
+            count(CNT_CONN_TABLE_FULL);
+            e.flags = ACCEPT_UNTRACKED;
+        } else if (share) {
+            __sync_fetch_and_add(&share->used, 1);
+        }
     }
     fill_header(&e.h, EV_ACCEPT, id);
     e.fd = (s32)ret;

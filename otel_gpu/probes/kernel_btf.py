@@ -107,44 +107,60 @@ class Btf:
         return None
 
 
+def _task_time(btf: Btf) -> tuple[int, int, int, int]:
+    pid, tgid = btf.offset("task_struct", "pid"), btf.offset("task_struct", "tgid")
+    try:
+        state = btf.offset("task_struct", "__state")
+    except KeyError:
+        state = btf.offset("task_struct", "state")
+    return pid, tgid, state, btf.offset("task_struct", "sched_info", "run_delay")
+
+
+def _fd_table(btf: Btf) -> tuple[int, int, int, int, int, int]:
+    return (btf.offset("task_struct", "files"), btf.offset("files_struct", "fdt"),
+            btf.offset("fdtable", "max_fds"), btf.offset("fdtable", "fd"),
+            btf.offset("file", "f_inode"), btf.offset("inode", "i_ino"))
+
+
+_READS = {"task_time": _task_time, "fsbase": lambda btf: btf.offset("task_struct", "thread", "fsbase"),
+          "fd_table": _fd_table}
+
+
 @functools.lru_cache(maxsize=1)
+def _from_btf() -> dict:
+    """Every set of offsets the program takes from the kernel's BTF, by name, from one read
+    and walk of it (one took ~33 ms of a start here, three ~52); a set the kernel lacks is absent, all
+    of them without BTF. The blob is not kept."""
+    try:
+        btf = Btf.running()
+    except (OSError, ValueError, struct.error):
+        return {}
+    out = {}
+    for name, read in _READS.items():
+        try:
+            out[name] = read(btf)
+        except (ValueError, KeyError, struct.error):
+            pass
+    return out
+
+
 def task_time_offsets() -> Optional[tuple[int, int, int, int]]:
     """offsetof(struct task_struct, pid), of its tgid, of its state (`__state` since 5.14,
     `state` before) and of sched_info.run_delay (its runqueue wait, CONFIG_SCHED_INFO), for
     the time split (bpf/sched_probes.c, bpf/thread_times.c), or None without BTF or without
     that field (the time split is then off)."""
-    try:
-        btf = Btf.running()
-        pid, tgid = btf.offset("task_struct", "pid"), btf.offset("task_struct", "tgid")
-        try:
-            state = btf.offset("task_struct", "__state")
-        except KeyError:
-            state = btf.offset("task_struct", "state")
-        return pid, tgid, state, btf.offset("task_struct", "sched_info", "run_delay")
-    except (OSError, ValueError, KeyError, struct.error):
-        return None
+    return _from_btf().get("task_time")
 
 
-@functools.lru_cache(maxsize=1)
 def task_fsbase_offset() -> Optional[int]:
     """offsetof(struct task_struct, thread.fsbase) in the running kernel (x86-64), or
     None where the kernel has no BTF (the goroutine probes are then off)."""
-    try:
-        return Btf.running().offset("task_struct", "thread", "fsbase")
-    except (OSError, ValueError, KeyError, struct.error):
-        return None
+    return _from_btf().get("fsbase")
 
 
-@functools.lru_cache(maxsize=1)
 def fd_table_offsets() -> Optional[tuple[int, int, int, int, int, int]]:
     """offsetof(struct task_struct, files), (files_struct, fdt), (fdtable, max_fds),
     (fdtable, fd), (file, f_inode) and (inode, i_ino): the syscall probes read the inode
     number of the file an fd holds, at accept's and close's exits (bpf/maps.h fd_ino), or
     None without BTF (a close then ends whatever connection its fd has in the table)."""
-    try:
-        btf = Btf.running()
-        return (btf.offset("task_struct", "files"), btf.offset("files_struct", "fdt"),
-                btf.offset("fdtable", "max_fds"), btf.offset("fdtable", "fd"),
-                btf.offset("file", "f_inode"), btf.offset("inode", "i_ino"))
-    except (OSError, ValueError, KeyError, struct.error):
-        return None
+    return _from_btf().get("fd_table")

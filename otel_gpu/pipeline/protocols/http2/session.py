@@ -120,10 +120,9 @@ class H2Session(Session):
             frames, fault = d.frames.feed(data, length), None
         except H2FramingError as e:  # the frames before it still count
             frames, fault = e.frames, e
-        if d is self._out and frames:
-            self._server_framed = True
         if d is self._out:  # which streams this write carries: a handler thread's binding
             self.written = frozenset(f.stream for f in frames if f.stream)
+            self._server_framed = self._server_framed or bool(frames)
         for f in frames:
             if f.type in (HEADERS, PUSH_PROMISE, CONTINUATION):
                 if not d.blocks.in_block:
