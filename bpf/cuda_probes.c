@@ -76,13 +76,13 @@ static __always_inline void driver_dims(struct pt_regs *ctx, struct launch_event
  * the driver's probe in its place (`at_driver`: dims in cuLaunchKernel's layout;
  * launch_routes.c). The hottest path: outside requests it only counts (no stack reads, no
  * event). */
-static __always_inline int runtime_launch(struct pt_regs *ctx, u64 id, u64 func, int at_driver)
+static __always_inline int runtime_launch(struct pt_regs *ctx, u64 id, u64 func, int at_driver, u64 flags)
 {
     u32 tgid = id >> 32;
     /* The common case, a traced process that has never had HTTP activity and follows no
-     * server, with nothing capturing: told from three inlined array reads (maps.h
-     * pid_bits) and counted in its launch slot, with no hash lookup while it has one. */
-    u64 flags = pid_flags(tgid);
+     * server, with nothing capturing: told from its pid bits (`flags`: maps.h pid_flags,
+     * three inlined array reads) and counted in its launch slot, with no hash lookup while
+     * it has one. */
     int any_capture = captures_any();
     if (flags == PID_TRACED && !any_capture) {
         if (!launch_slot_add(tgid, func))
@@ -137,7 +137,7 @@ int cuda_launch_kernel(struct pt_regs *ctx)
 {
     u64 id = bpf_get_current_pid_tgid();
     launch_mark(id);
-    return runtime_launch(ctx, id, PT_REGS_PARM1(ctx), 0);
+    return runtime_launch(ctx, id, PT_REGS_PARM1(ctx), 0, pid_flags(id >> 32));
 }
 
 /* cudaLaunchKernelExC(const cudaLaunchConfig_t *config, const void *func, void **args) */
@@ -173,13 +173,14 @@ static __always_inline int driver_layout_launch(struct pt_regs *ctx, u32 call, i
 }
 
 /* A driver launch probe's start (launch_routes.c): its thread's mark taken, then, for a
- * traced process, where the launch counts. The pid bits first: a traced process pays no
- * hash lookup to be told so. */
-static __always_inline int driver_launch_route(struct pt_regs *ctx, u64 id, u64 handle, u64 *func)
+ * traced process, where the launch counts. The pid bits first (*flags, for
+ * runtime_launch): a traced process pays no hash lookup to be told so. */
+static __always_inline int driver_launch_route(struct pt_regs *ctx, u64 id, u64 handle, u64 *func, u64 *flags)
 {
     int marked = launch_mark_take(id);
     u32 tgid = id >> 32;
-    if (!(pid_flags(tgid) & PID_TRACED) && !cuda_admit(tgid))
+    *flags = pid_flags(tgid);
+    if (!(*flags & PID_TRACED) && !cuda_admit(tgid))
         return DRIVER_DROP;
     return driver_route(ctx, id, marked, handle, func);
 }
@@ -187,10 +188,10 @@ static __always_inline int driver_launch_route(struct pt_regs *ctx, u64 id, u64 
 /* cuLaunchKernel(f, gx, gy, gz, bx, by, bz, shmem, stream, params, extra) */
 int cu_launch_kernel(struct pt_regs *ctx)
 {
-    u64 id = bpf_get_current_pid_tgid(), f = PT_REGS_PARM1(ctx), func = 0;
-    int route = driver_launch_route(ctx, id, f, &func);
+    u64 id = bpf_get_current_pid_tgid(), f = PT_REGS_PARM1(ctx), func = 0, flags;
+    int route = driver_launch_route(ctx, id, f, &func, &flags);
     if (route == DRIVER_AS_RUNTIME)
-        return runtime_launch(ctx, id, func, 1);
+        return runtime_launch(ctx, id, func, 1, flags);
     return route == DRIVER_OWN ? driver_layout_launch(ctx, CALL_CU_LAUNCH_KERNEL, 0) : 0;
 }
 
@@ -198,8 +199,8 @@ int cu_launch_kernel(struct pt_regs *ctx)
  * cudaLaunchKernelExC. */
 int cu_launch_kernel_ex(struct pt_regs *ctx)
 {
-    u64 id = bpf_get_current_pid_tgid(), f = PT_REGS_PARM2(ctx), func = 0;
-    int route = driver_launch_route(ctx, id, f, &func);
+    u64 id = bpf_get_current_pid_tgid(), f = PT_REGS_PARM2(ctx), func = 0, flags;
+    int route = driver_launch_route(ctx, id, f, &func, &flags);
     if (route == DRIVER_DROP)
         return 0;
     struct launch_event e = {};

@@ -75,16 +75,14 @@ struct launch_pair_slot {
 };
 BPF_ARRAY(launch_pair_cache, struct launch_pair_slot, 1 << PAIR_CACHE_BITS);
 
-#define PAIR_MIX 0x9E3779B97F4A7C15ULL /* Fibonacci hashing: the top bits of the product */
-
 static __always_inline u32 pair_check(u32 tgid, u64 handle, u64 func)
 {
-    return ((handle ^ (func * PAIR_MIX) ^ tgid) * PAIR_MIX) >> 32;
+    return ((handle ^ (func * FIB_MIX) ^ tgid) * FIB_MIX) >> 32;
 }
 
 static __always_inline struct launch_pair_slot *pair_slot(u32 tgid, u64 handle)
 {
-    u32 i = ((handle ^ ((u64)tgid << 40)) * PAIR_MIX) >> (64 - PAIR_CACHE_BITS);
+    u32 i = ((handle ^ ((u64)tgid << 40)) * FIB_MIX) >> (64 - PAIR_CACHE_BITS);
     return launch_pair_cache.lookup(&i);
 }
 

@@ -152,6 +152,10 @@ BPF_HASH(http_active, u32, s64, MAX_PROCS);
  * the collector's work follows the sampled rate. */
 BPF_HASH(quiet_procs, u32, u8, MAX_PROCS);
 
+/* Fibonacci hashing: a key times this, its top bits the slot (the direct-mapped caches:
+ * launch_pair_cache, verdict_slots). */
+#define FIB_MIX 0x9E3779B97F4A7C15ULL
+
 /* By tgid (struct http_seq): the HTTP epoch and read count of a process. */
 BPF_HASH(http_seq, u32, struct http_seq, MAX_PROCS);
 /* A word per process, by its pid's low bits, that every change of its http_seq bumps

@@ -7,8 +7,8 @@
  * until its process's next HTTP read, and a process with no sampled request open
  * stays quiet until user space says otherwise. Deciding that again at every call cost
  * six lookups (traced, http_active, the execution unit, quiet_procs, the budget, the
- * ring's fill level): the verdict is kept per thread in `counted_threads` instead,
- * and holds while nothing it was decided from has changed:
+ * ring's fill level): the verdict is kept per thread in a slot of `verdict_slots`
+ * instead, and holds while nothing it was decided from has changed:
  *  - the process's http_seq (epoch, reads, unseen): every HTTP record, context copy and
  *    goroutine binding bumps the epoch, and so does a change of its HTTP activity; every
  *    change bumps the process's word in http_seq_words first (maps.h), which is what a
@@ -68,8 +68,7 @@ struct verdict_basis {
     u32 unseen;
 };
 
-/* pid_tgid -> its standing verdict: count its calls in req_agg. LRU: threads end
- * unannounced. */
+/* A thread's standing verdict: count its calls in req_agg. */
 struct counted_thread {
     struct verdict_basis basis;
     u32 ctx_offset;  /* Python: offsetof(PyThreadState, context) */
@@ -79,7 +78,44 @@ struct counted_thread {
     u32 id_offset;   /* Python: offsetof(PyThreadState, thread_id) */
     u32 pad;
 };
-BPF_TABLE("lru_hash", u64, struct counted_thread, counted_threads, 16384);
+
+/* The verdicts, direct-mapped by pid_tgid: an inlined array read where an LRU hash lookup
+ * by pid_tgid cost ~30 ns of a counted launch's ~120 (docs/performance.md note 31). A slot
+ * is a cache, never the truth: a thread whose slot holds another thread's verdict (two
+ * hot threads sharing a slot, or an old one) decides again, as it would with no verdict.
+ * Slots are written by several CPUs without a lock (the threads sharing one): `check`
+ * mixes every other field, so a slot read while another CPU writes it is a miss, never a
+ * verdict made of two. Nothing to delete: an exited process's slots fail at its next
+ * verdict_gen. */
+#define VERDICT_SLOT_BITS 13
+struct verdict_slot {
+    u64 id;     /* the pid_tgid it was decided for */
+    struct counted_thread t;
+    u64 check;  /* verdict_check() of the fields above */
+};
+BPF_ARRAY(verdict_slots, struct verdict_slot, 1 << VERDICT_SLOT_BITS);
+
+static __always_inline struct verdict_slot *verdict_slot_of(u64 id)
+{
+    u32 i = (id * FIB_MIX) >> (64 - VERDICT_SLOT_BITS);
+    return verdict_slots.lookup(&i);
+}
+
+static __always_inline u64 mix_in(u64 h, u64 v)
+{
+    return (h ^ v) * FIB_MIX;
+}
+
+static __always_inline u64 verdict_check(u64 id, struct counted_thread *t)
+{
+    u64 h = mix_in(id, (u64)t->basis.word << 32 | t->basis.gen);
+    h = mix_in(h, (u64)t->basis.epoch << 32 | t->basis.reads);
+    h = mix_in(h, (u64)t->basis.unseen << 32 | t->ctx_offset);
+    h = mix_in(h, t->unit);
+    h = mix_in(h, t->tstate);
+    h = mix_in(h, t->self);
+    return mix_in(h, t->id_offset);
+}
 
 /* Before a decision: what it is made from (`s`: the process's http_seq, or NULL). */
 static __always_inline struct verdict_basis verdict_basis_now(u32 tgid, struct http_seq *s)
@@ -114,7 +150,12 @@ static __always_inline void remember_counted(u32 tgid, u64 id, u64 unit, struct 
         t.ctx_offset = p->context_offset;
         t.id_offset = p->thread_id;
     }
-    counted_threads.update(&id, &t);
+    struct verdict_slot *slot = verdict_slot_of(id);
+    if (!slot)
+        return;
+    slot->id = id;
+    slot->t = t;
+    slot->check = verdict_check(id, &t);
 }
 
 /* A call counted under its thread's standing verdict: the unit, epoch and losses to count it with. */
@@ -125,12 +166,15 @@ struct verdict_held {
 };
 
 /* 1 when the calling thread's standing verdict holds (the caller then counts the call:
- * counted_add), with *held set from it; else 0. One LRU lookup and an inlined array read:
- * the process's http_seq is not read. */
+ * counted_add), with *held set from it; else 0. Three inlined array reads: its slot, its
+ * process's word and verdict_gen; the process's http_seq is not read. */
 static __always_inline int standing_verdict(u32 tgid, u64 id, struct verdict_held *held)
 {
-    struct counted_thread *t = counted_threads.lookup(&id);
-    if (!t)
+    struct verdict_slot *slot = verdict_slot_of(id);
+    if (!slot || slot->id != id)
+        return 0;
+    struct counted_thread copy = slot->t, *t = &copy;  /* one copy, checked whole */
+    if (slot->check != verdict_check(id, t))
         return 0;
     u32 *w = seq_word(tgid);
     if (!w || *w != t->basis.word || verdict_gen_now() != t->basis.gen)

@@ -32,8 +32,7 @@ log = logging.getLogger(__name__)
 # struct with a tgid field: every entry of an exited process goes.
 _BY_TGID = ("traced", "http_active", "http_seq", "py_procs", "go_procs", "runtime_text", "capture_procs",
             "quiet_procs", "conn_shares", "req_summaries", "launch_routes", "launch_learning")
-_BY_PID_TGID = ("in_call", "py_tstate", "tls_calls", "tls_last_read",
-                "counted_threads")
+_BY_PID_TGID = ("in_call", "py_tstate", "tls_calls", "tls_last_read")
 _STATE_TABLES = ("traced", "http_active", "conns", "rollup", "req_agg", "in_call", "py_procs", "py_tstate",
                  "py_threads")
 # `traced` values (bpf/maps.h): traced, following no server; every related server.

@@ -59,8 +59,29 @@ def _launches(probes, c: Child, n: int) -> tuple[int, int]:
     return len([r for r in probes.of(c.pid) if isinstance(r, LaunchCall)]) - streamed, counted() - before
 
 
+def _slot(probes, pid: int):
+    """(index, slot) of the process's one thread with a verdict, or None."""
+    found = [(i, s) for i, s in probes.bpf["verdict_slots"].items() if s.id >> 32 == pid]
+    assert len(found) <= 1, found
+    return found[0] if found else None
+
+
 def _has_verdict(probes, pid: int) -> bool:
-    return any(k.value >> 32 == pid for k in probes.bpf["counted_threads"].keys())
+    return _slot(probes, pid) is not None
+
+
+M64 = (1 << 64) - 1
+FIB_MIX = 0x9E3779B97F4A7C15  # bpf/maps.h
+
+
+def _check(slot) -> int:
+    """bpf/request_counts.c verdict_check(): the slot's fields mixed."""
+    t, b = slot.t, slot.t.basis
+    h = slot.id
+    for v in (b.word << 32 | b.gen, b.epoch << 32 | b.reads, b.unseen << 32 | t.ctx_offset,
+              t.unit, t.tstate, t.self, t.id_offset):
+        h = ((h ^ v) * FIB_MIX) & M64
+    return h
 
 
 def test_a_spent_budget_counts_until_the_next_read(probes, child):
@@ -96,6 +117,28 @@ def test_a_verdict_holds_while_the_processs_word_is_unchanged(probes, child):
     assert {k.epoch for k, v in probes.bpf["req_agg"].items() if k.tgid == child.pid} == {1}
     _read(probes, child.pid, epoch=2, reads=2)
     assert _launches(probes, child, BUDGET + 10) == (BUDGET, 10)
+
+
+def test_a_slot_whose_check_fails_is_no_verdict(probes, child):
+    """A slot read while another CPU writes it (fields of two verdicts) must not stand:
+    a field changed without its check is a miss, and the call decides again from
+    http_seq; the same change with its check recomputed stands (so the check decides)."""
+    _read(probes, child.pid, epoch=1, reads=1)
+    assert _launches(probes, child, BUDGET + 10) == (BUDGET, 10)
+    slots = probes.bpf["verdict_slots"]
+    i, slot = _slot(probes, child.pid)
+    assert slot.check == _check(slot)
+    slot.t.basis.epoch = 7  # torn: the check is the old verdict's
+    slots[i] = slot
+    assert _launches(probes, child, 10) == (0, 10)
+    assert {k.epoch for k, v in probes.bpf["req_agg"].items() if k.tgid == child.pid} == {1}
+    i, slot = _slot(probes, child.pid)
+    assert slot.t.basis.epoch == 1 and slot.check == _check(slot)  # decided again, whole
+    slot.t.basis.epoch = 7
+    slot.check = _check(slot)
+    slots[i] = slot
+    assert _launches(probes, child, 10) == (0, 10)
+    assert {k.epoch for k, v in probes.bpf["req_agg"].items() if k.tgid == child.pid} == {1, 7}
 
 
 def test_an_unchanged_generation_keeps_the_verdict(probes, child):
