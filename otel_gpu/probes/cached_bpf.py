@@ -53,6 +53,12 @@ class _MapInfo(ct.Structure):  # the head of the kernel's struct bpf_map_info
                 ("name", ct.c_char * 16), ("_rest", ct.c_uint8 * 104)]  # zeroed: the kernel's tail check
 
 
+def _as_bytes(name) -> bytes:
+    """A map or program name as bcc keeps it. bcc's own check warns (DeprecationWarning)
+    for every str, and the collector names its maps and programs in str."""
+    return name.encode() if isinstance(name, str) else name
+
+
 def map_fds(bpf) -> set[int]:
     """The descriptors of a program's maps: a program from the cache (CachedBPF) or bcc's
     own compiled one."""
@@ -198,7 +204,7 @@ class CachedBPF(BPF):
         return relocate_in(self.module.funcs[name], self.module.fds)
 
     def load_func(self, func_name, prog_type, device=None, attach_type=-1):
-        func_name = bcc._assert_is_bytes(func_name)
+        func_name = _as_bytes(func_name)
         ahead = self._loading.pop(func_name, None)
         fn = ahead.result() if ahead is not None else self.funcs.get(func_name)
         # None: not loaded yet, or its load ahead failed (loaded again here, to say why)
@@ -269,7 +275,7 @@ class CachedBPF(BPF):
                 self.attach_raw_tracepoint(tp=name[len(prefix):], fn_name=fn.name)
 
     def get_table(self, name, keytype=None, leaftype=None, reducer=None):
-        name = bcc._assert_is_bytes(name)
+        name = _as_bytes(name)
         if name not in self.module.index:
             raise KeyError(name)
         map_id = self.module.index[name]
@@ -281,7 +287,7 @@ class CachedBPF(BPF):
         return bcc.table.Table(self, map_id, self.module.fds[map_id], keytype, leaftype, name, reducer=reducer)
 
     def dump_func(self, func_name):
-        return self.relocated(bcc._assert_is_bytes(func_name))
+        return self.relocated(_as_bytes(func_name))
 
     def close(self) -> None:
         for ahead in self._loading.values():  # none left loading behind the closes
