@@ -22,10 +22,10 @@ static __always_inline int hip_runtime_launch(struct pt_regs *ctx, u32 call, int
         return 0;
     e.func = PT_REGS_PARM1(ctx);
     runtime_dims(ctx, &e.dims);
-    e.shmem = stack_arg(ctx, 7, &e.c.h.flags);
-    if (shmem32)
-        e.shmem = (u32)e.shmem;
-    e.stream = stack_arg(ctx, 8, &e.c.h.flags);
+    u64 a[2];  /* shmem, stream */
+    stack_args(ctx, a, 2, &e.c.h.flags);
+    e.shmem = shmem32 ? (u32)a[0] : a[0];
+    e.stream = a[1];
     EMIT(e, tv, e.func, 0, 0);
     return 0;
 }

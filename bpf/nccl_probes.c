@@ -124,9 +124,10 @@ int nccl_broadcast(struct pt_regs *ctx)
 int nccl_reduce(struct pt_regs *ctx)
 {
     u8 flags = 0;
-    u64 comm = stack_arg(ctx, 7, &flags), stream = stack_arg(ctx, 8, &flags);
+    u64 a[2];  /* comm, stream */
+    stack_args(ctx, a, 2, &flags);
     return nccl_emit(CALL_NCCL_REDUCE, PT_REGS_PARM3(ctx), PT_REGS_PARM4(ctx), PT_REGS_PARM5(ctx),
-                     (s32)PT_REGS_PARM6(ctx), comm, stream, flags);
+                     (s32)PT_REGS_PARM6(ctx), a[0], a[1], flags);
 }
 
 /* ncclSend(sendbuff, count, datatype, peer, comm, stream) */
