@@ -69,10 +69,24 @@ def bpftrace_on(library: str, action: str = "@n = count();", probe: str = "cudaL
         time.sleep(1.0)  # "Attaching" is printed just before the attach itself
         yield state
     finally:
-        bt.send_signal(signal.SIGINT)
-        out, _ = bt.communicate(timeout=30)
+        out = _stopped(bt)
         counted = [int(l.split()[-1]) for l in out.splitlines() if l.startswith("@n:")]
         state["counted"] = counted[0] if counted else None
+
+
+def _stopped(bt: subprocess.Popen, tries: int = 3, wait_s: float = 10.0) -> str:
+    """bpftrace's output once SIGINT ended it. bpftrace 0.17 sometimes sleeps on in its
+    event loop after a SIGINT (seen once here: a second one ended it at once), so the
+    signal is sent again; one that never ends is killed, and its count is then unknown."""
+    for _ in range(tries):
+        bt.send_signal(signal.SIGINT)
+        try:
+            return bt.communicate(timeout=wait_s)[0]
+        except subprocess.TimeoutExpired:
+            continue
+    bt.kill()
+    bt.communicate()
+    return ""
 
 
 def _rounds(n: int, iters: int, files: dict, col: Collector, deadline: float) -> list:
