@@ -9,7 +9,8 @@ device-clock library builds (gcc, CUPTI headers), a second server loading it
 on): device-clock mode's cost per launch (issue 46: target at most 1 us). Then, traced with
 the kernel's BPF stats on, one more GET /launches/N: the launch programs' runs a launch
 (issue 44: 1.00, one trap a launch; 2.00 where the runtime's launch reaches the driver and
-both probes fire). Each traced phase is timed once the collector counts the service's runtime
+both probes fire), and the kernel memory of the collector's BPF maps on this host (#45 item
+1). The report gives each traced phase's spread over the rounds. Each traced phase is timed once the collector counts the service's runtime
 launches at the driver alone (probes/launch_routes.py), as a long-lived service's are after
 its first seconds; the report says in how many phases it got there. Also printed, where
 gcc is present: item 15's trap costs on this host (the first bytes of the probed
@@ -29,6 +30,8 @@ from pathlib import Path
 
 from tests.support.otlp_receiver import OtlpReceiver
 
+from otel_gpu.status.file import read_state
+
 from .. import bpfstats
 from ..collector import Collector
 from ..target import Service
@@ -37,6 +40,8 @@ from . import probe_prologue, standalone
 ROOT = Path(__file__).resolve().parents[2]
 SERVER = ROOT / "tests" / "gpu" / "torch_server.py"
 LAUNCHES, DECODE_STEPS, REPS = 20_000, 200, 3
+EMULATED_TRAP = "after endbr64 (push)"  # probe_prologue's phase: a probe on an emulated push
+DEVICE_CLOCK_ROUNDS = 3  # its own server and phases: at most this many of the --rounds (time)
 PHASES = (("untraced", None), ("traced", ()), ("no contexts", ("--no-python-context",)))
 AT_DRIVER_WAIT_S = 10.0
 AT_DRIVER: list = []  # per traced phase: whether its timed requests ran with the driver's probe alone
@@ -92,12 +97,18 @@ def _device_clock(rounds: int, rx, base: float) -> dict | str:
 
 def _program_runs(svc: Service, rx) -> dict:
     """One traced GET /launches/N with bpf_stats on: runs and ns a launch of the launch
-    programs (runtime and driver; their names cut at 15 characters by the kernel)."""
+    programs (runtime and driver; their names cut at 15 characters by the kernel), and the
+    kernel memory of the collector's BPF maps on this host (#45 item 1: measured on a GPU
+    host, and projected to 224 CPUs as bench item 4 does)."""
     with _phase(svc, rx, ()) as col, bpfstats.enabled():
         before = bpfstats.snapshot(col.pid)
         _seconds(svc, f"/launches/{LAUNCHES}")
         ran = bpfstats.delta(before, bpfstats.snapshot(col.pid))
-    return bpfstats.launch_runs(ran, LAUNCHES)
+        try:
+            maps = read_state(col.status_file).get("kernel_maps")
+        except (OSError, ValueError):
+            maps = None
+    return {**bpfstats.launch_runs(ran, LAUNCHES), "kernel_maps": maps}
 
 
 def measure(rounds: int) -> dict:
@@ -123,10 +134,16 @@ def measure(rounds: int) -> dict:
         name: {"launches": (statistics.median(t["launches"]) - base["launches"]) / LAUNCHES * 1e6,
                "decode_pct": 100 * (statistics.median(t["decode"]) / base["decode"] - 1)}
         for name, t in times.items() if name != "untraced"}
+    # The spread: each round's median against the untraced rounds' median (#44 item 5).
+    out["added_spread_us_per_launch"] = {
+        name: [(statistics.median(t["launches"][i:i + REPS]) - base["launches"]) / LAUNCHES * 1e6
+               for i in range(0, len(t["launches"]), REPS)]
+        for name, t in times.items() if name != "untraced"}
     out["untraced_us_per_launch"] = base["launches"] / LAUNCHES * 1e6
     rx = OtlpReceiver().start()
     try:
-        out["device_clock_added_us_per_launch"] = _device_clock(rounds, rx, base["launches"])
+        out["device_clock_added_us_per_launch"] = _device_clock(min(rounds, DEVICE_CLOCK_ROUNDS), rx,
+                                                                base["launches"])
     finally:
         rx.stop()
     out["trap"] = probe_prologue.run(quick=True) if shutil.which("gcc") else "no gcc on this host"
@@ -137,8 +154,9 @@ def report(r: dict) -> str:
     lines = [f"gpu_launch_cost: {r['launches']} one-launch additions per request, untraced "
              f"{r['untraced_us_per_launch']:.2f} us per launch; median of {r['rounds']}x{r['reps']} interleaved"]
     for name, a in r["added_us_per_launch"].items():
-        lines.append(f"  {name}: +{a['launches']:.2f} us per launch; decode loop ({r['decode_steps']} "
-                     f"forwards) {a['decode_pct']:+.1f} %")
+        spread = r.get("added_spread_us_per_launch", {}).get(name) or [a["launches"]]
+        lines.append(f"  {name}: +{a['launches']:.2f} us per launch (rounds {min(spread):+.2f}..{max(spread):+.2f}); "
+                     f"decode loop ({r['decode_steps']} forwards) {a['decode_pct']:+.1f} %")
     lines.append("  all (ms): " + "; ".join(f"{n} {k} {[round(x * 1e3, 1) for x in v]}"
                                            for n, t in r["seconds"].items() for k, v in t.items()))
     dc = r.get("device_clock_added_us_per_launch")
@@ -151,12 +169,20 @@ def report(r: dict) -> str:
         lines.append(f"  launch programs (bpf_stats, one traced GET /launches/{r['launches']}): "
                      f"{pr['runs_per_launch']:.2f} runs a launch (target 1.00, #44), {pr['ns_per_launch']:.0f} ns; "
                      + ", ".join(f"{n} {runs}" for n, runs, _ in pr["programs"]))
+    maps = (pr or {}).get("kernel_maps")
+    if maps:
+        lines.append(f"  kernel memory of the BPF maps: {maps['mb']:g} MB here ({maps['cpus']} CPUs), "
+                     f"{maps['node_mb']:g} MB projected at {maps['node_cpus']} CPUs (#45 item 1: at most 64)")
     at = r.get("phases_at_driver")
     if at:
         lines.append(f"  traced phases timed with the runtime's launches counted at the driver alone: {at[0]} of {at[1]}")
     trap = r["trap"]
     lines.append("  trap (item 15, an empty program, ns per call): " + (
         trap if isinstance(trap, str) else ", ".join(f"{k} +{v:.0f}" for k, v in trap["added_ns"].items())))
+    if not isinstance(trap, str) and "traced" in r["added_us_per_launch"]:
+        push = trap["added_ns"][EMULATED_TRAP]  # the probed CUDA entries start with push %rbp
+        lines.append(f"  traced launch / the trap ({EMULATED_TRAP}): "
+                     f"{r['added_us_per_launch']['traced']['launches'] * 1e3 / push:.2f}x (#44 item 3: at most 1.2x)")
     return "\n".join(lines)
 
 
