@@ -5,7 +5,7 @@
  *
  * ABI (x86-64 SysV, at function entry): integer arguments 1-6 in di, si, dx, cx,
  * r8, r9 (PT_REGS_PARM1..6); [sp] is the return address, argument 7 is at [sp+8],
- * 8 at [sp+16] (stack_arg). A dim3 passed by value takes two registers: x|y<<32,
+ * 8 at [sp+16] (stack_args). A dim3 passed by value takes two registers: x|y<<32,
  * then z. So cudaLaunchKernel(func, grid, block, args, shmem, stream) is di=func,
  * si/dx=grid, cx/r8=block, r9=args, [sp+8]=shmem, [sp+16]=stream. Out-pointers
  * (cudaMalloc's void **) are read at return. Each handler names its signature. */
@@ -30,19 +30,20 @@ static __always_inline void read_user(void *dst, u32 size, const void *src, u8 *
         *flags |= EV_FLAG_UNREADABLE;
 }
 
-static __always_inline u64 stack_arg(struct pt_regs *ctx, int n, u8 *flags)
-{
-    /* [sp] is the return address; the 7th integer argument is at [sp+8]. */
-    u64 v = 0;
-    read_user(&v, sizeof(v), (void *)(PT_REGS_SP(ctx) + 8 * (n - 6)), flags);
-    return v;
-}
-
 /* Arguments 7 .. 6+n (n a constant) in one read: they lie side by side in the caller's
- * frame, and each user-memory read costs ~50 ns here (a streamed launch read three). */
+ * frame, and each user-memory read costs ~50 ns here (a streamed launch read three).
+ * [sp] is the return address; the 7th integer argument is at [sp+8]. */
 static __always_inline void stack_args(struct pt_regs *ctx, u64 *out, u32 n, u8 *flags)
 {
     read_user(out, n * sizeof(u64), (void *)(PT_REGS_SP(ctx) + 8), flags);
+}
+
+/* The 7th argument alone. */
+static __always_inline u64 stack_arg7(struct pt_regs *ctx, u8 *flags)
+{
+    u64 v = 0;
+    stack_args(ctx, &v, 1, flags);
+    return v;
 }
 
 /* A dim3 by value takes two registers (x|y<<32, then z): cudaLaunchKernel's grid and

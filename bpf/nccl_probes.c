@@ -90,7 +90,7 @@ static __always_inline int nccl_emit(u32 call, u64 count, u32 dtype, u32 redop, 
 int nccl_all_reduce(struct pt_regs *ctx)
 {
     u8 flags = 0;
-    u64 stream = stack_arg(ctx, 7, &flags);
+    u64 stream = stack_arg7(ctx, &flags);
     return nccl_emit(CALL_NCCL_ALL_REDUCE, PT_REGS_PARM3(ctx), PT_REGS_PARM4(ctx), PT_REGS_PARM5(ctx),
                      NCCL_NO_PEER, PT_REGS_PARM6(ctx), stream, flags);
 }
@@ -106,7 +106,7 @@ int nccl_all_gather(struct pt_regs *ctx)
 int nccl_reduce_scatter(struct pt_regs *ctx)
 {
     u8 flags = 0;
-    u64 stream = stack_arg(ctx, 7, &flags);
+    u64 stream = stack_arg7(ctx, &flags);
     return nccl_emit(CALL_NCCL_REDUCE_SCATTER, PT_REGS_PARM3(ctx), PT_REGS_PARM4(ctx), PT_REGS_PARM5(ctx),
                      NCCL_NO_PEER, PT_REGS_PARM6(ctx), stream, flags);
 }
@@ -115,7 +115,7 @@ int nccl_reduce_scatter(struct pt_regs *ctx)
 int nccl_broadcast(struct pt_regs *ctx)
 {
     u8 flags = 0;
-    u64 stream = stack_arg(ctx, 7, &flags);
+    u64 stream = stack_arg7(ctx, &flags);
     return nccl_emit(CALL_NCCL_BROADCAST, PT_REGS_PARM3(ctx), PT_REGS_PARM4(ctx), NCCL_NO_OP,
                      (s32)PT_REGS_PARM5(ctx), PT_REGS_PARM6(ctx), stream, flags);
 }

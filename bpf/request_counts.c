@@ -79,10 +79,11 @@ struct counted_thread {
     u32 pad;
 };
 
-/* The verdicts, direct-mapped by pid_tgid: an inlined array read and a check, where an LRU
- * hash lookup cost ~37 ns a run in a standalone check (docs/performance.md notes 29, 31). A slot
- * is a cache, never the truth: a thread whose slot holds another thread's verdict (two
- * hot threads sharing a slot, or an old one) decides again, as it would with no verdict.
+/* The verdicts, direct-mapped by pid_tgid: an inlined array read and a check, where an
+ * LRU hash lookup cost ~37 ns a run in a standalone check (docs/performance.md notes 29,
+ * 31). A slot is a cache, never the truth: a thread whose slot holds another thread's
+ * verdict (two hot threads sharing a slot, or an old one) decides again, as it would with
+ * no verdict.
  * Slots are written by several CPUs without a lock (the threads sharing one): `check`
  * mixes every other field, so a slot read while another CPU writes it is a miss, never a
  * verdict made of two. Nothing to delete: an exited process's slots fail at its next

@@ -10,9 +10,9 @@ on): device-clock mode's cost per launch (issue 46: target at most 1 us). Then, 
 the kernel's BPF stats on, one more GET /launches/N: the launch programs' runs a launch
 (issue 44: 1.00, one trap a launch; 2.00 where the runtime's launch reaches the driver and
 both probes fire), and the kernel memory of the collector's BPF maps on this host (#45 item
-1). The report gives each traced phase's spread over the rounds. Each traced phase is timed once the collector counts the service's runtime
-launches at the driver alone (probes/launch_routes.py), as a long-lived service's are after
-its first seconds; the report says in how many phases it got there. Also printed, where
+1). The report gives each traced phase's spread over the rounds. Each traced phase is timed
+once the collector counts the service's runtime launches at the driver alone
+(probes/launch_routes.py), as a long-lived service's are after its first seconds; the report says in how many phases it got there. Also printed, where
 gcc is present: item 15's trap costs on this host (the first bytes of the probed
 functions are in scripts/gpu-tier.sh's machine log).
 Needs root, a GPU, PyTorch, bcc (scripts/gpu-tier.sh --bench runs it on a bare GPU machine)."""
