@@ -7,12 +7,12 @@ an open HTTP request (ring-buffer path) and the BPF programs' own run time."""
 from __future__ import annotations
 
 import contextlib
-import signal
 import statistics
 import subprocess
 import time
 
 from otel_gpu.demo.cuda_work import find_cudart
+from otel_gpu.demo.runner import interrupt_until
 
 from .. import bpfstats
 from ..collector import Collector
@@ -74,16 +74,20 @@ def bpftrace_on(library: str, action: str = "@n = count();", probe: str = "cudaL
         state["counted"] = counted[0] if counted else None
 
 
-def _stopped(bt: subprocess.Popen, tries: int = 3, wait_s: float = 10.0) -> str:
-    """bpftrace's output once SIGINT ended it. bpftrace 0.17 sometimes sleeps on in its
-    event loop after a SIGINT (seen once here: a second one ended it at once), so the
-    signal is sent again; one that never ends is killed, and its count is then unknown."""
-    for _ in range(tries):
-        bt.send_signal(signal.SIGINT)
+def _stopped(bt: subprocess.Popen) -> str:
+    """bpftrace's output once SIGINT ended it; one that never ends is killed, and its
+    count is then unknown."""
+    out = []
+
+    def ended(wait_s: float) -> bool:
         try:
-            return bt.communicate(timeout=wait_s)[0]
+            out.append(bt.communicate(timeout=wait_s)[0])  # a retry after a timeout loses nothing
+            return True
         except subprocess.TimeoutExpired:
-            continue
+            return False
+
+    if interrupt_until(bt, ended):
+        return out[0]
     bt.kill()
     bt.communicate()
     return ""

@@ -15,7 +15,7 @@ import sys
 import pytest
 
 from otel_gpu.demo.cuda_work import find_cudart
-from otel_gpu.demo.runner import LineWatcher, stop_process
+from otel_gpu.demo.runner import LineWatcher, interrupt_until, stop_process
 from tests.bpf.targets.relia_support import wait_until
 from tests.harness import Target
 
@@ -50,8 +50,7 @@ class Bpftrace:
 
     def count(self) -> int:
         """Stops bpftrace (it prints its maps on SIGINT) and returns the count."""
-        self.proc.send_signal(signal.SIGINT)
-        assert self.out.wait_for("@launches", 20), "".join(self.out.lines)
+        assert interrupt_until(self.proc, lambda t: self.out.wait_for("@launches", t)), "".join(self.out.lines)
         line = next(l for l in self.out.lines if "@launches" in l)
         return int(re.search(r"@launches: (\d+)", line).group(1))
 
