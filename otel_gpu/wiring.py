@@ -120,7 +120,8 @@ def build_pipeline(config: Config, stats: Stats, k8s=None, destinations=None,
     facts = ProcFacts(ports.port, ports.peer, groups, lambda pid: open_sockets(config.proc_root, pid),
                       OwnSockets().owns)
     stitcher = Stitcher(config.span_budget, frozenset(kept_headers), stats, sampler=sampling.sampler,
-                        quiet_when_idle=sampling.quiet_when_idle, kernel_bound=sampling.kernel_bound)
+                        quiet_when_idle=sampling.quiet_when_idle, kernel_bound=sampling.kernel_bound,
+                        root_bound=sampling.root_bound)
     enrich = Enrich(ProcessResources(config.proc_root, k8s, config.resource_attributes, stats,
                                      config.export_command_line),
                     RouteTemplater(config.route_patterns, max_routes=config.max_routes, stats=stats),

@@ -71,19 +71,25 @@ class FastHistogram:
         self._views: list[_ReaderView] = []  # one per attached reader, in attach order
 
     def record(self, value: float, attributes: dict) -> None:
+        self.record_all((value,), attributes)
+
+    def record_all(self, values, attributes: dict) -> None:
+        """Values of one attribute set: one key and one lock for all of them."""
         key = frozenset(attributes.items())
-        bucket = bisect_left(self.boundaries, value)
+        buckets = [bisect_left(self.boundaries, v) for v in values]
         with self._lock:
             for view in self._views:
                 p = view.open.get(key)
                 if p is None:
                     p = self._new_point(view, key, attributes)
-                p.counts[bucket] += 1
-                p.sum += value
-                if value < p.min:
-                    p.min = value
-                if value > p.max:
-                    p.max = value
+                counts = p.counts
+                for value, bucket in zip(values, buckets):
+                    counts[bucket] += 1
+                    p.sum += value
+                    if value < p.min:
+                        p.min = value
+                    if value > p.max:
+                        p.max = value
 
     def _new_point(self, view: _ReaderView, key: frozenset, attributes: dict) -> _Point:
         if key not in view.known:

@@ -38,7 +38,7 @@ from ..records import ProcessGone, RequestCost, RequestSummary
 from ..value_cap import MAX_SERVICES
 from .bounded import call_by, remaining_ms
 from .histograms import Histograms
-from .metric_values import INT64_MAX, BatchedAdds, CappedCounter, GuardedExporter, clamp_call_bytes
+from .metric_values import INT64_MAX, BatchedAdds, BatchedRecords, CappedCounter, GuardedExporter, clamp_call_bytes
 
 log = logging.getLogger(__name__)
 OTHER = "other"
@@ -68,15 +68,15 @@ def make_readers(config, stats: Optional[Stats] = None) -> list:
     return readers
 
 
-def device_labels(r: Request) -> dict:
-    """The device of a request's GPU work, by OBI's labels: cuda.device.index (hip.device.*
-    for a HIP ordinal), and .uuid/.model where the driver says which GPU that is
-    (gpu_devices.Identity)."""
+def device_labels(r: Request) -> tuple:
+    """The device of a request's GPU work, by OBI's labels, as (key, value) pairs:
+    cuda.device.index (hip.device.* for a HIP ordinal), and .uuid/.model where the driver
+    says which GPU that is (gpu_devices.Identity)."""
     index, uuid, model = sc.DEVICE_LABELS[r.busy.api]
-    labels = {} if r.busy.device is None else {index: r.busy.device}
+    labels = () if r.busy.device is None else ((index, r.busy.device),)
     identity = r.device_identity
     if identity is not None:
-        labels.update((k, v) for k, v in ((uuid, identity.uuid), (model, identity.model)) if v)
+        labels += tuple((k, v) for k, v in ((uuid, identity.uuid), (model, identity.model)) if v)
     return labels
 
 
@@ -118,6 +118,7 @@ class GpuMetrics:
         self._probes = ProbeCounts({}, {})  # the latest, from the collector at each flush
         self._probe_symbols: set[str] = set()  # every one seen: a failure that heals reports 0
         self._adds = BatchedAdds()
+        self._records = BatchedRecords()
         self.provider = MeterProvider(metric_readers=readers, resource=Resource.create(
             {sc.SERVICE_NAME: service_name}))
         scope = InstrumentationScope("otel-gpu", __version__)
@@ -180,7 +181,7 @@ class GpuMetrics:
             if isinstance(r, Request):
                 self._request(r)
             elif isinstance(r, ProcessWindow):
-                self._calls(r, {sc.SERVICE_NAME: self.services.of(r)})
+                self._calls(r, ((sc.SERVICE_NAME, self.services.of(r)),))
             elif isinstance(r, RequestSummary):
                 self._summarised(r)
             elif isinstance(r, ProcessGone):
@@ -191,38 +192,40 @@ class GpuMetrics:
                 # rebound, not updated: the readers' thread iterates it
                 self._probe_symbols = self._probe_symbols | ((r.attached.keys() | r.failed.keys()) & PROBE_SYMBOLS)
         self._adds.flush()
+        self._records.flush()
         return records
 
     def _request(self, r: Request) -> None:
-        route = r.route or r.head.path
-        base = {sc.SERVICE_NAME: self.services.of(r), sc.HTTP_ROUTE: route}
-        http_attrs = {**base, sc.HTTP_REQUEST_METHOD: r.head.method}
-        if r.status is not None:
-            http_attrs[sc.HTTP_RESPONSE_STATUS_CODE] = r.status
+        base = ((sc.SERVICE_NAME, self.services.of(r)), (sc.HTTP_ROUTE, r.route or r.head.path))
         if not r.records_lost:  # partial: the kernel's summary counts it
-            self.http.record(max(0, r.end_ns - r.start_ns) / 1e9, http_attrs)
+            http_attrs = base + ((sc.HTTP_REQUEST_METHOD, r.head.method),)
+            if r.status is not None:
+                http_attrs += ((sc.HTTP_RESPONSE_STATUS_CODE, r.status),)
+            self._records.record(self.http, max(0, r.end_ns - r.start_ns) / 1e9, http_attrs)
         if r.time_split is not None:
             shared = "true" if r.time_shared else "false"  # one spelling in every exporter (Prometheus: "True")
             for part, ns in zip(PARTS, r.time_split):
-                self.time_parts.record(ns / 1e9, {**base, sc.GPU_TIME_PART: part, sc.GPU_TIME_SHARED: shared})
+                self._records.record(self.time_parts, ns / 1e9,
+                                     base + ((sc.GPU_TIME_PART, part), (sc.GPU_TIME_SHARED, shared)))
         # The physical GPU where certain: bounded by the GPUs the driver lists (read once at start).
-        self._calls(r, {**base, **device_labels(r)})
+        self._calls(r, base + device_labels(r))
 
     def _summarised(self, r: RequestSummary) -> None:
         """Each request at its kernel bucket's mean: in the histogram bucket its own
         duration falls in (the same boundaries: probes/summary_buckets.py), the sum exact."""
-        attrs = {sc.SERVICE_NAME: self.services.of(r), sc.GPU_REQUEST_SUMMARISED: True}
+        attrs = ((sc.SERVICE_NAME, self.services.of(r)), (sc.GPU_REQUEST_SUMMARISED, True))
         for count, sum_ns in r.buckets:
             for _ in range(count):
-                self.http.record(sum_ns / count / 1e9, attrs)
+                self._records.record(self.http, sum_ns / count / 1e9, attrs)
 
     def costs(self) -> "CostMetrics":
         """The stage after the cost stage that counts cost on these instruments."""
         return CostMetrics(self.gpu_seconds, self.cost, self.chunks, self.services)
 
-    def _calls(self, record, base: dict) -> None:
+    def _calls(self, record, base: tuple) -> None:
         """Aggregated per request first: one counter add per (kernel) and (direction),
-        not one per call; histograms sample the first HISTOGRAM_SAMPLE calls."""
+        not one per call; histograms sample the first HISTOGRAM_SAMPLE calls. `base`: the
+        labels, as (key, value) pairs (BatchedAdds)."""
         pid, sink, names = record.tgid, record.sink, record.kernel_names
         for attribution, n in sink.attributed.items():
             self._attributed[attribution] += n
@@ -249,7 +252,7 @@ class GpuMetrics:
                 copies.append((api, kind, clamp_call_bytes(nbytes, self.stats, count) / max(count, 1), count))
             elif category is Category.ALLOC and detail and ok:
                 self._live.setdefault(pid, {})[detail] = nbytes
-                self._services[pid] = base[sc.SERVICE_NAME]
+                self._services[pid] = dict(base)[sc.SERVICE_NAME]
                 allocated[api] = allocated.get(api, 0) + nbytes
             elif category is Category.FREE:
                 self._live.get(pid, {}).pop(detail, None)
@@ -267,16 +270,16 @@ class GpuMetrics:
             if i >= HISTOGRAM_SAMPLE:
                 continue
             if category is Category.LAUNCH and not c.unreadable:  # its dims are unknown, not 0
-                self.apis[api].grid.record(c.grid[0] * c.grid[1] * c.grid[2], base)
-                self.apis[api].block.record(c.block[0] * c.block[1] * c.block[2], base)
+                self._records.record(self.apis[api].grid, c.grid[0] * c.grid[1] * c.grid[2], base)
+                self._records.record(self.apis[api].block, c.block[0] * c.block[1] * c.block[2], base)
             elif category is Category.SYNC:
-                self.sync.record(duration_ns / 1e9, base)
+                self._records.record(self.sync, duration_ns / 1e9, base)
         for agg in sink.rollups.values():
             tally(agg.call, agg.detail, agg.count, agg.bytes, kernels=agg.kernels)
         for (api, name), n in launches.items():
-            self._adds.add(self.apis[api].launches, n, {**base, sc.GPU_KERNEL_NAME: name})
+            self._adds.add(self.apis[api].launches, n, base + ((sc.GPU_KERNEL_NAME, name),))
         for name, n in graph_kernels.items():
-            self._adds.add(self.graph_kernels, n, {**base, sc.GPU_KERNEL_NAME: name})
+            self._adds.add(self.graph_kernels, n, base + ((sc.GPU_KERNEL_NAME, name),))
         for api, n in graphs.items():
             self._adds.add(self.apis[api].graph_launches, n, base)
         for api, n in allocated.items():
@@ -284,12 +287,13 @@ class GpuMetrics:
                 self._adds.add(self.apis[api].allocations, n, base)
         for api, kind, size, n in copies:
             instruments = self.apis[api]
-            labels = {**base, instruments.memcpy_kind: kind}
-            for _ in range(n):  # a histogram takes one value at a time
-                instruments.copies.record(size, labels)
+            labels = base + ((instruments.memcpy_kind, kind),)
+            for _ in range(n):  # each call is a value
+                self._records.record(instruments.copies, size, labels)
         for op, (n, nbytes) in collectives.items():
-            self._adds.add(self.nccl_calls, n, {**base, sc.GPU_NCCL_OP: op})
-            self._adds.add(self.nccl_bytes, nbytes, {**base, sc.GPU_NCCL_OP: op})
+            labels = base + ((sc.GPU_NCCL_OP, op),)
+            self._adds.add(self.nccl_calls, n, labels)
+            self._adds.add(self.nccl_bytes, nbytes, labels)
 
     def _bounded(self, name: Optional[str]) -> str:
         name = name or "unknown"
@@ -366,7 +370,7 @@ class CostMetrics:
                 self._cost(r)  # none yet when it is pending: a RequestCost follows
                 if r.chunks:
                     self._adds.add(self.chunks, r.chunks,
-                                   {sc.SERVICE_NAME: self.services.of(r), sc.GPU_FEATURE: _feature(r)})
+                                   ((sc.SERVICE_NAME, self.services.of(r)), (sc.GPU_FEATURE, _feature(r))))
             elif isinstance(r, RequestCost):
                 self._cost(r.request)
             elif isinstance(r, ProcessWindow):
@@ -393,7 +397,7 @@ class CostMetrics:
             self._add(service, OUTSIDE_FEATURE, "outside", w.gpu_seconds, w.cost or 0.0)
 
     def _add(self, service: str, feature: str, share: str, seconds: float, amount: float,
-             device: Optional[dict] = None) -> None:
-        labels = {sc.SERVICE_NAME: service, sc.GPU_FEATURE: feature, sc.GPU_COST_SHARE: share, **(device or {})}
+             device: tuple = ()) -> None:
+        labels = ((sc.SERVICE_NAME, service), (sc.GPU_FEATURE, feature), (sc.GPU_COST_SHARE, share)) + device
         self._adds.add(self.gpu_seconds, seconds, labels)
         self._adds.add(self.cost, amount, labels)

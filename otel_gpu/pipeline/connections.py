@@ -35,13 +35,14 @@ class Connections:
     """Socket records -> requests."""
 
     def __init__(self, state: StitchState, calls: CallAttribution, extra_headers: frozenset, rng,
-                 sampler=None, kernel_bound: Optional[int] = None) -> None:
+                 sampler=None, kernel_bound: Optional[int] = None, root_bound: Optional[int] = None) -> None:
         self.s, self.calls = state, calls
         self.stats, self._log = state.stats, state.log
         self._session_config = SessionConfig(extra_headers)
         self._rng = rng
         self._sampler = sampler  # pipeline/sampling.py; None: every trace sampled
         self.kernel_bound = kernel_bound  # sampling.kernel_bound(): the kernel's draws decide roots against it
+        self.root_bound = root_bound  # sampling.root_bound(): the sampler's decision for roots; None: ask it
         # An incoming traceparent said "not sampled": the collector may have the kernel decide
         # parents from now on (sampling.bound_once_parents_unsampled).
         self.unsampled_parent_seen = False
@@ -217,7 +218,9 @@ class Connections:
         elif c.draw:  # a root the kernel drew for: its decision and ours are the same
             req.trace_id = sampling.root_trace_id(self._rng, c.draw, not c.draw_taken, self.kernel_bound)
             c.draw_taken = True
-        if self._sampler is not None:
+        if self._sampler is not None and not parent and self.root_bound is not None:
+            req.sampled = sampling.root_sampled(self.root_bound, req.trace_id)
+        elif self._sampler is not None:
             req.sampled = sampling.sampled(self._sampler, req.trace_id, head.path, SpanKind.SERVER,
                                            req.parent_span_id, req.parent_sampled)
         p.times.opened(req)

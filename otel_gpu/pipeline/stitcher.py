@@ -36,14 +36,16 @@ log = logging.getLogger(__name__)
 class Stitcher:
     def __init__(self, span_budget: int = 256, extra_headers: frozenset = frozenset(),
                  stats: Optional[Stats] = None, rng: Optional[random.Random] = None,
-                 sampler=None, quiet_when_idle: bool = False, kernel_bound: Optional[int] = None) -> None:
+                 sampler=None, quiet_when_idle: bool = False, kernel_bound: Optional[int] = None,
+                 root_bound: Optional[int] = None) -> None:
         self.stats = stats or Stats()
         self.s = StitchState(span_budget, self.stats, RateLimitedLog(log, self.stats, interval_s=30.0),
                              quiet_when_idle)
         self.procs = self.s.procs
         self.steps = BatchSteps()  # shared windows waiting for their members (pipeline/steps.py)
         self.calls = CallAttribution(self.s, self.steps)
-        self.http = Connections(self.s, self.calls, extra_headers, rng or random.Random(), sampler, kernel_bound)
+        self.http = Connections(self.s, self.calls, extra_headers, rng or random.Random(), sampler, kernel_bound,
+                                root_bound)
         self.attributed, self.by_rule = self.calls.attributed, self.calls.by_rule
 
     # --- stage interface -------------------------------------------------------

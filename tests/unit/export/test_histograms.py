@@ -76,6 +76,21 @@ def test_the_same_points_as_the_sdk_across_collections(delta, bounds):
     assert ours == sdk and bool(ours["points"]) is not delta
 
 
+@pytest.mark.parametrize("delta", [False, True])
+def test_values_recorded_together_are_the_sdks_values_one_by_one(delta):
+    """record_all (a batch's values of one attribute set: metric_values.BatchedRecords)."""
+    rng = random.Random(11)
+    pair = Pair(delta, BOUNDS)
+    for rounds in range(2):
+        for attributes in ({"route": "/a"}, {"route": "/b", "code": 500}):
+            values = _values(rng, 50)
+            for v in values:
+                pair.sdk.record(v, attributes)
+            pair.ours.record_all(values, attributes)
+        sdk, ours = pair.collect()
+        assert ours == sdk and len(ours["points"]) == 2
+
+
 def test_a_delta_point_starts_at_the_previous_collection():
     pair = Pair(delta=True)
     pair.record(1.0, {"a": 1})

@@ -9,7 +9,7 @@ from opentelemetry.sdk.metrics.export import (InMemoryMetricReader, MetricExport
 from opentelemetry.sdk.resources import Resource
 
 from otel_gpu import semconv as sc
-from otel_gpu.export.metric_values import INT64_MAX, MAX_CALL_BYTES, BatchedAdds, GuardedExporter, encodable
+from otel_gpu.export.metric_values import INT64_MAX, MAX_CALL_BYTES, BatchedAdds, BatchedRecords, GuardedExporter, encodable
 from otel_gpu.export.metrics import GpuMetrics
 from otel_gpu.pipeline.protocols.base import RequestHead
 from otel_gpu.pipeline.model import CallSink, Request
@@ -143,9 +143,9 @@ def test_batched_adds_make_one_add_per_series_and_batch():
 
     a, b, adds = Counter(), Counter(), BatchedAdds()
     for route in ("/x", "/y", "/x"):
-        adds.add(a, 2, {"http.route": route, "service.name": "s"})
-    adds.add(b, 0.5, {"http.route": "/x"})
-    adds.add(b, 0.25, {"http.route": "/x"})
+        adds.add(a, 2, (("http.route", route), ("service.name", "s")))
+    adds.add(b, 0.5, (("http.route", "/x"),))
+    adds.add(b, 0.25, (("http.route", "/x"),))
     assert a.adds == [] and b.adds == []  # nothing before the batch ends
     adds.flush()
     assert sorted(a.adds, key=lambda x: x[1]["http.route"]) == [(4, {"http.route": "/x", "service.name": "s"}),
@@ -153,3 +153,22 @@ def test_batched_adds_make_one_add_per_series_and_batch():
     assert b.adds == [(0.75, {"http.route": "/x"})]
     adds.flush()  # emptied by the flush
     assert len(a.adds) == 2 and len(b.adds) == 1
+
+
+def test_batched_records_record_each_value_once_at_the_batch_end():
+    class Histogram:
+        def __init__(self):
+            self.recorded = []
+
+        def record_all(self, values, attributes):
+            self.recorded.append((list(values), attributes))
+
+    h, records = Histogram(), BatchedRecords()
+    for v, route in ((0.1, "/x"), (0.2, "/y"), (0.3, "/x")):
+        records.record(h, v, (("http.route", route),))
+    assert h.recorded == []  # nothing before the batch ends
+    records.flush()
+    assert sorted(h.recorded, key=lambda x: x[1]["http.route"]) == [([0.1, 0.3], {"http.route": "/x"}),
+                                                                    ([0.2], {"http.route": "/y"})]
+    records.flush()  # emptied by the flush
+    assert len(h.recorded) == 2

@@ -180,15 +180,31 @@ def test_one_plan_is_what_the_stitcher_spans_and_kernel_act_on(tmp_path, name, a
     from otel_gpu.config import Config
     from otel_gpu.wiring import build_pipeline
     p = sampling.plan(name, arg)
-    assert (p.kernel_bound, p.parents, p.quiet_when_idle, p.deferred_bound) == (
+    assert (p.kernel_bound, p.parents, p.quiet_when_idle, p.deferred_bound, p.root_bound) == (
         sampling.kernel_bound(name, arg), sampling.parent_decides(name), sampling.drops_roots(name, arg),
-        sampling.bound_once_parents_unsampled(name, arg))
+        sampling.bound_once_parents_unsampled(name, arg), sampling.root_bound(name, arg))
     assert type(p.sampler) is type(sampling.make(name, arg))
     w = build_pipeline(Config(proc_root=str(tmp_path), traces_sampler=name, traces_sampler_arg=arg), Stats(),
                        metric_readers=[])
     assert dataclasses.replace(w.sampling, sampler=p.sampler) == p  # samplers compare by identity
-    assert (w.stitcher.http._sampler, w.stitcher.http.kernel_bound, w.stitcher.s.quiet_when_idle) == (
-        w.sampling.sampler, p.kernel_bound, p.quiet_when_idle)
+    assert (w.stitcher.http._sampler, w.stitcher.http.kernel_bound, w.stitcher.s.quiet_when_idle,
+            w.stitcher.http.root_bound) == (w.sampling.sampler, p.kernel_bound, p.quiet_when_idle, p.root_bound)
+
+
+@pytest.mark.parametrize("name,arg", [("always_on", None), ("always_off", None), ("traceidratio", "0.1"),
+                                      ("traceidratio", "1"), ("traceidratio", "0"),
+                                      ("parentbased_always_on", None), ("parentbased_always_off", None),
+                                      ("parentbased_traceidratio", "0.5"), ("parentbased_traceidratio", None)])
+def test_a_root_is_decided_by_its_bound_as_the_sdk_sampler_decides_it(name, arg):
+    """The stitcher decides roots by sampling.root_bound, not through the SDK: the same
+    decision for ids on, beside and far from the bound, whatever the high 64 bits."""
+    bound, sampler, rng = sampling.root_bound(name, arg), sampling.make(name, arg), random.Random(13)
+    lows = [0, 1, (1 << 64) - 1] + [b for b in (bound - 1, bound, bound + 1) if 0 <= b < 1 << 64]
+    lows += [rng.getrandbits(64) for _ in range(300)]
+    for low in lows:
+        trace_id = rng.getrandbits(64) << 64 | low or 1
+        assert sampling.root_sampled(bound, trace_id) == sampling.sampled(sampler, trace_id, "GET", SpanKind.SERVER), \
+            (name, low)
 
 
 @pytest.mark.parametrize("name,arg", [("traceidratio", "0.1"), ("parentbased_traceidratio", "0.5"),
