@@ -40,8 +40,11 @@ def main() -> int:
     host = machine.describe()
     host["libcudart"] = use_private_cudart()
     stamp = datetime.datetime.now().strftime("%Y-%m-%d-%H%M")
-    data = {"machine": host, "quick": args.quick, "started": stamp, "foreign_tracers": {},
-            "loadavg": {}, "item_s": {}}
+    # Collector settings from the environment (OTEL_GPU_STREAM_BUDGET, ...): the collectors
+    # the items start inherit them, so a run's figures say what they were measured with.
+    settings = {k: v for k, v in os.environ.items() if k.startswith("OTEL_GPU_")}
+    data = {"machine": host, "quick": args.quick, "started": stamp, "collector_env": settings,
+            "foreign_tracers": {}, "loadavg": {}, "item_s": {}}
     out = RESULTS / f"{stamp[:10]}-{host['host']}{'-quick' if args.quick else ''}.json"
     starts: list[float] = []
     rows: list = []
