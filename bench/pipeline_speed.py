@@ -4,7 +4,8 @@ otel_gpu/wiring.py builds them (stitcher, enrich on this process's real /proc en
 metrics through an in-memory reader, cost, spans for an OTLP destination, which drops
 unsampled traces before they are built), fed the records of item 2's HTTP service as the
 kernel hands them: keep-alive connections, each request a head read, its 100 launches and
-2 copies counted in the kernel (CallAggregate), its response write.
+2 copies counted in the kernel (CallAggregate), its response write; both socket records
+carry their thread's time sums (bpf/thread_times.c, on by default), so each request is split.
 `python -m bench.pipeline_speed [--ratio 0.1] [--requests 20000]` prints µs of this
 thread's CPU per request, best of 3 runs (the figure is noisy on a shared machine)."""
 from __future__ import annotations
@@ -42,6 +43,13 @@ class Names:
         pass
 
 
+def _times(i: int, answered: int) -> tuple:
+    """The serving thread's sums (on_cpu, cpu_wait, gpu_sync, blocked; ns) at request i's
+    head read, or at its answer: they only grow, by 1 µs from each record to the next."""
+    n = i // CONNS * 2 + answered
+    return (n * 700, n * 50, n * 100, n * 150)
+
+
 def batches(n: int, t0: int = 10**12) -> list:
     """The records of n requests, PER_POLL requests a batch, round-robin on CONNS connections."""
     out = [[Accept(PID, 100 + c, t0, 10 + c, 3, "127.0.0.1", 5000 + c) for c in range(CONNS)]]
@@ -50,12 +58,13 @@ def batches(n: int, t0: int = 10**12) -> list:
         tid, fd = 100 + i % CONNS, 10 + i % CONNS
         head = f"GET /work?id={i} HTTP/1.1\r\nHost: x\r\n\r\n".encode()
         epoch, ts = epoch + 1, ts + 1000
-        batch += [SockIo(EV_SOCK_READ, PID, tid, ts, fd, len(head), head, b"", epoch=epoch, req_start=True),
+        batch += [SockIo(EV_SOCK_READ, PID, tid, ts, fd, len(head), head, b"", epoch=epoch, req_start=True,
+                         times=_times(i, 0)),
                   CallAggregate(PID, tid, epoch, LAUNCH, 0x1000, 0, 100, 0, 0, ts + 10, ts + 500, ts + 500),
                   CallAggregate(PID, tid, epoch, MEMCPY, H2D, 0, 1, 4096, 1000, ts + 20, ts + 20, ts + 1020),
                   CallAggregate(PID, tid, epoch, MEMCPY, D2H, 0, 1, 4096, 1000, ts + 600, ts + 600, ts + 1600)]
         epoch, ts = epoch + 1, ts + 1000
-        batch.append(SockIo(EV_SOCK_WRITE, PID, tid, ts, fd, len(OK), OK, OK[-8:], epoch=epoch))
+        batch.append(SockIo(EV_SOCK_WRITE, PID, tid, ts, fd, len(OK), OK, OK[-8:], epoch=epoch, times=_times(i, 1)))
         if (i + 1) % PER_POLL == 0:
             out.append(batch + [Tick(ts)])  # the flush timer's records come between polls
             batch = []
