@@ -6,7 +6,7 @@ unsampled traces before they are built), fed the records of item 2's HTTP servic
 kernel hands them: keep-alive connections, each request a head read, its 100 launches and
 2 copies counted in the kernel (CallAggregate), its response write; both socket records
 carry their thread's time sums (bpf/thread_times.c, on by default), so each request is split.
-`python -m bench.pipeline_speed [--ratio 0.1] [--requests 20000]` prints µs of this
+`python -m bench.pipeline_speed [--ratio 0.1] [--requests 20000] [--in-flight 1]` prints µs of this
 thread's CPU per request, best of 3 runs (the figure is noisy on a shared machine)."""
 from __future__ import annotations
 
@@ -43,42 +43,50 @@ class Names:
         pass
 
 
-def _times(i: int, answered: int) -> tuple:
+def _times(i: int, conns: int, answered: int) -> tuple:
     """The serving thread's sums (on_cpu, cpu_wait, gpu_sync, blocked; ns) at request i's
     head read, or at its answer: they only grow, by 1 µs from each record to the next."""
-    n = i // CONNS * 2 + answered
+    n = i // conns * 2 + answered
     return (n * 700, n * 50, n * 100, n * 150)
 
 
-def batches(n: int, t0: int = 10**12) -> list:
-    """The records of n requests, PER_POLL requests a batch, round-robin on CONNS connections."""
-    out = [[Accept(PID, 100 + c, t0, 10 + c, 3, "127.0.0.1", 5000 + c) for c in range(CONNS)]]
+def batches(n: int, in_flight: int = 1, t0: int = 10**12) -> list:
+    """The records of n requests, PER_POLL requests a batch, round-robin on CONNS connections
+    (or `in_flight`, if more): `in_flight` requests at a time read their heads, make their
+    calls, then are answered newest first (1: one request at a time, in order)."""
+    conns = max(CONNS, in_flight)
+    out = [[Accept(PID, 100 + c, t0, 10 + c, 3, "127.0.0.1", 5000 + c) for c in range(conns)]]
     epoch, ts, batch = 0, t0, []
-    for i in range(n):
-        tid, fd = 100 + i % CONNS, 10 + i % CONNS
-        head = f"GET /work?id={i} HTTP/1.1\r\nHost: x\r\n\r\n".encode()
-        epoch, ts = epoch + 1, ts + 1000
-        batch += [SockIo(EV_SOCK_READ, PID, tid, ts, fd, len(head), head, b"", epoch=epoch, req_start=True,
-                         times=_times(i, 0)),
-                  CallAggregate(PID, tid, epoch, LAUNCH, 0x1000, 0, 100, 0, 0, ts + 10, ts + 500, ts + 500),
-                  CallAggregate(PID, tid, epoch, MEMCPY, H2D, 0, 1, 4096, 1000, ts + 20, ts + 20, ts + 1020),
-                  CallAggregate(PID, tid, epoch, MEMCPY, D2H, 0, 1, 4096, 1000, ts + 600, ts + 600, ts + 1600)]
-        epoch, ts = epoch + 1, ts + 1000
-        batch.append(SockIo(EV_SOCK_WRITE, PID, tid, ts, fd, len(OK), OK, OK[-8:], epoch=epoch, times=_times(i, 1)))
-        if (i + 1) % PER_POLL == 0:
+    for first in range(0, n, in_flight):
+        group = range(first, min(first + in_flight, n))
+        for i in group:
+            head = f"GET /work?id={i} HTTP/1.1\r\nHost: x\r\n\r\n".encode()
+            epoch, ts = epoch + 1, ts + 1000
+            batch.append(SockIo(EV_SOCK_READ, PID, 100 + i % conns, ts, 10 + i % conns, len(head), head, b"",
+                                epoch=epoch, req_start=True, times=_times(i, conns, 0)))
+        for i in group:
+            tid = 100 + i % conns
+            batch += [CallAggregate(PID, tid, epoch, LAUNCH, 0x1000, 0, 100, 0, 0, ts + 10, ts + 500, ts + 500),
+                      CallAggregate(PID, tid, epoch, MEMCPY, H2D, 0, 1, 4096, 1000, ts + 20, ts + 20, ts + 1020),
+                      CallAggregate(PID, tid, epoch, MEMCPY, D2H, 0, 1, 4096, 1000, ts + 600, ts + 600, ts + 1600)]
+        for i in reversed(group):
+            epoch, ts = epoch + 1, ts + 1000
+            batch.append(SockIo(EV_SOCK_WRITE, PID, 100 + i % conns, ts, 10 + i % conns, len(OK), OK, OK[-8:],
+                                epoch=epoch, times=_times(i, conns, 1)))
+        if group[-1] // PER_POLL != (group[-1] + 1) // PER_POLL or group[-1] == n - 1:
             out.append(batch + [Tick(ts)])  # the flush timer's records come between polls
             batch = []
-    return out + ([batch] if batch else [])
+    return out
 
 
-def run(ratio: str, n: int) -> float:
+def run(ratio: str, n: int, in_flight: int = 1) -> float:
     """µs of this thread's CPU per request through a fresh pipeline."""
     stats = Stats()
     wiring = build_pipeline(
         Config(traces_sampler="traceidratio", traces_sampler_arg=ratio), stats,
         destinations=Destinations([("otlp", QueuedExporter(InMemorySpanExporter(), stats))], stats),
         metric_readers=[InMemoryMetricReader()], kernel_names=Names(), clock=BpfClock())
-    records = batches(n)
+    records = batches(n, in_flight)
     t0 = time.thread_time()
     for batch in records:
         wiring.pipeline.push(batch)
@@ -92,10 +100,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--ratio", default="0.1", help="OTEL_TRACES_SAMPLER_ARG (traceidratio)")
     ap.add_argument("--requests", type=int, default=20000)
+    ap.add_argument("--in-flight", type=int, default=1,
+                    help="requests open at once, answered newest first (a busy server's order)")
     a = ap.parse_args()
-    best = min(run(a.ratio, a.requests) for _ in range(3))
-    print(f"pipeline: {best:.1f} µs of collector CPU per request at {float(a.ratio):.0%} sampling "
-          f"(best of 3 x {a.requests} requests)")
+    best = min(run(a.ratio, a.requests, a.in_flight) for _ in range(3))
+    print(f"pipeline: {best:.1f} µs of collector CPU per request at {float(a.ratio):.0%} sampling, "
+          f"{a.in_flight} in flight (best of 3 x {a.requests} requests)")
 
 
 if __name__ == "__main__":

@@ -230,7 +230,10 @@ class BusyWindow:
         return self.device is None
 
 
-@dataclass
+# A request is itself, not its fields: compared and hashed by identity (eq=False). Lists
+# of open requests are searched with `in` and remove(): the generated __eq__ built tuples of
+# every field, ~1.5 µs a comparison, so each finish cost O(open requests) of those.
+@dataclass(eq=False)
 class Request:
     tgid: int
     tid: int            # the thread that read the request
@@ -295,7 +298,7 @@ class Request:
         self.chunk_ts.append(ts)
 
 
-@dataclass
+@dataclass(eq=False)  # as Request
 class ProcessWindow:
     """CUDA calls of one process, over one flush interval, that no single request
     owns: `ambiguous` ones (with the candidate requests as links), `shared` ones (one
