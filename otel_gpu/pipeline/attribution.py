@@ -22,7 +22,7 @@ from ..records import CallAggregate, CudaCall, DeviceCall, KernelRollup, SyncCal
 from .held import Outcome, share
 from .model import AMBIGUOUS, ATTRIBUTIONS, PROCESS, SHARED, TASK, THREAD, CallSink, ProcessWindow, RollupAgg
 from .process_state import Proc, StitchState
-from .rule_facts import CallFacts, begun
+from .rule_facts import CallFacts
 from .rules import HELD, HELD_FULL, RULES, Rule, decide
 from .steps import BatchSteps
 
@@ -97,7 +97,7 @@ class CallAttribution:
         """(rule, its request or links) for a call or CallAggregate made at `ts`, or
         (None, None) when a hold rule kept it (counted when it settles)."""
         unit, owner = (p.contexts.call(ev) or (None, None)) if ev.ctx else (None, None)
-        facts = CallFacts(p, ev, ts, begun(p.open, ts), unit, owner, self._group_requests, aggregate)
+        facts = CallFacts(p, ev, ts, p.open_at(ts), unit, owner, self._group_requests, aggregate)
         decided = decide(facts)
         target = getattr(facts, decided.gives) if decided.gives else None
         if decided.attribution is not HELD:

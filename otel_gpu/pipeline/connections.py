@@ -229,7 +229,7 @@ class Connections:
     def _activate(self, p: Proc, c: Conn, stream: int, req: Request, out: list) -> None:
         c.streams[stream] = req
         c.last_stream = max(c.last_stream, stream)
-        p.open.append(req)
+        p.opened(req)
         p.sampled_open += req.sampled
         self._note_quiet(p)
         self.s.serving[p.tgid] = p
@@ -412,8 +412,7 @@ class Connections:
         p.times.finished(req, ts)
         for stream in [k for k, r in c.streams.items() if r is req]:
             del c.streams[stream]
-        if req in p.open:
-            p.open.remove(req)
+        if p.closed(req):
             p.sampled_open -= req.sampled
             self._note_quiet(p)
             if not p.open:

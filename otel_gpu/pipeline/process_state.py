@@ -14,6 +14,7 @@ from .handlers import HandlerPairs
 from .held import Holds
 from .model import ProcessWindow
 from .protocols.base import Session
+from .rule_facts import begun
 from .threads import ThreadProof
 from .time_split import ThreadTimes
 
@@ -51,7 +52,9 @@ class Proc:
     conns: dict = field(default_factory=dict)   # fd -> Conn
     records_lost: int = 0  # connection records lost (ring buffer full), as the next records told
     probes_from_ns: int = 0  # its CUDA calls are seen from then on (records.ProcessSeen)
-    open: list = field(default_factory=list)    # open Requests
+    open: list = field(default_factory=list)    # open Requests (opened() and closed() keep the next two)
+    open_on: dict = field(default_factory=dict)  # tid -> the open Requests whose heads it read, as in `open`
+    latest_start: int = 0  # the latest start_ns of an open request (0: none)
     ambiguous: Optional[ProcessWindow] = None
     shared: Optional[ProcessWindow] = None  # the batch step in progress (cut at syncs)
     outside: Optional[ProcessWindow] = None
@@ -73,6 +76,31 @@ class Proc:
     sampled_open: int = 0  # open requests whose trace is sampled
     quiet: bool = False    # all its open requests are unsampled (as the kernel was last told)
     times: ThreadTimes = field(default_factory=ThreadTimes)  # its threads' time sums (pipeline/time_split.py)
+
+    # The rules read the open requests at every call: kept so that reading them is no scan
+    # of all of them (a server with hundreds in flight).
+    def opened(self, req) -> None:
+        self.open.append(req)
+        self.open_on.setdefault(req.tid, []).append(req)
+        self.latest_start = max(self.latest_start, req.start_ns)
+
+    def closed(self, req) -> bool:
+        """`req` is open no more; False when it was not open."""
+        if req not in self.open:  # by identity (model.Request)
+            return False
+        self.open.remove(req)
+        on = self.open_on[req.tid]
+        on.remove(req)
+        if not on:
+            del self.open_on[req.tid]
+        if req.start_ns >= self.latest_start:
+            self.latest_start = max((r.start_ns for r in self.open), default=0)
+        return True
+
+    def open_at(self, ts: int) -> list:
+        """begun(open, ts), the open requests that had begun by `ts` (the list itself while
+        every one had, as begun returns it), without a scan in that case."""
+        return self.open if ts >= self.latest_start else begun(self.open, ts)
 
 
 class StitchState:

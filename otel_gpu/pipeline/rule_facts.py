@@ -25,7 +25,10 @@ class CallFacts:
         self._groups, self.aggregate, self._sole = groups, aggregate, False
         if unit is None and ev is not None:
             tid = ev.tid
-            self.on_thread = [r for r in open_requests if r.tid == tid]
+            if open_requests is p.open:  # all of them: the process's index by thread has its own
+                self.on_thread = list(p.open_on.get(tid, ()))
+            else:
+                self.on_thread = [r for r in open_requests if r.tid == tid]
             self.broken = tid in p.broken  # the thread also serves a connection no session can follow
         else:
             self.on_thread = self.broken = None
