@@ -28,24 +28,36 @@ def remainder_seconds(window: tuple[int, int], taken, peers) -> float:
 
 def split_seconds(window: tuple[int, int], others: list[tuple[int, int]]) -> float:
     """Seconds of `window` with each stretch divided by how many windows cover it.
-    One sweep over the sorted edges: O(n log n) in the number of windows. (It is
-    remainder_seconds with nothing taken, kept apart: it runs once per request.)"""
+    One sweep over the others' starts and ends, each sorted on its own (numbers sort
+    faster than edge tuples, and edges at one instant bound no stretch between them):
+    O(n log n) in the number of windows. It runs once per request, against every window
+    that overlaps it (32 requests in flight: 32 each); remainder_seconds is the same sweep
+    with taken intervals, kept apart."""
     start, end = window
     if end <= start:
         return 0.0
-    edges = [(start, 0), (end, 0)]  # (time, change in the count of *other* windows)
+    starts, ends = [], []
     for s, e in others:
         if s < end and e > start and e > s:
-            edges.append((max(s, start), +1))
-            edges.append((min(e, end), -1))
-    edges.sort()
-    total, covering, prev = 0.0, 0, start
-    for t, delta in edges:
+            starts.append(s if s > start else start)
+            ends.append(e if e < end else end)
+    if not starts:
+        return (end - start) / 1e9
+    starts.sort()
+    ends.sort()
+    total, covering, prev, i, j, n = 0.0, 0, start, 0, 0, len(starts)
+    while j < n:  # every end comes at or after its start: the ends finish last
+        if i < n and starts[i] < ends[j]:
+            t, delta = starts[i], 1
+            i += 1
+        else:
+            t, delta = ends[j], -1
+            j += 1
         if t > prev:
             total += (t - prev) / (1 + covering)
             prev = t
         covering += delta
-    return total / 1e9
+    return (total + (end - prev)) / 1e9  # the rest, if any, is its own
 
 
 def union(intervals) -> list[tuple[int, int]]:

@@ -298,3 +298,16 @@ def test_a_ready_window_overlapping_a_waiting_one_waits_with_it():
     out = s.process([finished(30, 100, (2, 2))])
     assert w1 in out and w2 in out  # priced together: 40..50 split evenly
     assert w1.gpu_seconds == pytest.approx(0.025) and w2.gpu_seconds == pytest.approx(0.045)
+
+
+def test_split_seconds_is_the_stretch_by_stretch_share():
+    """Against a nanosecond-by-nanosecond count: each instant of the window is worth
+    1 / (1 + the others covering it); others that touch, nest, repeat or lie outside."""
+    rng = random.Random(23)
+    for _ in range(300):
+        start = rng.randrange(0, 50)
+        window = (start, start + rng.randrange(0, 60))
+        others = [(s, s + rng.randrange(-5, 40)) for s in (rng.randrange(-20, 120) for _ in range(rng.randrange(0, 8)))]
+        others += rng.sample(others, min(len(others), 2))  # the same window twice
+        exact = sum(1 / (1 + sum(1 for s, e in others if s <= t < e)) for t in range(*window))
+        assert split_seconds(window, others) == pytest.approx(exact / 1e9, rel=1e-9, abs=1e-18), (window, others)
