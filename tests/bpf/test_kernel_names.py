@@ -187,7 +187,11 @@ def test_the_collector_names_handle_launches_in_spans(tmp_path, receiver, start_
     target = Target([sys.executable, str(TARGETS / "handle_http.py")], env)
     try:
         collector.wait_traced(target.pid)
-        assert collector.log.wait_for("libcuda.so.1", 10), "stub libcuda not probed"
+        # Both libraries' probes, which a scan may attach one at a time (it can find the
+        # process between its two loads); a library's file-wide line comes after its
+        # per-process launch probes (probes/launch_routes.py).
+        for name, path in env.items():
+            assert collector.log.wait_for(f"probes to /proc/{target.pid}/root{path}\n", 10), f"{name} not probed"
         target.go()
         target.get("/launch")
         assert receiver.wait_for(lambda s: any(x.attributes.get("http.route") == "/launch"
