@@ -73,7 +73,7 @@ def batches(n: int, in_flight: int = 1, t0: int = 10**12) -> list:
             epoch, ts = epoch + 1, ts + 1000
             batch.append(SockIo(EV_SOCK_WRITE, PID, 100 + i % conns, ts, 10 + i % conns, len(OK), OK, OK[-8:],
                                 epoch=epoch, times=_times(i, conns, 1)))
-        if group[-1] // PER_POLL != (group[-1] + 1) // PER_POLL or group[-1] == n - 1:
+        if first // PER_POLL != (group[-1] + 1) // PER_POLL or group[-1] == n - 1:  # a poll's worth
             out.append(batch + [Tick(ts)])  # the flush timer's records come between polls
             batch = []
     return out

@@ -12,9 +12,10 @@ the kernel's BPF stats on, one more GET /launches/N: the launch programs' runs a
 both probes fire), and the kernel memory of the collector's BPF maps on this host (#45 item
 1). The report gives each traced phase's spread over the rounds. Each traced phase is timed
 once the collector counts the service's runtime launches at the driver alone
-(probes/launch_routes.py), as a long-lived service's are after its first seconds; the report says in how many phases it got there. Also printed, where
-gcc is present: item 15's trap costs on this host (the first bytes of the probed
-functions are in scripts/gpu-tier.sh's machine log).
+(probes/launch_routes.py), as a long-lived service's are after its first seconds; the
+report says in how many phases it got there. Also printed, where gcc is present: item 15's
+trap costs on this host (the first bytes of the probed functions are in
+scripts/gpu-tier.sh's machine log).
 Needs root, a GPU, PyTorch, bcc (scripts/gpu-tier.sh --bench runs it on a bare GPU machine)."""
 from __future__ import annotations
 

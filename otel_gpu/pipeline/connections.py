@@ -218,11 +218,11 @@ class Connections:
         elif c.draw:  # a root the kernel drew for: its decision and ours are the same
             req.trace_id = sampling.root_trace_id(self._rng, c.draw, not c.draw_taken, self.kernel_bound)
             c.draw_taken = True
-        if self._sampler is not None and not parent and self.root_bound is not None:
-            req.sampled = sampling.root_sampled(self.root_bound, req.trace_id)
-        elif self._sampler is not None:
-            req.sampled = sampling.sampled(self._sampler, req.trace_id, head.path, SpanKind.SERVER,
-                                           req.parent_span_id, req.parent_sampled)
+        if self._sampler is not None:
+            req.sampled = (sampling.root_sampled(self.root_bound, req.trace_id)
+                           if not parent and self.root_bound is not None else
+                           sampling.sampled(self._sampler, req.trace_id, head.path, SpanKind.SERVER,
+                                            req.parent_span_id, req.parent_sampled))
         p.times.opened(req)
         return req
 

@@ -86,9 +86,10 @@ class Proc:
 
     def closed(self, req) -> bool:
         """`req` is open no more; False when it was not open."""
-        if req not in self.open:  # by identity (model.Request)
+        try:
+            self.open.remove(req)  # by identity (model.Request)
+        except ValueError:
             return False
-        self.open.remove(req)
         on = self.open_on[req.tid]
         on.remove(req)
         if not on:
