@@ -1,14 +1,23 @@
 """The collector's own TCP connections, so that its export traffic is never traced. A
 receiver in a process the collector traces (an OTel Collector sidecar in a GPU pod, a
 related server) accepts the collector's OTLP connection like any other: followed, each
-export RPC would become a server span, exported in turn. An accepted connection whose
-peer is one of these sockets' local ends is the collector's own, and is left alone
-(pipeline/proc_facts.py marks its Accept).
+export RPC would become a server span, exported in turn. An accepted connection is the
+collector's own when its peer is one of these sockets' local ends and its server port is
+that socket's remote port (pipeline/proc_facts.py marks its Accept).
 
-The local ends are read with getsockname() on this process's socket descriptors (a few
-dozen), again on a miss for a peer that could be ours (a loopback address, or one our
-sockets use), at most once every REFRESH_NS: a flood of local connections costs at most
-that rate of re-reads. Peers elsewhere are never ours and cost one set lookup."""
+The local end alone does not say it: Linux gives one local port to connections to
+different destinations at once (measured here: a loopback port of ours was handed to
+4 of 40,000 connections to another server while ours stayed open). A client of the
+traced server whose port ours also uses was taken for ours, and its requests were never
+seen. A Service that maps the receiver's port to another target port (DNAT) makes the
+remote port differ too: the collector's export to it is then traced like a client's,
+visible as its spans, never a client silently lost.
+
+The sockets are read with getsockname()/getpeername() on this process's descriptors (a
+few dozen) for a peer that could be ours (a loopback address, or one our sockets use),
+at most once every REFRESH_NS, and again before an answer from a read older than that: a
+flood of local connections costs at most that rate of re-reads. Peers elsewhere are never
+ours and cost one set lookup."""
 from __future__ import annotations
 
 import ipaddress
@@ -20,9 +29,10 @@ from typing import Callable, Optional
 REFRESH_NS = 50_000_000  # the least time between two re-reads of the descriptors
 
 
-def _local_ends(fd_dir: str = "/proc/self/fd") -> set:
-    """(address, port) of every TCP socket of this process, IPv4-mapped IPv6 as IPv4."""
-    ends = set()
+def _connections(fd_dir: str = "/proc/self/fd") -> dict:
+    """(address, port) of the local end of every connected TCP socket of this process ->
+    the remote ports it is connected to (IPv4-mapped IPv6 addresses as IPv4)."""
+    ends: dict = {}
     try:
         fds = os.listdir(fd_dir)
     except OSError:
@@ -36,8 +46,9 @@ def _local_ends(fd_dir: str = "/proc/self/fd") -> set:
             continue
         try:
             if s.type == socket.SOCK_STREAM and s.family in (socket.AF_INET, socket.AF_INET6):
+                remote_port = s.getpeername()[1]  # OSError for a listener: never a connection's peer
                 addr, port = s.getsockname()[:2]
-                ends.add((_plain(addr), port))
+                ends.setdefault((_plain(addr), port), set()).add(remote_port)
         except OSError:
             pass
         finally:
@@ -55,28 +66,28 @@ def _plain(addr: str) -> str:
 
 
 class OwnSockets:
-    def __init__(self, read: Callable[[], set] = _local_ends, clock: Callable[[], int] = time.monotonic_ns) -> None:
+    def __init__(self, read: Callable[[], dict] = _connections, clock: Callable[[], int] = time.monotonic_ns) -> None:
         self._read, self._clock = read, clock
-        self._ends: set = set()
+        self._ends: dict = {}  # as _connections() returns it
         self._addrs: set = set()
         self._read_at: Optional[int] = None
 
-    def owns(self, addr: Optional[str], port: Optional[int]) -> bool:
-        """Whether (addr, port), an accepted connection's peer, is one of our sockets."""
+    def owns(self, addr: Optional[str], port: Optional[int], server_port: Optional[int]) -> bool:
+        """Whether the accepted connection from (addr, port) to `server_port` is one of
+        our sockets. server_port None (its socket could not be read): the local end
+        alone decides."""
         if addr is None or port is None:
             return False
         addr = _plain(addr)
-        if (addr, port) in self._ends:
-            return True
         if addr not in self._addrs and not _loopback(addr):
             return False  # not an address of this host's sockets: never ours
         now = self._clock()
-        if self._read_at is not None and now - self._read_at < REFRESH_NS:
-            return False
-        self._read_at = now
-        self._ends = self._read()
-        self._addrs = {a for a, _ in self._ends}
-        return (addr, port) in self._ends
+        if self._read_at is None or now - self._read_at >= REFRESH_NS:
+            self._read_at = now
+            self._ends = self._read()
+            self._addrs = {a for a, _ in self._ends}
+        remotes = self._ends.get((addr, port))
+        return bool(remotes) and (server_port is None or server_port in remotes)
 
 
 def _loopback(addr: str) -> bool:

@@ -24,10 +24,12 @@ class ProcFacts:
                  peer_of: Callable[[int, int], Optional[tuple]],
                  group_of: Callable[[int], Optional[str]],
                  sockets_of: Callable[[int], dict],
-                 own_peer: Callable[[Optional[str], Optional[int]], bool] = lambda addr, port: False) -> None:
+                 own_peer: Callable[[Optional[str], Optional[int], Optional[int]], bool] = (
+                     lambda addr, port, server_port: False)) -> None:
         """port_of(pid, listen_fd, conn_fd), peer_of(pid, fd), group_of(pid) and
         sockets_of(pid): the /proc readers (sockets.py, pipeline/groups.py); own_peer(addr,
-        port): whether a peer is the collector's own socket (own_sockets.py)."""
+        port, server_port): whether a connection from that peer to that port is the
+        collector's own (own_sockets.py)."""
         self._port_of, self._peer_of, self._group_of, self._sockets_of = port_of, peer_of, group_of, sockets_of
         self._own_peer = own_peer
         self._grouped: set[int] = set()
@@ -71,7 +73,7 @@ class ProcFacts:
         if ev.peer_addr is None:
             ev.peer_addr, ev.peer_port = self._peer_of(ev.tgid, ev.fd) or (None, None)
         ev.server_port = self._port_of(ev.tgid, ev.listen_fd, ev.fd)
-        ev.own = self._own_peer(ev.peer_addr, ev.peer_port)
+        ev.own = self._own_peer(ev.peer_addr, ev.peer_port, ev.server_port)
 
     def _audit(self, now_ns: int, out: list) -> None:
         everyone = now_ns >= self._next_audit_ns

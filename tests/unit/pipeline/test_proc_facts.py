@@ -97,7 +97,7 @@ def test_an_accept_from_the_collectors_own_socket_says_so_and_its_bytes_open_no_
     from otel_gpu.pipeline.stitcher import Stitcher
     from otel_gpu.pipeline.model import Request
     f = FakeProc()
-    stage = ProcFacts(f.port, f.peer, f.group, f.sockets_of, own_peer=lambda addr, port: port == 4000)
+    stage = ProcFacts(f.port, f.peer, f.group, f.sockets_of, own_peer=lambda addr, port, server_port: (port, server_port) == (4000, 8000))
     ours, theirs = Accept(PID, 1, 1, 10, 3, "127.0.0.1", 4000), Accept(PID, 1, 1, 11, 3, "127.0.0.1", 4001)
     stage.process([ours, theirs])
     assert ours.own and not theirs.own
