@@ -17,7 +17,9 @@ The sockets are read with getsockname()/getpeername() on this process's descript
 few dozen) for a peer that could be ours (a loopback address, or one our sockets use),
 at most once every REFRESH_NS, and again before an answer from a read older than that: a
 flood of local connections costs at most that rate of re-reads. Peers elsewhere are never
-ours and cost one set lookup."""
+ours and cost one set lookup. A miss within that time is not sure (our socket may be
+newer than the read): pipeline/proc_facts.py asks again at its next Tick, after
+refresh()."""
 from __future__ import annotations
 
 import ipaddress
@@ -72,22 +74,33 @@ class OwnSockets:
         self._addrs: set = set()
         self._read_at: Optional[int] = None
 
-    def owns(self, addr: Optional[str], port: Optional[int], server_port: Optional[int]) -> bool:
+    def owns(self, addr: Optional[str], port: Optional[int], server_port: Optional[int]) -> Optional[bool]:
         """Whether the accepted connection from (addr, port) to `server_port` is one of
-        our sockets. server_port None (its socket could not be read): the local end
-        alone decides."""
+        our sockets; None: not by a read made before it may have been (ask again after
+        refresh()). server_port None (its socket could not be read): the local end alone
+        decides."""
         if addr is None or port is None:
             return False
         addr = _plain(addr)
         if addr not in self._addrs and not _loopback(addr):
             return False  # not an address of this host's sockets: never ours
         now = self._clock()
-        if self._read_at is None or now - self._read_at >= REFRESH_NS:
-            self._read_at = now
-            self._ends = self._read()
-            self._addrs = {a for a, _ in self._ends}
+        fresh = self._read_at is None or now - self._read_at >= REFRESH_NS
+        if fresh:
+            self._reread(now)
         remotes = self._ends.get((addr, port))
-        return bool(remotes) and (server_port is None or server_port in remotes)
+        if remotes and (server_port is None or server_port in remotes):
+            return True
+        return False if fresh else None
+
+    def refresh(self) -> None:
+        """Reads the sockets now, whatever the time since the last read."""
+        self._reread(self._clock())
+
+    def _reread(self, now: int) -> None:
+        self._read_at = now
+        self._ends = self._read()
+        self._addrs = {a for a, _ in self._ends}
 
 
 def _loopback(addr: str) -> bool:

@@ -20,8 +20,9 @@ NOT_DROPS = frozenset({"requests_finished", "spans_exported", "resolved", "relis
                        "heads_sampled_here", "cuda_calls_streamed_unsampled",
                        # records the collector read: from the ring buffer, and per-request counts (req_agg)
                        "ring_records", "aggregate_records",
-                       # the collector's own export connections, left alone on purpose (own_sockets.py)
-                       "connections_own_export",
+                       # the collector's own export connections, left alone on purpose (own_sockets.py), and
+                       # the requests open on one found to be ours after its accept (ended, no span)
+                       "connections_own_export", "requests_own_export",
                        # device-clock mode: records tied to their calls (pipeline/device_times.py)
                        "device_tied",
                        # a runtime launch's pass through the driver, counted once: at the runtime's

@@ -118,7 +118,7 @@ def build_pipeline(config: Config, stats: Stats, k8s=None, destinations=None,
     kept_headers = config.export_headers | ({config.feature_header} if config.feature_header else set())
     sampling = sampling_plan(config.traces_sampler, config.traces_sampler_arg)
     facts = ProcFacts(ports.port, ports.peer, groups, lambda pid: open_sockets(config.proc_root, pid),
-                      OwnSockets().owns)
+                      OwnSockets())
     stitcher = Stitcher(config.span_budget, frozenset(kept_headers), stats, sampler=sampling.sampler,
                         quiet_when_idle=sampling.quiet_when_idle, kernel_bound=sampling.kernel_bound,
                         root_bound=sampling.root_bound)

@@ -50,8 +50,13 @@ class Connections:
 
     def on_accept(self, ev: Accept, out: list) -> None:
         p = self.s.proc(ev.tgid, out)
-        if ev.fd in p.conns:  # the old connection's close was not seen (or it is seeded again)
-            self.drop_conn(p, p.conns[ev.fd], ev.ts_ns, "connection replaced", out)
+        old = p.conns.get(ev.fd)
+        if old is not None and ev.own and not old.own and (old.peer_addr, old.peer_port) == (ev.peer_addr,
+                                                                                          ev.peer_port):
+            self._found_own(p, old, ev.ts_ns)  # its Accept again: ours, found after it (proc_facts.py)
+            return
+        if old is not None:  # the old connection's close was not seen (or it is seeded again)
+            self.drop_conn(p, old, ev.ts_ns, "connection replaced", out)
         if ev.own:  # the collector's own export: a span for it would be exported in turn
             p.conns[ev.fd] = Conn(ev.fd, own=True)
             self.stats.add("connections_own_export")
@@ -62,6 +67,15 @@ class Connections:
             return
         c = p.conns[ev.fd] = Conn(ev.fd, ev.peer_addr, ev.peer_port, ev.listen_fd)
         c.server_port = ev.server_port
+
+    def _found_own(self, p: Proc, c: Conn, ts: int) -> None:
+        """A connection found to be the collector's own after its accept: ignored from now
+        on, the requests open on it ended with no span (its export RPCs)."""
+        c.own = True
+        self.stats.add("connections_own_export")
+        for req in list(c.streams.values()):
+            self._end(p, c, req, ts, "the collector's own export")
+            self.stats.add("requests_own_export")
 
     def on_read(self, ev: SockIo, out: list) -> None:
         p = self.s.proc(ev.tgid, out)
@@ -407,6 +421,20 @@ class Connections:
             self._apply(p, c, c.session.abandon(), 0, ts, out)  # e.g. pipelined requests never answered
 
     def _finish(self, p: Proc, c: Conn, req: Request, ts: int, error: Optional[str], out: list) -> None:
+        self._end(p, c, req, ts, error)
+        if not req.sampled and req.sink.streamed:  # work the kernel could have counted (sampling.py)
+            self.stats.add("cuda_calls_streamed_unsampled", req.sink.streamed)
+        if p.untracked:
+            req.untracked_connections = p.untracked
+        req.lost_while_open = p.records_lost - req.lost_before
+        if req.start_ns < p.probes_from_ns:
+            req.before_probes = True
+            self.stats.add("requests_before_probes")
+        self.stats.add("requests_finished")
+        out.append(req)
+
+    def _end(self, p: Proc, c: Conn, req: Request, ts: int, error: Optional[str]) -> None:
+        """`req` is no longer open: its process, thread times and held calls know it."""
         req.end_ns = max(ts, req.start_ns)
         req.error = error
         p.times.finished(req, ts)
@@ -418,16 +446,6 @@ class Connections:
             if not p.open:
                 self.s.serving.pop(p.tgid, None)
         self.calls.finished(p, req)
-        if not req.sampled and req.sink.streamed:  # work the kernel could have counted (sampling.py)
-            self.stats.add("cuda_calls_streamed_unsampled", req.sink.streamed)
-        if p.untracked:
-            req.untracked_connections = p.untracked
-        req.lost_while_open = p.records_lost - req.lost_before
-        if req.start_ns < p.probes_from_ns:
-            req.before_probes = True
-            self.stats.add("requests_before_probes")
-        self.stats.add("requests_finished")
-        out.append(req)
 
     def _note_quiet(self, p: Proc) -> None:
         """Whether `p` has no sampled request open (and, unless the sampler drops traces

@@ -2,7 +2,8 @@
 process's TCP sockets to the port it connected to is ours, found with real sockets; one
 from a port ours also uses, to another server, is a client's (Linux shares a local port
 between destinations); a peer elsewhere is never ours and costs no re-read; re-reads are
-rate-limited, and an answer from an old read is read again first."""
+rate-limited, an answer from an old read is read again first, and a miss within the
+interval is not sure (None) until refresh()."""
 from __future__ import annotations
 
 import socket
@@ -62,8 +63,8 @@ def test_re_reads_only_for_peers_that_could_be_ours_and_at_most_once_per_interva
     own = OwnSockets(read=lambda: reads.append(now[0]) or dict(ends), clock=lambda: now[0])
     assert own.owns("127.0.0.1", 5000, 4317) and reads == [0]
     assert own.owns("::ffff:127.0.0.1", 5000, 4317)  # IPv4-mapped: the same end, from the cache
-    assert not own.owns("127.0.0.1", 5000, 8000)  # our local end, another server port
-    assert not own.owns("127.0.0.1", 6000, 4317) and reads == [0]  # a miss within the interval: no re-read
+    assert own.owns("127.0.0.1", 5000, 8000) is None  # our local end, another server port: by an old read
+    assert own.owns("127.0.0.1", 6000, 4317) is None and reads == [0]  # a miss within the interval: not sure
     assert not own.owns("192.0.2.7", 6000, 4317) and reads == [0]  # not an address of ours: never re-read
     now[0] = REFRESH_NS
     assert not own.owns("127.0.0.1", 6000, 4317) and reads == [0, REFRESH_NS]
@@ -77,3 +78,14 @@ def test_an_answer_from_an_old_read_is_read_again_first():
     ends.clear()
     now[0] = REFRESH_NS
     assert not own.owns("127.0.0.1", 5000, 4317) and reads == [0, REFRESH_NS]
+
+
+def test_refresh_reads_now():
+    reads, now, ends = [], [0], {}
+    own = OwnSockets(read=lambda: reads.append(now[0]) or dict(ends), clock=lambda: now[0])
+    assert own.owns("127.0.0.1", 5000, 4317) is False  # read now: sure
+    ends[("127.0.0.1", 5000)] = {4317}  # our socket, newer than that read
+    now[0] = 1
+    assert own.owns("127.0.0.1", 5000, 4317) is None
+    own.refresh()
+    assert own.owns("127.0.0.1", 5000, 4317) is True and reads == [0, 1]

@@ -1,5 +1,6 @@
 """The /proc facts stage: what the stitcher needs from /proc arrives on records, read once
 where a record first needs it (tests' named fakes of the readers count their calls)."""
+from otel_gpu.own_sockets import REFRESH_NS, OwnSockets
 from otel_gpu.pipeline.proc_facts import AUDIT_ALL_NS, ProcFacts
 from otel_gpu.records import (EV_SOCK_READ, EV_SOCK_WRITE, Accept, OpenSockets, ProcessGroup, ProcExit, SockClose,
                               SockIo, Tick)
@@ -97,7 +98,8 @@ def test_an_accept_from_the_collectors_own_socket_says_so_and_its_bytes_open_no_
     from otel_gpu.pipeline.stitcher import Stitcher
     from otel_gpu.pipeline.model import Request
     f = FakeProc()
-    stage = ProcFacts(f.port, f.peer, f.group, f.sockets_of, own_peer=lambda addr, port, server_port: (port, server_port) == (4000, 8000))
+    own = OwnSockets(read=lambda: {("127.0.0.1", 4000): {8000}, ("127.0.0.1", 4001): {4317}})
+    stage = ProcFacts(f.port, f.peer, f.group, f.sockets_of, own=own)
     ours, theirs = Accept(PID, 1, 1, 10, 3, "127.0.0.1", 4000), Accept(PID, 1, 1, 11, 3, "127.0.0.1", 4001)
     stage.process([ours, theirs])
     assert ours.own and not theirs.own
@@ -108,3 +110,49 @@ def test_an_accept_from_the_collectors_own_socket_says_so_and_its_bytes_open_no_
                     + [SockIo(EV_SOCK_WRITE, PID, 1, 20, fd, len(reply), reply, reply[-8:], 0) for fd in (10, 11)])
     assert [r.fd for r in out if isinstance(r, Request)] == [11]
     assert s.stats.snapshot()["connections_own_export"] == 1
+
+
+def _unsure_setup():
+    """A client's accept read our sockets; our export connected after that read, and the
+    traced server accepted it within REFRESH_NS: not surely ours at its accept."""
+    ends, now = {}, [0]
+    own = OwnSockets(read=lambda: dict(ends), clock=lambda: now[0])
+    f = FakeProc()
+    stage = ProcFacts(f.port, f.peer, f.group, f.sockets_of, own=own)
+    first = Accept(PID, 1, 1, 10, 3, "127.0.0.1", 4000)
+    stage.process([first])
+    ends[("127.0.0.1", 4001)] = {8000}  # our export connection, newer than that read
+    now[0] = REFRESH_NS // 2
+    ours = Accept(PID, 1, 2, 11, 3, "127.0.0.1", 4001)
+    return stage, first, ours
+
+
+def test_an_accept_not_surely_ours_is_asked_again_at_the_next_tick_and_sent_again_marked():
+    stage, first, ours = _unsure_setup()
+    closed = Accept(PID, 1, 2, 12, 3, "127.0.0.1", 4002)  # not sure either, but closed before the Tick
+    client = Accept(PID, 1, 2, 13, 3, "127.0.0.1", 4003)  # not sure, and not ours
+    stage.process([ours, closed, client, SockClose(PID, 1, 3, 12)])
+    assert not first.own and not ours.own and not closed.own and not client.own
+    again = [r for r in stage.process([Tick(10)]) if isinstance(r, Accept)]
+    assert [(a.fd, a.ts_ns, a.peer_port, a.own) for a in again] == [(11, 2, 4001, True)]
+    assert not [r for r in stage.process([Tick(20)]) if isinstance(r, Accept)]  # asked once
+
+
+def test_a_connection_found_ours_after_its_accept_ends_its_requests_with_no_span():
+    """The stitcher, told again (the Accept marked own): the request open on it ends with
+    no span and is counted; its later bytes open none."""
+    from otel_gpu.pipeline.stitcher import Stitcher
+    from otel_gpu.pipeline.model import Request
+    stage, _, ours = _unsure_setup()
+    s = Stitcher(span_budget=16)
+    head = b"POST /opentelemetry.proto.collector.trace.v1.TraceService/Export HTTP/1.1\r\nHost: x\r\n\r\n"
+    reply = b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n"
+    read = SockIo(EV_SOCK_READ, PID, 1, 3, 11, len(head), head, b"", 0)
+    out = s.process(stage.process([ours, read]))
+    assert not [r for r in out if isinstance(r, Request)] and s.state()["open_requests"] == 1
+    out = s.process(stage.process([Tick(10)]) + [read, SockIo(EV_SOCK_WRITE, PID, 1, 20, 11, len(reply), reply,
+                                                                 reply[-8:], 0)])
+    assert not [r for r in out if isinstance(r, Request)] and s.state()["open_requests"] == 0
+    counts = s.stats.snapshot()
+    assert (counts["connections_own_export"], counts["requests_own_export"]) == (1, 1)
+    assert "requests_finished" not in counts
