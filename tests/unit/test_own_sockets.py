@@ -20,12 +20,12 @@ def test_a_connection_this_process_made_is_its_own():
     port = server.getsockname()[1]
     try:
         own = OwnSockets()
-        assert own.owns(*peer, port)  # the accepted side's peer is our client socket's local end
-        assert own.owns(*peer, None)  # its server port unknown: the local end decides
+        assert own.owns(*peer, port) is True  # the accepted side's peer is our client socket's local end
+        assert own.owns(*peer, None) is True  # its server port unknown: the local end decides
         assert _connections()[peer] == {port}
-        assert not own.owns("127.0.0.1", 1, port)  # a port none of our sockets has
-        assert not own.owns("10.1.2.3", peer[1], port)  # another host's
-        assert not own.owns(None, None, port)
+        assert OwnSockets().owns("127.0.0.1", 1, port) is False  # a port none of our sockets has (read now)
+        assert own.owns("10.1.2.3", peer[1], port) is False  # another host's
+        assert own.owns(None, None, port) is False
     finally:
         for s in (client, accepted, server):
             s.close()
@@ -48,9 +48,8 @@ def test_a_client_sharing_our_local_port_with_another_server_is_not_ours():
         assert int(other.stdout.readline()) == local[1]
         accepted, peer = theirs_server.accept()
         assert peer == local  # the same peer as our own connection's, seen from its server
-        own = OwnSockets()
-        assert not own.owns(*peer, theirs_port)
-        assert own.owns(*local, ours_server.getsockname()[1])
+        assert OwnSockets().owns(*peer, theirs_port) is False
+        assert OwnSockets().owns(*local, ours_server.getsockname()[1]) is True
         accepted.close()
     finally:
         other.communicate("\n", timeout=10)
