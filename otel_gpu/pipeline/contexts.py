@@ -13,7 +13,7 @@ context running on the thread of each CUDA call and socket read/write. From thos
   context's ancestors that are newer than the request too (the task that spawned the
   streaming task, the task that registered a write callback). On an HTTP/2 connection
   (many streams, one socket) only a write of one stream's response headers binds, and
-  only its own context (stitcher._responding_stream). A context bound to an
+  only its own context (responses.responding_stream). A context bound to an
   open request is never bound to another; bindings end when the request finishes.
 - calls: a call made in context C belongs to the request bound to C or to its nearest
   bound ancestor (task). A tracked C with no binding yet is *held*: when a request

@@ -3,7 +3,7 @@ an ASGI app whose requests make real libcudart calls encoding their id, and clie
 built on the `h2` package sending several concurrent streams on one connection, and on
 several connections at once. One server span per stream, with its path and status;
 every stream's CUDA calls under its own span (task: hypercorn writes each stream's
-response HEADERS from the stream's app task, which binds it; stitcher._responding_stream),
+response HEADERS from the stream's app task, which binds it; responses.responding_stream),
 never under another stream's: each span names its request (its exported query's id), and
 every child's encoded id must be that one."""
 from __future__ import annotations
