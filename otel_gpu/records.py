@@ -28,6 +28,7 @@ class Accept:
     tracked: bool = True  # False: the kernel's connection table was full (its I/O is not seen)
     server_port: Optional[int] = None  # the listening socket's port, from /proc (pipeline/proc_facts.py)
     own: bool = False  # its peer is the collector's own socket (its export): never traced (own_sockets.py)
+    again: bool = False  # sent again, marked own, once found ours after it (pipeline/proc_facts.py)
 
 
 @dataclass(slots=True)

@@ -52,9 +52,9 @@ class Connections:
     def on_accept(self, ev: Accept, out: list) -> None:
         p = self.s.proc(ev.tgid, out)
         old = p.conns.get(ev.fd)
-        if old is not None and ev.own and not old.own and (old.peer_addr, old.peer_port) == (ev.peer_addr,
-                                                                                          ev.peer_port):
-            self._found_own(p, old, ev.ts_ns)  # its Accept again: ours, found after it (proc_facts.py)
+        if ev.again:  # found ours after its accept (proc_facts.py), if that connection is still here
+            if old is not None and not old.own and (old.peer_addr, old.peer_port) == (ev.peer_addr, ev.peer_port):
+                self._found_own(p, old, ev.ts_ns)
             return
         if old is not None:  # the old connection's close was not seen (or it is seeded again)
             self.drop_conn(p, old, ev.ts_ns, "connection replaced", out)

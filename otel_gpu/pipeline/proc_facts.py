@@ -95,7 +95,7 @@ class ProcFacts:
         self._own.refresh()
         for ev in self._unsure.values():
             if self._own.owns(ev.peer_addr, ev.peer_port, ev.server_port):
-                out.append(replace(ev, own=True))
+                out.append(replace(ev, own=True, again=True))
         self._unsure.clear()
 
     def _audit(self, now_ns: int, out: list) -> None:

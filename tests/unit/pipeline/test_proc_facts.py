@@ -134,7 +134,7 @@ def test_an_accept_not_surely_ours_is_asked_again_at_the_next_tick_and_sent_agai
     stage.process([ours, closed, client, SockClose(PID, 1, 3, 12)])
     assert not first.own and not ours.own and not closed.own and not client.own
     again = [r for r in stage.process([Tick(10)]) if isinstance(r, Accept)]
-    assert [(a.fd, a.ts_ns, a.peer_port, a.own) for a in again] == [(11, 2, 4001, True)]
+    assert [(a.fd, a.ts_ns, a.peer_port, a.own, a.again) for a in again] == [(11, 2, 4001, True, True)]
     assert not [r for r in stage.process([Tick(20)]) if isinstance(r, Accept)]  # asked once
 
 
@@ -156,3 +156,21 @@ def test_a_connection_found_ours_after_its_accept_ends_its_requests_with_no_span
     counts = s.stats.snapshot()
     assert (counts["connections_own_export"], counts["requests_own_export"]) == (1, 1)
     assert "requests_finished" not in counts
+
+
+def test_a_connection_found_ours_after_it_was_replaced_is_left_as_it_is():
+    """The Accept sent again names a connection the stitcher no longer has on that fd (its
+    close and the next accept went unseen): the connection there now is not touched."""
+    from otel_gpu.pipeline.stitcher import Stitcher
+    from otel_gpu.pipeline.model import Request
+    stage, _, ours = _unsure_setup()
+    s = Stitcher(span_budget=16)
+    s.process(stage.process([ours]))
+    newer = Accept(PID, 1, 5, 11, 3, "127.0.0.1", 4009)  # seen by the stitcher only (its ProcFacts record lost)
+    head = b"GET /work HTTP/1.1\r\nHost: x\r\n\r\n"
+    reply = b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n"
+    s.process([newer, SockIo(EV_SOCK_READ, PID, 1, 6, 11, len(head), head, b"", 0)])
+    out = s.process(stage.process([Tick(10)]) + [SockIo(EV_SOCK_WRITE, PID, 1, 20, 11, len(reply), reply,
+                                                                   reply[-8:], 0)])
+    assert [(r.fd, r.error, r.status) for r in out if isinstance(r, Request)] == [(11, None, 200)]
+    assert "connections_own_export" not in s.stats.snapshot()
