@@ -19,6 +19,7 @@ from ..profile import Profile
 from ..target import Service
 
 RATIOS = ("1", "0.1")             # OTEL_TRACES_SAMPLER_ARG of the traced phases, in run order
+CONNS, MANY_CONNS = 4, 32         # the load's keep-alive connections; a last phase at 10 % with many
 BSP_DELAY_S = 1.0                 # OTEL_BSP_SCHEDULE_DELAY left unset: the collector's default, 1000 ms
 CORES_PER_KRPS = {"1": 0.3, "0.1": 0.1}  # issue 26 targets, cores per 1,000 req/s
 DELAY_P99_S = 5.0                 # issue 26: request end to its span, and to its metrics
@@ -79,22 +80,24 @@ def metric_delays(done_at: list, exports: list, before: int) -> list:
     return delays
 
 
-def _traced(svc: Service, rx: CountingReceiver, ratio: str, seconds: int, starts: list, profile_to: Path) -> dict:
+def _traced(svc: Service, rx: CountingReceiver, ratio: str, seconds: int, starts: list, profile_to: Path,
+            conns: int = CONNS) -> dict:
     """One traced phase: a fresh collector sampling `ratio` of the traces, warm-up, the
-    timed load, then the drain (its backlog, the span batch processor's last timer)."""
+    timed load on `conns` connections, then the drain (its backlog, the span batch
+    processor's last timer)."""
     col = Collector(otlp_endpoint=rx.endpoint, env={
         "OTEL_TRACES_SAMPLER": "traceidratio", "OTEL_TRACES_SAMPLER_ARG": ratio,
         "OTEL_BSP_SCHEDULE_DELAY": None, "OTEL_METRIC_EXPORT_INTERVAL": str(METRIC_INTERVAL_MS)})
     starts.append(col.ready_s)
-    out = {"ratio": float(ratio)}
+    out = {"ratio": float(ratio), "conns": conns}
     try:
         col.wait_traced(svc.pid)
-        warm = svc.load(2)  # warm-up with the probes on
+        warm = svc.load(2, conns=conns)  # warm-up with the probes on
         out["counted_before"] = before = _counted(rx, warm["ok"])
         rx.reset(since_ns=time.time_ns())  # spans of the warm-up may still sit in the batch
         cpu0, t0 = col.cpu_seconds(), time.monotonic()
         prof = Profile(col.pid, max(seconds - 2, 1), profile_to)
-        load = svc.load(seconds, times=True)
+        load = svc.load(seconds, conns=conns, times=True)
         out["collector_cores"] = (col.cpu_seconds() - cpu0) / (time.monotonic() - t0)
         out["profile"] = prof.result()
         out["rss_mb"] = col.rss_mb()
@@ -137,6 +140,10 @@ def run(quick: bool, starts: list, results_dir: Path, stamp: str) -> dict:
         for ratio in RATIOS:
             name = "profile-http.txt" if ratio == "1" else f"profile-http-sampled-{ratio}.txt"
             out["sampled"][ratio] = _traced(svc, rx, ratio, seconds, starts, results_dir / f"{stamp}-{name}")
+        # How the cost grows with connections: req_agg counts follow the process's HTTP epochs,
+        # which every connection's records move on (docs/performance.md note 33).
+        out["many_conns"] = _traced(svc, rx, "0.1", seconds, starts,
+                                    results_dir / f"{stamp}-profile-http-sampled-0.1-{MANY_CONNS}-conns.txt", MANY_CONNS)
         out["untraced_after"] = svc.load(seconds)
     finally:
         svc.stop()
@@ -185,6 +192,7 @@ def _counts(c: dict) -> str:
 
 def rows(r: dict) -> list:
     full, tenth = sampled = r["sampled"]["1"], r["sampled"]["0.1"]
+    many = r["many_conns"]
     lost = [Collector.lost_events(p["collector"]) for p in sampled]
     return [
         ("2", "req/s untraced (before, after)", f"{r['untraced']['rps']:.0f}, {r['untraced_after']['rps']:.0f}",
@@ -200,6 +208,10 @@ def rows(r: dict) -> list:
            f"{p['cores_per_krps']:.2f} ({p['load_cores_per_krps']:.2f})", f"<= {CORES_PER_KRPS[ratio]}",
            p["caught_up_s"] is not None and p["cores_per_krps"] <= CORES_PER_KRPS[ratio])
           for pct, ratio, p in (("100 %", "1", full), ("10 %", "0.1", tenth))],
+        ("2", f"  the same at 10 % with {MANY_CONNS} connections instead of {CONNS} (no target: how the cost "
+              f"grows with connections): cores per 1,000 req/s (while the load ran), req/s, records read per request",
+         f"{many['cores_per_krps']:.2f} ({many['load_cores_per_krps']:.2f}), {many['load']['rps']:.0f}, "
+         f"{_records(many['collector'])}", "", None),
         ("2", "  its backlog: the metrics counted every request this long after the load ended (s), 100 % ; 10 %",
          _each(r, lambda p: "never" if p["caught_up_s"] is None else f"{p['caught_up_s']:.1f}"), "", None),
         ("2", "  CUDA calls streamed one by one per request (the rest counted in the kernel; within --stream-rate), "
