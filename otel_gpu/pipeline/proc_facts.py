@@ -6,10 +6,10 @@ where that was not sure (our socket newer than the last read of them), asked aga
 next Tick, and the Accept sent again marked `own` if it is (the stitcher ignores the
 connection from then on); a connection first seen in a read (accepted before tracing,
 not seeded) gets an Accept made for it. For each process: its group of related
-processes (ProcessGroup) before its first record. At Ticks: the sockets each process with connections still holds
-(OpenSockets), for the audit of closes never seen: processes with untracked connections
-at every Tick (their I/O is not seen), every one each AUDIT_ALL_NS (a close lost with a
-full ring buffer)."""
+processes (ProcessGroup) before its first record. At Ticks: the sockets each process
+with connections still holds (OpenSockets), for the audit of closes never seen: processes
+with untracked connections at every Tick (their I/O is not seen), every one each
+AUDIT_ALL_NS (a close lost with a full ring buffer)."""
 from __future__ import annotations
 
 from dataclasses import replace
@@ -93,8 +93,8 @@ class ProcFacts:
         if not self._unsure:
             return
         self._own.refresh()
-        for ev in self._unsure.values():
-            if self._own.owns(ev.peer_addr, ev.peer_port, ev.server_port):
+        for ev in self._unsure.values():  # a miss reads None now too (the read is that recent): not ours
+            if self._own.owns(ev.peer_addr, ev.peer_port, ev.server_port) is True:
                 out.append(replace(ev, own=True, again=True))
         self._unsure.clear()
 
