@@ -21,6 +21,7 @@ from tests.bpf.targets.go.build import build, toolchains
 
 GO_UNIT = 1 << 63
 WORKERS, LAUNCHES = 8, 5  # 40 launches: within the stream budget per thread, so each is a record
+RUNS = 3  # at most, until the scheduler moves a goroutine (see the test)
 
 TOOLCHAINS = toolchains()
 pytestmark = pytest.mark.skipif(not TOOLCHAINS, reason="no Go toolchain under .go/ (scripts/setup.sh installs them)")
@@ -32,13 +33,8 @@ def cudart():
     return find_cudart()
 
 
-@pytest.mark.parametrize("stripped", [False, True], ids=["symbols", "stripped"])
-@pytest.mark.parametrize("version", sorted(TOOLCHAINS) or ["none"])
-def test_each_cuda_call_carries_its_goroutine(probes, cudart, version, stripped):
-    assert task_fsbase_offset() is not None, "the kernel's BTF gave no task_struct.thread.fsbase"
-    binary = build("goroutines.go", TOOLCHAINS[version], stripped)
-    info = go_runtime.inspect(str(binary))
-    assert info is not None and info.version == f"go{version}" and info.layout and info.tls_g == -8, info
+def run_goroutines(probes, binary, cudart, info) -> tuple[str, list]:
+    """One run of the program, traced as the collector would: its output and launches."""
     proc = subprocess.Popen([str(binary), cudart, str(WORKERS), str(LAUNCHES)], text=True,
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, env={"GOMAXPROCS": "4"})
     try:
@@ -55,21 +51,37 @@ def test_each_cuda_call_carries_its_goroutine(probes, cudart, version, stripped)
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert f"done {WORKERS * LAUNCHES}" in out, out
-    goids = {int(line.split()[1]) for line in out.splitlines() if line.startswith("g ")}
-    assert len(goids) == WORKERS
-    launches = [r for r in probes.of(pid) if type(r) is LaunchCall]
-    assert len(launches) == WORKERS * LAUNCHES
-    assert {r.grid[0] for r in launches} == goids
-    wrong = [(r.grid[0], hex(r.ctx)) for r in launches if r.ctx != GO_UNIT | r.grid[0]]
-    assert not wrong, f"calls whose ctx is not their goroutine: {wrong}"
-    threads = defaultdict(set)
-    for r in launches:
-        threads[r.grid[0]].add(r.tid)
-    moved = sum(len(t) > 1 for t in threads.values())
-    print(f"go{version}{' stripped' if stripped else ''}: {len(launches)} calls of {WORKERS} goroutines, each "
-          f"its own goroutine; {moved} goroutines ran on several threads")
-    assert moved > 0, "no goroutine changed threads: the test proves nothing about the thread rule"
+    return out, [r for r in probes.of(pid) if type(r) is LaunchCall]
+
+
+@pytest.mark.parametrize("stripped", [False, True], ids=["symbols", "stripped"])
+@pytest.mark.parametrize("version", sorted(TOOLCHAINS) or ["none"])
+def test_each_cuda_call_carries_its_goroutine(probes, cudart, version, stripped):
+    assert task_fsbase_offset() is not None, "the kernel's BTF gave no task_struct.thread.fsbase"
+    binary = build("goroutines.go", TOOLCHAINS[version], stripped)
+    info = go_runtime.inspect(str(binary))
+    assert info is not None and info.version == f"go{version}" and info.layout and info.tls_g == -8, info
+    # Whether a goroutine changes threads is the scheduler's choice: a CI run on a busy
+    # 2-core host once kept each on its one thread. Every run is checked in full; up to
+    # RUNS are made until one shows a move, without which the thread rule goes unproven.
+    for run in range(1, RUNS + 1):
+        out, launches = run_goroutines(probes, binary, cudart, info)
+        assert f"done {WORKERS * LAUNCHES}" in out, out
+        goids = {int(line.split()[1]) for line in out.splitlines() if line.startswith("g ")}
+        assert len(goids) == WORKERS
+        assert len(launches) == WORKERS * LAUNCHES
+        assert {r.grid[0] for r in launches} == goids
+        wrong = [(r.grid[0], hex(r.ctx)) for r in launches if r.ctx != GO_UNIT | r.grid[0]]
+        assert not wrong, f"calls whose ctx is not their goroutine: {wrong}"
+        threads = defaultdict(set)
+        for r in launches:
+            threads[r.grid[0]].add(r.tid)
+        moved = sum(len(t) > 1 for t in threads.values())
+        print(f"go{version}{' stripped' if stripped else ''}, run {run}: {len(launches)} calls of {WORKERS} "
+              f"goroutines, each its own goroutine; {moved} goroutines ran on several threads")
+        if moved:
+            return
+    pytest.fail(f"no goroutine changed threads in {RUNS} runs: the test proves nothing about the thread rule")
 
 
 def test_a_process_not_in_go_procs_gets_no_goroutine(probes, cudart):
