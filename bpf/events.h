@@ -138,6 +138,7 @@ struct accept_event {
     u16 peer_port;    /* network byte order */
     u8 peer_addr[16]; /* IPv4 in the first 4 bytes */
     u32 flags;        /* ACCEPT_UNTRACKED: not in the connection table (full, or past the share) */
+    u64 ino;          /* its socket's inode number (maps.h fd_ino) when tracked; 0: not known */
 };
 #define ACCEPT_UNTRACKED 1
 #define ACCEPT_OVER_SHARE 2 /* with ACCEPT_UNTRACKED: the process held its share (conn_shares) */

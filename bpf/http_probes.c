@@ -174,7 +174,7 @@ static __always_inline void accept_done(s32 listen_fd, u64 addr, long ret)
         count(CNT_CONN_OVER_SHARE);
         e.flags = ACCEPT_UNTRACKED | ACCEPT_OVER_SHARE;
     } else {
-        st.ino = fd_ino((s32)ret); /* for an entry only: a flood past its share reads no file table */
+        st.ino = e.ino = fd_ino((s32)ret); /* for an entry only: a flood past its share reads no file table */
         if (conns.update(&key, &st) != 0) {
             count(CNT_CONN_TABLE_FULL);
             e.flags = ACCEPT_UNTRACKED;

@@ -51,8 +51,8 @@ class ConnectionSeeding:
                         "per scan": "; more at the next flush", "table full": "; the others once there is room"}
                 log.info("pid %d: %d connections %s are followed from their next request%s", pid, len(fds), why,
                          rest.get(short, ""))
-            out += [Accept(pid, pid, now, fd, held[fd].listen_fd, held[fd].peer_addr, held[fd].peer_port)
-                    for fd in fds]
+            out += [Accept(pid, pid, now, fd, held[fd].listen_fd, held[fd].peer_addr, held[fd].peer_port,
+                           inode=held[fd].inode) for fd in fds]
         return out
 
     def at_flush(self, traced: set) -> list:

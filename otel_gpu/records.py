@@ -29,6 +29,7 @@ class Accept:
     server_port: Optional[int] = None  # the listening socket's port, from /proc (pipeline/proc_facts.py)
     own: bool = False  # its peer is the collector's own socket (its export): never traced (own_sockets.py)
     again: bool = False  # sent again, marked own, once found ours after it (pipeline/proc_facts.py)
+    inode: Optional[int] = None  # its socket's inode number (the kernel's fd_ino, or /proc's for a seed)
 
 
 @dataclass(slots=True)

@@ -88,7 +88,7 @@ class EventHeader(ct.Structure):
 
 class AcceptEvent(ct.Structure):
     _fields_ = [("h", EventHeader), ("fd", s32), ("listen_fd", s32), ("family", u16),
-                ("peer_port", u16), ("peer_addr", u8 * 16), ("flags", u32)]
+                ("peer_port", u16), ("peer_addr", u8 * 16), ("flags", u32), ("ino", u64)]
 
 
 class SockIoEvent(ct.Structure):

@@ -222,7 +222,7 @@ def _accept(buf, size):
     e = abi.AcceptEvent.from_buffer_copy(bytes(buf))
     port = int.from_bytes(e.peer_port.to_bytes(2, "little"), "big") if e.family else None
     return Accept(e.h.tgid, e.h.tid, e.h.ts_ns, e.fd, e.listen_fd, _addr(e.family, e.peer_addr), port,
-                  tracked=not e.flags & abi.ACCEPT_UNTRACKED)
+                  tracked=not e.flags & abi.ACCEPT_UNTRACKED, inode=e.ino or None)
 
 
 def _close(buf, size):

@@ -56,7 +56,11 @@ class Connections:
             if old is not None and not old.own and (old.peer_addr, old.peer_port) == (ev.peer_addr, ev.peer_port):
                 self._found_own(p, old, ev.ts_ns)
             return
-        if old is not None:  # the old connection's close was not seen (or it is seeded again)
+        if old is not None and ev.inode is not None and old.inode == ev.inode:
+            # The same socket: a seed that read /proc while the kernel's records of the
+            # connection were on their way (or seeded it again). It is the one followed.
+            return
+        if old is not None:  # the old connection's close was not seen
             self.drop_conn(p, old, ev.ts_ns, "connection replaced", out)
         if ev.own:  # the collector's own export: a span for it would be exported in turn
             p.conns[ev.fd] = Conn(ev.fd, own=True)
@@ -67,7 +71,7 @@ class Connections:
             p.untracked += 1
             return
         c = p.conns[ev.fd] = Conn(ev.fd, ev.peer_addr, ev.peer_port, ev.listen_fd)
-        c.server_port = ev.server_port
+        c.server_port, c.inode = ev.server_port, ev.inode
 
     def _found_own(self, p: Proc, c: Conn, ts: int) -> None:
         """A connection found to be the collector's own after its accept: ignored from now

@@ -39,7 +39,7 @@ class Conn:
     go_h2_server: Optional[int] = None  # the Go serverConn serving it (pipeline/go_h2.py)
     read_by: int = 0        # the goroutine of its latest read (multiplexed sessions)
     last_stream: int = 0    # the highest stream id a request opened on (HTTP/2 ids only grow)
-    inode: Optional[int] = None  # its socket, learnt at the first audit (a reused fd is another socket)
+    inode: Optional[int] = None  # its socket: its accept's or seed's, else the first audit's (a reused fd is another)
     # The kernel's draw for the request it delimits now (SockIo.draw), and whether a
     # request took it: pipelining's next heads take draws on the same side of the bound.
     draw: int = 0

@@ -65,9 +65,10 @@ class Child:
     def __init__(self, argv: list[str]) -> None:
         self.proc = subprocess.Popen(argv, cwd=ROOT, text=True, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
         self.pid = self.proc.pid
-        self.hello = self._reply()
+        self.hello = self.reply()
 
-    def _reply(self) -> dict:
+    def reply(self) -> dict:
+        """The next JSON line it prints."""
         ready, _, _ = select.select([self.proc.stdout], [], [], 60)
         line = self.proc.stdout.readline() if ready else ""
         assert line, f"child {self.pid} gave no answer (exit {self.proc.poll()})"
@@ -79,7 +80,7 @@ class Child:
 
     def run(self, command: str) -> dict:
         self.send(command)
-        return self._reply()
+        return self.reply()
 
     def stop(self) -> None:
         self.proc.stdin.close()

@@ -262,7 +262,7 @@ def test_socket_reads_and_writes_carry_the_context(interpreter, start, probes):
     with socket.create_connection(("127.0.0.1", c.hello["port"]), timeout=10) as s:
         s.sendall(b"GET /x HTTP/1.1\r\nHost: t\r\n\r\n")
         assert s.recv(4096).startswith(b"HTTP/1.1 200")
-    r = c._reply()
+    r = c.reply()
     io = [x for x in probes.of(c.pid) if type(x) is SockIo]
     assert [(x.kind, x.ctx) for x in io] == [(2, c.hello["outer"]), (3, r["writer"])]
     assert copy_of(probes.of(c.pid), r["writer"]).parent == c.hello["outer"]

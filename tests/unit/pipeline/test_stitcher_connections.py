@@ -104,6 +104,36 @@ def test_seeding_an_untracked_connection_makes_it_tracked():
     assert req.sink.summary.launches == 1 and req.untracked_connections == 0
 
 
+def seed(fd=FD, inode=100):
+    """What connection_seeding.py sends for a socket /proc listed (tid: the pid)."""
+    return Accept(PID, PID, T(), fd, 3, "10.0.0.9", 40000, inode=inode)
+
+
+def test_a_seed_of_the_connection_the_kernel_accepted_leaves_its_request_open():
+    """The seed read /proc while the request was open and found its fd out of the kernel's
+    table once it had closed (its close and response still in the ring): the same socket,
+    not a new one. The request is answered exactly (a CI run dropped one, as "connection
+    replaced", cutting its later calls off)."""
+    s = new(Sockets())
+    s.process([Accept(PID, 1, T(), FD, 3, "10.0.0.9", 40000, inode=100), read(get()), cuda(tid=1)])
+    s.process([seed(inode=100), cuda(tid=1)])
+    (req,) = [r for r in s.process([write(OK)]) if isinstance(r, Request)]
+    assert req.error is None and req.sink.summary.launches == 2
+    assert s.stats.snapshot().get("requests_incomplete", 0) == 0
+
+
+def test_a_seed_of_another_socket_on_the_fd_replaces_the_connection():
+    """The fd is another socket than the one accepted (its close was never seen): the
+    old connection's request ends as incomplete and the new one is followed."""
+    s = new(Sockets())
+    s.process([Accept(PID, 1, T(), FD, 3, "10.0.0.9", 40000, inode=100), read(get())])
+    (old,) = [r for r in s.process([seed(inode=101)]) if isinstance(r, Request)]
+    assert old.error == "connection replaced"
+    s.process([read(get("/infer/2")), cuda(tid=1)])
+    (req,) = [r for r in s.process([write(OK)]) if isinstance(r, Request)]
+    assert req.error is None and req.head.path == "/infer/2" and req.sink.summary.launches == 1
+
+
 def test_tracked_connection_whose_close_was_lost_is_released_by_the_periodic_audit():
     sockets = Sockets({PID: {FD: 100}})
     s = new(sockets)
