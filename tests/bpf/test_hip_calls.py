@@ -77,7 +77,7 @@ def check_request(spans, span, k: int) -> None:
     """Exactly request k's calls, in order, each saying what k made it say."""
     kids = sorted(children_of(spans, span), key=lambda c: c.start_ns)
     want = expected(k)
-    assert [c.name for c in kids] == [name for name, _ in want], f"request {k}"
+    assert [c.name for c in kids] == [name for name, _ in want], f"request {k} ({span.status_message or 'no error'})"
     for c, (name, attrs) in zip(kids, want):
         got = {key: c.attributes.get(key) for key in attrs}
         assert got == attrs, f"request {k}, {name}"

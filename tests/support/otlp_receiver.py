@@ -36,6 +36,7 @@ class ReceivedSpan:
     status_code: int
     links: list
     link_attributes: list = field(default_factory=list)  # aligned with links
+    status_message: str = ""  # an error's description (the request's error: pipeline/connections.py)
 
 
 class OtlpReceiver(trace_service_pb2_grpc.TraceServiceServicer):
@@ -64,7 +65,7 @@ class OtlpReceiver(trace_service_pb2_grpc.TraceServiceServicer):
                         s.name, s.kind, s.trace_id.hex(), s.span_id.hex(), s.parent_span_id.hex(),
                         s.start_time_unix_nano, s.end_time_unix_nano, _attrs(s.attributes), res,
                         s.status.code, [(l.trace_id.hex(), l.span_id.hex()) for l in s.links],
-                        [_attrs(l.attributes) for l in s.links]))
+                        [_attrs(l.attributes) for l in s.links], s.status.message))
         with self._cond:
             self.spans.extend(got)
             self._cond.notify_all()
