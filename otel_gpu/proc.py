@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import ipaddress
 import os
-import select
 from dataclasses import dataclass
 from typing import Iterable, Iterator, Optional
 
@@ -73,13 +72,6 @@ def pidfd(proc_root: str, pid: int) -> Optional[int]:
         return os.pidfd_open(pid)
     except OSError:
         return None
-
-
-def exited(fd: int) -> bool:
-    """A pidfd polls readable once its process has exited."""
-    poll = select.poll()
-    poll.register(fd, select.POLLIN)
-    return bool(poll.poll(0))
 
 
 def ppid(proc_root: str, pid: int) -> Optional[int]:

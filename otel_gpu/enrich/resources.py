@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import os
+import select
 import socket
 from typing import Optional
 
@@ -61,6 +62,16 @@ class ProcessResources:
         self._pods_version: dict[int, int] = {}  # k8s pod-cache version each resource saw
         self._started: dict[int, Optional[int]] = {}  # pid -> start time the resource was read at
         self._pidfds: dict[int, int] = {}  # pid -> pidfd of the process the resource was read from
+        self._watch = select.poll()  # every pidfd: one poll a batch says which processes exited
+        self._exited: set[int] = set()  # pids whose pidfd polled readable at the last look_for_exits
+
+    def look_for_exits(self) -> None:
+        """Once a batch, before its resources are asked for: which watched processes have
+        exited, with one poll for all of them (a pidfd polls readable once its process
+        has exited). Until the next look, a request of a live one reads nothing."""
+        if self._pidfds:
+            ready = {fd for fd, _ in self._watch.poll(0)}
+            self._exited = {pid for pid, fd in self._pidfds.items() if fd in ready} if ready else set()
 
     def __len__(self) -> int:
         return len(self._resources)
@@ -80,7 +91,9 @@ class ProcessResources:
     def _close_pidfd(self, pid: int) -> None:
         fd = self._pidfds.pop(pid, None)
         if fd is not None:
+            self._watch.unregister(fd)
             os.close(fd)
+        self._exited.discard(pid)
 
     def resource(self, tgid: int, exit_comm: Optional[str] = None) -> Resource:
         """`exit_comm`: the process has exited (its name from the exit event): one never
@@ -96,9 +109,8 @@ class ProcessResources:
     def _pid_reused(self, pid: int) -> bool:
         """Processes are (pid, start time), in case the exit event of the pid's previous
         owner was lost. Asked per exported request: while the process the resource was
-        read from lives (its pidfd polls not readable) no /proc read is needed."""
-        fd = self._pidfds.get(pid)
-        if fd is not None and not proc.exited(fd):
+        read from lived at the batch's look_for_exits, no /proc read is needed."""
+        if pid in self._pidfds and pid not in self._exited:
             return False
         started = self._started.get(pid)
         current = proc.start_time(self.proc_root, pid)
@@ -116,6 +128,7 @@ class ProcessResources:
             fd = proc.pidfd(self.proc_root, pid)
             if fd is not None:
                 self._pidfds[pid] = fd
+                self._watch.register(fd, select.POLLIN)
         self._started[pid] = proc.start_time(self.proc_root, pid)
         attrs = dict(self.base)
         attrs[sc.PROCESS_PID] = pid

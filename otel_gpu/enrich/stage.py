@@ -30,6 +30,7 @@ class Enrich:
         # Records of a process that exits in this batch come before its ProcessGone; the
         # exit event's comm names a process whose /proc was never read.
         exiting = {r.tgid: r.comm for r in records if type(r) is ProcessGone}
+        self.resources.look_for_exits()
         if any(type(r) is KernelHandle for r in records):
             records = self._learn(records)
         for r in records:

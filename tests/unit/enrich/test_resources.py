@@ -206,8 +206,8 @@ def test_pod_attributes_are_sanitised(tmp_path):
 
 
 def test_a_live_process_is_checked_by_its_pidfd_without_reading_proc(monkeypatch):
-    """The real /proc and a real child: while it lives, a request's check for a reused
-    pid costs a poll of the pidfd; once it has exited, /proc decides again."""
+    """The real /proc and a real child: while it lived at the batch's look for exits, a
+    request's check for a reused pid reads nothing; once it has exited, /proc decides again."""
     probe = resources.proc.pidfd("/proc", os.getpid())
     if probe is None:
         pytest.skip("pidfd_open is not available here (Linux >= 5.3): /proc is read per request")
@@ -219,10 +219,13 @@ def test_a_live_process_is_checked_by_its_pidfd_without_reading_proc(monkeypatch
         reads = []
         real = resources.proc.start_time
         monkeypatch.setattr(resources.proc, "start_time", lambda root, pid: reads.append(pid) or real(root, pid))
+        cat.look_for_exits()
         first = cat.resource(child.pid)
         assert cat.resource(child.pid) is first and reads == []
         child.kill()
         child.wait()
+        assert cat.resource(child.pid) is first and reads == []  # as of the last look: alive
+        cat.look_for_exits()
         assert cat.resource(child.pid) is first  # gone, not reused: the same resource
         assert reads == [child.pid]
         cat.forget(child.pid)
