@@ -191,12 +191,14 @@ int head_parent(void *ctx)
  * connection whose close the kernel never saw (close_range, dup2), found by its prune.
  * It forgets the connection as a seen close does (http_active, the share, the SSL tie):
  * these counters are atomic here, where user space could only read and write them back
- * over a concurrent probe's change. args[0]: tgid, args[1]: fd. Returns 1 if it was there. */
+ * over a concurrent probe's change. args[0]: tgid, args[1]: fd, args[2]: the socket's inode
+ * number as user space listed the entry: an accept since then on that fd (another inode)
+ * is left alone. Returns 1 if it was there. */
 int forget_unseen_close(struct bpf_raw_tracepoint_args *ctx)
 {
     struct conn_key key = {.tgid = ctx->args[0], .fd = ctx->args[1]};
     struct conn_state *st = conns.lookup(&key);
-    if (!st)
+    if (!st || st->ino != ctx->args[2])
         return 0;
     forget_conn(&key, st);
     return 1;

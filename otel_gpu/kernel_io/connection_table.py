@@ -84,10 +84,11 @@ class ConnectionTable:
         (`socket_fds(pid)` -> set of fds; a gone process has none): closes the kernel
         never saw (close_range, dup2, an fd seeded as it closed). The table is a plain
         hash, so nothing else would free them. An entry goes only when two calls in a
-        row find it so (an fd accepted between our /proc read and the delete would be
-        lost otherwise). Returns the (tgid, fd) dropped."""
+        row find it so, and only the one listed (by its socket's inode): a connection
+        accepted on the fd since is another socket, and stays. Returns the (tgid, fd)
+        dropped."""
         table, fds, dropped, suspects = self.bpf["conns"], {}, [], set()
-        for k in list(table.keys()):
+        for k, v in list(table.items()):
             if k.tgid not in fds:
                 fds[k.tgid] = socket_fds(k.tgid)
             if k.fd in fds[k.tgid]:
@@ -95,27 +96,30 @@ class ConnectionTable:
             if (k.tgid, k.fd) not in self._prune_suspects:
                 suspects.add((k.tgid, k.fd))
                 continue
-            if self._forget_unseen_close(table, k):
+            if self._forget_unseen_close(table, k, v.ino):
                 dropped.append((k.tgid, k.fd))
         self._prune_suspects = suspects
         return dropped
 
-    def _forget_unseen_close(self, table, key) -> bool:
+    def _forget_unseen_close(self, table, key, ino: int) -> bool:
         """The kernel forgets the connection as if it had seen its close (bpf/http_syscalls.c
         forget_unseen_close): its process's http_active, share and SSL tie go with it.
         Where the kernel cannot run it for us (Linux < 5.10), the entry is deleted here,
         its share given back, and http_active left as it is (logged once): the process's
-        calls may then stream outside requests. Whether the entry was still there."""
+        calls may then stream outside requests. Whether the entry (socket `ino`) was still there."""
         if self._kernel_forgets:
             try:
                 fd = self.bpf.load_func(b"forget_unseen_close", self.bpf.RAW_TRACEPOINT).fd  # once: bcc keeps it
-                return run_raw_tracepoint(fd, key.tgid, key.fd & 0xFFFFFFFF) == 1
+                return run_raw_tracepoint(fd, key.tgid, key.fd & 0xFFFFFFFF, ino) == 1
             except Exception as e:  # OSError from the run; bcc raises plain Exceptions on a load failure
                 log.warning("pruned connections are deleted from user space; their process's HTTP "
                             "activity count stays as it is (the kernel would not run forget_unseen_close: %s)", e)
                 self._kernel_forgets = False
         try:
-            counted = table[key].counted
+            entry = table[key]
+            if entry.ino != ino:
+                return False
+            counted = entry.counted
             del table[key]
         except KeyError:
             return False

@@ -36,7 +36,7 @@ def _connections(program) -> None:
     conns.clear()
     for fd in (SERVED, IDLE, OPEN):
         leaf = conns.Leaf()
-        leaf.counted, leaf.requests = 1, int(fd in (SERVED, OPEN))
+        leaf.counted, leaf.requests, leaf.ino = 1, int(fd in (SERVED, OPEN)), 100 + fd
         conns[conns.Key(PID, fd)] = leaf
     program.bpf["http_active"][ct.c_uint32(PID)] = ct.c_int64(2)
     shares = program.bpf["conn_shares"]
@@ -61,6 +61,23 @@ def test_the_kernel_forgets_a_pruned_connection_as_a_seen_close(program):
     assert _prune_twice(program) == [(PID, SERVED), (PID, IDLE)]
     assert _state(program) == ([OPEN], 1, 1)  # the open one still counts: in a request, in the share
     assert program.connections._kernel_forgets
+
+
+@pytest.mark.parametrize("kernel", [True, False], ids=["kernel", "user space"])
+def test_a_connection_accepted_on_the_fd_since_the_listing_stays(program, monkeypatch, kernel):
+    """Between a prune's listing and its forget, an accept put another socket on the fd
+    (another inode): that connection is not the one listed, and stays."""
+    monkeypatch.setattr(program.connections, "_kernel_forgets", kernel)
+    _connections(program)
+    conns = program.bpf["conns"]
+    key = conns.Key(PID, IDLE)
+    leaf = conns[key]
+    listed, leaf.ino = leaf.ino, 999
+    conns[key] = leaf
+    assert not program.connections._forget_unseen_close(conns, key, listed)
+    assert _state(program) == ([SERVED, IDLE, OPEN], 2, 3)
+    assert program.connections._forget_unseen_close(conns, key, 999)
+    assert _state(program)[0] == [SERVED, OPEN]
 
 
 def test_where_the_kernel_cannot_run_it_the_entry_goes_from_user_space(program, monkeypatch, caplog):
