@@ -56,9 +56,9 @@ class Connections:
             if old is not None and not old.own and (old.peer_addr, old.peer_port) == (ev.peer_addr, ev.peer_port):
                 self._found_own(p, old, ev.ts_ns)
             return
-        if old is not None and ev.inode is not None and old.inode == ev.inode:
-            # The same socket: a seed that read /proc while the kernel's records of the
-            # connection were on their way (or seeded it again). It is the one followed.
+        if old is not None and old.tracked and ev.inode is not None and old.inode == ev.inode:
+            # The same socket, followed already: a seed that read /proc while the kernel's
+            # records of the connection were on their way (or seeded it again).
             return
         if old is not None:  # the old connection's close was not seen
             self.drop_conn(p, old, ev.ts_ns, "connection replaced", out)

@@ -122,6 +122,19 @@ def test_a_seed_of_the_connection_the_kernel_accepted_leaves_its_request_open():
     assert s.stats.snapshot().get("requests_incomplete", 0) == 0
 
 
+def test_a_seed_of_an_untracked_connection_known_by_its_inode_makes_it_tracked():
+    """The audit learnt the untracked connection's socket; the seed once the table has
+    room names that socket: from then on it is followed like any other."""
+    s = new(Sockets({PID: {OTHER_FD: 101}}))
+    s.process([untracked()])
+    tick(s, T())  # the audit learns its inode
+    s.process([seed(fd=OTHER_FD, inode=101)])
+    assert (s.state()["conns"], s.state()["conns_untracked"]) == (1, 0)
+    s.process([read(get(), fd=OTHER_FD), cuda()])
+    (req,) = [r for r in s.process([write(OK, fd=OTHER_FD)]) if isinstance(r, Request)]
+    assert req.sink.summary.launches == 1 and req.untracked_connections == 0
+
+
 def test_a_seed_of_another_socket_on_the_fd_replaces_the_connection():
     """The fd is another socket than the one accepted (its close was never seen): the
     old connection's request ends as incomplete and the new one is followed."""
