@@ -30,8 +30,8 @@ class Clock:
 T = Clock()
 
 
-def accept(fd=FD, tid=1, pid=PID):
-    return Accept(pid, tid, T(), fd, 3, "10.0.0.9", 40000)
+def accept(fd=FD, tid=1, pid=PID, inode=None):
+    return Accept(pid, tid, T(), fd, 3, "10.0.0.9", 40000, inode=inode)
 
 
 def read(raw: bytes, fd=FD, tid=1, pid=PID):

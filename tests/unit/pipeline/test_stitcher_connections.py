@@ -106,7 +106,7 @@ def test_seeding_an_untracked_connection_makes_it_tracked():
 
 def seed(fd=FD, inode=100):
     """What connection_seeding.py sends for a socket /proc listed (tid: the pid)."""
-    return Accept(PID, PID, T(), fd, 3, "10.0.0.9", 40000, inode=inode)
+    return accept(fd, tid=PID, inode=inode)
 
 
 def test_a_seed_of_the_connection_the_kernel_accepted_leaves_its_request_open():
@@ -115,7 +115,7 @@ def test_a_seed_of_the_connection_the_kernel_accepted_leaves_its_request_open():
     not a new one. The request is answered exactly (a CI run dropped one, as "connection
     replaced", cutting its later calls off)."""
     s = new(Sockets())
-    s.process([Accept(PID, 1, T(), FD, 3, "10.0.0.9", 40000, inode=100), read(get()), cuda(tid=1)])
+    s.process([accept(inode=100), read(get()), cuda(tid=1)])
     s.process([seed(inode=100), cuda(tid=1)])
     (req,) = [r for r in s.process([write(OK)]) if isinstance(r, Request)]
     assert req.error is None and req.sink.summary.launches == 2
@@ -139,7 +139,7 @@ def test_a_seed_of_another_socket_on_the_fd_replaces_the_connection():
     """The fd is another socket than the one accepted (its close was never seen): the
     old connection's request ends as incomplete and the new one is followed."""
     s = new(Sockets())
-    s.process([Accept(PID, 1, T(), FD, 3, "10.0.0.9", 40000, inode=100), read(get())])
+    s.process([accept(inode=100), read(get())])
     (old,) = [r for r in s.process([seed(inode=101)]) if isinstance(r, Request)]
     assert old.error == "connection replaced"
     s.process([read(get("/infer/2")), cuda(tid=1)])
