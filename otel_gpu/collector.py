@@ -25,8 +25,10 @@ from .wiring import build_pipeline
 
 log = logging.getLogger("otel_gpu")
 # A process that loaded or opened a CUDA library (bpf/library_probes.c) is scanned at
-# once, and again every SETTLE_EVERY_S while it does not map one yet (an open comes before
-# the loader's mmap), SETTLE_S at most (a process that only read the file: a copy, ldconfig).
+# once, and again every SETTLE_EVERY_S until it maps a file of ours it did not map at the
+# open (an open comes before the loader's mmap: a traced process opening the device-clock
+# library or libssl is a CUDA process already), SETTLE_S at most (a process that only read
+# the file: a copy, ldconfig, a dlopen of a library it has loaded).
 SETTLE_S, SETTLE_EVERY_S = 1.0, 0.02
 # The loop's longest sleep with nothing to read: how late a stop, a SIGUSR1 or a program
 # install (the head and HTTP/2 programs, once verified) can be seen.
@@ -58,7 +60,9 @@ class Collector:
         self._servers: set[int] = set()
         self._follows: dict[int, Optional[int]] = {}
         self.state_requested = SignalFlag()  # SIGUSR1 (cli.py)
-        self._settling: dict[int, float] = {}  # pid -> until when it is scanned again (SETTLE_S)
+        # pid -> (until when it is scanned again (SETTLE_S), the files of ours it mapped at the open)
+        self._settling: dict[int, tuple[float, frozenset]] = {}
+        self._mapped: dict[int, frozenset] = {}  # pid -> the files of ours (keys) it mapped at its last scan
         self._next_settle = 0.0
         self.seeding = ConnectionSeeding(lambda: self.program.connections, config.proc_root, config.max_connections,
                                          self.stats)
@@ -145,9 +149,9 @@ class Collector:
                      "threads older than the newest %d stay unknown", pid, THREADS_WALKED)
         return threads or {}
 
-    def _scan(self, only: Optional[set] = None) -> set:
+    def _scan(self, only: Optional[set] = None) -> None:
         """All of /proc, or only the processes `only` (they just loaded or opened a CUDA
-        library); returns the CUDA processes found."""
+        library)."""
         from .cuda_calls import DEVICE_CLOCK, GO, PYTHON
         from .probes.rows import CALL_LIBRARIES
         found = self.discovery.scan(only)
@@ -216,7 +220,13 @@ class Collector:
                    + self.seeding.seed(new))
         self._device_clock = device_clock if only is None else self._device_clock | device_clock
         self._traced_pids = found.cuda_pids if only is None else self._traced_pids | found.cuda_pids
-        return found.cuda_pids
+        mapped = {pid: frozenset(t.key for t in targets) for pid, targets in found.by_pid.items()}
+        if only is None:
+            self._mapped = mapped
+        else:
+            for pid in only:
+                self._mapped.pop(pid, None)
+            self._mapped.update(mapped)
 
     def _trace(self, pid: int) -> None:
         self.program.trace(pid)
@@ -224,16 +234,17 @@ class Collector:
             self.program.set_quiet({pid: True})
 
     def _settle(self) -> None:
-        """Scans the processes that loaded or opened a CUDA library, until they map one
-        (then they are traced) or SETTLE_S has passed."""
+        """Scans the processes that loaded or opened a CUDA library, until they map a file
+        of ours they did not map at the open (then its probes attach) or SETTLE_S has passed."""
         now = time.monotonic()
         for pid in self.program.loaded_pids():
-            self._settling.setdefault(pid, now + SETTLE_S)
+            self._settling.setdefault(pid, (now + SETTLE_S, self._mapped.get(pid, frozenset())))
         if not self._settling or now < self._next_settle:
             return
         self._next_settle = now + SETTLE_EVERY_S
-        found = self._scan(set(self._settling))
-        self._settling = {pid: until for pid, until in self._settling.items() if pid not in found and until > now}
+        self._scan(set(self._settling))
+        self._settling = {pid: (until, before) for pid, (until, before) in self._settling.items()
+                          if self._mapped.get(pid, frozenset()) <= before and until > now}
 
     def _follow(self, found) -> None:
         """A CUDA process related to traced HTTP servers (one or several) streams its

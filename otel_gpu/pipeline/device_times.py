@@ -56,6 +56,12 @@ UNTIED = {  # why -> what the log line says (the module docstring's table)
 }
 
 
+def device_mode_line(pid: int) -> str:
+    """The line logged when pid is known to be in device-clock mode: its streamed calls are
+    kept for the records from then on (the tests wait for it before their requests)."""
+    return f"pid {pid}: its GPU work is timed by the device (device-clock mode)"
+
+
 class DeviceTimes:
     """Stage, before the stitcher: ties device records to the calls that launched them."""
 
@@ -121,7 +127,7 @@ class DeviceTimes:
     def _device_mode(self, tgid: int) -> None:
         if tgid not in self.device_procs:
             self.device_procs.add(tgid)
-            log.info("pid %d: its GPU work is timed by the device (device-clock mode)", tgid)
+            log.info("%s", device_mode_line(tgid))
 
     def _tie(self, batch: DeviceRecords) -> None:
         if batch.dropped:

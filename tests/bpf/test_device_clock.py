@@ -46,6 +46,7 @@ def test_spans_carry_the_device_times_of_their_own_calls(built, tmp_path, receiv
                      "OTEL_GPU_DEVICE_CLOCK_FLAG": flag})
     try:
         collector.wait_traced(target.pid)
+        collector.wait_device_clock(target.pid)  # the library loaded before it listened: seen since
         target.go()
         query = f"?launches={LAUNCHES}&copies={COPIES}"
         for n in SEQUENTIAL:

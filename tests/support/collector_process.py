@@ -66,6 +66,13 @@ class CollectorProcess:
         if not self.log.wait_for(f"tracing pid {pid}", timeout):
             raise RuntimeError(f"pid {pid} never traced:\n" + "".join(self.log.lines))
 
+    def wait_device_clock(self, pid: int, timeout: float = 60) -> None:
+        """Until the collector has seen pid's device-clock library: the calls it streams
+        before that have no timeline to tie their records to (pipeline/device_times.py)."""
+        from otel_gpu.pipeline.device_times import device_mode_line
+        if not self.log.wait_for(device_mode_line(pid), timeout):
+            raise RuntimeError(f"pid {pid} never seen in device-clock mode:\n" + "".join(self.log.lines))
+
     def until_at_driver(self, pid: int, timeout: float, step) -> bool:
         """step() (a warm-up launch or request) until the log says pid's runtime launches
         are counted at the driver alone (probes/launch_routes.py), `timeout` s at most;

@@ -1,12 +1,19 @@
 """The collector's answer to a process that loaded or opened a CUDA library
 (bpf/library_probes.c's `loaded`): scanned at once, scanned again while it does not map
-one yet (an open comes before the loader maps the file), never past SETTLE_S, and never
-again once it is a CUDA process. Discovery and the BPF program are fakes."""
+a file of ours it did not map at the open (an open comes before the loader maps the file),
+never past SETTLE_S, and not again once it maps it. Discovery and the BPF program are fakes."""
 from otel_gpu import collector as collector_module
-from otel_gpu.probes.discovery import ScanResult
+from otel_gpu.cuda_calls import DEVICE_CLOCK, RUNTIME
+from otel_gpu.probes.discovery import ProbeTarget, ScanResult
 from tests.unit.test_collector_groups import FakeDiscovery, FakeProgram, collector
 
 OPENER, COPIER = 400, 500
+CUDART = ProbeTarget(RUNTIME, "/usr/lib/libcudart.so.12", (1, 10))
+CUPTI = ProbeTarget(DEVICE_CLOCK, "/opt/otel-gpu/libotel_gpu_cupti.so", (1, 11))
+
+
+def _maps(pid, *targets):
+    return ScanResult({pid}, list(targets), by_pid={pid: list(targets)})
 
 
 class LoadingProgram(FakeProgram):
@@ -45,7 +52,7 @@ def test_an_opening_process_is_scanned_until_it_maps_the_library(tmp_path, monke
     c._settle()
     assert len(c.discovery.scans) == 1  # not again before SETTLE_EVERY_S
     now[0] += collector_module.SETTLE_EVERY_S
-    c.discovery.result = ScanResult({OPENER}, [])  # the loader has mapped it
+    c.discovery.result = _maps(OPENER, CUDART)  # the loader has mapped it
     c._settle()
     assert c.discovery.scans[-1] == {OPENER} and ("trace", OPENER) in c.program.calls
     assert c._settling == {}
@@ -66,3 +73,23 @@ def test_a_process_that_only_reads_the_file_is_dropped_after_settle_s(tmp_path, 
     assert c._settling == {}
     assert scans <= collector_module.SETTLE_S / collector_module.SETTLE_EVERY_S + 2
     assert ("trace", COPIER) not in c.program.calls
+
+
+def test_a_cuda_process_opening_the_device_clock_library_is_scanned_until_it_maps_it(tmp_path, monkeypatch):
+    """A CUDA process already: its scan at the open, before the loader's mmap, finds only
+    libcudart. Settled by that, its device-clock probe would wait for the next full scan,
+    and the records the library hands over before it would be lost."""
+    c, now = _setup(tmp_path, monkeypatch)
+    c.discovery.result = _maps(OPENER, CUDART)
+    c._scan()
+    c.program.loaded = {OPENER}  # it opens libotel_gpu_cupti.so
+    c._settle()
+    assert c.discovery.scans[-1] == {OPENER} and OPENER in c._settling  # opened, not mapped yet
+    now[0] += collector_module.SETTLE_EVERY_S
+    c.discovery.result = _maps(OPENER, CUDART, CUPTI)  # the loader has mapped it
+    c._settle()
+    assert c.discovery.scans[-1] == {OPENER} and c._settling == {}
+    scans = len(c.discovery.scans)
+    now[0] += collector_module.SETTLE_EVERY_S
+    c._settle()
+    assert len(c.discovery.scans) == scans
