@@ -47,6 +47,18 @@ enum event_kind {
     EV_LIBRARY_LOADED = 21, /* a process entered `loaded` (bpf/library_probes.c): a bare event_header */
 };
 
+/* The `loaded` value (bpf/library_probes.c): which of our libraries a process opened, by
+ * name, since user space last looked (0: a probed library's initialiser ran, so it is mapped).
+ * User space scans the process until it maps each (otel_gpu/collector.py). */
+enum library_opened {
+    LIB_CUDART = 1,
+    LIB_DRIVER = 2,       /* libcuda.so */
+    LIB_NCCL = 4,         /* libnccl.so, librccl.so */
+    LIB_HIP = 8,          /* libamdhip64.so */
+    LIB_DEVICE_CLOCK = 16, /* libotel_gpu_cupti.so */
+    LIB_SSL = 32,         /* libssl.so, by a traced process */
+};
+
 /* event_header.flags bits. */
 enum event_flag {
     /* A value the probe reads from the traced process's memory (a launch config, a

@@ -6,18 +6,26 @@
  * --pid/--exe filters and per-process probes) instead of at its next /proc scan. */
 #include "maps.h"
 
-/* tgid -> 0: processes that loaded (or opened: below) a CUDA library since user space
- * last looked. Full: the process waits for the periodic /proc scan. */
-BPF_HASH(loaded, u32, u32, 1024);
+/* tgid -> the LIB_* bits of what it opened (events.h): processes that loaded (or opened:
+ * below) a CUDA library since user space last looked. Full: the process waits for the
+ * periodic /proc scan. */
+BPF_HASH(loaded, u32, u64, 1024);  /* u64: the atomic OR below needs it */
 
 /* A process entering `loaded` also sends a bare header (EV_LIBRARY_LOADED): user space reads
  * the table when told, instead of every tenth of a second (an idle node's collector woke
- * for nothing ten times a second). A record lost with a full ring waits for the next look. */
-static __always_inline void loaded_add(u32 tgid)
+ * for nothing ten times a second). A record lost with a full ring waits for the next look.
+ * One already waiting gains the new bits: a CUDA process opening the device-clock library
+ * right after libcuda is scanned until it maps both. */
+static __always_inline void loaded_add(u32 tgid, u64 opened)
 {
-    u32 zero = 0;
-    if (loaded.insert(&tgid, &zero) != 0)
-        return; /* already waiting to be read, or the table is full */
+    u64 *waiting = loaded.lookup(&tgid);
+    if (waiting) {
+        if ((*waiting & opened) != opened)
+            __sync_fetch_and_or(waiting, opened);
+        return;
+    }
+    if (loaded.insert(&tgid, &opened) != 0)
+        return; /* full, or another of its threads inserted it this instant (the periodic scan) */
     struct event_header h = {};
     fill_header(&h, EV_LIBRARY_LOADED, bpf_get_current_pid_tgid());
     submit(&h, sizeof(h));
@@ -31,7 +39,7 @@ int cuda_library_loaded(struct pt_regs *ctx)
     traced.lookup_or_try_init(&tgid, &one);
     pid_mark(tgid, PID_TRACED);
 #endif
-    loaded_add(tgid);
+    loaded_add(tgid, 0);
     return 0;
 }
 
@@ -86,11 +94,14 @@ static __always_inline void library_opened(const char *filename)
         return;
     base += 3;
     u32 tgid = bpf_get_current_pid_tgid() >> 32;
-    if (name_is(buf->s, base, "cudart", 6) || name_is(buf->s, base, "cuda.so", 7) ||
-        name_is(buf->s, base, "nccl.so", 7) || name_is(buf->s, base, "amdhip64", 8) ||
-        name_is(buf->s, base, "rccl.so", 7) || name_is(buf->s, base, "otel_gpu_cupti", 14) ||
-        (name_is(buf->s, base, "ssl.so", 6) && is_traced(tgid)))
-        loaded_add(tgid);
+    u64 opened = name_is(buf->s, base, "cudart", 6) ? LIB_CUDART
+               : name_is(buf->s, base, "cuda.so", 7) ? LIB_DRIVER
+               : name_is(buf->s, base, "nccl.so", 7) || name_is(buf->s, base, "rccl.so", 7) ? LIB_NCCL
+               : name_is(buf->s, base, "amdhip64", 8) ? LIB_HIP
+               : name_is(buf->s, base, "otel_gpu_cupti", 14) ? LIB_DEVICE_CLOCK
+               : name_is(buf->s, base, "ssl.so", 6) && is_traced(tgid) ? LIB_SSL : 0;
+    if (opened)
+        loaded_add(tgid, opened);
 }
 
 TRACEPOINT_PROBE(syscalls, sys_enter_openat) { library_opened(args->filename); return 0; }

@@ -25,10 +25,9 @@ from .wiring import build_pipeline
 
 log = logging.getLogger("otel_gpu")
 # A process that loaded or opened a CUDA library (bpf/library_probes.c) is scanned at
-# once, and again every SETTLE_EVERY_S until it maps a file of ours it did not map at the
-# open (an open comes before the loader's mmap: a traced process opening the device-clock
-# library or libssl is a CUDA process already), SETTLE_S at most (a process that only read
-# the file: a copy, ldconfig, a dlopen of a library it has loaded).
+# once, and again every SETTLE_EVERY_S until it maps a file of each kind it opened (an open
+# comes before the loader's mmap; a CUDA process opening the device-clock library is one
+# already), SETTLE_S at most (a process that only read the file: a copy, ldconfig).
 SETTLE_S, SETTLE_EVERY_S = 1.0, 0.02
 # The loop's longest sleep with nothing to read: how late a stop, a SIGUSR1 or a program
 # install (the head and HTTP/2 programs, once verified) can be seen.
@@ -60,9 +59,8 @@ class Collector:
         self._servers: set[int] = set()
         self._follows: dict[int, Optional[int]] = {}
         self.state_requested = SignalFlag()  # SIGUSR1 (cli.py)
-        # pid -> (until when it is scanned again (SETTLE_S), the files of ours it mapped at the open)
+        # pid -> (until when it is scanned again (SETTLE_S), the kinds of file it opened)
         self._settling: dict[int, tuple[float, frozenset]] = {}
-        self._mapped: dict[int, frozenset] = {}  # pid -> the files of ours (keys) it mapped at its last scan
         self._next_settle = 0.0
         self.seeding = ConnectionSeeding(lambda: self.program.connections, config.proc_root, config.max_connections,
                                          self.stats)
@@ -149,9 +147,9 @@ class Collector:
                      "threads older than the newest %d stay unknown", pid, THREADS_WALKED)
         return threads or {}
 
-    def _scan(self, only: Optional[set] = None) -> None:
+    def _scan(self, only: Optional[set] = None) -> dict:
         """All of /proc, or only the processes `only` (they just loaded or opened a CUDA
-        library)."""
+        library); returns the CUDA processes found, each with the kinds of file it maps."""
         from .cuda_calls import DEVICE_CLOCK, GO, PYTHON
         from .probes.rows import CALL_LIBRARIES
         found = self.discovery.scan(only)
@@ -220,13 +218,7 @@ class Collector:
                    + self.seeding.seed(new))
         self._device_clock = device_clock if only is None else self._device_clock | device_clock
         self._traced_pids = found.cuda_pids if only is None else self._traced_pids | found.cuda_pids
-        mapped = {pid: frozenset(t.key for t in targets) for pid, targets in found.by_pid.items()}
-        if only is None:
-            self._mapped = mapped
-        else:
-            for pid in only:
-                self._mapped.pop(pid, None)
-            self._mapped.update(mapped)
+        return {pid: {t.kind for t in targets} for pid, targets in found.by_pid.items()}
 
     def _trace(self, pid: int) -> None:
         self.program.trace(pid)
@@ -235,16 +227,16 @@ class Collector:
 
     def _settle(self) -> None:
         """Scans the processes that loaded or opened a CUDA library, until they map a file
-        of ours they did not map at the open (then its probes attach) or SETTLE_S has passed."""
+        of each kind they opened (then its probes attach) or SETTLE_S has passed."""
         now = time.monotonic()
-        for pid in self.program.loaded_pids():
-            self._settling.setdefault(pid, (now + SETTLE_S, self._mapped.get(pid, frozenset())))
+        for pid, opened in self.program.loaded_pids().items():  # each open: SETTLE_S to map it
+            self._settling[pid] = (now + SETTLE_S, self._settling.get(pid, (0, frozenset()))[1] | opened)
         if not self._settling or now < self._next_settle:
             return
         self._next_settle = now + SETTLE_EVERY_S
-        self._scan(set(self._settling))
-        self._settling = {pid: (until, before) for pid, (until, before) in self._settling.items()
-                          if self._mapped.get(pid, frozenset()) <= before and until > now}
+        found = self._scan(set(self._settling))
+        self._settling = {pid: (until, kinds) for pid, (until, kinds) in self._settling.items()
+                          if (pid not in found or not kinds <= found[pid]) and until > now}
 
     def _follow(self, found) -> None:
         """A CUDA process related to traced HTTP servers (one or several) streams its

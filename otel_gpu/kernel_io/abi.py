@@ -37,6 +37,14 @@ EV_GO_WAKE = 18
 EV_GO_H2_UNIT = 19
 EV_DEVICE_RECORDS = 20
 EV_LIBRARY_LOADED = 21  # a bare event_header: user space reads the `loaded` table now
+
+# enum library_opened: the `loaded` table's value, which of our libraries a process opened
+LIB_CUDART = 1
+LIB_DRIVER = 2
+LIB_NCCL = 4
+LIB_HIP = 8
+LIB_DEVICE_CLOCK = 16
+LIB_SSL = 32
 DEVICE_RECORDS_PER_CALL = 16
 GO_UNIT = 1 << 63  # a record's ctx names a goroutine (GO_UNIT | goid), not a Python context
 

@@ -12,6 +12,7 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Optional
 
+from ..cuda_calls import DEVICE_CLOCK, DRIVER, HIP, NCCL, RUNTIME, TLS
 from ..probes import compiler_memory, pid_bits, runtime_text, uprobe_links
 from ..probes.attacher import Attacher
 from ..probes.launch_routes import LaunchRoutes
@@ -19,7 +20,7 @@ from ..probes.discovery import ProbeTarget
 from ..probes.source import ProgramOptions, load
 from ..ratelimit import Stats
 from . import launch_slots
-from .abi import GoProc, PyProc, PyThreadKey
+from .abi import LIB_CUDART, LIB_DEVICE_CLOCK, LIB_DRIVER, LIB_HIP, LIB_NCCL, LIB_SSL, GoProc, PyProc, PyThreadKey
 from .connection_table import ConnectionTable
 from .kernel_counters import KernelCounters
 from .map_batch import BatchMap
@@ -40,6 +41,9 @@ TRACED, FOLLOW_ALL = 1, 0xFFFFFFFF
 # The `loaded` table is read when a LibraryLoaded cue says it has news, and this often all the
 # same: a cue lost with a full ring waits no longer.
 LOADED_RECHECK_S = 2.0
+# The `loaded` table's bits (abi.LIB_*): the kind of file discovery finds once it is mapped.
+OPENED_KINDS = {LIB_CUDART: RUNTIME, LIB_DRIVER: DRIVER, LIB_NCCL: NCCL, LIB_HIP: HIP,
+                LIB_DEVICE_CLOCK: DEVICE_CLOCK, LIB_SSL: TLS}
 HEAD_PROGRAMS = (b"head_scan", b"head_parent")  # bpf/head_sampling.c, in head_scans' order
 H2_PROGRAMS = (b"h2_walk",)  # bpf/h2_walk.c, in h2_walkers
 
@@ -184,32 +188,35 @@ class BpfProgram:
         """Tells `loaded_pids` about every process that loads `target` from now on."""
         return self.attacher.attach_load_probe(target)
 
-    def loaded_pids(self) -> set:
-        """Processes that loaded a probed CUDA library since the table was last read
-        (bpf/library_probes.c): read when a LibraryLoaded cue came, and every
-        LOADED_RECHECK_S all the same (a cue lost with a full ring)."""
+    def loaded_pids(self) -> dict[int, frozenset]:
+        """Processes that loaded or opened a probed library since the table was last read
+        (bpf/library_probes.c), each with the kinds of library it opened (discovery's: none
+        where a probed library's initialiser told, mapped already): read when a
+        LibraryLoaded cue came, and every LOADED_RECHECK_S all the same (a cue lost with a
+        full ring)."""
         now = time.monotonic()
         if not self.ring.library_loaded and now < self._loaded_recheck:
-            return set()
+            return {}
         self.ring.library_loaded, self._loaded_recheck = False, now + LOADED_RECHECK_S
-        return self._take("loaded")
+        return {pid: frozenset(kind for bit, kind in OPENED_KINDS.items() if opened & bit)
+                for pid, opened in self._take("loaded").items()}
 
     def execed_pids(self) -> set:
         """Processes that called exec since the last call (bpf/library_probes.c `execed`):
         discovery reads a quiet process's maps again only then."""
-        return self._take("execed")
+        return set(self._take("execed"))
 
-    def _take(self, name: str) -> set:
-        """The keys of pid table `name`, emptied."""
+    def _take(self, name: str) -> dict[int, int]:
+        """pid -> value of pid table `name`, emptied."""
         table = self.bpf[name]
-        pids = set()
-        for k in list(table.keys()):
-            pids.add(k.value)
+        taken = {}
+        for k, v in list(table.items()):
+            taken[k.value] = v.value
             try:
                 del table[k]
             except KeyError:
                 pass
-        return pids
+        return taken
 
     def probed_pids(self) -> set:
         """Processes with probes of their own (--pid/--exe)."""

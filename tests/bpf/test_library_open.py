@@ -1,7 +1,9 @@
 """bpf/library_probes.c's open watch in the real kernel: a process that opens a CUDA
-runtime, driver or NCCL file under any directory (or, once traced, a libssl) is put in
-`loaded` for user space to scan; any other name is not. Real openat(2) and open(2)
-calls from a child process; the files need not exist (the name is read at entry)."""
+runtime, driver, NCCL/RCCL, HIP or device-clock library file under any directory (or, once
+traced, a libssl) is put in `loaded` for user space to scan, with the kind it opened (the
+value's LIB_* bit; opens before user space reads it add theirs); any other name is not. Real
+openat(2) and open(2) calls from a child process; the files need not exist (the name is
+read at entry)."""
 from __future__ import annotations
 
 import ctypes as ct
@@ -9,6 +11,7 @@ import sys
 
 import pytest
 
+from otel_gpu.kernel_io.abi import LIB_CUDART, LIB_DEVICE_CLOCK, LIB_DRIVER, LIB_HIP, LIB_NCCL, LIB_SSL
 from tests.bpf.probe_harness import Child
 
 # Opens each path given on stdin, with openat (Python's os.open) or with open(2) itself.
@@ -33,14 +36,17 @@ for line in sys.stdin:
 
 LONG_DIR = "/tmp/" + "d" * 200
 
-FLAGGED = [
-    "/opt/app/.venv/lib/python3.11/site-packages/nvidia/cuda_runtime/lib/libcudart.so.12",
-    "/proc/1234/root/usr/local/cuda-13.0/lib/libcudart.so.13",
-    "/tmp/x/libcudart-d0da41ae.so.11.0",   # torch wheels' renamed copies
-    "/usr/lib/x86_64-linux-gnu/libcuda.so.1",
-    "/opt/conda/lib/libnccl.so.2",
-    f"{LONG_DIR}/libcudart.so.12",          # a long directory: the name is read from the end
-    "libcudart.so.12",                      # relative, no directory
+FLAGGED = [  # (path, the kind it is flagged as)
+    ("/opt/app/.venv/lib/python3.11/site-packages/nvidia/cuda_runtime/lib/libcudart.so.12", LIB_CUDART),
+    ("/proc/1234/root/usr/local/cuda-13.0/lib/libcudart.so.13", LIB_CUDART),
+    ("/tmp/x/libcudart-d0da41ae.so.11.0", LIB_CUDART),   # torch wheels' renamed copies
+    ("/usr/lib/x86_64-linux-gnu/libcuda.so.1", LIB_DRIVER),
+    ("/opt/conda/lib/libnccl.so.2", LIB_NCCL),
+    ("/opt/rocm/lib/librccl.so.1", LIB_NCCL),
+    ("/usr/lib/x86_64-linux-gnu/libamdhip64.so.5", LIB_HIP),
+    ("/opt/otel-gpu/libotel_gpu_cupti.so", LIB_DEVICE_CLOCK),
+    (f"{LONG_DIR}/libcudart.so.12", LIB_CUDART),          # a long directory: the name is read from the end
+    ("libcudart.so.12", LIB_CUDART),                      # relative, no directory
 ]
 NOT_FLAGGED = [
     "/tmp/x/libcurl.so.4",
@@ -60,19 +66,19 @@ def opener():
     child.stop()
 
 
-def _loaded(probes) -> set:
+def _loaded(probes) -> dict:
     table = probes.bpf["loaded"]
-    pids = {k.value for k in table.keys()}
+    opened = {k.value: v.value for k, v in table.items()}
     table.clear()
-    return pids
+    return opened
 
 
 @pytest.mark.parametrize("call", ["openat", "open"])
-@pytest.mark.parametrize("path", FLAGGED)
-def test_a_cuda_library_opened_anywhere_is_flagged(probes, opener, call, path):
+@pytest.mark.parametrize("path,kind", FLAGGED)
+def test_a_cuda_library_opened_anywhere_is_flagged(probes, opener, call, path, kind):
     _loaded(probes)
     opener.run(f"{call} {path}")
-    assert opener.pid in _loaded(probes)
+    assert _loaded(probes).get(opener.pid) == kind
 
 
 @pytest.mark.parametrize("path", NOT_FLAGGED)
@@ -82,11 +88,21 @@ def test_other_names_are_not(probes, opener, path):
     assert opener.pid not in _loaded(probes)
 
 
+def test_opens_before_user_space_reads_add_their_kinds(probes, opener):
+    """libcuda, then the device-clock library (the driver loads it at cuInit), then libcuda
+    again: one entry, whose value names both kinds, once each."""
+    _loaded(probes)
+    for path in ("/usr/lib/x86_64-linux-gnu/libcuda.so.1", "/opt/otel-gpu/libotel_gpu_cupti.so",
+                 "/usr/lib/x86_64-linux-gnu/libcuda.so.1"):
+        opener.run(f"openat {path}")
+    assert _loaded(probes).get(opener.pid) == LIB_DRIVER | LIB_DEVICE_CLOCK
+
+
 def test_libssl_is_flagged_once_the_process_is_traced(probes, opener):
     _loaded(probes)
     probes.set("traced", opener.pid, ct.c_uint32(1))
     try:
         opener.run("openat /usr/lib/x86_64-linux-gnu/libssl.so.3")
-        assert opener.pid in _loaded(probes)
+        assert _loaded(probes).get(opener.pid) == LIB_SSL
     finally:
         probes.unset("traced", opener.pid)

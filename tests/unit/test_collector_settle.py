@@ -1,7 +1,8 @@
 """The collector's answer to a process that loaded or opened a CUDA library
-(bpf/library_probes.c's `loaded`): scanned at once, scanned again while it does not map
-a file of ours it did not map at the open (an open comes before the loader maps the file),
-never past SETTLE_S, and not again once it maps it. Discovery and the BPF program are fakes."""
+(bpf/library_probes.c's `loaded`, with the kinds it opened): scanned at once, scanned
+again while it does not map a file of each kind (an open comes before the loader maps the
+file), never past SETTLE_S, and not again once it maps them. Discovery and the BPF program
+are fakes."""
 from otel_gpu import collector as collector_module
 from otel_gpu.cuda_calls import DEVICE_CLOCK, RUNTIME
 from otel_gpu.probes.discovery import ProbeTarget, ScanResult
@@ -19,10 +20,10 @@ def _maps(pid, *targets):
 class LoadingProgram(FakeProgram):
     def __init__(self):
         super().__init__()
-        self.loaded = set()
+        self.loaded = {}
 
     def loaded_pids(self):
-        out, self.loaded = self.loaded, set()
+        out, self.loaded = self.loaded, {}
         return out
 
 
@@ -46,7 +47,7 @@ def _setup(tmp_path, monkeypatch):
 
 def test_an_opening_process_is_scanned_until_it_maps_the_library(tmp_path, monkeypatch):
     c, now = _setup(tmp_path, monkeypatch)
-    c.program.loaded = {OPENER}
+    c.program.loaded = {OPENER: frozenset({RUNTIME})}
     c._settle()
     assert c.discovery.scans == [{OPENER}] and OPENER in c._settling  # opened, not mapped yet
     c._settle()
@@ -63,7 +64,7 @@ def test_an_opening_process_is_scanned_until_it_maps_the_library(tmp_path, monke
 
 def test_a_process_that_only_reads_the_file_is_dropped_after_settle_s(tmp_path, monkeypatch):
     c, now = _setup(tmp_path, monkeypatch)
-    c.program.loaded = {COPIER}
+    c.program.loaded = {COPIER: frozenset({RUNTIME})}
     scans = 0
     end = now[0] + collector_module.SETTLE_S + 1
     while now[0] < end:
@@ -76,13 +77,16 @@ def test_a_process_that_only_reads_the_file_is_dropped_after_settle_s(tmp_path, 
 
 
 def test_a_cuda_process_opening_the_device_clock_library_is_scanned_until_it_maps_it(tmp_path, monkeypatch):
-    """A CUDA process already: its scan at the open, before the loader's mmap, finds only
-    libcudart. Settled by that, its device-clock probe would wait for the next full scan,
-    and the records the library hands over before it would be lost."""
+    """libcudart's open and the device-clock library's come moments apart (the driver loads
+    the library at cuInit): a scan between finds libcudart alone. Settled by that, the
+    device-clock probe would wait for the next full scan, and the records the library hands
+    over before it would be lost."""
     c, now = _setup(tmp_path, monkeypatch)
+    c.program.loaded = {OPENER: frozenset({RUNTIME})}
+    c._settle()
+    now[0] += collector_module.SETTLE_EVERY_S
+    c.program.loaded = {OPENER: frozenset({DEVICE_CLOCK})}  # it opens libotel_gpu_cupti.so
     c.discovery.result = _maps(OPENER, CUDART)
-    c._scan()
-    c.program.loaded = {OPENER}  # it opens libotel_gpu_cupti.so
     c._settle()
     assert c.discovery.scans[-1] == {OPENER} and OPENER in c._settling  # opened, not mapped yet
     now[0] += collector_module.SETTLE_EVERY_S
@@ -93,3 +97,7 @@ def test_a_cuda_process_opening_the_device_clock_library_is_scanned_until_it_map
     now[0] += collector_module.SETTLE_EVERY_S
     c._settle()
     assert len(c.discovery.scans) == scans
+    now[0] += collector_module.SETTLE_EVERY_S
+    c.program.loaded = {OPENER: frozenset({DEVICE_CLOCK})}  # opened again (a dlopen by path): mapped already
+    c._settle()
+    assert c._settling == {} and len(c.discovery.scans) == scans + 1

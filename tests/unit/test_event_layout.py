@@ -128,7 +128,7 @@ def test_launch_config_against_the_cuda_headers(tmp_path):
 def test_enum_values_match(c_layout):
     _, _, values = c_layout
     py_consts = {k: v for k, v in vars(abi).items()
-                 if re.fullmatch(r"(EV|CNT)_[A-Z0-9_]+", k) and isinstance(v, int)}
+                 if re.fullmatch(r"(EV|CNT|LIB)_[A-Z0-9_]+", k) and isinstance(v, int)}
     c_enums = {k: v for k, v in values.items() if not k.startswith(("CALL_", "TIME_")) and k not in MACROS}
     assert set(c_enums) - {"CNT_MAX"} == set(py_consts), "enum members differ between C and Python"
     for name, value in py_consts.items():
