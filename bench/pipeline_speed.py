@@ -6,8 +6,10 @@ unsampled traces before they are built), fed the records of item 2's HTTP servic
 kernel hands them: keep-alive connections, each request a head read, its 100 launches and
 2 copies counted in the kernel (CallAggregate), its response write; both socket records
 carry their thread's time sums (bpf/thread_times.c, on by default), so each request is split.
-`python -m bench.pipeline_speed [--ratio 0.1] [--requests 20000] [--in-flight 1]` prints µs of this
-thread's CPU per request, best of 3 runs (the figure is noisy on a shared machine)."""
+`python -m bench.pipeline_speed [--ratio 0.1] [--requests 20000] [--in-flight 1] [--per-poll 16]
+[--gc-defaults]` prints µs of this thread's CPU per request, best of 3 runs (the figure is noisy
+on a shared machine), with the interpreter's garbage collector set as the collector's loop
+sets it (otel_gpu/gc_policy.py) or left at CPython's thresholds."""
 from __future__ import annotations
 
 import argparse
@@ -17,6 +19,7 @@ import time
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+from otel_gpu import gc_policy
 from otel_gpu.clock import BpfClock
 from otel_gpu.config import Config
 from otel_gpu.cuda_calls import call_id
@@ -27,7 +30,7 @@ from otel_gpu.wiring import build_pipeline
 
 PID = os.getpid()  # a live process: enrich reads its /proc entry as it would the service's
 CONNS = 8
-PER_POLL = 16  # requests per pipeline batch (a poll's worth at ~2,000 req/s)
+PER_POLL = 16  # requests per pipeline batch (a poll's worth at ~2,000 req/s; ~1,700 behind a load)
 OK = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
 LAUNCH, MEMCPY = call_id("cudaLaunchKernel"), call_id("cudaMemcpy")
 H2D, D2H = 1, 2  # cudaMemcpyKind
@@ -50,8 +53,8 @@ def _times(i: int, conns: int, answered: int) -> tuple:
     return (n * 700, n * 50, n * 100, n * 150)
 
 
-def batches(n: int, in_flight: int = 1, t0: int = 10**12) -> list:
-    """The records of n requests, PER_POLL requests a batch, round-robin on CONNS connections
+def batches(n: int, in_flight: int = 1, per_poll: int = PER_POLL, t0: int = 10**12) -> list:
+    """The records of n requests, `per_poll` requests a batch, round-robin on CONNS connections
     (or `in_flight`, if more): `in_flight` requests at a time read their heads, make their
     calls, then are answered newest first (1: one request at a time, in order)."""
     conns = max(CONNS, in_flight)
@@ -73,20 +76,20 @@ def batches(n: int, in_flight: int = 1, t0: int = 10**12) -> list:
             epoch, ts = epoch + 1, ts + 1000
             batch.append(SockIo(EV_SOCK_WRITE, PID, 100 + i % conns, ts, 10 + i % conns, len(OK), OK, OK[-8:],
                                 epoch=epoch, times=_times(i, conns, 1)))
-        if first // PER_POLL != (group[-1] + 1) // PER_POLL or group[-1] == n - 1:  # a poll's worth
+        if first // per_poll != (group[-1] + 1) // per_poll or group[-1] == n - 1:  # a poll's worth
             out.append(batch + [Tick(ts)])  # the flush timer's records come between polls
             batch = []
     return out
 
 
-def run(ratio: str, n: int, in_flight: int = 1) -> float:
+def run(ratio: str, n: int, in_flight: int = 1, per_poll: int = PER_POLL) -> float:
     """µs of this thread's CPU per request through a fresh pipeline."""
     stats = Stats()
     wiring = build_pipeline(
         Config(traces_sampler="traceidratio", traces_sampler_arg=ratio), stats,
         destinations=Destinations([("otlp", QueuedExporter(InMemorySpanExporter(), stats))], stats),
         metric_readers=[InMemoryMetricReader()], kernel_names=Names(), clock=BpfClock())
-    records = batches(n, in_flight)
+    records = batches(n, in_flight, per_poll)
     t0 = time.thread_time()
     for batch in records:
         wiring.pipeline.push(batch)
@@ -102,10 +105,15 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=20000)
     ap.add_argument("--in-flight", type=int, default=1,
                     help="requests open at once, answered newest first (a busy server's order)")
+    ap.add_argument("--per-poll", type=int, default=PER_POLL, help="requests per pipeline batch")
+    ap.add_argument("--gc-defaults", action="store_true", help="CPython's garbage collector thresholds")
     a = ap.parse_args()
-    best = min(run(a.ratio, a.requests, a.in_flight) for _ in range(3))
+    if not a.gc_defaults:
+        gc_policy.set_for_the_loop()
+    best = min(run(a.ratio, a.requests, a.in_flight, a.per_poll) for _ in range(3))
     print(f"pipeline: {best:.1f} µs of collector CPU per request at {float(a.ratio):.0%} sampling, "
-          f"{a.in_flight} in flight (best of 3 x {a.requests} requests)")
+          f"{a.in_flight} in flight, batches of {a.per_poll}, garbage collector "
+          f"{'at CPython defaults' if a.gc_defaults else 'as the collector sets it'} (best of 3 x {a.requests} requests)")
 
 
 if __name__ == "__main__":

@@ -133,6 +133,7 @@ def cmd_run(args) -> int:
     loading = start_loading(config, stats)  # beside the imports below
     k8s = None
     try:
+        from . import gc_policy
         from .collector import Collector
         k8s = _k8s_resolver(config)
         collector = Collector(config, k8s=k8s, stats=stats)
@@ -148,6 +149,7 @@ def cmd_run(args) -> int:
     handle_signals(stop, collector.state_requested)
     try:
         collector.start(loading)
+        gc_policy.set_for_the_loop()
         collector.run(stop)
     except Exception as e:
         log.error("collector failed: %s", e)
