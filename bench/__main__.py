@@ -45,7 +45,7 @@ def main() -> int:
     settings = {k: v for k, v in os.environ.items() if k.startswith("OTEL_GPU_")}
     data = {"machine": host, "quick": args.quick, "started": stamp, "collector_env": settings,
             "foreign_tracers": {}, "loadavg": {}, "item_s": {}}
-    out = RESULTS / f"{stamp[:10]}-{host['host']}{'-quick' if args.quick else ''}.json"
+    out = RESULTS / f"{stamp}-{host['host']}{'-quick' if args.quick else ''}.json"  # a run never writes over another
     starts: list[float] = []
     rows: list = []
     steps = [("1", "launch", lambda: launch_overhead.run(args.quick, starts), launch_overhead.rows),
