@@ -12,13 +12,6 @@
 
 #if TIMES_ON  /* bpf/thread_times.c: the split on (the default), and BTF */
 
-static __always_inline void thread_time_add(struct thread_time *t, u64 now)
-{
-    if (now > t->since)
-        t->ns[t->state & (TIME_PARTS - 1)] += now - t->since;
-    t->since = now;
-}
-
 static __always_inline int in_sync_call(u64 pid_tgid)
 {
     struct call_entry *c = in_call.lookup(&pid_tgid);
@@ -52,6 +45,7 @@ RAW_TRACEPOINT_PROBE(sched_switch)
             u32 state = 0;
             if (!ctx->args[0])
                 bpf_probe_read_kernel(&state, sizeof(state), (void *)ctx->args[1] + TASK_STATE_OFFSET);
+            thread_times_running(t, now);
             thread_times_settle(t);
             thread_time_add(t, now);
             t->state = ctx->args[0] || state == 0 ? THREAD_RUNNABLE : in_sync_call(id) ? THREAD_SYNC : THREAD_BLOCKED;

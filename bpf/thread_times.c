@@ -64,6 +64,29 @@ static __always_inline void thread_times_settle(struct thread_time *t)
     t->off_ns = 0;
 }
 
+static __always_inline void thread_time_add(struct thread_time *t, u64 now)
+{
+    if (now > t->since)
+        t->ns[t->state & (TIME_PARTS - 1)] += now - t->since;
+    t->since = now;
+}
+
+/* `t`'s thread runs now (it is switching away, or it is the current task). Where its
+ * switch in went unseen (the sched_switch program did not run for it: seen here, rarely,
+ * as two switches away in a row), it is taken as now: its time since the switch away
+ * stays in the part it left in, and its wait for a CPU in it moves at the settle, so
+ * cpu_wait stays the kernel's count; what it ran since stays in that part too. */
+static __always_inline void thread_times_running(struct thread_time *t, u64 now)
+{
+    if (t->state == THREAD_RUNNING)
+        return;
+    u64 since = t->since;
+    thread_time_add(t, now);
+    t->off_state = t->state;
+    t->off_ns = now > since ? now - since : 0;
+    t->state = THREAD_RUNNING;
+}
+
 /* The running thread's entry, made if it has none (counted when the table is full). */
 static __always_inline struct thread_time *thread_times_of_current(u32 tid, u64 now)
 {
@@ -86,6 +109,7 @@ static __always_inline int thread_times_now(u32 tid, u64 now, u64 *out)
     struct thread_time *t = thread_times_of_current(tid, now);
     if (!t)
         return 0;
+    thread_times_running(t, now);
     thread_times_settle(t);
 #pragma unroll
     for (int i = 0; i < TIME_PARTS; i++)

@@ -88,8 +88,9 @@ def test_the_wait_for_a_cpu_after_each_wake_up_is_the_kernels_own_count(collecto
     """/naps: 40 sleeps of 1 ms on a CPU that busy processes share, each woken into a queue
     for it. No program runs at the wake-ups: the span's cpu_wait is the kernel's own count
     of the thread's runqueue wait (sched_info.run_delay), which the handler also reads from
-    /proc/thread-self/schedstat around its work. Ours holds it, and at most what the span
-    holds beyond the work; the sleeps themselves are blocked."""
+    /proc/thread-self/schedstat around its work. Ours holds it, and beyond it at most the
+    span's time outside the work (its head read and its answer, where a loaded host may
+    preempt the thread for a slice: 3 ms on a 2-core CI runner); the sleeps are blocked."""
     target = start("stdlib", tmp_path)
     try:
         target.go()
@@ -97,12 +98,12 @@ def test_the_wait_for_a_cpu_after_each_wake_up_is_the_kernels_own_count(collecto
         bodies = {f"/naps/{k}": target.get(f"/naps/{k}") for k in range(1, 4)}
         spans = wait_spans(collector, target, bodies)
         for path, body in bodies.items():
-            kernel = int(body.split()[2]) / 1e9
-            parts = split(spans[path])
-            check_adds_up(spans[path])
+            kernel, work_s = int(body.split()[2]) / 1e9, int(body.split()[3]) / 1e9
+            span, parts = spans[path], split(spans[path])
+            check_adds_up(span)
             assert kernel >= 0.002, (path, kernel)  # the wake-ups did queue (3-9 ms here): else this tests nothing
-            # the span holds a little more than the work (its head read, its answer): 10 % and 1 ms
-            assert abs(parts["cpu_wait"] - kernel) <= 0.001 + 0.1 * kernel, (path, parts, kernel)
+            outside_s = (span.end_ns - span.start_ns) / 1e9 - work_s
+            assert kernel - 0.001 <= parts["cpu_wait"] <= kernel + outside_s + 0.001, (path, parts, kernel, outside_s)
             assert parts["blocked"] >= 0.8 * NAPS * NAP_S, (path, parts)
     finally:
         target.stop()

@@ -8,9 +8,10 @@ path ends in the request's number k:
   /sync/{k}       cudaDeviceSynchronize on a stub libcudart whose sync sleeps 40 ms (STUB_CUDART)
   /contended/{k}  40 ms of CPU time on CPU 0, which HOGS busy processes share meanwhile
   /naps/{k}       on CPU 0 beside the HOGS, NAPS sleeps of NAP_S, each woken into a queue for
-                  the CPU; the body is "ok <runtime> <run_delay>": this thread's
+                  the CPU; the body is "ok <runtime> <run_delay> <wall>": this thread's
                   /proc/thread-self/schedstat deltas over the work (the kernel's own ns on
-                  the CPU and waiting for it)
+                  the CPU and waiting for it) and the wall-clock ns of the work, read
+                  inside those two
 
 Prints "listening on PORT", waits for "go" on stdin, then serves. Args: kind port"""
 from __future__ import annotations
@@ -71,10 +72,10 @@ def naps() -> bytes:
     def job():
         for _ in range(NAPS):
             time.sleep(NAP_S)
-    before = schedstat()
+    before, start = schedstat(), time.monotonic_ns()
     beside_hogs(job)
-    after = schedstat()
-    return f"ok {after[0] - before[0]} {after[1] - before[1]}".encode()
+    end, after = time.monotonic_ns(), schedstat()
+    return f"ok {after[0] - before[0]} {after[1] - before[1]} {end - start}".encode()
 
 
 def work(route: str):
