@@ -34,15 +34,14 @@ from ..probes import nccl
 from ..probes.attacher import ProbeCounts
 from ..probes.summary_buckets import HTTP_DURATION_BOUNDS_S
 from ..ratelimit import Stats, split_drops
-from ..records import ProcessGone, RequestCost, RequestSummary
-from ..value_cap import MAX_SERVICES
+from ..records import ProcessGone, RequestSummary
 from .bounded import call_by, remaining_ms
+from .cost_metrics import CostMetrics
 from .histograms import Histograms
+from .metric_labels import OTHER, ServiceNames, device_labels
 from .metric_values import INT64_MAX, BatchedAdds, BatchedRecords, CappedCounter, GuardedExporter, clamp_call_bytes
 
 log = logging.getLogger(__name__)
-OTHER = "other"
-OUTSIDE_FEATURE = "(outside)"  # the feature of a process's GPU time outside requests
 # Calls per request recorded in the grid/block/sync histograms. At 64, through the SDK's
 # histograms (5-20 µs a value), a request streaming its whole budget of launches cost
 # ~0.8 ms of collector CPU in these two alone; export/histograms.py takes ~2 µs a value.
@@ -66,18 +65,6 @@ def make_readers(config, stats: Optional[Stats] = None) -> list:
         start_http_server(config.prometheus_port, addr=config.prometheus_addr)
         readers.append(PrometheusMetricReader())
     return readers
-
-
-def device_labels(r: Request) -> tuple:
-    """The device of a request's GPU work, by OBI's labels, as (key, value) pairs:
-    cuda.device.index (hip.device.* for a HIP ordinal), and .uuid/.model where the driver
-    says which GPU that is (gpu_devices.Identity)."""
-    index, uuid, model = sc.DEVICE_LABELS[r.busy.api]
-    labels = () if r.busy.device is None else ((index, r.busy.device),)
-    identity = r.device_identity
-    if identity is not None:
-        labels += tuple((k, v) for k, v in ((uuid, identity.uuid), (model, identity.model)) if v)
-    return labels
 
 
 class ApiMetrics:
@@ -330,74 +317,3 @@ class GpuMetrics:
 
     def shutdown(self) -> None:
         self.close()
-
-
-class ServiceNames:
-    """service.name label values: a traced process picks its own (OTEL_SERVICE_NAME), so
-    past MAX_SERVICES distinct names they fold into OTHER, as kernel names do. One set for
-    both metric stages."""
-
-    def __init__(self, stats: Stats) -> None:
-        self.stats = stats
-        self._names: set[str] = set()
-
-    def of(self, record) -> str:
-        res = record.resource
-        name = str(res.attributes.get(sc.SERVICE_NAME, "unknown")) if res is not None else "unknown"
-        if name not in self._names:
-            if len(self._names) >= MAX_SERVICES:
-                self.stats.add("services_folded")
-                return OTHER
-            self._names.add(name)
-        return name
-
-
-def _feature(r: Request) -> str:
-    return r.feature or r.route or r.head.path
-
-
-class CostMetrics:
-    """Stage after the cost stage: the cost counters, from the records it priced, and the
-    response chunks by the same feature label (cost per token = cost / chunks)."""
-
-    def __init__(self, gpu_seconds, cost, chunks, services: ServiceNames) -> None:
-        self.gpu_seconds, self.cost, self.chunks, self.services = gpu_seconds, cost, chunks, services
-        self._adds = BatchedAdds()
-
-    def process(self, records: list) -> list:
-        for r in records:
-            if isinstance(r, Request):
-                self._cost(r)  # none yet when it is pending: a RequestCost follows
-                if r.chunks:
-                    self._adds.add(self.chunks, r.chunks,
-                                   ((sc.SERVICE_NAME, self.services.of(r)), (sc.GPU_FEATURE, _feature(r))))
-            elif isinstance(r, RequestCost):
-                self._cost(r.request)
-            elif isinstance(r, ProcessWindow):
-                self._window(r)
-        self._adds.flush()
-        return records
-
-    def _cost(self, r: Request) -> None:
-        if r.gpu_seconds:
-            self._add(self.services.of(r), _feature(r), "exact", r.gpu_seconds, r.cost or 0.0, device_labels(r))
-
-    def _window(self, w: ProcessWindow) -> None:
-        """A window's GPU time no request covers: split among an ambiguous or shared window's
-        candidates (by their features), else the process's outside time. With the
-        requests' exact time, the counters add up to the processes' busy time."""
-        if not w.gpu_seconds:
-            return
-        service, rate = self.services.of(w), (w.cost or 0.0) / w.gpu_seconds
-        if w.split:
-            for key, seconds in w.split.items():
-                if seconds:
-                    self._add(service, w.split_features.get(key) or "(unknown)", "split", seconds, seconds * rate)
-        else:
-            self._add(service, OUTSIDE_FEATURE, "outside", w.gpu_seconds, w.cost or 0.0)
-
-    def _add(self, service: str, feature: str, share: str, seconds: float, amount: float,
-             device: tuple = ()) -> None:
-        labels = ((sc.SERVICE_NAME, service), (sc.GPU_FEATURE, feature), (sc.GPU_COST_SHARE, share)) + device
-        self._adds.add(self.gpu_seconds, seconds, labels)
-        self._adds.add(self.cost, amount, labels)
