@@ -11,12 +11,13 @@ from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode,
 from .. import __version__
 from .. import semconv as sc
 from ..clock import BpfClock
-from ..cuda_calls import API_CUDA, API_OF, BY_ID, MEMCPY_DIRECTIONS, Category, call_name
-from ..pipeline import busy_time, sampling
+from ..cuda_calls import MEMCPY_DIRECTIONS, Category, call_name
+from ..pipeline import sampling
 from ..pipeline.model import CallSink, ProcessWindow, Request
 from ..pipeline.protocols.http2.grpc import SERVER_ERROR_CODES
 from ..probes import nccl
-from ..records import CudaCall
+from .call_attributes import (api_label, call_attributes, call_keys, category_of, device_attributes,
+                              graph_kernel_attributes, kernel_attributes, summary_attributes)
 
 SCOPE = InstrumentationScope("otel-gpu", __version__)
 SAMPLED, UNSAMPLED = TraceFlags(TraceFlags.SAMPLED), TraceFlags(TraceFlags.DEFAULT)
@@ -24,7 +25,6 @@ UNSET = Status(StatusCode.UNSET)  # immutable: one for every span without an err
 # Span names of the windows of calls no single request owns, by attribution.
 WINDOW_NAMES = {"ambiguous": "GPU work, ambiguous request", "shared": "GPU work, shared by requests",
                 "outside": "GPU work outside requests"}
-
 
 
 def _ctx(trace_id: int, span_id: int, remote: bool = False, sampled: bool = True) -> SpanContext:
@@ -213,19 +213,19 @@ class SpanBuilder:
             spans.append(ReadableSpan(
                 name=call.name, context=_ctx(trace_id, span_id(64) or 1, sampled=on), parent=parent,
                 resource=resource, attributes=int64_safe(attrs), kind=SpanKind.INTERNAL,
-                status=Status(StatusCode.ERROR, f"{_api_label(call.call)} error {call.ret}") if call.ret > 0 else UNSET,
+                status=Status(StatusCode.ERROR, f"{api_label(call.call)} error {call.ret}") if call.ret > 0 else UNSET,
                 start_time=start, end_time=start + call.amounts()[2], instrumentation_scope=SCOPE))
         for agg in sink.rollups.values():
-            attrs = {_call_keys(agg.call)[0]: call_name(agg.call),
+            attrs = {call_keys(agg.call)[0]: call_name(agg.call),
                      sc.GPU_ROLLUP_COUNT: agg.count, sc.GPU_ROLLUP_BYTES: agg.bytes,
                      sc.GPU_ROLLUP_DURATION_NS: agg.duration_ns, sc.GPU_TIMING: "host_enqueue"}
-            category = _category(agg.call)
+            category = category_of(agg.call)
             if category is Category.LAUNCH:
-                attrs.update(_kernel(agg.detail, names))
+                attrs.update(kernel_attributes(agg.detail, names))
             elif category is Category.MEMCPY:
                 attrs[sc.GPU_MEMCPY_DIRECTION] = MEMCPY_DIRECTIONS.get(agg.detail, "default")
             elif category is Category.GRAPH:
-                attrs.update(_graph_kernels(agg.kernels, names))
+                attrs.update(graph_kernel_attributes(agg.kernels, names))
             elif category is Category.COLLECTIVE:
                 attrs.update({sc.GPU_NCCL_OP: nccl.op_name(agg.call), sc.GPU_NCCL_COMM: hex(agg.detail)})
             spans.append(ReadableSpan(
@@ -236,28 +236,6 @@ class SpanBuilder:
                 end_time=self.clock.to_epoch_ns(max(agg.last_end_ts, agg.last_ts)),
                 instrumentation_scope=SCOPE))
         return spans
-
-
-def _category(call: int):
-    spec = BY_ID.get(call)
-    return spec.category if spec else None
-
-
-def _kernel(func: int, names: dict) -> dict:
-    attrs = {sc.GPU_KERNEL_FUNC: hex(func)}
-    name = names.get(func)
-    if name:
-        attrs[sc.GPU_KERNEL_NAME] = name
-    return attrs
-
-
-def _graph_kernels(kernels, names: dict) -> dict:
-    """What one graph launch runs (pipeline/graphs.py); nothing when its capture was not seen."""
-    if not kernels:
-        return {}
-    return {sc.GPU_GRAPH_KERNELS: [names.get(f) or hex(f) for f, _n in kernels],
-            sc.GPU_GRAPH_KERNEL_COUNTS: [n for _f, n in kernels],
-            sc.GPU_GRAPH_KERNEL_NODES: sum(n for _f, n in kernels)}
 
 
 def server_span_name(head, route: str) -> str:
@@ -281,58 +259,6 @@ def rpc_attributes(rpc, attrs: dict):
     return rpc.get("status_code")
 
 
-def _stream(stream: int) -> dict:
-    return {sc.GPU_STREAM: hex(stream)} if stream else {}
-
-
-# What a call's span says, by category (cuda_calls.py): a new call of an existing
-# category needs nothing here.
-# A call whose probe could not read an argument (c.unreadable) says so, and leaves out
-# what came from memory rather than exporting zeros as values.
-_ATTRIBUTES = {
-    Category.LAUNCH: lambda c, names: {**_kernel(c.func, names), sc.GPU_ARGS_UNREADABLE: True}
-    if c.unreadable else {**_kernel(c.func, names), sc.GPU_GRID: list(c.grid), sc.GPU_BLOCK: list(c.block),
-                          sc.GPU_SHARED_MEMORY_BYTES: c.shmem, sc.GPU_STREAM: hex(c.stream)},
-    Category.MEMCPY: lambda c, _n: {sc.GPU_MEMCPY_BYTES: c.bytes, sc.GPU_ARGS_UNREADABLE: True}
-    if c.unreadable else {sc.GPU_MEMCPY_BYTES: c.bytes,
-                          sc.GPU_MEMCPY_DIRECTION: MEMCPY_DIRECTIONS.get(c.direction, "default"),
-                          **_stream(c.stream)},
-    Category.ALLOC: lambda c, _n: {sc.GPU_ALLOC_BYTES: c.bytes},
-    Category.FREE: lambda c, _n: {},
-    Category.SYNC: lambda c, _n: _stream(c.handle),
-    Category.GRAPH: lambda c, names: {**_stream(c.stream), **_graph_kernels(c.kernels, names)},
-    Category.DEVICE: lambda c, _n: {},
-    Category.COLLECTIVE: lambda c, _n: _nccl(c),
-}
-
-
-def _nccl(c) -> dict:
-    """An NCCL call's span: what it moved and over which communicator. Left out rather
-    than guessed: bytes of an unknown datatype, the communicator's size and rank when its
-    init was not seen, the stream when a stack argument could not be read."""
-    attrs = {sc.GPU_NCCL_OP: nccl.op_name(c.call), sc.GPU_NCCL_COUNT: c.count,
-             sc.GPU_NCCL_DATATYPE: nccl.datatype_name(c.datatype), sc.GPU_NCCL_COMM: hex(c.comm)}
-    if c.datatype in nccl.DATATYPES:
-        attrs[sc.GPU_NCCL_BYTES] = c.bytes
-    reduction = nccl.redop_name(c.redop)
-    if reduction is not None:
-        attrs[sc.GPU_NCCL_REDUCTION] = reduction
-    if c.call in nccl.ROOTED:
-        attrs[sc.GPU_NCCL_ROOT] = c.peer
-    elif c.call in nccl.POINT_TO_POINT:
-        attrs[sc.GPU_NCCL_PEER] = c.peer
-    if c.nranks:
-        attrs[sc.GPU_NCCL_COMM_NRANKS] = c.nranks
-        attrs[sc.GPU_NCCL_COMM_RANK] = c.rank
-    if c.group:
-        attrs[sc.GPU_NCCL_GROUP] = hex(c.group)
-    if c.unreadable:
-        attrs[sc.GPU_ARGS_UNREADABLE] = True
-    else:
-        attrs.update(_stream(c.stream))
-    return attrs
-
-
 INT64_MIN, INT64_MAX = -2**63, 2**63 - 1
 
 
@@ -351,51 +277,3 @@ def int64_safe(attrs: dict) -> dict:
     if clamped:
         attrs[sc.GPU_VALUE_CLAMPED] = True
     return attrs
-
-
-def _call_keys(call: int) -> tuple[str, str]:
-    """The call's (name, return code) attribute keys: gpu.cuda.* or gpu.hip.*, by its API."""
-    return sc.CALL_ATTRIBUTES[API_OF.get(call, API_CUDA)]
-
-
-def _api_label(call: int) -> str:
-    return API_OF.get(call, API_CUDA).upper()  # "CUDA error 35", "HIP error 101"
-
-
-def call_attributes(c: CudaCall, kernel_names: dict) -> dict:
-    name_key, code_key = _call_keys(c.call)
-    attrs = {name_key: c.name, sc.GPU_TIMING: "host_enqueue"}
-    if c.ret >= 0:
-        attrs[code_key] = c.ret
-    category = _category(c.call)
-    if category is not None:
-        attrs.update(_ATTRIBUTES[category](c, kernel_names))
-    return attrs
-
-
-def device_attributes(c: CudaCall) -> dict:
-    """Device-clock mode (pipeline/device_times.py): when the device ran what the call
-    launched, after the call entered, and for how long (a graph launch: its kernels' union)."""
-    start = min(s for s, _ in c.device_ns)
-    attrs = {sc.GPU_DEVICE_QUEUE_NS: start - c.ts_ns,
-             sc.GPU_DEVICE_DURATION_NS: sum(e - s for s, e in busy_time.union(c.device_ns))}
-    if len(c.device_ns) > 1:
-        attrs[sc.GPU_DEVICE_KERNELS] = len(c.device_ns)
-    return attrs
-
-
-def summary_attributes(s) -> dict:
-    b = s.memcpy_bytes
-    return {
-        sc.GPU_CALLS: s.calls,
-        sc.GPU_LAUNCHES: s.launches,
-        sc.GPU_MEMCPY_H2D_BYTES: b.get("h2d", 0),
-        sc.GPU_MEMCPY_D2H_BYTES: b.get("d2h", 0),
-        sc.GPU_MEMCPY_D2D_BYTES: b.get("d2d", 0),
-        sc.GPU_MEMCPY_OTHER_BYTES: b.get("h2h", 0) + b.get("default", 0),
-        sc.GPU_SYNC_DURATION_NS: s.sync_ns,
-        sc.GPU_DISTINCT_KERNELS: len(s.kernels),
-        sc.GPU_CALLS_AMBIGUOUS: s.ambiguous,
-        **({sc.GPU_NCCL_CALLS: s.nccl_calls, sc.GPU_NCCL_TOTAL_BYTES: s.nccl_bytes} if s.nccl_calls else {}),
-        **({sc.GPU_GRAPH_KERNEL_LAUNCHES: s.graph_kernels} if s.graph_kernels else {}),
-    }

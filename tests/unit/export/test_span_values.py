@@ -5,7 +5,8 @@ from opentelemetry.sdk.resources import Resource
 
 from otel_gpu import semconv as sc
 from otel_gpu.clock import BpfClock
-from otel_gpu.export.spans import INT64_MAX, SpanBuilder, call_attributes, int64_safe
+from otel_gpu.export.call_attributes import call_attributes
+from otel_gpu.export.spans import INT64_MAX, SpanBuilder, int64_safe
 from otel_gpu.pipeline.protocols.base import RequestHead
 from otel_gpu.pipeline.model import CallSink, Request
 from tests.unit.pipeline.calls import cuda

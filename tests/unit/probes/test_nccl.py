@@ -9,7 +9,7 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 from otel_gpu import semconv as sc
 from otel_gpu.export.metrics import GpuMetrics
-from otel_gpu.export.spans import call_attributes, summary_attributes
+from otel_gpu.export.call_attributes import call_attributes, summary_attributes
 from otel_gpu.kernel_io import decode
 from otel_gpu.kernel_io.abi import EV_FLAG_UNREADABLE, EV_NCCL, NCCL_NO_OP
 from otel_gpu.pipeline.model import CallSink, ProcessWindow
