@@ -174,3 +174,23 @@ def test_a_connection_found_ours_after_it_was_replaced_is_left_as_it_is():
                                                                    reply[-8:], 0)])
     assert [(r.fd, r.error, r.status) for r in out if isinstance(r, Request)] == [(11, None, 200)]
     assert "connections_own_export" not in s.stats.snapshot()
+
+
+def test_a_connection_found_ours_is_known_by_its_inode_not_only_its_peer():
+    """The socket on the fd now has our connection's peer (the client reused its port) but
+    another inode: the Accept sent again names the old socket, so the new one is left as
+    it is. With no inode on either side the peer decides (the case above)."""
+    from otel_gpu.pipeline.stitcher import Stitcher
+    from otel_gpu.pipeline.model import Request
+    stage, _, ours = _unsure_setup()
+    ours.inode = 700
+    s = Stitcher(span_budget=16)
+    s.process(stage.process([ours]))
+    newer = Accept(PID, 1, 5, 11, 3, "127.0.0.1", 4001, inode=701)  # same peer, another socket
+    head = b"GET /work HTTP/1.1\r\nHost: x\r\n\r\n"
+    reply = b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n"
+    s.process([newer, SockIo(EV_SOCK_READ, PID, 1, 6, 11, len(head), head, b"", 0)])
+    out = s.process(stage.process([Tick(10)]) + [SockIo(EV_SOCK_WRITE, PID, 1, 20, 11, len(reply), reply,
+                                                                   reply[-8:], 0)])
+    assert [(r.fd, r.error, r.status) for r in out if isinstance(r, Request)] == [(11, None, 200)]
+    assert "connections_own_export" not in s.stats.snapshot()
