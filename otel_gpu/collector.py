@@ -149,7 +149,7 @@ class Collector:
 
     def _scan(self, only: Optional[set] = None) -> dict:
         """All of /proc, or only the processes `only` (they just loaded or opened a CUDA
-        library); returns the CUDA processes found, each with the kinds of file it maps."""
+        library); returns the CUDA processes found, each with the files it maps (targets)."""
         from .cuda_calls import DEVICE_CLOCK, GO, PYTHON
         from .probes.rows import CALL_LIBRARIES
         found = self.discovery.scan(only)
@@ -218,7 +218,7 @@ class Collector:
                    + self.seeding.seed(new))
         self._device_clock = device_clock if only is None else self._device_clock | device_clock
         self._traced_pids = found.cuda_pids if only is None else self._traced_pids | found.cuda_pids
-        return {pid: {t.kind for t in targets} for pid, targets in found.by_pid.items()}
+        return found.by_pid
 
     def _trace(self, pid: int) -> None:
         self.program.trace(pid)
@@ -236,7 +236,7 @@ class Collector:
         self._next_settle = now + SETTLE_EVERY_S
         found = self._scan(set(self._settling))
         self._settling = {pid: (until, kinds) for pid, (until, kinds) in self._settling.items()
-                          if (pid not in found or not kinds <= found[pid]) and until > now}
+                          if (pid not in found or not kinds <= {t.kind for t in found[pid]}) and until > now}
 
     def _follow(self, found) -> None:
         """A CUDA process related to traced HTTP servers (one or several) streams its
