@@ -458,7 +458,8 @@ enum counter {
     CNT_ROLLUP_FULL = 15,   /* calls outside requests lost: the rollup table was full */
     CNT_THREAD_TIMES_FULL = 16, /* threads of traced processes whose time is not kept: thread_times full */
     CNT_DRIVER_AS_RUNTIME = 17, /* runtime launches counted at the driver: the runtime's probe was not attached */
-    CNT_MAX = 18,
+    CNT_SWITCH_UNSEEN = 18, /* context switches of traced threads the sched program did not see (thread_times.c) */
+    CNT_MAX = 19,
 };
 
 #endif

@@ -30,6 +30,19 @@ static __always_inline u32 traced_tid(void *task)
     return pid;
 }
 
+/* The part a thread seen switching in while it was taken as running had left in, its
+ * switch away unseen: inside a synchronising call, else blocked. Its time since it was
+ * last seen goes there, and the kernel's count of its wait for a CPU moves from it to
+ * cpu_wait at its next settle, as after any time off the CPU: cpu_wait stays the kernel's
+ * count; what it ran before the unseen switch is counted off the CPU. */
+static __always_inline u32 off_state_of(void *task, u32 tid)
+{
+    count(CNT_SWITCH_UNSEEN);
+    u32 tgid = 0;
+    bpf_probe_read_kernel(&tgid, sizeof(tgid), task + TASK_TGID_OFFSET);
+    return in_sync_call((u64)tgid << 32 | tid) ? THREAD_SYNC : THREAD_BLOCKED;
+}
+
 /* sched_switch(bool preempt, struct task_struct *prev, struct task_struct *next, ...) */
 RAW_TRACEPOINT_PROBE(sched_switch)
 {
@@ -53,6 +66,8 @@ RAW_TRACEPOINT_PROBE(sched_switch)
     }
     struct thread_time *n = next ? thread_times.lookup(&next) : 0;
     if (n) {
+        if (n->state == THREAD_RUNNING)  /* its switch away went unseen (thread_times.c) */
+            n->state = off_state_of((void *)ctx->args[2], next);
         u64 since = n->since;
         thread_time_add(n, now);
         n->off_state = n->state;  /* its wait for a CPU in it: settled once it runs */

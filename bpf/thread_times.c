@@ -80,6 +80,7 @@ static __always_inline void thread_times_running(struct thread_time *t, u64 now)
 {
     if (t->state == THREAD_RUNNING)
         return;
+    count(CNT_SWITCH_UNSEEN);
     u64 since = t->since;
     thread_time_add(t, now);
     t->off_state = t->state;

@@ -78,13 +78,14 @@ CNT_H2_UNWALKED = 14
 CNT_ROLLUP_FULL = 15
 CNT_THREAD_TIMES_FULL = 16
 CNT_DRIVER_AS_RUNTIME = 17
+CNT_SWITCH_UNSEEN = 18
 ACCEPT_UNTRACKED = 1  # accept_event.flags: not in the connection table (full, or past the share)
 ACCEPT_OVER_SHARE = 2  # with ACCEPT_UNTRACKED: the process held its share (conn_shares)
 
 COUNTER_NAMES = ("ringbuf_full", "cuda_streamed", "driver_deduped", "conn_table_full", "aggregated",
                  "agg_full", "driver_caller_unknown", "capture_lost", "tls_ciphertext", "tls_untied",
                  "conn_over_share", "scratch_busy", "head_decided", "head_left", "h2_unwalked",
-                 "rollup_full", "thread_times_full", "driver_as_runtime")
+                 "rollup_full", "thread_times_full", "driver_as_runtime", "switch_unseen")
 
 u8, u16, u32, s32, u64, s64 = ct.c_uint8, ct.c_uint16, ct.c_uint32, ct.c_int32, ct.c_uint64, ct.c_int64
 

@@ -36,7 +36,9 @@ _TALLIES = {"tls_ciphertext": "tls_connections", "tls_untied": "tls_plaintext_un
             "head_decided": "heads_sampled_in_kernel", "head_left": "heads_sampled_here",
             # driver launches a runtime launch made on its way: counted at the runtime's probe
             # (deduped), or at the driver's in the runtime's name (bpf/launch_routes.c)
-            "driver_deduped": "driver_launches_deduped", "driver_as_runtime": "driver_launches_as_runtime"}
+            "driver_deduped": "driver_launches_deduped", "driver_as_runtime": "driver_launches_as_runtime",
+            # switches of traced threads the sched program never saw, repaired (bpf/thread_times.c)
+            "switch_unseen": "sched_switches_unseen"}
 _COUNTED = {**_LOSSES, **{name: (stat, None) for name, stat in _TALLIES.items()}}
 
 
