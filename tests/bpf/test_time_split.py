@@ -90,18 +90,25 @@ def test_the_wait_for_a_cpu_after_each_wake_up_is_the_kernels_own_count(collecto
     of the thread's runqueue wait (sched_info.run_delay), which the handler also reads from
     /proc/thread-self/schedstat around its work. Ours holds it, and beyond it at most the
     span's time outside the work (its head read and its answer, where a loaded host may
-    preempt the thread for a slice: 3 ms on a 2-core CI runner); the sleeps are blocked."""
+    preempt the thread for a slice: 3 ms on a 2-core CI runner); the sleeps are blocked.
+    Requests go on until three of them queued at least 2 ms (3-9 ms here; a busy host's
+    scheduler can let the woken thread run at once, which tests nothing): at most ten."""
     target = start("stdlib", tmp_path)
     try:
         target.go()
         collector.wait_traced(target.pid, 60)
-        bodies = {f"/naps/{k}": target.get(f"/naps/{k}") for k in range(1, 4)}
+        bodies, queued = {}, 0
+        for k in range(1, 11):
+            bodies[f"/naps/{k}"] = body = target.get(f"/naps/{k}")
+            queued += int(body.split()[2]) >= 2_000_000
+            if queued == 3:
+                break
+        assert queued == 3, bodies
         spans = wait_spans(collector, target, bodies)
         for path, body in bodies.items():
             kernel, work_s = int(body.split()[2]) / 1e9, int(body.split()[3]) / 1e9
             span, parts = spans[path], split(spans[path])
             check_adds_up(span)
-            assert kernel >= 0.002, (path, kernel)  # the wake-ups did queue (3-9 ms here): else this tests nothing
             outside_s = (span.end_ns - span.start_ns) / 1e9 - work_s
             assert kernel - 0.001 <= parts["cpu_wait"] <= kernel + outside_s + 0.001, (path, parts, kernel, outside_s)
             assert parts["blocked"] >= 0.8 * NAPS * NAP_S, (path, parts)

@@ -21,6 +21,7 @@ import ctypes as ct
 import os
 import signal
 import sys
+import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -37,12 +38,20 @@ def spin(seconds: float) -> None:
 
 
 def hog() -> int:
-    """A busy process on CPU 0 (forked: no interpreter start)."""
+    """A busy process on CPU 0 (forked: no interpreter start), returned once it spins there
+    (a busy host can start it late: the work beside it would then share nothing)."""
+    ready, told = os.pipe()
     pid = os.fork()
     if pid == 0:
         os.sched_setaffinity(0, {0})
+        os.write(told, b"x")
         while True:
             pass
+    os.close(told)
+    try:
+        os.read(ready, 1)
+    finally:
+        os.close(ready)
     return pid
 
 
@@ -70,8 +79,15 @@ def schedstat() -> tuple[int, int]:
 
 def naps() -> bytes:
     def job():
-        for _ in range(NAPS):
-            time.sleep(NAP_S)
+        # At a low priority (nice 10) the woken thread does not preempt the hogs at once
+        # (EEVDF gives it a later deadline): each wake-up queues, however busy the host.
+        tid = threading.get_native_id()
+        os.setpriority(os.PRIO_PROCESS, tid, 10)
+        try:
+            for _ in range(NAPS):
+                time.sleep(NAP_S)
+        finally:
+            os.setpriority(os.PRIO_PROCESS, tid, 0)
     before, start = schedstat(), time.monotonic_ns()
     beside_hogs(job)
     end, after = time.monotonic_ns(), schedstat()
