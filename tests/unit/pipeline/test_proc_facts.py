@@ -158,15 +158,16 @@ def test_a_connection_found_ours_after_its_accept_ends_its_requests_with_no_span
     assert "requests_finished" not in counts
 
 
-def test_a_connection_found_ours_after_it_was_replaced_is_left_as_it_is():
-    """The Accept sent again names a connection the stitcher no longer has on that fd (its
-    close and the next accept went unseen): the connection there now is not touched."""
+def _newer_socket_on_our_fd(newer: Accept, inode=None) -> None:
+    """Our connection (`inode`) is accepted on fd 11 and not surely ours; before the Accept
+    sent again reaches the stitcher, `newer` (seen by the stitcher only: its ProcFacts
+    record lost) holds fd 11 and serves a request. The connection there now is not touched."""
     from otel_gpu.pipeline.stitcher import Stitcher
     from otel_gpu.pipeline.model import Request
     stage, _, ours = _unsure_setup()
+    ours.inode = inode
     s = Stitcher(span_budget=16)
     s.process(stage.process([ours]))
-    newer = Accept(PID, 1, 5, 11, 3, "127.0.0.1", 4009)  # seen by the stitcher only (its ProcFacts record lost)
     head = b"GET /work HTTP/1.1\r\nHost: x\r\n\r\n"
     reply = b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n"
     s.process([newer, SockIo(EV_SOCK_READ, PID, 1, 6, 11, len(head), head, b"", 0)])
@@ -174,23 +175,14 @@ def test_a_connection_found_ours_after_it_was_replaced_is_left_as_it_is():
                                                                    reply[-8:], 0)])
     assert [(r.fd, r.error, r.status) for r in out if isinstance(r, Request)] == [(11, None, 200)]
     assert "connections_own_export" not in s.stats.snapshot()
+
+
+def test_a_connection_found_ours_after_it_was_replaced_is_left_as_it_is():
+    """Its close and the next accept went unseen: another peer on the fd."""
+    _newer_socket_on_our_fd(Accept(PID, 1, 5, 11, 3, "127.0.0.1", 4009))
 
 
 def test_a_connection_found_ours_is_known_by_its_inode_not_only_its_peer():
-    """The socket on the fd now has our connection's peer (the client reused its port) but
-    another inode: the Accept sent again names the old socket, so the new one is left as
-    it is. With no inode on either side the peer decides (the case above)."""
-    from otel_gpu.pipeline.stitcher import Stitcher
-    from otel_gpu.pipeline.model import Request
-    stage, _, ours = _unsure_setup()
-    ours.inode = 700
-    s = Stitcher(span_budget=16)
-    s.process(stage.process([ours]))
-    newer = Accept(PID, 1, 5, 11, 3, "127.0.0.1", 4001, inode=701)  # same peer, another socket
-    head = b"GET /work HTTP/1.1\r\nHost: x\r\n\r\n"
-    reply = b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n"
-    s.process([newer, SockIo(EV_SOCK_READ, PID, 1, 6, 11, len(head), head, b"", 0)])
-    out = s.process(stage.process([Tick(10)]) + [SockIo(EV_SOCK_WRITE, PID, 1, 20, 11, len(reply), reply,
-                                                                   reply[-8:], 0)])
-    assert [(r.fd, r.error, r.status) for r in out if isinstance(r, Request)] == [(11, None, 200)]
-    assert "connections_own_export" not in s.stats.snapshot()
+    """The same peer (the client reused its port), another inode: by inode where both know
+    it; with no inode on either side the peer decides (the case above)."""
+    _newer_socket_on_our_fd(Accept(PID, 1, 5, 11, 3, "127.0.0.1", 4001, inode=701), inode=700)
