@@ -53,7 +53,7 @@ class Connections:
         p = self.s.proc(ev.tgid, out)
         old = p.conns.get(ev.fd)
         if ev.again:  # found ours after its accept (proc_facts.py), if that connection is still here
-            if old is not None and not old.own and _same_socket(old, ev):
+            if old is not None and not old.own and old.is_socket(ev.inode, (ev.peer_addr, ev.peer_port)):
                 self._found_own(p, old, ev.ts_ns)
             return
         if old is not None and old.tracked and ev.inode is not None and old.inode == ev.inode:
@@ -404,11 +404,3 @@ class Connections:
         quiet = not p.sampled_open and (bool(p.open) or self.s.quiet_when_idle)
         if quiet != p.quiet:
             p.quiet = self.quiet[p.tgid] = quiet
-
-
-def _same_socket(c: Conn, ev: Accept) -> bool:
-    """The connection is the socket the accept names: by inode where both know it, else
-    by peer (an accept made before the kernel read inodes, or a seed's)."""
-    if c.inode is not None and ev.inode is not None:
-        return c.inode == ev.inode
-    return (c.peer_addr, c.peer_port) == (ev.peer_addr, ev.peer_port)

@@ -45,6 +45,13 @@ class Conn:
     draw: int = 0
     draw_taken: bool = False
 
+    def is_socket(self, inode: Optional[int], peer: tuple) -> bool:
+        """Is this the socket an accept names? By inode where both know it, else by its
+        peer (addr, port)."""
+        if self.inode is not None and inode is not None:
+            return self.inode == inode
+        return (self.peer_addr, self.peer_port) == peer
+
 
 @dataclass
 class Proc:
