@@ -58,8 +58,7 @@ RAW_TRACEPOINT_PROBE(sched_switch)
             u32 state = 0;
             if (!ctx->args[0])
                 bpf_probe_read_kernel(&state, sizeof(state), (void *)ctx->args[1] + TASK_STATE_OFFSET);
-            thread_times_running(t, now);
-            thread_times_settle(t);
+            thread_times_settle(t, now);
             thread_time_add(t, now);
             t->state = ctx->args[0] || state == 0 ? THREAD_RUNNABLE : in_sync_call(id) ? THREAD_SYNC : THREAD_BLOCKED;
         }

@@ -44,11 +44,37 @@ static __always_inline u64 current_run_delay(void)
     return delay;
 }
 
-/* `t` is the running thread's: what it waited for a CPU since its last settle moves from
- * the part its last time off the CPU went to (asleep, or in a sync call: woken, then
- * queued) to cpu_wait, up to that time. Preempted, it was counted runnable already. */
-static __always_inline void thread_times_settle(struct thread_time *t)
+static __always_inline void thread_time_add(struct thread_time *t, u64 now)
 {
+    if (now > t->since)
+        t->ns[t->state & (TIME_PARTS - 1)] += now - t->since;
+    t->since = now;
+}
+
+/* `t`'s thread runs now (thread_times_settle's first step). Where its switch in went
+ * unseen (the sched_switch program did not run for it: seen here, rarely, as two switches
+ * away in a row), it is taken as now: its time since the switch away stays in the part it
+ * left in, and its wait for a CPU in it moves at the settle, so cpu_wait stays the
+ * kernel's count; what it ran since stays in that part too. */
+static __always_inline void thread_times_running(struct thread_time *t, u64 now)
+{
+    if (t->state == THREAD_RUNNING)
+        return;
+    count(CNT_SWITCH_UNSEEN);
+    u64 since = t->since;
+    thread_time_add(t, now);
+    t->off_state = t->state;
+    t->off_ns = now > since ? now - since : 0;
+    t->state = THREAD_RUNNING;
+}
+
+/* `t` is the running thread's (it is switching away, or it is the current task): what it
+ * waited for a CPU since its last settle moves from the part its last time off the CPU went
+ * to (asleep, or in a sync call: woken, then queued) to cpu_wait, up to that time.
+ * Preempted, it was counted runnable already. */
+static __always_inline void thread_times_settle(struct thread_time *t, u64 now)
+{
+    thread_times_running(t, now);
     u64 delay = current_run_delay();
     u64 waited = delay > t->run_delay ? delay - t->run_delay : 0;
     t->run_delay = delay;
@@ -62,30 +88,6 @@ static __always_inline void thread_times_settle(struct thread_time *t)
         t->ns[THREAD_RUNNABLE] += moved;
     }
     t->off_ns = 0;
-}
-
-static __always_inline void thread_time_add(struct thread_time *t, u64 now)
-{
-    if (now > t->since)
-        t->ns[t->state & (TIME_PARTS - 1)] += now - t->since;
-    t->since = now;
-}
-
-/* `t`'s thread runs now (it is switching away, or it is the current task). Where its
- * switch in went unseen (the sched_switch program did not run for it: seen here, rarely,
- * as two switches away in a row), it is taken as now: its time since the switch away
- * stays in the part it left in, and its wait for a CPU in it moves at the settle, so
- * cpu_wait stays the kernel's count; what it ran since stays in that part too. */
-static __always_inline void thread_times_running(struct thread_time *t, u64 now)
-{
-    if (t->state == THREAD_RUNNING)
-        return;
-    count(CNT_SWITCH_UNSEEN);
-    u64 since = t->since;
-    thread_time_add(t, now);
-    t->off_state = t->state;
-    t->off_ns = now > since ? now - since : 0;
-    t->state = THREAD_RUNNING;
 }
 
 /* The running thread's entry, made if it has none (counted when the table is full). */
@@ -110,8 +112,7 @@ static __always_inline int thread_times_now(u32 tid, u64 now, u64 *out)
     struct thread_time *t = thread_times_of_current(tid, now);
     if (!t)
         return 0;
-    thread_times_running(t, now);
-    thread_times_settle(t);
+    thread_times_settle(t, now);
 #pragma unroll
     for (int i = 0; i < TIME_PARTS; i++)
         out[i] = t->ns[i];
