@@ -171,6 +171,9 @@ class QueuedExporter(SpanExporter):
                             lost, count=lost)
 
 
+WHOLE, SUMMARY, NOTHING = "whole", "summary", "nothing"  # Destinations.unsampled
+
+
 class Destinations:
     """The collector's one export list: (name, exporter) pairs, called in order with the
     spans of one record. One destination failing (a full disk, a closed stdout) does not
@@ -187,9 +190,25 @@ class Destinations:
         return [name for name, _ in self.exporters]
 
     @property
-    def keep_unsampled(self) -> bool:
-        """Does any destination keep an unsampled trace (the store, the console)? OTLP does not."""
-        return any(not isinstance(exporter, QueuedExporter) for _, exporter in self.exporters)
+    def unsampled(self) -> str:
+        """What the destinations keep of an unsampled request that did not end in an error:
+        WHOLE, its spans (the console); SUMMARY, its SERVER span, which the store sums
+        (store/summaries.py: an exporter with `summarises_unsampled`); NOTHING (OTLP drops
+        an unsampled trace)."""
+        kinds = {NOTHING if isinstance(e, QueuedExporter) else SUMMARY if getattr(e, "summarises_unsampled", False)
+                 else WHOLE for _, e in self.exporters}
+        return WHOLE if WHOLE in kinds else SUMMARY if SUMMARY in kinds else NOTHING
+
+    def tick(self) -> None:
+        """The pipeline's Tick: destinations that write on a timer (the store's summaries)."""
+        for name, exporter in self.exporters:
+            tick = getattr(exporter, "tick", None)
+            if tick is None:
+                continue
+            try:
+                tick()
+            except Exception as e:
+                self._log.event(f"{name}_export_errors", logging.WARNING, "%s destination failed: %s", name, e)
 
     def export(self, spans: Sequence[ReadableSpan]) -> None:
         if not spans:

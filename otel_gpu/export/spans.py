@@ -3,6 +3,8 @@ records: everything a span says is on the record (resource, route and kernel nam
 were written by enrich, cost by the cost stage)."""
 from __future__ import annotations
 
+from typing import Optional
+
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.util import BoundedList
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
@@ -53,6 +55,11 @@ class SpanBuilder:
         return []
 
     def _request(self, r: Request) -> list[ReadableSpan]:
+        server = self.server_span(r)
+        return [server] + self._children(r, r.trace_id, r.span_id, server.context.trace_flags.sampled)
+
+    def server_span(self, r: Request) -> ReadableSpan:
+        """The request's SERVER span alone: all a summary needs (store/summaries.py)."""
         route = r.route or r.head.path
         resource = r.resource
         summary = r.sink.summary
@@ -109,27 +116,18 @@ class SpanBuilder:
                 attrs[sc.GPU_DEVICE_UUID] = r.device_identity.uuid
             if r.device_identity.model:
                 attrs[sc.GPU_DEVICE_MODEL] = r.device_identity.model
-        rpc_status = rpc_attributes(r.head.rpc, attrs)
-        if r.error:
-            status = Status(StatusCode.ERROR, r.error)
-            attrs[sc.ERROR_TYPE] = "incomplete" if r.status is None else str(r.status)
-        elif rpc_status in SERVER_ERROR_CODES:
-            status = Status(StatusCode.ERROR)
-            attrs[sc.ERROR_TYPE] = str(rpc_status)
-        elif r.status is not None and r.status >= 500:
-            status = Status(StatusCode.ERROR)
-            attrs[sc.ERROR_TYPE] = str(r.status)
-        else:
-            status = UNSET
+        rpc_attributes(r.head.rpc, attrs)
+        status, error_type = request_status(r)
+        if error_type is not None:
+            attrs[sc.ERROR_TYPE] = error_type
         name = server_span_name(r.head, route)
         on = self.counted(r.sampled)  # decided as it opened (pipeline/stitcher.py)
         parent = _ctx(r.trace_id, r.parent_span_id, True, bool(r.parent_sampled)) if r.parent_span_id else None
-        server = ReadableSpan(
+        return ReadableSpan(
             name=name, context=_ctx(r.trace_id, r.span_id, sampled=on), parent=parent,
             resource=resource, attributes=int64_safe(attrs), kind=SpanKind.SERVER, status=status,
             start_time=self.clock.to_epoch_ns(r.start_ns), end_time=self.clock.to_epoch_ns(r.end_ns),
             instrumentation_scope=SCOPE)
-        return [server] + self._children(r, r.trace_id, r.span_id, on)
 
     def _window(self, w: ProcessWindow) -> list[ReadableSpan]:
         resource = w.resource
@@ -238,6 +236,24 @@ class SpanBuilder:
         return spans
 
 
+def request_status(r: Request) -> tuple[Status, Optional[str]]:
+    """The SERVER span's status and error.type (None: no error): the request never
+    finished (r.error), a gRPC server error code, or an HTTP 5xx."""
+    rpc = r.head.rpc
+    rpc_status = rpc.get("status_code") if rpc else None
+    if r.error:
+        return Status(StatusCode.ERROR, r.error), "incomplete" if r.status is None else str(r.status)
+    if rpc_status in SERVER_ERROR_CODES:
+        return Status(StatusCode.ERROR), str(rpc_status)
+    if r.status is not None and r.status >= 500:
+        return Status(StatusCode.ERROR), str(r.status)
+    return UNSET, None
+
+
+def ends_in_error(r: Request) -> bool:
+    return request_status(r)[0] is not UNSET
+
+
 def server_span_name(head, route: str) -> str:
     """`{method} {route}`; a gRPC call: `{service}/{method}` (semconv RPC span name)."""
     rpc = head.rpc
@@ -246,17 +262,16 @@ def server_span_name(head, route: str) -> str:
     return f"{head.method} {route}"
 
 
-def rpc_attributes(rpc, attrs: dict):
-    """rpc.* of a gRPC call into `attrs`; returns its status code (None: not gRPC or none
-    received). The http.* attributes stay: gRPC is HTTP/2 POST, the route is /service/method."""
+def rpc_attributes(rpc, attrs: dict) -> None:
+    """rpc.* of a gRPC call into `attrs` (nothing: not gRPC). The http.* attributes stay:
+    gRPC is HTTP/2 POST, the route is /service/method."""
     if not rpc:
-        return None
+        return
     attrs[sc.RPC_SYSTEM] = rpc["system"]
     for key, name in (("service", sc.RPC_SERVICE), ("method", sc.RPC_METHOD),
                       ("status_code", sc.RPC_GRPC_STATUS_CODE)):
         if rpc.get(key) is not None:
             attrs[name] = rpc[key]
-    return rpc.get("status_code")
 
 
 INT64_MIN, INT64_MAX = -2**63, 2**63 - 1

@@ -125,7 +125,7 @@ def _html(conn, args, since, path: str) -> int:
 
 
 def _traces(conn, args, since, path: str, out) -> int:
-    from .traces import format_list, format_tree, list_requests, trace_spans
+    from .traces import format_list, format_tree, list_requests, summarised, summarised_note, trace_spans
     if args.output and args.format != "perfetto":
         return _err("--output goes with --format perfetto", 2)
     if args.trace_id:
@@ -140,6 +140,9 @@ def _traces(conn, args, since, path: str, out) -> int:
     if args.format == "perfetto":
         return _perfetto(conn, [r["trace_id"] for r in rows], args.output, out)
     out.write(format_list(rows, _width(out)) + "\n")
+    note = summarised_note(*summarised(conn, since, args.service, args.route))
+    if note:
+        out.write(note + "\n")
     return 0
 
 

@@ -1,7 +1,9 @@
 """StoreExporter: an SDK SpanExporter writing each record's spans, one summary row per
 SERVER span, and the GPU time of ambiguous/shared/outside windows (window_costs, read from
 their root spans' cost attributes) to the local SQLite store, with bounded retention
-(age and request count)."""
+(age and request count). An unsampled request that did not end in an error is summed into
+its route's interval instead (store/summaries.py): the span builder sends only its SERVER
+span when no other destination keeps unsampled spans."""
 from __future__ import annotations
 
 import json
@@ -13,11 +15,13 @@ from typing import Callable, Optional, Sequence
 
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
-from opentelemetry.trace import SpanKind
+from opentelemetry.trace import SpanKind, StatusCode
 
 from .. import semconv as sc
 from ..ratelimit import RateLimitedLog, Stats
 from .schema import StoreError, open_writer
+from .summaries import COLUMNS as SUMMARY_COLUMNS
+from .summaries import FLUSH_S, MAX_PENDING_COSTS, Summaries
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +63,9 @@ _REQUEST_COLUMNS = _OWN_COLUMNS + tuple(REQUEST_ATTRIBUTES)
 _REQUEST_SQL = (f"INSERT INTO requests ({', '.join(_REQUEST_COLUMNS)})"
                 f" VALUES ({', '.join('?' * len(_REQUEST_COLUMNS))})")
 _COST_SQL = "UPDATE requests SET gpu_seconds = ?, cost = ?, currency = ? WHERE trace_id = ? AND span_id = ?"
+_SUMMARY_INSERT_SQL = (f"INSERT INTO request_summaries ({', '.join(SUMMARY_COLUMNS)})"
+                       f" VALUES ({', '.join('?' * len(SUMMARY_COLUMNS))})")
+_SUMMARY_UPDATE_SQL = f"UPDATE request_summaries SET {', '.join(c + ' = ?' for c in SUMMARY_COLUMNS)} WHERE id = ?"
 _WINDOW_SQL = ("INSERT INTO window_costs (ts, trace_id, span_id, service, pid, kind, feature, request_trace_id,"
                " request_span_id, gpu_seconds, cost, currency) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)")
 
@@ -90,6 +97,12 @@ def request_row(s: ReadableSpan) -> tuple:
            res.get(sc.K8S_NAMESPACE_NAME), res.get(sc.K8S_POD_NAME), feature,
            max(0, (s.end_time or s.start_time) - s.start_time))
     return own + tuple(a.get(attr, default) for attr, default in REQUEST_ATTRIBUTES.values())
+
+
+def summarised(s: ReadableSpan) -> bool:
+    """A SERVER span kept as sums, not as a row and spans: its trace was not sampled and it
+    did not end in an error (#45's decision: rows for sampled requests and errors)."""
+    return not s.context.trace_flags.sampled and s.status.status_code is not StatusCode.ERROR
 
 
 def window_rows(s: ReadableSpan) -> list[tuple]:
@@ -124,11 +137,15 @@ class StoreExporter(SpanExporter):
     """Called from the collector thread with the spans of ONE record: a request (SERVER
     span + children) or a window (INTERNAL root + children); one transaction each.
 
+    A request summarised (`summarised`) adds to its summary in memory, written at most every
+    FLUSH_S (at a write, or at the pipeline's Tick: tick()) and at shutdown.
+
     Retention is checked cheaply: the request count is kept in memory (one count(*) at
     start), and when it passes max_requests the oldest are deleted down to a little
     below it (so deletes come in chunks, not per row); age is enforced at most every
     prune_interval_s. Spans go with their request (same group_ts); windows, which have
     no request row, go by age or when older than the oldest request kept."""
+    summarises_unsampled = True  # export/destinations.py: send it unsampled requests' SERVER spans
 
     def __init__(self, path: str, retention_s: float = 7 * 86400, max_requests: int = 1_000_000,
                  prune_interval_s: float = 5.0, now_ns: Callable[[], int] = time.time_ns,
@@ -147,7 +164,10 @@ class StoreExporter(SpanExporter):
         self._conn: Optional[sqlite3.Connection] = open_writer(path, group)
         self._count = self._conn.execute("SELECT count(*) FROM requests").fetchone()[0]
         self._next_age_prune = 0
+        self._summaries = Summaries()
+        self._next_summary_flush = 0
         self.spans_written = self.requests_written = self.rows_pruned = self.write_errors = 0
+        self.requests_summarised = 0
         self._last_error = ""
         if not self._transaction(lambda: None):  # apply limits to a store left by an older run
             self.shutdown()
@@ -157,6 +177,9 @@ class StoreExporter(SpanExporter):
         if not spans:
             return SpanExportResult.SUCCESS
         servers = [s for s in spans if s.kind == SpanKind.SERVER]
+        if len(servers) == 1 and summarised(servers[0]):
+            self._summarise(servers[0])
+            return SpanExportResult.SUCCESS
         group_ts = min(s.start_time for s in (servers or spans))
         span_rows = [span_row(s, group_ts) for s in spans]
         request_rows = [request_row(s) for s in servers]
@@ -176,9 +199,49 @@ class StoreExporter(SpanExporter):
         self.requests_written += len(request_rows)
         return SpanExportResult.SUCCESS
 
+    def _summarise(self, server: ReadableSpan) -> None:
+        row = dict(zip(_REQUEST_COLUMNS, request_row(server)))
+        if not self._summaries.add(row, bool((server.attributes or {}).get(sc.GPU_COST_PENDING))):
+            self._log.event("store_summary_costs_dropped", logging.WARNING,
+                            "local store %s: %d summarised requests await their cost: the oldest is let go "
+                            "(its cost will not be in the store)", self.path, MAX_PENDING_COSTS)
+        self.requests_summarised += 1
+        self.tick()
+
+    def tick(self) -> None:
+        """The summaries changed since their last write, if FLUSH_S has passed."""
+        now = self._now_ns()
+        if now >= self._next_summary_flush:
+            self._next_summary_flush = now + int(FLUSH_S * 1e9)
+            self._write_summaries(now)
+
+    def _write_summaries(self, now_ns: int) -> None:
+        taken = self._summaries.take_dirty(now_ns)
+        if not taken:
+            return
+        new = [s for s in taken if s.rowid is None]
+
+        def write() -> None:
+            for s in taken:
+                if s.rowid is None:
+                    s.rowid = self._conn.execute(_SUMMARY_INSERT_SQL, s.values()).lastrowid
+                else:
+                    self._conn.execute(_SUMMARY_UPDATE_SQL, (*s.values(), s.rowid))
+        if not self._transaction(write):
+            for s in new:  # rolled back: inserted again at the next try
+                s.rowid = None
+            self._summaries.failed(taken)
+            self._log.event("store_write_failed", logging.WARNING,
+                            "local store %s: %d request summaries not written (tried again): %s", self.path,
+                            len(taken), self._last_error)
+
     def settle_cost(self, trace_id: int, span_id: int, gpu_seconds: float, cost: float, currency: str) -> None:
-        """A request's cost settled after its span was written (pipeline/cost.py)."""
+        """A request's cost settled after its span was written (pipeline/cost.py), or after
+        it was summarised."""
         ids = (f"{trace_id:032x}", f"{span_id:016x}")
+        if self._summaries.settle_cost(ids[1], gpu_seconds, cost, currency):
+            self.tick()
+            return
 
         def update() -> None:
             self._conn.execute(_COST_SQL, (gpu_seconds, cost, currency, *ids))
@@ -229,9 +292,12 @@ class StoreExporter(SpanExporter):
         gone = self._conn.execute("DELETE FROM requests WHERE ts < ?", (ts,)).rowcount
         self.rows_pruned += gone + self._conn.execute("DELETE FROM spans WHERE group_ts < ?", (ts,)).rowcount
         self.rows_pruned += self._conn.execute("DELETE FROM window_costs WHERE ts < ?", (ts,)).rowcount
+        self.rows_pruned += self._conn.execute("DELETE FROM request_summaries WHERE ts < ?", (ts,)).rowcount
         return gone
 
     def shutdown(self) -> None:
+        if self._conn is not None:
+            self._write_summaries(self._now_ns())
         with self._lock:
             if self._conn is not None:
                 self._conn.close()

@@ -21,7 +21,7 @@ from ..span_tree import graph_kernels_text
 from .related import traces_with_windows
 from .report import OUTSIDE_LABEL, TIME_PARTS, _bytes, build_report
 from .series import cost_series
-from .traces import list_requests
+from .traces import list_requests, summarised, summarised_note
 
 TEMPLATE = Path(__file__).with_name("report_page.html")
 MAX_WATERFALL_ROWS = 300  # a request has at most the span budget's calls; windows can add more
@@ -269,9 +269,11 @@ def build_page(conn, since_ns: Optional[int] = None, service: Optional[str] = No
                          + "<p class=note>Mean ms per request, on its serving thread: running, waiting for a "
                          "CPU, inside a synchronising GPU call, off the CPU otherwise. Shared: the thread served "
                          "other work meanwhile, so the split is the thread's, not the request's alone.</p>")
+        note = summarised_note(*summarised(conn, since_ns, service))
         parts.append(f"<h2>The {len(slow)} slowest requests</h2>" + _slowest_table(slow, chosen, many)
                      + "<p class=note>Draw another as the waterfall: <code>otel-gpu report --html FILE "
-                     "--trace TRACE</code>. Time split ms: * where its thread was shared.</p>")
+                     "--trace TRACE</code>. Time split ms: * where its thread was shared."
+                     + (f" {_e(note)}." if note else "") + "</p>")
     if requests:
         rows = _waterfall_rows(requests[0], windows)
         server = rows[0]["span"]

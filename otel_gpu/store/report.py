@@ -23,7 +23,12 @@ GPU seconds, then requests, all descending.
         feature               otel_gpu.feature, else http.route; null: the row of the
                               service's GPU time outside requests
         requests              number of requests
+        summarised            of them, requests kept as sums, not rows (unsampled, no error:
+                              request_summaries, store/summaries.py); 0 in a store older than v6
         p50_ms, p95_ms        request latency percentiles in ms (nearest rank), null if none
+        percentiles           "exact": read from the requests' rows; "buckets": the rank fell
+                              among summarised requests, and the value is their duration
+                              bucket's upper bound (at most 9 % above the true value)
         launches_per_request  mean kernel launches per request
         copy_bytes            total bytes copied by cudaMemcpy* (h2d + d2h + d2d + other)
         nccl_calls            NCCL collectives and send/recv (gpu.nccl.calls); 0 in a store
@@ -59,6 +64,10 @@ GPU seconds, then requests, all descending.
                               the mean per split request: running, waiting for a CPU,
                               inside a synchronising GPU call, off the CPU otherwise
 
+Summarised requests count in every figure (requests, calls, bytes, GPU seconds, cost,
+chunks, the time split) by their interval's start (summaries.INTERVAL_S), as a row counts
+by its request's start.
+
 Latency is the HTTP request time seen at the socket. GPU seconds and cost are the
 collector's host-side estimates; CUDA call durations are enqueue times, not GPU time.
 """
@@ -71,9 +80,10 @@ from typing import Optional
 from .. import sanitize
 from .schema import columns, has_table
 from .since import iso_utc
+from .summaries import merge_buckets, percentile
 from .text import fit, split_width
 
-ROW_FIELDS = ("service", "feature", "requests", "p50_ms", "p95_ms", "launches_per_request",
+ROW_FIELDS = ("service", "feature", "requests", "summarised", "p50_ms", "p95_ms", "percentiles", "launches_per_request",
               "copy_bytes", "nccl_calls", "nccl_bytes", "gpu_seconds", "exact_gpu_seconds", "split_gpu_seconds", "outside_gpu_seconds",
               "cost", "share")
 OUTSIDE_LABEL = "(outside)"  # the text table's name for the feature-null row
@@ -103,10 +113,23 @@ SELECT service, CASE kind WHEN 'outside' THEN NULL ELSE feature END, kind, SUM(g
 FROM window_costs {_FILTER} GROUP BY 1, 2, 3"""
 _WINDOW_CURRENCY_SQL = _CURRENCY_SQL.replace("FROM requests", "FROM window_costs")
 # Streaming features: more response chunks than requests (an answer in one write is one chunk).
-_CHUNKS_SQL = f"SELECT feature, TOTAL(chunks) FROM requests {_FILTER} GROUP BY feature HAVING TOTAL(chunks) > COUNT(*)"
+_CHUNKS_SQL = f"SELECT feature, TOTAL(chunks), COUNT(*) FROM requests {_FILTER} GROUP BY feature"
 _TIME_SQL = (f"SELECT service, feature, COUNT(*), TOTAL(time_shared), "
              f"{', '.join(f'TOTAL({p})' for p in TIME_PARTS)} FROM requests {_FILTER} AND on_cpu IS NOT NULL "
              f"GROUP BY service, feature")
+# Summaries (v6): their sums per group, then their duration buckets (JSON, merged here).
+_SUMMARY_GROUPS_SQL = f"""
+SELECT service, feature, TOTAL(requests), TOTAL(launches), TOTAL(h2d_bytes + d2h_bytes + d2d_bytes + other_bytes),
+       TOTAL(nccl_calls), TOTAL(nccl_bytes), TOTAL(gpu_seconds), TOTAL(cost)
+FROM request_summaries {_FILTER} GROUP BY service, feature"""
+_SUMMARY_BUCKETS_SQL = f"SELECT service, feature, durations FROM request_summaries {_FILTER}"
+_GROUP_SORTED_SQL = ("SELECT duration_ns FROM requests INDEXED BY requests_latency"
+                     " WHERE service = ? AND feature = ? AND ts >= ? ORDER BY duration_ns")
+_SUMMARY_CURRENCY_SQL = _CURRENCY_SQL.replace("FROM requests", "FROM request_summaries")
+_SUMMARY_CHUNKS_SQL = f"SELECT feature, TOTAL(chunks), TOTAL(requests) FROM request_summaries {_FILTER} GROUP BY feature"
+_SUMMARY_TIME_SQL = (f"SELECT service, feature, TOTAL(split_requests), TOTAL(time_shared), "
+                     f"{', '.join(f'TOTAL({p})' for p in TIME_PARTS)} FROM request_summaries {_FILTER} "
+                     f"AND split_requests > 0 GROUP BY service, feature")
 PERCENTILES = (50, 95)
 
 
@@ -127,10 +150,11 @@ def _nth_sorted(cursor, offsets: list[int]) -> list[int]:
     return found
 
 
-def _figures(requests, launches, copy_bytes, nccl_calls, nccl_bytes, gpu_s, cost, pcts) -> dict:
-    return {"requests": requests,
+def _figures(requests, launches, copy_bytes, nccl_calls, nccl_bytes, gpu_s, cost, pcts, exact=True) -> dict:
+    return {"requests": requests, "summarised": 0,
             "p50_ms": pcts[0] / 1e6 if pcts else None,
             "p95_ms": pcts[1] / 1e6 if pcts else None,
+            "percentiles": "exact" if exact else "buckets",
             "launches_per_request": (launches or 0) / requests if requests else 0.0,
             "copy_bytes": int(copy_bytes or 0), "nccl_calls": int(nccl_calls or 0),
             "nccl_bytes": int(nccl_bytes or 0), "exact_gpu_seconds": float(gpu_s or 0.0),
@@ -145,6 +169,10 @@ def _read(conn, params: dict) -> tuple[list[dict], dict, list[str]]:
                 for k in _rank_offsets(n)]
         rows[service, feature] = dict(service=service, feature=feature, **_figures(n, *sums, pcts))
     currencies = {r[0] for r in conn.execute(_CURRENCY_SQL, params)}
+    buckets: dict = {}  # (service, feature) -> the summarised requests' duration buckets
+    if has_table(conn, "request_summaries"):
+        buckets = _add_summaries(conn, params, rows)
+        currencies |= {r[0] for r in conn.execute(_SUMMARY_CURRENCY_SQL, params)}
     if has_table(conn, "window_costs"):  # a v1 store, never opened by a newer collector, has none
         for service, feature, kind, seconds, cost in conn.execute(_WINDOWS_SQL, params).fetchall():
             row = rows.get((service, feature))
@@ -159,13 +187,58 @@ def _read(conn, params: dict) -> tuple[list[dict], dict, list[str]]:
         r["service"], r["feature"] = sanitize.optional(r["service"]), sanitize.optional(r["feature"])
         r["gpu_seconds"] = r["exact_gpu_seconds"] + r["split_gpu_seconds"] + r["outside_gpu_seconds"]
     n = sum(r["requests"] for r in rows)
-    pcts = _nth_sorted(conn.execute(_SORTED_SQL, params), _rank_offsets(n)) if n else []
+    kept = n - sum(r["summarised"] for r in rows)
+    if len(rows) and any(buckets.values()):
+        every: dict = {}
+        for b in buckets.values():
+            for k, v in b.items():
+                every[k] = every.get(k, 0) + v
+        pcts, exact = _merged(conn.execute(_SORTED_SQL, params), every, n)
+    else:
+        pcts, exact = (_nth_sorted(conn.execute(_SORTED_SQL, params), _rank_offsets(kept)) if kept else []), True
     launches = sum(r["launches_per_request"] * r["requests"] for r in rows)
     totals = _figures(n, launches, *(sum(r[k] for r in rows) for k in ("copy_bytes", "nccl_calls", "nccl_bytes")),
-                      0.0, 0.0, pcts)
+                      0.0, 0.0, pcts, exact)
+    totals["summarised"] = n - kept
     for k in ("gpu_seconds", "exact_gpu_seconds", "split_gpu_seconds", "outside_gpu_seconds", "cost"):
         totals[k] = sum(r[k] for r in rows)
     return rows, totals, sorted(sanitize.text(str(c)) for c in currencies)
+
+
+def _add_summaries(conn, params: dict, rows: dict) -> dict:
+    """The summarised requests' sums into their groups' rows (made where a group has none),
+    their percentiles read over rows and buckets; returns each group's buckets."""
+    buckets: dict = {}
+    for service, feature, durations in conn.execute(_SUMMARY_BUCKETS_SQL, params):
+        merge_buckets(buckets.setdefault((service, feature), {}), durations)
+    for service, feature, n, launches, copy_bytes, nccl_calls, nccl_bytes, gpu_s, cost in \
+            conn.execute(_SUMMARY_GROUPS_SQL, params).fetchall():
+        n = int(n)
+        row = rows.get((service, feature))
+        if row is None:
+            row = rows[service, feature] = dict(service=service, feature=feature,
+                                                **_figures(0, 0, 0, 0, 0, 0.0, 0.0, []))
+        kept = row["requests"]
+        row["launches_per_request"] = (row["launches_per_request"] * kept + launches) / (kept + n) if kept + n else 0.0
+        row["requests"], row["summarised"] = kept + n, n
+        row["copy_bytes"] += int(copy_bytes)
+        row["nccl_calls"] += int(nccl_calls)
+        row["nccl_bytes"] += int(nccl_bytes)
+        row["exact_gpu_seconds"] += gpu_s
+        row["cost"] += cost
+        pcts, exact = _merged(conn.execute(_GROUP_SORTED_SQL, (service, feature, params["since"])),
+                              buckets.get((service, feature), {}), kept + n)
+        row.update(p50_ms=pcts[0] / 1e6 if pcts else None, p95_ms=pcts[1] / 1e6 if pcts else None,
+                   percentiles="exact" if exact else "buckets")
+    return buckets
+
+
+def _merged(cursor, buckets: dict, n: int) -> tuple[list[int], bool]:
+    """Nearest-rank percentiles of n requests: the rows' sorted durations (`cursor`) and the
+    summarised ones' `buckets`; exact when no rank fell among summarised requests."""
+    exact_values = [v for v, in cursor]
+    found = [percentile(exact_values, buckets, k + 1) for k in _rank_offsets(n)] if n else []
+    return [v for v, _ in found], all(e for _, e in found)
 
 
 def build_report(conn, since_ns: Optional[int] = None, service: Optional[str] = None,
@@ -176,8 +249,11 @@ def build_report(conn, since_ns: Optional[int] = None, service: Optional[str] = 
     try:
         rows, totals, currencies = _read(conn, params)
         kept = columns(conn, "requests")
-        chunks = dict(conn.execute(_CHUNKS_SQL, params).fetchall()) if "chunks" in kept else {}
+        summaries = has_table(conn, "request_summaries")
+        chunks = _chunks(conn, params, summaries) if "chunks" in kept else {}
         times = conn.execute(_TIME_SQL, params).fetchall() if "on_cpu" in kept else []
+        if summaries:
+            times = _merge_groups(times + conn.execute(_SUMMARY_TIME_SQL, params).fetchall())
     finally:
         conn.execute("COMMIT")
     share_of = "cost" if totals["cost"] > 0 else "gpu_seconds" if totals["gpu_seconds"] > 0 else "requests"
@@ -195,10 +271,31 @@ def build_report(conn, since_ns: Optional[int] = None, service: Optional[str] = 
             "time_split": _time_split(times)}
 
 
+def _chunks(conn, params: dict, summaries: bool) -> dict:
+    """feature -> its response chunks, for features whose responses stream (more chunks than
+    requests), over rows and summaries."""
+    sums = {f: [c, n] for f, c, n in conn.execute(_CHUNKS_SQL, params)}
+    for f, c, n in conn.execute(_SUMMARY_CHUNKS_SQL, params) if summaries else ():
+        got = sums.setdefault(f, [0, 0])
+        got[0] += c
+        got[1] += n
+    return {f: c for f, (c, n) in sums.items() if c > n}
+
+
+def _merge_groups(groups: list) -> list:
+    """(service, feature, *sums) rows of both tables, summed per (service, feature)."""
+    out: dict = {}
+    for service, feature, *sums in groups:
+        got = out.get((service, feature))
+        out[service, feature] = sums if got is None else [a + b for a, b in zip(got, sums)]
+    return [(service, feature, *sums) for (service, feature), sums in out.items()]
+
+
 def _time_split(groups: list) -> list[dict]:
     """Mean time split per (service, feature) (the report's docstring)."""
     out = []
     for service, feature, n, shared, *sums in groups:
+        n = int(n)
         out.append({"service": sanitize.optional(service), "feature": sanitize.optional(feature), "requests": n,
                     "shared": int(shared), **{f"{p}_ms": s / n * 1e3 for p, s in zip(TIME_PARTS, sums)}})
     return sorted(out, key=lambda t: (-sum(t[f"{p}_ms"] for p in TIME_PARTS) * t["requests"], t["service"] or "",
@@ -250,7 +347,8 @@ _OPTIONAL = ("NCCL", "COPY", "L/REQ")
 
 
 def _cells(r: dict) -> dict:
-    return {"REQS": str(r["requests"]), "P50 ms": _ms(r["p50_ms"]), "P95 ms": _ms(r["p95_ms"]),
+    near = "~" if r["percentiles"] == "buckets" else ""  # a bucket's bound (the footnote)
+    return {"REQS": str(r["requests"]), "P50 ms": near + _ms(r["p50_ms"]), "P95 ms": near + _ms(r["p95_ms"]),
             "L/REQ": f"{r['launches_per_request']:.1f}", "COPY": _bytes(r["copy_bytes"]),
             "NCCL": _bytes(r["nccl_bytes"]),
             "GPU s": _sig(r["gpu_seconds"]), "SPLIT s": _sig(r["split_gpu_seconds"]), "COST": _sig(r["cost"]),
@@ -312,6 +410,10 @@ def to_text(report: dict, width: int = 80) -> str:
             shared = f" ({t['shared']} shared)" if t["shared"] else ""
             lines.append(f"  {fit(t['feature'] or '', feat_w)} {t['requests']:>6}"
                          + "".join(f" {_ms(t[f'{p}_ms']):>8}" for p in TIME_PARTS) + shared)
+    if report["totals"]["summarised"]:
+        lines.append(f"{report['totals']['summarised']} of the requests were summarised (not sampled, no error): "
+                     "~ marks a percentile")
+        lines.append("read from their duration buckets, at most 9 % above the true value.")
     lines.append("GPU s = exact + SPLIT s (ambiguous/shared windows' time, split among their")
     lines.append("candidates: a batch step's among its members); (outside): the service's GPU time")
     lines.append("with no request open.")

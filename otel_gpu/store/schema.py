@@ -9,7 +9,7 @@ import sqlite3
 from pathlib import Path
 from typing import Optional
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 # v1 -> v2: the window_costs table (the DDL creates it), requests.ambiguous became a
 # fractional share. v1 stores keep its INTEGER declaration: SQLite stores a value that
 # is not a whole number as REAL whatever the column says, so no rewrite is needed.
@@ -17,6 +17,8 @@ SCHEMA_VERSION = 5
 # already kept read 0, which they had none of: both came with v3's collector).
 # v3 -> v4: requests' response chunks (otel_gpu.response.chunks), for cost per streamed token.
 # v4 -> v5: where each request's time went (otel_gpu.time.*, seconds; NULL: not split).
+# v5 -> v6: request_summaries (the DDL creates it): unsampled requests without an error,
+# summed per route and interval (store/summaries.py) instead of a row and spans each.
 
 # group_ts: start of the root span of the write() batch a span arrived in. A request
 # row and its spans share it, so retention deletes both with one comparison each.
@@ -93,6 +95,44 @@ CREATE TABLE IF NOT EXISTS window_costs (
     currency TEXT
 );
 CREATE INDEX IF NOT EXISTS window_costs_ts ON window_costs (ts);
+-- Requests summed, not kept whole (store/summaries.py): one row per route (the key columns)
+-- and INTERVAL_S of request starts, rewritten while the interval is open. Sums of the
+-- requests columns of the same name, the time parts over split_requests only.
+CREATE TABLE IF NOT EXISTS request_summaries (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,  -- never reused: a summary is rewritten by it
+    ts INTEGER NOT NULL,             -- the interval's start, epoch ns
+    service TEXT NOT NULL,
+    k8s_namespace TEXT,
+    k8s_pod TEXT,
+    feature TEXT NOT NULL,
+    method TEXT,
+    route TEXT,
+    status_code INTEGER,
+    currency TEXT,
+    requests INTEGER NOT NULL,
+    duration_ns INTEGER NOT NULL,    -- their durations' sum
+    durations TEXT NOT NULL,         -- JSON {bucket: requests}, summaries.DurationBuckets
+    launches INTEGER NOT NULL,
+    h2d_bytes INTEGER NOT NULL,
+    d2h_bytes INTEGER NOT NULL,
+    d2d_bytes INTEGER NOT NULL,
+    other_bytes INTEGER NOT NULL,
+    sync_ns INTEGER NOT NULL,
+    gpu_seconds REAL NOT NULL,
+    cost REAL NOT NULL,
+    ambiguous REAL NOT NULL,
+    nccl_calls INTEGER NOT NULL,
+    nccl_bytes INTEGER NOT NULL,
+    graph_kernels INTEGER NOT NULL,
+    chunks INTEGER NOT NULL,
+    split_requests INTEGER NOT NULL, -- requests whose time was split
+    on_cpu REAL NOT NULL,
+    cpu_wait REAL NOT NULL,
+    gpu_sync REAL NOT NULL,
+    blocked REAL NOT NULL,
+    time_shared INTEGER NOT NULL
+);
+CREATE INDEX IF NOT EXISTS request_summaries_ts ON request_summaries (ts);
 """
 
 

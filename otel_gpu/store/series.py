@@ -16,16 +16,20 @@ _STEPS_S = (1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 4 * 3
 _REQUESTS_SQL = f"""
 SELECT (ts - :origin) / :step, service, feature, SUM(gpu_seconds), SUM(cost)
 FROM requests INDEXED BY requests_ts {_FILTER} GROUP BY 1, 2, 3"""
+_SUMMARIES_SQL = _REQUESTS_SQL.replace("requests INDEXED BY requests_ts", "request_summaries")
 _WINDOWS_SQL = f"""
 SELECT (ts - :origin) / :step, service, CASE kind WHEN 'outside' THEN NULL ELSE feature END,
        SUM(gpu_seconds), SUM(cost)
 FROM window_costs {_FILTER} GROUP BY 1, 2, 3"""
 
 
+def _tables(conn) -> list[str]:
+    """The tables with GPU seconds by time that this store has (older ones lack the later)."""
+    return ["requests"] + [t for t in ("window_costs", "request_summaries") if has_table(conn, t)]
+
+
 def _span(conn, params: dict) -> Optional[tuple[int, int]]:
-    lo_hi = [conn.execute(f"SELECT MIN(ts), MAX(ts) FROM requests {_FILTER}", params).fetchone()]
-    if has_table(conn, "window_costs"):
-        lo_hi.append(conn.execute(f"SELECT MIN(ts), MAX(ts) FROM window_costs {_FILTER}", params).fetchone())
+    lo_hi = [conn.execute(f"SELECT MIN(ts), MAX(ts) FROM {t} {_FILTER}", params).fetchone() for t in _tables(conn)]
     lows = [lo for lo, _ in lo_hi if lo is not None]
     return (min(lows), max(hi for _, hi in lo_hi if hi is not None)) if lows else None
 
@@ -46,8 +50,8 @@ def cost_series(conn, since_ns: Optional[int] = None, service: Optional[str] = N
         n = (hi - origin) // step + 1
         series: dict = {}
         params.update(origin=origin, step=step)
-        sqls = [_REQUESTS_SQL] + ([_WINDOWS_SQL] if has_table(conn, "window_costs") else [])
-        for sql in sqls:
+        sql_of = {"requests": _REQUESTS_SQL, "window_costs": _WINDOWS_SQL, "request_summaries": _SUMMARIES_SQL}
+        for sql in (sql_of[t] for t in _tables(conn)):
             for b, svc, feature, seconds, cost in conn.execute(sql, params).fetchall():
                 s = series.setdefault((svc, feature), {"gpu_seconds": [0.0] * n, "cost": [0.0] * n})
                 s["gpu_seconds"][b] += seconds or 0.0

@@ -15,7 +15,8 @@ from .. import sanitize
 from .. import semconv as sc
 from ..span_tree import render_tree
 from .report import TIME_PARTS
-from .schema import columns
+from .schema import columns, has_table
+from .summaries import DurationBuckets, buckets_of
 from .text import fit, split_width
 
 TREE_NOTE = "CUDA call durations are host-side enqueue times, not GPU execution."
@@ -45,6 +46,37 @@ def list_requests(conn, since_ns: Optional[int] = None, service: Optional[str] =
         row["time_shared"] = bool(times and r[-1])
         out.append(row)
     return out
+
+
+_SUMMARISED_SQL = """
+SELECT requests, durations FROM request_summaries
+WHERE ts >= :since AND (:service IS NULL OR service = :service)
+  AND (:route IS NULL OR route = :route OR feature = :route)
+"""
+
+
+def summarised(conn, since_ns: Optional[int] = None, service: Optional[str] = None,
+               route: Optional[str] = None) -> tuple[int, Optional[int]]:
+    """The requests of the same filter the store summarised (not sampled, no error: no row,
+    no trace to list): how many, and the upper bound (ns) of the slowest one's duration bucket."""
+    if not has_table(conn, "request_summaries"):
+        return 0, None
+    params = {"since": since_ns if since_ns is not None else -(2 ** 63), "service": service, "route": route}
+    n, top = 0, None
+    for count, durations in conn.execute(_SUMMARISED_SQL, params):
+        n += count
+        b = max(buckets_of(durations), default=None)
+        if b is not None and (top is None or b > top):
+            top = b
+    return n, None if top is None else DurationBuckets.bound(top)
+
+
+def summarised_note(n: int, slowest_ns: Optional[int]) -> Optional[str]:
+    """What a list of the store's requests leaves out, or None."""
+    if not n:
+        return None
+    return (f"{n} more requests were summarised, not kept (not sampled, no error): not listed; the slowest of "
+            f"them took at most {slowest_ns / 1e6:.1f} ms")
 
 
 def _when(ns: int) -> str:

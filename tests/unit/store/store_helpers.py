@@ -17,16 +17,18 @@ T0 = 1_700_000_000_000_000_000  # a fixed epoch ns: tests pass `now_ns` explicit
 MS = 1_000_000
 
 
-def ctx(trace_id: int, span_id: int, remote: bool = False) -> SpanContext:
-    return SpanContext(trace_id, span_id, is_remote=remote, trace_flags=TraceFlags(TraceFlags.SAMPLED))
+def ctx(trace_id: int, span_id: int, remote: bool = False, sampled: bool = True) -> SpanContext:
+    return SpanContext(trace_id, span_id, is_remote=remote,
+                       trace_flags=TraceFlags(TraceFlags.SAMPLED if sampled else TraceFlags.DEFAULT))
 
 
 def request(trace_id: int, start: int, duration: int, *, service="demo", route="/infer/{id}", method="POST",
             status=200, launches=2, copies=((4096, "h2d"), (1024, "d2h")), gpu_seconds=None, cost=None,
             currency="USD", feature=None, kernel=KERNEL, rollup=0, resource_extra=None,
-            server_extra=None) -> list[ReadableSpan]:
+            server_extra=None, sampled=True) -> list[ReadableSpan]:
+    """`sampled`: the trace's flag (an unsampled request the store sums unless it ended in an error)."""
     res = Resource({sc.SERVICE_NAME: service, sc.PROCESS_PID: 4242, **(resource_extra or {})})
-    server_ctx = ctx(trace_id, trace_id * 1000 + 1)
+    server_ctx = ctx(trace_id, trace_id * 1000 + 1, sampled=sampled)
     kids = []
     t = start + 10
     for i in range(launches):
@@ -42,7 +44,8 @@ def request(trace_id: int, start: int, duration: int, *, service="demo", route="
     spans = []
     for i, (name, attrs) in enumerate(kids):
         s = t + i * 100
-        spans.append(ReadableSpan(name=name, context=ctx(trace_id, trace_id * 1000 + 2 + i), parent=server_ctx,
+        spans.append(ReadableSpan(name=name, context=ctx(trace_id, trace_id * 1000 + 2 + i, sampled=sampled),
+                                  parent=server_ctx,
                                   resource=res, attributes=attrs, kind=SpanKind.INTERNAL, start_time=s,
                                   end_time=s + 50))
     attrs = {sc.HTTP_REQUEST_METHOD: method, sc.HTTP_ROUTE: route, sc.URL_PATH: route,

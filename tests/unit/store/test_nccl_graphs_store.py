@@ -67,7 +67,7 @@ def test_a_v2_store_is_read_as_it_is_then_upgraded_by_the_writer(db, clock, read
     s.export(request_spans(1, T0 + 5))
     s.shutdown()
     conn = reader()
-    assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 5
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 6
     assert conn.execute("SELECT feature, nccl_calls, nccl_bytes, graph_kernels FROM requests ORDER BY ts").fetchall() \
         == [("/old", 0, 0, 0), ("/train/{id}", 3, (1 << 20) + 4096 + 512, 4)]
     rep = build_report(conn)
@@ -97,7 +97,7 @@ def test_a_v3_store_gets_chunks_and_the_report_gives_cost_per_chunk(db, clock, r
     s.export(request_spans(1, T0 + 5))
     s.shutdown()
     conn = reader()
-    assert conn.execute("PRAGMA user_version").fetchone()[0] == 5 and "chunks" in columns(conn, "requests")
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == 6 and "chunks" in columns(conn, "requests")
     conn.close()
     w = sqlite3.connect(db)
     w.execute("UPDATE requests SET chunks = 40, feature = '/stream'")
