@@ -1,6 +1,7 @@
 """Trace sampling on a real collector (issue 26), 8 keep-alive clients at once: at 10 %
 (traceidratio) about a tenth of the traces go out over OTLP while the Prometheus metrics
-and the local store count every request; the kernel decides each root request as its
+and the local store count every request (the store keeps the sampled ones whole and sums
+the rest); the kernel decides each root request as its
 head is read (bpf/head_sampling.c), so a sampled request's calls stream one by one, each
 a child span of its own request, and an unsampled one's are only counted, whatever else
 is open; under parentbased_traceidratio the incoming traceparent decides, in the kernel
@@ -8,12 +9,15 @@ where it is canonical; under the default sampler the kernel decides from the fir
 unsampled parent on. Each request's launch count encodes its number."""
 from __future__ import annotations
 
+import json
 import sqlite3
 import time
 
 import pytest
+from opentelemetry.trace import SpanKind
 
 from otel_gpu.demo.runner import free_port
+from otel_gpu.store.report import build_report
 from tests.bpf.load_client import fetch_all
 from tests.bpf.targets.relia_support import stopped_counters
 from tests.bpf.test_metrics import _scrape, _value
@@ -50,9 +54,22 @@ def _run(collector, target, receiver, db: str, launches, parent) -> tuple:
 
 
 def _store_rows(db: str) -> tuple:
-    """The local store's (launches, requests) of /work."""
-    return sqlite3.connect(db).execute("SELECT TOTAL(launches), COUNT(*) FROM requests WHERE route = '/work'"
-                                       ).fetchone()
+    """The local store's (launches, requests) of /work as `otel-gpu report` counts them: the
+    requests it kept whole (sampled; none of these ends in an error) and those it summed."""
+    row, = [r for r in build_report(sqlite3.connect(db))["rows"] if r["feature"] == "/work"]
+    return round(row["launches_per_request"] * row["requests"]), row["requests"]
+
+
+def _kept_whole(db: str) -> set:
+    """The numbers (n=) of the /work requests the store kept as a row and spans, read from
+    their server spans' url.query."""
+    conn = sqlite3.connect(db)
+    kept = {int(a["url.query"].split("n=")[1]) for a in
+            (json.loads(t) for t, in conn.execute("SELECT attributes FROM spans WHERE kind = ?",
+                                                   (SpanKind.SERVER.value,)))
+            if a.get("url.path") == "/work"}
+    assert len(kept) == conn.execute("SELECT COUNT(*) FROM requests WHERE route = '/work'").fetchone()[0]
+    return kept
 
 
 def _launches_one_by_one(receiver, span) -> list:
@@ -105,6 +122,7 @@ def test_a_tenth_of_the_traces_go_out_each_streaming_only_its_own_calls(tmp_path
     rows = _store_rows(db)
     assert rows == (sum(map(_own, range(N))), N)
     sent = _work(receiver.spans, target.pid)
+    assert _kept_whole(db) == {_number(s) for s in sent}  # the rest summed (#45's decision)
     for span in sent:  # every launch of its own, one by one: none counted away, none another's
         assert _launches_one_by_one(receiver, span) == [1] * _own(_number(span)), _number(span)
     streamed = sum(_own(_number(s)) for s in sent)
@@ -150,7 +168,7 @@ def test_a_traceparent_decides_and_roots_at_ratio_0_are_only_counted(tmp_path, r
     assert all(s.parent_span_id == f"{i:016x}" for i, s in sent.items())
     assert counted.get("heads_sampled_here", 0) == len(upper)
     assert counted.get("heads_sampled_in_kernel", 0) == counted["requests"] - len(upper)  # target.go's too
-    assert rows == (3 * N, N)
+    assert rows == (3 * N, N) and _kept_whole(db) == set(sent)
     decided = [s for i, s in sent.items() if i not in upper]
     for span in decided:  # its own calls, one by one
         assert _launches_one_by_one(receiver, span) == [1, 1, 1], _number(span)
@@ -227,4 +245,4 @@ def test_under_the_default_sampler_an_unsampled_parent_has_the_kernel_decide(tmp
     assert counted.get("heads_sampled_in_kernel", 0) == N
     # Streamed for an unsampled request: at most the first one's, read before the programs ran.
     assert counted.get("cuda_calls_streamed_unsampled", 0) <= 3
-    assert rows == (sum(map(_own, range(N))) + 3, N + 1)
+    assert rows == (sum(map(_own, range(N))) + 3, N + 1) and _kept_whole(db) == set(sent)
