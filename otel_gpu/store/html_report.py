@@ -238,6 +238,11 @@ def _calls_table(rows: list[dict]) -> str:
             + "".join(lines) + "</table></details>")
 
 
+def _near(figures: dict) -> str:
+    """'~' before a percentile read from summarised requests' duration buckets (report.py)."""
+    return "~" if figures["percentiles"] == "buckets" else ""
+
+
 def build_page(conn, since_ns: Optional[int] = None, service: Optional[str] = None, trace_id: Optional[str] = None,
                store_path: str = "", slowest: int = 10, now: Optional[datetime] = None) -> str:
     """The page as one string. `trace_id` (full id) is drawn as the waterfall; default the slowest request."""
@@ -255,7 +260,8 @@ def build_page(conn, since_ns: Optional[int] = None, service: Optional[str] = No
     parts = [f"<div class=totals><div><b>{t['requests']:,}</b>requests</div>"
              f"<div><b>{t['gpu_seconds']:.4g}</b>GPU seconds</div>"
              f"<div><b>{t['cost']:.3g} {_e(currency)}</b>estimated cost</div>"
-             f"<div><b>{'-' if t['p95_ms'] is None else format(t['p95_ms'], '.2f') + ' ms'}</b>p95 latency</div></div>"]
+             f"<div><b>{'-' if t['p95_ms'] is None else _near(t) + format(t['p95_ms'], '.2f') + ' ms'}</b>"
+             "p95 latency</div></div>"]
     if not report["rows"]:
         parts.append("<p id=empty>No requests in the store for this filter.</p>")
     else:
