@@ -7,13 +7,14 @@ kernel hands them: keep-alive connections, each request a head read, its 100 lau
 2 copies counted in the kernel (CallAggregate), its response write; both socket records
 carry their thread's time sums (bpf/thread_times.c, on by default), so each request is split.
 `python -m bench.pipeline_speed [--ratio 0.1] [--requests 20000] [--in-flight 1] [--per-poll 16]
-[--gc-defaults]` prints µs of this thread's CPU per request, best of 3 runs (the figure is noisy
+[--gc-defaults] [--store]` (--store: the local store beside OTLP, in a temporary file) prints µs of this thread's CPU per request, best of 3 runs (the figure is noisy
 on a shared machine), with the interpreter's garbage collector set as the collector's loop
 sets it (otel_gpu/gc_policy.py) or left at CPython's thresholds."""
 from __future__ import annotations
 
 import argparse
 import os
+import tempfile
 import time
 
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
@@ -26,6 +27,7 @@ from otel_gpu.cuda_calls import call_id
 from otel_gpu.export.destinations import Destinations, QueuedExporter
 from otel_gpu.ratelimit import Stats
 from otel_gpu.records import EV_SOCK_READ, EV_SOCK_WRITE, Accept, CallAggregate, SockIo, Tick
+from otel_gpu.store.exporter import StoreExporter
 from otel_gpu.wiring import build_pipeline
 
 PID = os.getpid()  # a live process: enrich reads its /proc entry as it would the service's
@@ -82,12 +84,14 @@ def batches(n: int, in_flight: int = 1, per_poll: int = PER_POLL, t0: int = 10**
     return out
 
 
-def run(ratio: str, n: int, in_flight: int = 1, per_poll: int = PER_POLL) -> float:
+def run(ratio: str, n: int, in_flight: int = 1, per_poll: int = PER_POLL, store: bool = False) -> float:
     """µs of this thread's CPU per request through a fresh pipeline."""
     stats = Stats()
+    folder = tempfile.TemporaryDirectory()
+    exporters = [("store", StoreExporter(os.path.join(folder.name, "otel-gpu.db"), stats=stats))] if store else []
     wiring = build_pipeline(
         Config(traces_sampler="traceidratio", traces_sampler_arg=ratio), stats,
-        destinations=Destinations([("otlp", QueuedExporter(InMemorySpanExporter(), stats))], stats),
+        destinations=Destinations(exporters + [("otlp", QueuedExporter(InMemorySpanExporter(), stats))], stats),
         metric_readers=[InMemoryMetricReader()], kernel_names=Names(), clock=BpfClock())
     records = batches(n, in_flight, per_poll)
     t0 = time.thread_time()
@@ -96,6 +100,7 @@ def run(ratio: str, n: int, in_flight: int = 1, per_poll: int = PER_POLL) -> flo
     us = (time.thread_time() - t0) / n * 1e6
     assert stats.snapshot().get("requests_finished") == n, stats.snapshot()
     wiring.destinations.shutdown(time.monotonic() + 5)
+    folder.cleanup()
     return us
 
 
@@ -107,13 +112,15 @@ def main() -> None:
                     help="requests open at once, answered newest first (a busy server's order)")
     ap.add_argument("--per-poll", type=int, default=PER_POLL, help="requests per pipeline batch")
     ap.add_argument("--gc-defaults", action="store_true", help="CPython's garbage collector thresholds")
+    ap.add_argument("--store", action="store_true", help="the local store beside OTLP (a temporary file)")
     a = ap.parse_args()
     if not a.gc_defaults:
         gc_policy.set_for_the_loop()
-    best = min(run(a.ratio, a.requests, a.in_flight, a.per_poll) for _ in range(3))
+    best = min(run(a.ratio, a.requests, a.in_flight, a.per_poll, a.store) for _ in range(3))
     print(f"pipeline: {best:.1f} µs of collector CPU per request at {float(a.ratio):.0%} sampling, "
           f"{a.in_flight} in flight, batches of {a.per_poll}, garbage collector "
-          f"{'at CPython defaults' if a.gc_defaults else 'as the collector sets it'} (best of 3 x {a.requests} requests)")
+          f"{'at CPython defaults' if a.gc_defaults else 'as the collector sets it'}"
+          f"{', with the local store' if a.store else ''} (best of 3 x {a.requests} requests)")
 
 
 if __name__ == "__main__":
