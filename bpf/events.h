@@ -174,6 +174,7 @@ struct close_event {
     struct event_header h;
     s32 fd;
     u32 lost;         /* as in sock_io_event */
+    u64 ino;          /* its socket's inode number (conn_state.ino); 0: not known */
 };
 
 /* Every CUDA record: the shape follows the call's category (otel_gpu/cuda_calls.py). */

@@ -18,6 +18,8 @@ struct conn_state {
     u32 requests;  /* non-zero once the connection counted in http_active */
     u32 tls;       /* its bytes are TLS records: the syscalls' ciphertext is never sent */
     u32 counted;   /* counted in its process's conn_shares entry */
+    u64 ended;     /* 1 once its close, an accept on its number or the prune ended it (claim_conn;
+                    * 64 bits: this BPF's compare-and-swap) */
     u64 ssl;       /* the SSL* tied to it (bpf/tls_probes.c); 0: none yet */
     struct req_bounds req; /* its HTTP/1 requests, for those whose records were lost (http_requests.c) */
     u64 draw;      /* the current request's draw (head_sampling.c): names it; 0: none */
@@ -130,8 +132,17 @@ static __always_inline void h2_start(struct conn_key *key, int preface)
         count(CNT_H2_UNWALKED);
 }
 
-/* Drops a connection's entry, and its SSL* tie if it still names this fd. */
-static __always_inline void forget_conn(struct conn_key *key, struct conn_state *st)
+/* A connection is ended once, by whoever comes first: its close, an accept given its
+ * number (its close not seen yet: a close is seen at its exit, when another thread's
+ * accept may hold the number already), or the prune. 1: this caller ended it, and then
+ * gives back what it held (release_conn). */
+static __always_inline int claim_conn(struct conn_state *st)
+{
+    return __sync_val_compare_and_swap(&st->ended, 0, 1) == 0;
+}
+
+/* What an ended connection held: its process's http_active and share, its SSL* tie. */
+static __always_inline void release_conn(struct conn_key *key, struct conn_state *st)
 {
     if (st->req.lost) /* no record of it will tell of them now: whatever it served is over */
         unseen_add(key->tgid, -1);
@@ -153,6 +164,13 @@ static __always_inline void forget_conn(struct conn_key *key, struct conn_state 
         if (fd && *fd == key->fd)
             ssl_fds.delete(&k);
     }
+}
+
+/* Ends a connection (unless something has) and drops its entry. */
+static __always_inline void forget_conn(struct conn_key *key, struct conn_state *st)
+{
+    if (claim_conn(st))
+        release_conn(key, st);
     conns.delete(key);
 }
 
@@ -388,7 +406,7 @@ static __always_inline void io_done(void *ctx, u8 kind, struct io_args p, long r
         return;
     struct conn_key key = {.tgid = tgid, .fd = p.fd};
     struct conn_state *st = conns.lookup(&key);
-    if (!st || (st->state == CONN_OTHER && !st->tls))
+    if (!st || st->ended || (st->state == CONN_OTHER && !st->tls))
         return;
     if (st->tls) { /* ciphertext: its plaintext comes from the SSL probes */
         if (!st->ssl && kind == EV_SOCK_READ)

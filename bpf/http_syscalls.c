@@ -75,17 +75,24 @@ ON(recvmsg) { io_done(ctx, EV_SOCK_READ, msg_args(ctx), SYS_RET(ctx), 1); return
 ON(sendmsg) { io_done(ctx, EV_SOCK_WRITE, msg_args(ctx), SYS_RET(ctx), 1); return 0; }
 
 /* A tracked connection's close, seen at its exit: its fd is released by then (whatever
- * close returned), so the number may already be another file's: one this process opened,
- * or a connection another thread's accept took. That accept, once returned, has ended this
- * connection as an unseen close and tracks its own under the key (until it returns, its
- * return will: user space says "connection replaced"). So the entry is ended unless it
- * is that new connection: its socket is at the fd now (fd_ino). */
+ * close returned), so another thread's accept may hold the same number already, and its
+ * exit may run before this one, after it, or beside it on another CPU. So:
+ *  - an entry whose socket the number still holds is that accept's (or the close failed): left;
+ *  - the connection is ended once (claim_conn): by this close or by that accept, whichever
+ *    comes first; the close record carries its socket's inode, so that user space, which
+ *    may read the accept first, tells it from the new connection's;
+ *  - the entry is deleted here only while the number is free: once an accept holds it, its
+ *    exit replaces the entry (deleting here could take the new connection's), and a file
+ *    opened on it leaves an ended entry for the prune. */
 ON(close)
 {
     u64 id = bpf_get_current_pid_tgid();
     struct conn_key key = {.tgid = id >> 32, .fd = sys_arg(ctx, 0)};
     struct conn_state *st = conns.lookup(&key);
-    if (!st || (st->ino && fd_ino(key.fd) == st->ino))
+    if (!st)
+        return 0;
+    u64 held = fd_ino(key.fd); /* what the number holds now: 0 free */
+    if ((st->ino && held == st->ino) || !claim_conn(st))
         return 0;
     /* Every tracked connection's close is reported: user space holds state from its accept. */
     int report = is_traced(key.tgid);
@@ -93,8 +100,11 @@ ON(close)
     fill_header(&e.h, EV_SOCK_CLOSE, id);
     e.fd = key.fd;
     e.lost = st->req.lost;
+    e.ino = st->ino;
     request_closed(key.tgid, &st->req, report ? epoch_submit(&e, sizeof(e), &e.h, 0) : -1, e.lost, e.h.ts_ns);
-    forget_conn(&key, st);
+    release_conn(&key, st);
+    if (!held && !fd_ino(key.fd)) /* still free: no accept's entry can be here yet */
+        conns.delete(&key);
     return 0;
 }
 

@@ -27,7 +27,9 @@ NOT_DROPS = frozenset({"requests_finished", "spans_exported", "resolved", "relis
                        "device_tied",
                        # a runtime launch's pass through the driver, counted once: at the runtime's
                        # probe, or at the driver's where the runtime's is detached (bpf/launch_routes.c)
-                       "driver_launches_deduped", "driver_launches_as_runtime"})
+                       "driver_launches_deduped", "driver_launches_as_runtime",
+                       # a close read after the accept that took its socket's number (it had ended it)
+                       "connection_closes_after_reuse"})
 
 
 def split_drops(counts: Dict[str, int]) -> tuple[Dict[str, int], Dict[str, int]]:

@@ -80,6 +80,7 @@ class SockClose:
     fd: int
     epoch: int = 0  # as SockIo.epoch
     lost: int = 0   # as SockIo.lost
+    inode: Optional[int] = None  # its socket's inode number, where the kernel knew it
 
 
 @dataclass(slots=True)

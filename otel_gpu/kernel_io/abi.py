@@ -108,7 +108,7 @@ class SockIoEvent(ct.Structure):
 
 
 class CloseEvent(ct.Structure):
-    _fields_ = [("h", EventHeader), ("fd", s32), ("lost", u32)]
+    _fields_ = [("h", EventHeader), ("fd", s32), ("lost", u32), ("ino", u64)]
 
 
 class PyContextEvent(ct.Structure):

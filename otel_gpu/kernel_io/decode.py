@@ -228,7 +228,7 @@ def _accept(buf, size):
 def _close(buf, size):
     _need(buf, size, abi.CloseEvent)
     e = abi.CloseEvent.from_buffer_copy(bytes(buf))
-    return SockClose(e.h.tgid, e.h.tid, e.h.ts_ns, e.fd, e.h.epoch, e.lost)
+    return SockClose(e.h.tgid, e.h.tid, e.h.ts_ns, e.fd, e.h.epoch, e.lost, e.ino or None)
 
 
 def _proc_exit(buf, size):

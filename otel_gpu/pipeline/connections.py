@@ -303,6 +303,11 @@ class Connections:
         c = p.conns.get(fd) if p else None
         if c is None:
             return
+        if ev.inode is not None and c.inode is not None and ev.inode != c.inode:
+            # An earlier socket's close, read after the accept that took its number (a close
+            # is seen at its exit: bpf/http_syscalls.c), which ended it already.
+            self.stats.add("connection_closes_after_reuse")
+            return
         if ev.lost and not c.broken:
             self._records_lost(p, c, ev.lost, ev.tid, ts, out)
         elif c.session is not None and not c.broken and not c.resync:

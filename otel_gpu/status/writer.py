@@ -31,7 +31,7 @@ def destination_counts(name: str, exporter, stats: dict, handed: int) -> dict:
                 "spans_failed": stats.get("spans_export_failed", 0) + stats.get("spans_dropped_queue_full", 0),
                 "pending": exporter.pending}
     if hasattr(exporter, "write_errors"):  # the local store: failed transactions, not spans
-        return {"spans_exported": exporter.spans_written, "requests_summarised": exporter.requests_summarised,
+        return {"spans_exported": exporter.spans_written, "requests_summed": exporter.requests_summed,
                 "write_errors": exporter.write_errors + errors}
     return {"spans_exported": handed, "write_errors": errors}
 
@@ -60,7 +60,7 @@ class ExportHealth:
         self._failing_since: dict[str, float] = {}
 
     def update(self, name: str, counts: dict, now: float) -> dict:
-        ok = counts.get("spans_exported", 0) + counts.get("requests_summarised", 0)  # the store sums some
+        ok = counts.get("spans_exported", 0) + counts.get("requests_summed", 0)  # the store sums some
         bad = counts.get("spans_failed", 0) + counts.get("write_errors", 0)
         last_ok, last_bad = self._last.get(name, (0, 0))
         self._last[name] = (ok, bad)

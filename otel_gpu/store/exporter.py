@@ -167,7 +167,7 @@ class StoreExporter(SpanExporter):
         self._summaries = Summaries()
         self._next_summary_flush = 0
         self.spans_written = self.requests_written = self.rows_pruned = self.write_errors = 0
-        self.requests_summarised = 0
+        self.requests_summed = 0
         self._last_error = ""
         if not self._transaction(lambda: None):  # apply limits to a store left by an older run
             self.shutdown()
@@ -205,7 +205,7 @@ class StoreExporter(SpanExporter):
             self._log.event("store_summary_costs_dropped", logging.WARNING,
                             "local store %s: %d summarised requests await their cost: the oldest is let go "
                             "(its cost will not be in the store)", self.path, MAX_PENDING_COSTS)
-        self.requests_summarised += 1
+        self.requests_summed += 1
         self.tick()
 
     def tick(self) -> None:

@@ -82,7 +82,7 @@ def test_export_health_failing_since_and_recovery():
     h = ExportHealth()
     assert h.update("otlp", {"spans_exported": 0, "spans_failed": 0}, 10.0)["state"] == "idle"
     assert h.update("otlp", {"spans_exported": 5, "spans_failed": 0}, 12.0)["state"] == "ok"
-    assert h.update("store", {"spans_exported": 0, "requests_summarised": 4}, 12.0)["state"] == "ok"
+    assert h.update("store", {"spans_exported": 0, "requests_summed": 4}, 12.0)["state"] == "ok"
     e = h.update("otlp", {"spans_exported": 5, "spans_failed": 3}, 14.0)
     assert (e["state"], e["failing_since"]) == ("failing", 14.0)
     e = h.update("otlp", {"spans_exported": 5, "spans_failed": 9}, 16.0)
@@ -105,7 +105,7 @@ def test_destination_counts_per_kind(tmp_path):
     stats = {"spans_exported": 7, "spans_export_failed": 2, "spans_dropped_queue_full": 1, "console_export_errors": 4}
     store = StoreExporter(str(tmp_path / "s.db"))
     try:
-        assert destination_counts("store", store, stats, 50) == {"spans_exported": 0, "requests_summarised": 0,
+        assert destination_counts("store", store, stats, 50) == {"spans_exported": 0, "requests_summed": 0,
                                                                  "write_errors": 0}
     finally:
         store.shutdown()

@@ -119,7 +119,7 @@ def test_an_error_and_a_sampled_request_keep_their_rows_the_others_only_sums(sto
     assert sorted(r[0] for r in conn.execute("SELECT trace_id FROM requests")) == [f"{2:032x}", f"{3:032x}"]
     assert {r[0] for r in conn.execute("SELECT DISTINCT trace_id FROM spans")} == {f"{2:032x}", f"{3:032x}"}
     (n, launches, durations), = conn.execute("SELECT requests, launches, duration_ns FROM request_summaries")
-    assert (n, launches, durations) == (2, 4, 13 * MS) and store.requests_summarised == 2
+    assert (n, launches, durations) == (2, 4, 13 * MS) and store.requests_summed == 2
 
 
 def test_summaries_are_written_each_flush_and_one_interval_is_one_row(store, reader, clock):
