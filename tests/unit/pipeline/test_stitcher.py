@@ -209,6 +209,20 @@ def test_connection_closed_before_response_gives_an_error():
     assert s.stats.snapshot()["requests_incomplete"] == 1
 
 
+def test_a_close_read_after_the_accept_that_took_its_number_leaves_the_new_connection():
+    """A close is seen at its syscall's exit, when another thread's accept may hold the fd
+    number already and its record may come first (bpf/http_syscalls.c): the close names its
+    socket's inode, and the new connection's request is not cut."""
+    s = new()
+    out = s.process([accept(inode=7), read(get("/old")), write(OK), accept(inode=8), read(get("/new")),
+                     SockClose(PID, 1, T(), FD, inode=7), cuda(), write(OK)])
+    old, new_ = requests(out)
+    assert (old.head.path, new_.head.path) == ("/old", "/new") and not new_.error and new_.status == 200
+    assert len(new_.sink.calls) == 1 and s.stats.snapshot()["connection_closes_after_reuse"] == 1
+    out = s.process([SockClose(PID, 1, T(), FD, inode=8), read(get("/after"))])
+    assert s.procs[PID].conns[FD].inode is None  # its own close ended it: a read after is a new one's
+
+
 def test_close_delimited_response_completes_on_close():
     s = new()
     out = s.process([accept(), read(get()), write(b"HTTP/1.0 200 OK\r\n\r\nbody..."),
