@@ -76,11 +76,42 @@ def test_a_close_leaves_the_connection_another_threads_accept_holds_there(progra
     peer.close()
 
 
+def _entry(program):
+    return next(v for k, v in program.bpf["conns"].items() if k.tgid == os.getpid() and k.fd == FD)
+
+
 def test_a_close_whose_number_the_process_opened_again_ends_its_connection(program, stdin_back):
+    """Ended, and its entry left for the prune: an accept could hold the number (below)."""
     peer = _accepted_at_fd0(program)
+    ino = _entry(program).ino
     os.close(FD)
     reopened = os.open(os.devnull, os.O_RDONLY)  # the lowest free number: 0
     assert reopened == FD
     _run(program, b"on_close", 0, 0)
-    assert not _tracked(program), "a close left its connection tracked because the number was reused"
+    assert _entry(program).ended == 1, "a close left its connection open because the number was reused"
+    _run(program, b"forget_unseen_close", os.getpid(), FD, ino)  # the prune, which lists it
+    assert not _tracked(program)
     peer.close()
+
+
+def test_a_connection_is_ended_once_when_an_accept_takes_its_number_beside_its_close(program, stdin_back):
+    """The accept's socket at the number before the close's exit runs, the accept's exit
+    after it (another CPU): the close ends the old connection and leaves the entry, the
+    accept replaces it, and what the old one held (its share) is given back once."""
+    shares = program.bpf["conn_shares"]
+    shares[ct.c_uint32(os.getpid())] = shares.Leaf(0, 100)
+    try:
+        old_peer = _accepted_at_fd0(program)
+        a, b = socket.socketpair()
+        os.dup2(a.fileno(), FD)  # the accept's socket at the number
+        a.close()
+        _run(program, b"on_close", 0, 0)
+        assert _entry(program).ended == 1
+        _run(program, b"on_accept4", 0, FD)  # its exit
+        assert _entry(program).ended == 0 and _entry(program).ino == os.fstat(FD).st_ino
+        assert shares[ct.c_uint32(os.getpid())].used == 1  # the old given back once, the new counted
+        old_peer.close()
+        b.close()
+    finally:
+        del shares[ct.c_uint32(os.getpid())]
+        _run(program, b"forget_unseen_close", os.getpid(), FD, os.fstat(FD).st_ino)
