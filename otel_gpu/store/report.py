@@ -411,9 +411,9 @@ def to_text(report: dict, width: int = 80) -> str:
             lines.append(f"  {fit(t['feature'] or '', feat_w)} {t['requests']:>6}"
                          + "".join(f" {_ms(t[f'{p}_ms']):>8}" for p in TIME_PARTS) + shared)
     if report["totals"]["summarised"]:
-        lines.append(f"{report['totals']['summarised']} of the requests were summarised (not sampled, no error): "
-                     "~ marks a percentile")
-        lines.append("read from their duration buckets, at most 9 % above the true value.")
+        lines.append(f"~ P50/P95: from the duration buckets of the {report['totals']['summarised']} requests "
+                     "summarised")
+        lines.append("(not sampled, no error), at most 9 % above the true value.")
     lines.append("GPU s = exact + SPLIT s (ambiguous/shared windows' time, split among their")
     lines.append("candidates: a batch step's among its members); (outside): the service's GPU time")
     lines.append("with no request open.")

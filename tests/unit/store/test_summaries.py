@@ -105,7 +105,7 @@ def test_summarised_requests_give_the_report_their_rows_would(tmp_path, clock):
     for key, s in series_a["series"].items():  # summed over time, each route's seconds alike
         assert round(sum(s["gpu_seconds"]), 9) == round(sum(series_b["series"][key]["gpu_seconds"]), 9)
     text = to_text(b)
-    assert "~" in text and f"{len(reqs) - kept} of the requests were summarised" in text
+    assert "~" in text and f"duration buckets of the {len(reqs) - kept} requests summarised" in text
 
 
 def test_an_error_and_a_sampled_request_keep_their_rows_the_others_only_sums(store, reader, clock):
