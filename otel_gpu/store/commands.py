@@ -76,7 +76,8 @@ def dispatch(args, out=None) -> int:
                 code = _html(conn, args, since, path)
                 if code:
                     return code
-            from .report import build_report, to_json, to_text
+            from .report import build_report, to_json
+            from .report_text import to_text
             report = build_report(conn, since, args.service)
             out.write((to_json(report) if args.format == "json" else to_text(report, _width(out))) + "\n")
             return 0
@@ -125,7 +126,7 @@ def _html(conn, args, since, path: str) -> int:
 
 
 def _traces(conn, args, since, path: str, out) -> int:
-    from .traces import format_list, format_tree, list_requests, summarised, summarised_note, trace_spans
+    from .traces import format_list, format_tree, list_requests, summarised_note, trace_spans
     if args.output and args.format != "perfetto":
         return _err("--output goes with --format perfetto", 2)
     if args.trace_id:
@@ -140,7 +141,7 @@ def _traces(conn, args, since, path: str, out) -> int:
     if args.format == "perfetto":
         return _perfetto(conn, [r["trace_id"] for r in rows], args.output, out)
     out.write(format_list(rows, _width(out)) + "\n")
-    note = summarised_note(*summarised(conn, since, args.service, args.route))
+    note = summarised_note(conn, since, args.service, args.route)
     if note:
         out.write(note + "\n")
     return 0

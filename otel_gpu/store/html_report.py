@@ -19,9 +19,10 @@ from opentelemetry.trace import SpanKind
 from .. import semconv as sc
 from ..span_tree import graph_kernels_text
 from .related import traces_with_windows
-from .report import OUTSIDE_LABEL, TIME_PARTS, _bytes, build_report
+from .report import TIME_PARTS, build_report
+from .report_text import OUTSIDE_LABEL, _bytes, near_mark
 from .series import cost_series
-from .traces import list_requests, summarised, summarised_note
+from .traces import list_requests, summarised_note
 
 TEMPLATE = Path(__file__).with_name("report_page.html")
 MAX_WATERFALL_ROWS = 300  # a request has at most the span budget's calls; windows can add more
@@ -238,11 +239,6 @@ def _calls_table(rows: list[dict]) -> str:
             + "".join(lines) + "</table></details>")
 
 
-def _near(figures: dict) -> str:
-    """'~' before a percentile read from summarised requests' duration buckets (report.py)."""
-    return "~" if figures["percentiles"] == "buckets" else ""
-
-
 def build_page(conn, since_ns: Optional[int] = None, service: Optional[str] = None, trace_id: Optional[str] = None,
                store_path: str = "", slowest: int = 10, now: Optional[datetime] = None) -> str:
     """The page as one string. `trace_id` (full id) is drawn as the waterfall; default the slowest request."""
@@ -260,7 +256,7 @@ def build_page(conn, since_ns: Optional[int] = None, service: Optional[str] = No
     parts = [f"<div class=totals><div><b>{t['requests']:,}</b>requests</div>"
              f"<div><b>{t['gpu_seconds']:.4g}</b>GPU seconds</div>"
              f"<div><b>{t['cost']:.3g} {_e(currency)}</b>estimated cost</div>"
-             f"<div><b>{'-' if t['p95_ms'] is None else _near(t) + format(t['p95_ms'], '.2f') + ' ms'}</b>"
+             f"<div><b>{'-' if t['p95_ms'] is None else near_mark(t) + format(t['p95_ms'], '.2f') + ' ms'}</b>"
              "p95 latency</div></div>"]
     if not report["rows"]:
         parts.append("<p id=empty>No requests in the store for this filter.</p>")
@@ -275,7 +271,7 @@ def build_page(conn, since_ns: Optional[int] = None, service: Optional[str] = No
                          + "<p class=note>Mean ms per request, on its serving thread: running, waiting for a "
                          "CPU, inside a synchronising GPU call, off the CPU otherwise. Shared: the thread served "
                          "other work meanwhile, so the split is the thread's, not the request's alone.</p>")
-        note = summarised_note(*summarised(conn, since_ns, service))
+        note = summarised_note(conn, since_ns, service)
         parts.append(f"<h2>The {len(slow)} slowest requests</h2>" + _slowest_table(slow, chosen, many)
                      + "<p class=note>Draw another as the waterfall: <code>otel-gpu report --html FILE "
                      "--trace TRACE</code>. Time split ms: * where its thread was shared."

@@ -80,13 +80,11 @@ from typing import Optional
 from .. import sanitize
 from .schema import columns, has_table
 from .since import iso_utc
-from .summaries import merge_buckets, percentile
-from .text import fit, split_width
+from .summaries import buckets_of, percentile
 
 ROW_FIELDS = ("service", "feature", "requests", "summarised", "p50_ms", "p95_ms", "percentiles", "launches_per_request",
               "copy_bytes", "nccl_calls", "nccl_bytes", "gpu_seconds", "exact_gpu_seconds", "split_gpu_seconds", "outside_gpu_seconds",
               "cost", "share")
-OUTSIDE_LABEL = "(outside)"  # the text table's name for the feature-null row
 TOTAL_FIELDS = ROW_FIELDS[2:]
 REPORT_FIELDS = ("since", "service", "generated_at", "currency", "share_of", "rows", "totals", "per_chunk",
                  "time_split")
@@ -163,15 +161,18 @@ def _figures(requests, launches, copy_bytes, nccl_calls, nccl_bytes, gpu_s, cost
 
 def _read(conn, params: dict) -> tuple[list[dict], dict, list[str]]:
     rows = {}
+    summaries = has_table(conn, "request_summaries")
+    # The summarised requests' duration buckets, by (service, feature) and over all of them.
+    buckets, every = _summary_buckets(conn, params) if summaries else ({}, {})
     nccl = _NCCL_SUMS if "nccl_calls" in columns(conn, "requests") else "0, 0"
     for service, feature, n, *sums in conn.execute(_GROUPS_SQL.format(nccl=nccl), params).fetchall():
-        pcts = [conn.execute(_NTH_IN_GROUP_SQL, (service, feature, params["since"], k)).fetchone()[0]
-                for k in _rank_offsets(n)]
+        pcts = [] if (service, feature) in buckets else [  # with summaries: read over both (_add_summaries)
+            conn.execute(_NTH_IN_GROUP_SQL, (service, feature, params["since"], k)).fetchone()[0]
+            for k in _rank_offsets(n)]
         rows[service, feature] = dict(service=service, feature=feature, **_figures(n, *sums, pcts))
     currencies = {r[0] for r in conn.execute(_CURRENCY_SQL, params)}
-    buckets: dict = {}  # (service, feature) -> the summarised requests' duration buckets
-    if has_table(conn, "request_summaries"):
-        buckets = _add_summaries(conn, params, rows)
+    if summaries:
+        _add_summaries(conn, params, rows, buckets)
         currencies |= {r[0] for r in conn.execute(_SUMMARY_CURRENCY_SQL, params)}
     if has_table(conn, "window_costs"):  # a v1 store, never opened by a newer collector, has none
         for service, feature, kind, seconds, cost in conn.execute(_WINDOWS_SQL, params).fetchall():
@@ -188,11 +189,7 @@ def _read(conn, params: dict) -> tuple[list[dict], dict, list[str]]:
         r["gpu_seconds"] = r["exact_gpu_seconds"] + r["split_gpu_seconds"] + r["outside_gpu_seconds"]
     n = sum(r["requests"] for r in rows)
     kept = n - sum(r["summarised"] for r in rows)
-    if len(rows) and any(buckets.values()):
-        every: dict = {}
-        for b in buckets.values():
-            for k, v in b.items():
-                every[k] = every.get(k, 0) + v
+    if every:
         pcts, exact = _merged(conn.execute(_SORTED_SQL, params), every, n)
     else:
         pcts, exact = (_nth_sorted(conn.execute(_SORTED_SQL, params), _rank_offsets(kept)) if kept else []), True
@@ -205,12 +202,21 @@ def _read(conn, params: dict) -> tuple[list[dict], dict, list[str]]:
     return rows, totals, sorted(sanitize.text(str(c)) for c in currencies)
 
 
-def _add_summaries(conn, params: dict, rows: dict) -> dict:
-    """The summarised requests' sums into their groups' rows (made where a group has none),
-    their percentiles read over rows and buckets; returns each group's buckets."""
-    buckets: dict = {}
+def _summary_buckets(conn, params: dict) -> tuple[dict, dict]:
+    """The summarised requests' duration buckets: by (service, feature), and all together."""
+    by_group: dict = {}
+    every: dict = {}
     for service, feature, durations in conn.execute(_SUMMARY_BUCKETS_SQL, params):
-        merge_buckets(buckets.setdefault((service, feature), {}), durations)
+        for b, n in buckets_of(durations).items():
+            group = by_group.setdefault((service, feature), {})
+            group[b] = group.get(b, 0) + n
+            every[b] = every.get(b, 0) + n
+    return by_group, every
+
+
+def _add_summaries(conn, params: dict, rows: dict, buckets: dict) -> None:
+    """The summarised requests' sums into their groups' rows (made where a group has none),
+    their percentiles read over rows and `buckets` (_summary_buckets)."""
     for service, feature, n, launches, copy_bytes, nccl_calls, nccl_bytes, gpu_s, cost in \
             conn.execute(_SUMMARY_GROUPS_SQL, params).fetchall():
         n = int(n)
@@ -230,7 +236,6 @@ def _add_summaries(conn, params: dict, rows: dict) -> dict:
                               buckets.get((service, feature), {}), kept + n)
         row.update(p50_ms=pcts[0] / 1e6 if pcts else None, p95_ms=pcts[1] / 1e6 if pcts else None,
                    percentiles="exact" if exact else "buckets")
-    return buckets
 
 
 def _merged(cursor, buckets: dict, n: int) -> tuple[list[int], bool]:
@@ -316,106 +321,3 @@ def _per_chunk(rows: list[dict], chunks: dict) -> list[dict]:
 
 def to_json(report: dict) -> str:
     return json.dumps(report, indent=2)
-
-
-def _ms(v: Optional[float]) -> str:
-    if v is None:
-        return "-"
-    return f"{v:.2f}" if v < 10 else f"{v:.1f}" if v < 1000 else f"{v:.0f}"
-
-
-def _bytes(n: float) -> str:
-    """1024-based, at most 5 characters below a petabyte: 512B, 4.0K, 47M."""
-    unit = "B"
-    for unit in ("B", "K", "M", "G", "T"):
-        if n < 1024 or unit == "T":
-            break
-        n /= 1024
-    return f"{int(n)}B" if unit == "B" else f"{n:.1f}{unit}" if n < 10 else f"{n:.0f}{unit}"
-
-
-def _sig(v: float) -> str:
-    return "0" if v == 0 else f"{v:.3g}"
-
-
-# GPU s is the row's whole time, SPLIT s the part of it split from ambiguous/shared windows
-# (exact = GPU s - SPLIT s). NCCL (bytes) is there only when some request made NCCL calls.
-# When the names need the room, NCCL, then COPY, then L/REQ go (JSON keeps every field).
-_NUMERIC = (("REQS", 5), ("P50 ms", 6), ("P95 ms", 6), ("L/REQ", 5), ("COPY", 5), ("NCCL", 5), ("GPU s", 7),
-            ("SPLIT s", 7), ("COST", 8), ("SHARE", 6))
-_OPTIONAL = ("NCCL", "COPY", "L/REQ")
-
-
-def _cells(r: dict) -> dict:
-    near = "~" if r["percentiles"] == "buckets" else ""  # a bucket's bound (the footnote)
-    return {"REQS": str(r["requests"]), "P50 ms": near + _ms(r["p50_ms"]), "P95 ms": near + _ms(r["p95_ms"]),
-            "L/REQ": f"{r['launches_per_request']:.1f}", "COPY": _bytes(r["copy_bytes"]),
-            "NCCL": _bytes(r["nccl_bytes"]),
-            "GPU s": _sig(r["gpu_seconds"]), "SPLIT s": _sig(r["split_gpu_seconds"]), "COST": _sig(r["cost"]),
-            "SHARE": f"{r['share'] * 100:.1f}%"}
-
-
-def _columns(width: int, services: list[str], features: list[str], nccl: bool) -> tuple[list, int]:
-    """The numeric columns that fit beside the names, and the width left for the names."""
-    columns = [c for c in _NUMERIC if nccl or c[0] != "NCCL"]
-    need = max(map(len, features)) + (max(map(len, services)) + 1 if len(services) > 1 else 0)
-    for name in _OPTIONAL:
-        if need <= width - sum(w + 1 for _, w in columns):
-            break
-        columns = [c for c in columns if c[0] != name]
-    return columns, width - sum(w + 1 for _, w in columns)
-
-
-def to_text(report: dict, width: int = 80) -> str:
-    """An aligned table within `width` (at least 80) columns."""
-    width = max(80, width)
-    rows = report["rows"]
-    services = sorted({r["service"] for r in rows})
-    features = [r["feature"] or OUTSIDE_LABEL for r in rows] or [""]
-    columns, name_w = _columns(width, services or [""], features, report["totals"]["nccl_calls"] > 0)
-    if len(services) > 1:
-        svc_w, feat_w = split_width(name_w, services, features)
-    else:
-        svc_w, feat_w = 0, name_w
-    cost_head = f"COST {report['currency']}" if report["currency"] and report["currency"] != "mixed" else "COST"
-    since = f"since {report['since']}" if report["since"] else "all kept"
-    scope = f"service {report['service']}" if report["service"] else (
-        f"service {services[0]}" if len(services) == 1 else f"{len(services)} services")
-    lines = [f"otel-gpu report: {scope}, {since}, {report['totals']['requests']} requests",
-             f"share of {report['share_of'].replace('_', ' ')}; cost in {report['currency'] or 'n/a'}"]
-    if not rows:
-        return "\n".join(lines + ["no requests in the store for this filter"])
-
-    def line(name_cells: list[str], cells: dict) -> str:
-        return " ".join(name_cells + [cells[h].rjust(w) for h, w in columns]).rstrip()
-
-    def names(service: str, feature: str) -> list[str]:
-        return ([fit(service, svc_w)] if svc_w else []) + [fit(feature, feat_w)]
-
-    heads = {h: h if h != "COST" else cost_head[:8] for h, _ in columns}
-    lines.append(line(names("SERVICE", "FEATURE"), heads))
-    lines += [line(names(r["service"], r["feature"] or OUTSIDE_LABEL), _cells(r)) for r in rows]
-    lines.append(line(names("TOTAL", "") if svc_w else names("", "TOTAL"), _cells(report["totals"])))
-    if report["per_chunk"]:
-        lines.append("per streamed response chunk (an SSE token each):")
-        lines += [f"  {fit(c['feature'] or '', feat_w)} {c['chunks']:>10} chunks"
-                  f" {c['gpu_seconds_per_chunk'] * 1e3:10.3f} GPU ms"
-                  f" {_sig(c['cost_per_chunk'] * 1e6):>10} {report['currency'] or ''} per 1M"
-                  for c in report["per_chunk"]]
-    if report.get("time_split"):
-        lines.append("where the time went, mean ms per request (on its serving thread):")
-        head = f"  {fit('FEATURE', feat_w)} {'REQS':>6} {'ON CPU':>8} {'CPU WAIT':>8} {'GPU SYNC':>8} {'BLOCKED':>8}"
-        lines.append(head.rstrip())
-        for t in report["time_split"]:
-            shared = f" ({t['shared']} shared)" if t["shared"] else ""
-            lines.append(f"  {fit(t['feature'] or '', feat_w)} {t['requests']:>6}"
-                         + "".join(f" {_ms(t[f'{p}_ms']):>8}" for p in TIME_PARTS) + shared)
-    if report["totals"]["summarised"]:
-        lines.append(f"~ P50/P95: from the duration buckets of the {report['totals']['summarised']} requests "
-                     "summarised")
-        lines.append("(not sampled, no error), at most 9 % above the true value.")
-    lines.append("GPU s = exact + SPLIT s (ambiguous/shared windows' time, split among their")
-    lines.append("candidates: a batch step's among its members); (outside): the service's GPU time")
-    lines.append("with no request open.")
-    lines.append("GPU seconds and cost are host-side estimates; CUDA timings are enqueue times.")
-    return "\n".join(lines)

@@ -75,11 +75,6 @@ def buckets_of(text: str) -> dict[int, int]:
     return {int(b): n for b, n in json.loads(text).items()}
 
 
-def merge_buckets(into: dict[int, int], text: str) -> None:
-    for b, n in buckets_of(text).items():
-        into[b] = into.get(b, 0) + n
-
-
 class Summary:
     """One (interval, route) summary: its key, sums, duration buckets and rowid once written."""
     __slots__ = ("ts", "key", "currency", "requests", "duration_ns", "buckets", "sums", "split_requests",

@@ -21,11 +21,13 @@ from .text import fit, split_width
 
 TREE_NOTE = "CUDA call durations are host-side enqueue times, not GPU execution."
 _SHORT = 12  # trace id digits shown in the list; --trace-id takes any unique prefix
-_LIST_SQL = """
-SELECT ts, trace_id, service, method, route, status_code, duration_ns, launches{times} FROM requests
-WHERE ts >= :since AND (:service IS NULL OR service = :service)
-  AND (:route IS NULL OR route = :route OR feature = :route)
-ORDER BY {order} LIMIT :limit
+# The list's filter, for its requests and for the summaries of those it cannot list.
+_FILTER = """WHERE ts >= :since AND (:service IS NULL OR service = :service)
+  AND (:route IS NULL OR route = :route OR feature = :route)"""
+_LIST_SQL = f"""
+SELECT ts, trace_id, service, method, route, status_code, duration_ns, launches{{times}} FROM requests
+{_FILTER}
+ORDER BY {{order}} LIMIT :limit
 """
 
 
@@ -48,35 +50,25 @@ def list_requests(conn, since_ns: Optional[int] = None, service: Optional[str] =
     return out
 
 
-_SUMMARISED_SQL = """
-SELECT requests, durations FROM request_summaries
-WHERE ts >= :since AND (:service IS NULL OR service = :service)
-  AND (:route IS NULL OR route = :route OR feature = :route)
-"""
+_SUMMARISED_SQL = f"SELECT requests, durations FROM request_summaries {_FILTER}"
 
 
-def summarised(conn, since_ns: Optional[int] = None, service: Optional[str] = None,
-               route: Optional[str] = None) -> tuple[int, Optional[int]]:
-    """The requests of the same filter the store summarised (not sampled, no error: no row,
-    no trace to list): how many, and the upper bound (ns) of the slowest one's duration bucket."""
+def summarised_note(conn, since_ns: Optional[int] = None, service: Optional[str] = None,
+                    route: Optional[str] = None) -> Optional[str]:
+    """What a list of the same filter leaves out: the requests the store summarised (not
+    sampled, no error: no row, no trace to list), how many and the upper bound of the
+    slowest one's duration bucket; None when there are none."""
     if not has_table(conn, "request_summaries"):
-        return 0, None
+        return None
     params = {"since": since_ns if since_ns is not None else -(2 ** 63), "service": service, "route": route}
-    n, top = 0, None
+    n, top = 0, -1
     for count, durations in conn.execute(_SUMMARISED_SQL, params):
         n += count
-        b = max(buckets_of(durations), default=None)
-        if b is not None and (top is None or b > top):
-            top = b
-    return n, None if top is None else DurationBuckets.bound(top)
-
-
-def summarised_note(n: int, slowest_ns: Optional[int]) -> Optional[str]:
-    """What a list of the store's requests leaves out, or None."""
+        top = max(top, max(buckets_of(durations), default=-1))
     if not n:
         return None
     return (f"{n} more requests were summarised, not kept (not sampled, no error): not listed; the slowest of "
-            f"them took at most {slowest_ns / 1e6:.1f} ms")
+            f"them took at most {DurationBuckets.bound(top) / 1e6:.1f} ms")
 
 
 def _when(ns: int) -> str:

@@ -6,7 +6,8 @@ import pytest
 
 from otel_gpu.store.exporter import StoreExporter
 from otel_gpu.store.html_report import _per_route, _waterfall_rows, build_page
-from otel_gpu.store.report import build_report, to_text
+from otel_gpu.store.report import build_report
+from otel_gpu.store.report_text import to_text
 from otel_gpu.store.traces import trace_spans
 from nccl_graph_records import PID, TID, request_spans
 from store_helpers import MS, T0, request, run_cli

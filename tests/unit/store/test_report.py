@@ -4,7 +4,8 @@ import math
 
 import pytest
 
-from otel_gpu.store.report import REPORT_FIELDS, ROW_FIELDS, TOTAL_FIELDS, build_report, to_text
+from otel_gpu.store.report import REPORT_FIELDS, ROW_FIELDS, TOTAL_FIELDS, build_report
+from otel_gpu.store.report_text import to_text
 from store_helpers import MS, T0, request, run_cli
 
 S = 10**9

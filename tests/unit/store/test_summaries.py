@@ -9,7 +9,8 @@ import pytest
 
 from otel_gpu import semconv as sc
 from otel_gpu.store.exporter import StoreExporter
-from otel_gpu.store.report import build_report, to_text
+from otel_gpu.store.report import build_report
+from otel_gpu.store.report_text import to_text
 from otel_gpu.store.series import cost_series
 from otel_gpu.store.summaries import FLUSH_S, INTERVAL_S, DurationBuckets, percentile
 from store_helpers import MS, T0, request, run_cli

@@ -4,7 +4,8 @@ were shared."""
 import sqlite3
 
 from otel_gpu import semconv as sc
-from otel_gpu.store.report import build_report, to_text
+from otel_gpu.store.report import build_report
+from otel_gpu.store.report_text import to_text
 from store_helpers import MS, T0, request
 
 
