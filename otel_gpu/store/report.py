@@ -80,7 +80,7 @@ from typing import Optional
 from .. import sanitize
 from .schema import columns, has_table
 from .since import iso_utc
-from .summaries import buckets_of, percentile
+from .summaries import TIME_PARTS, buckets_of, percentile
 
 ROW_FIELDS = ("service", "feature", "requests", "summarised", "p50_ms", "p95_ms", "percentiles", "launches_per_request",
               "copy_bytes", "nccl_calls", "nccl_bytes", "gpu_seconds", "exact_gpu_seconds", "split_gpu_seconds", "outside_gpu_seconds",
@@ -88,7 +88,6 @@ ROW_FIELDS = ("service", "feature", "requests", "summarised", "p50_ms", "p95_ms"
 TOTAL_FIELDS = ROW_FIELDS[2:]
 REPORT_FIELDS = ("since", "service", "generated_at", "currency", "share_of", "rows", "totals", "per_chunk",
                  "time_split")
-TIME_PARTS = ("on_cpu", "cpu_wait", "gpu_sync", "blocked")  # pipeline/time_split.py PARTS, the store's columns
 
 _FILTER = "WHERE ts >= :since AND (:service IS NULL OR service = :service)"
 # Indexes are named: without ANALYZE statistics SQLite walks the latency index for the

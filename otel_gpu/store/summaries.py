@@ -23,7 +23,7 @@ INT64_MAX = 2**63 - 1
 # parts sum over the requests whose time was split (their columns are NULL otherwise).
 SUMMED = ("launches", "h2d_bytes", "d2h_bytes", "d2d_bytes", "other_bytes", "sync_ns", "gpu_seconds", "cost",
           "ambiguous", "nccl_calls", "nccl_bytes", "graph_kernels", "chunks")
-TIME_PARTS = ("on_cpu", "cpu_wait", "gpu_sync", "blocked")
+TIME_PARTS = ("on_cpu", "cpu_wait", "gpu_sync", "blocked")  # pipeline/time_split.py PARTS, the store's columns
 KEY = ("service", "k8s_namespace", "k8s_pod", "feature", "method", "route", "status_code")
 COLUMNS = ("ts",) + KEY + ("currency", "requests", "duration_ns", "durations") + SUMMED + \
     ("split_requests",) + TIME_PARTS + ("time_shared",)
