@@ -26,7 +26,7 @@ from otel_gpu.config import Config
 from otel_gpu.cuda_calls import call_id
 from otel_gpu.export.destinations import Destinations, QueuedExporter
 from otel_gpu.ratelimit import Stats
-from otel_gpu.records import EV_SOCK_READ, EV_SOCK_WRITE, Accept, CallAggregate, SockIo, Tick
+from otel_gpu.records import EV_SOCK_READ, EV_SOCK_WRITE, Accept, AggregateRun, CallAggregate, SockIo, Tick
 from otel_gpu.store.exporter import StoreExporter
 from otel_gpu.wiring import build_pipeline
 
@@ -35,6 +35,7 @@ CONNS = 8
 PER_POLL = 16  # requests per pipeline batch (a poll's worth at ~2,000 req/s; ~1,700 behind a load)
 OK = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
 LAUNCH, MEMCPY = call_id("cudaLaunchKernel"), call_id("cudaMemcpy")
+LAUNCHES = 100  # a request's launches (item 2's /work)
 H2D, D2H = 1, 2  # cudaMemcpyKind
 
 
@@ -55,7 +56,17 @@ def _times(i: int, conns: int, answered: int) -> tuple:
     return (n * 700, n * 50, n * 100, n * 150)
 
 
-def batches(n: int, in_flight: int = 1, per_poll: int = PER_POLL, t0: int = 10**12) -> list:
+def _counts(tid: int, epoch: int, ts: int, kernels: int) -> AggregateRun:
+    """A request's counts as the reader places them: its 100 launches over `kernels`
+    distinct kernels (one req_agg entry each), then its two copies."""
+    launches = [CallAggregate(PID, tid, epoch, LAUNCH, 0x1000 + 16 * k, 0, LAUNCHES // kernels + (k < LAUNCHES % kernels),
+                              0, 0, ts + 10 + k, ts + 500, ts + 500) for k in range(kernels)]
+    copies = [CallAggregate(PID, tid, epoch, MEMCPY, H2D, 0, 1, 4096, 1000, ts + 5, ts + 5, ts + 1005),
+              CallAggregate(PID, tid, epoch, MEMCPY, D2H, 0, 1, 4096, 1000, ts + 600, ts + 600, ts + 1600)]
+    return AggregateRun(PID, tid, epoch, 0, False, sorted(launches + copies, key=lambda a: a.ts_ns))
+
+
+def batches(n: int, in_flight: int = 1, per_poll: int = PER_POLL, t0: int = 10**12, kernels: int = 1) -> list:
     """The records of n requests, `per_poll` requests a batch, round-robin on CONNS connections
     (or `in_flight`, if more): `in_flight` requests at a time read their heads, make their
     calls, then are answered newest first (1: one request at a time, in order)."""
@@ -70,10 +81,7 @@ def batches(n: int, in_flight: int = 1, per_poll: int = PER_POLL, t0: int = 10**
             batch.append(SockIo(EV_SOCK_READ, PID, 100 + i % conns, ts, 10 + i % conns, len(head), head, b"",
                                 epoch=epoch, req_start=True, times=_times(i, conns, 0)))
         for i in group:
-            tid = 100 + i % conns
-            batch += [CallAggregate(PID, tid, epoch, LAUNCH, 0x1000, 0, 100, 0, 0, ts + 10, ts + 500, ts + 500),
-                      CallAggregate(PID, tid, epoch, MEMCPY, H2D, 0, 1, 4096, 1000, ts + 20, ts + 20, ts + 1020),
-                      CallAggregate(PID, tid, epoch, MEMCPY, D2H, 0, 1, 4096, 1000, ts + 600, ts + 600, ts + 1600)]
+            batch.append(_counts(100 + i % conns, epoch, ts, kernels))
         for i in reversed(group):
             epoch, ts = epoch + 1, ts + 1000
             batch.append(SockIo(EV_SOCK_WRITE, PID, 100 + i % conns, ts, 10 + i % conns, len(OK), OK, OK[-8:],
@@ -84,7 +92,8 @@ def batches(n: int, in_flight: int = 1, per_poll: int = PER_POLL, t0: int = 10**
     return out
 
 
-def run(ratio: str, n: int, in_flight: int = 1, per_poll: int = PER_POLL, store: bool = False) -> float:
+def run(ratio: str, n: int, in_flight: int = 1, per_poll: int = PER_POLL, store: bool = False,
+        kernels: int = 1) -> float:
     """µs of this thread's CPU per request through a fresh pipeline."""
     stats = Stats()
     folder = tempfile.TemporaryDirectory()
@@ -93,7 +102,7 @@ def run(ratio: str, n: int, in_flight: int = 1, per_poll: int = PER_POLL, store:
         Config(traces_sampler="traceidratio", traces_sampler_arg=ratio), stats,
         destinations=Destinations(exporters + [("otlp", QueuedExporter(InMemorySpanExporter(), stats))], stats),
         metric_readers=[InMemoryMetricReader()], kernel_names=Names(), clock=BpfClock())
-    records = batches(n, in_flight, per_poll)
+    records = batches(n, in_flight, per_poll, kernels=kernels)
     t0 = time.thread_time()
     for batch in records:
         wiring.pipeline.push(batch)
@@ -111,14 +120,15 @@ def main() -> None:
     ap.add_argument("--in-flight", type=int, default=1,
                     help="requests open at once, answered newest first (a busy server's order)")
     ap.add_argument("--per-poll", type=int, default=PER_POLL, help="requests per pipeline batch")
+    ap.add_argument("--kernels", type=int, default=1, help="distinct kernels among a request's 100 launches")
     ap.add_argument("--gc-defaults", action="store_true", help="CPython's garbage collector thresholds")
     ap.add_argument("--store", action="store_true", help="the local store beside OTLP (a temporary file)")
     a = ap.parse_args()
     if not a.gc_defaults:
         gc_policy.set_for_the_loop()
-    best = min(run(a.ratio, a.requests, a.in_flight, a.per_poll, a.store) for _ in range(3))
+    best = min(run(a.ratio, a.requests, a.in_flight, a.per_poll, a.store, a.kernels) for _ in range(3))
     print(f"pipeline: {best:.1f} µs of collector CPU per request at {float(a.ratio):.0%} sampling, "
-          f"{a.in_flight} in flight, batches of {a.per_poll}, garbage collector "
+          f"{a.in_flight} in flight, batches of {a.per_poll}, {a.kernels} distinct kernels a request, garbage collector "
           f"{'at CPython defaults' if a.gc_defaults else 'as the collector sets it'}"
           f"{', with the local store' if a.store else ''} (best of 3 x {a.requests} requests)")
 

@@ -347,6 +347,20 @@ class CallAggregate:
     http_unseen: bool = False  # as CudaCall.http_unseen
 
 
+@dataclass(slots=True)
+class AggregateRun:
+    """The CallAggregates of one thread, unit (`ctx`) and HTTP epoch that the reader put
+    in one place, in time order: one record for the stages to pass on, however many
+    kernels the thread launched, and one rule decision where their facts are the same
+    (pipeline/attribution.py on_run)."""
+    tgid: int
+    tid: int
+    epoch: int
+    ctx: int
+    http_unseen: bool
+    aggregates: list  # [CallAggregate], sorted by ts_ns
+
+
 # --- records that say something about time or processes -----------------------------
 @dataclass(slots=True)
 class KernelRollup:

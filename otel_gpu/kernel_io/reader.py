@@ -11,7 +11,7 @@ from typing import Optional
 
 from ..cuda_calls import call_id
 from ..ratelimit import RateLimitedLog, Stats
-from ..records import (CallAggregate, ContextCopy, GoH2Unit, KernelRollup, LibraryLoaded, ProcExit, SockClose,
+from ..records import (AggregateRun, CallAggregate, ContextCopy, GoH2Unit, KernelRollup, LibraryLoaded, ProcExit, SockClose,
                        SockIo, UnitWake)
 from .abi import AGG_HTTP_UNSEEN, RollupKey
 from .decode import DecodeError, decode
@@ -171,7 +171,7 @@ class AggregateReader:
         prev = 0
         for i in sorted(at):
             out += batch[prev:i]
-            out += sorted(at[i], key=_ts) if len(at[i]) > 1 else at[i]
+            out += runs(at[i])
             prev = max(prev, i)
         out += batch[prev:]
         return out
@@ -206,6 +206,26 @@ class AggregateReader:
 
 def _ts(a: CallAggregate) -> int:
     return a.ts_ns
+
+
+def runs(aggregates: list) -> list[AggregateRun]:
+    """Aggregates placed in one spot as runs of one thread, unit and epoch each, in the
+    order of their first calls and each in time order. Between the same two records of
+    their process no rule reads how different threads' calls interleave (each is decided
+    by the requests open and its own thread's facts), so one thread's run is not cut by
+    another's."""
+    if len(aggregates) == 1:
+        a = aggregates[0]
+        return [AggregateRun(a.tgid, a.tid, a.epoch, a.ctx, a.http_unseen, aggregates)]
+    by_key: dict[tuple, list] = {}
+    for a in sorted(aggregates, key=_ts):
+        key = (a.tgid, a.tid, a.epoch, a.ctx, a.http_unseen)
+        run = by_key.get(key)
+        if run is None:
+            by_key[key] = [a]
+        else:
+            run.append(a)
+    return [AggregateRun(*key, run) for key, run in by_key.items()]
 
 
 def _rel(epoch: int, base: int) -> int:

@@ -8,8 +8,8 @@ Windows go out at each Tick (Stitcher.process), and a shared window also at each
 synchronising call of its process (one batch step). Calls the kernel counted by itself
 arrive as KernelRollup records (outside requests, or shared while related processes have
 requests open), and, past a thread's per-request streaming budget, as CallAggregate
-records placed where the calls were made (between the same HTTP records): attributed by
-the same rules as the calls one by one.
+counts, a thread's in one AggregateRun placed where the calls were made (between the
+same HTTP records): attributed by the same rules as the calls one by one.
 
 CallAttribution is the CUDA half of pipeline/stitcher.Stitcher; it reads the processes
 of the StitchState it shares with the HTTP half (pipeline/connections.py), which tells it
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from ..records import CallAggregate, CudaCall, DeviceCall, KernelRollup, SyncCall
+from ..records import AggregateRun, CallAggregate, CudaCall, DeviceCall, KernelRollup, SyncCall
 from .held import Outcome, share
 from .model import AMBIGUOUS, ATTRIBUTIONS, PROCESS, SHARED, TASK, THREAD, CallSink, ProcessWindow, RollupAgg
 from .process_state import Proc, StitchState
@@ -59,13 +59,30 @@ class CallAttribution:
             self.steps.ended(p.shared, out)
             p.shared = None
 
-    def on_aggregate(self, a: CallAggregate, out: list) -> None:
-        """Calls the kernel counted instead of streaming them, at the point they were made."""
-        p = self.s.procs.get(a.tgid) or self.s.proc(a.tgid, out)
-        device = p.device_by_tid.get(a.tid, 0)
-        decided, target = self._decide(p, a, a.last_ts, device, True)
-        if decided is None:
+    def on_run(self, run: AggregateRun, out: list) -> None:
+        """Calls the kernel counted instead of streaming them, at the point they were made:
+        one thread's counts by (call, detail) between two records of its process. Their
+        facts are the same where the process has requests open and each count's last call
+        came after the latest of them began (open_at(ts) is then every open request for
+        each): one decision for the run, however many kernels it counts. Else each is
+        decided at its own time."""
+        aggs = run.aggregates
+        p = self.s.procs.get(run.tgid) or self.s.proc(run.tgid, out)
+        device = p.device_by_tid.get(run.tid, 0)
+        if len(aggs) > 1 and p.open and min(a.last_ts for a in aggs) >= p.latest_start:
+            facts, decided = self._rule(p, aggs[-1], aggs[-1].last_ts, True)
+            if decided.attribution is HELD and p.holds.entries + len(aggs) < p.holds.max_held:
+                p.policies[decided.holds].hold(facts, aggs, device, getattr(facts, decided.gives))
+                return  # counted when they settle
+            for a in aggs:
+                self._place(p, a, *self._held(p, facts, decided, a, device), device)
             return
+        for a in aggs:
+            self._place(p, a, *self._decide(p, a, a.last_ts, device, True), device)
+
+    def _place(self, p: Proc, a: CallAggregate, decided: Optional[Rule], target, device: int) -> None:
+        if decided is None:
+            return  # held: counted when it settles
         self._count(decided, a.count)
         attribution = decided.attribution
         agg = RollupAgg(a.call, a.detail, a.count, a.bytes, a.duration_ns, a.ts_ns, a.last_ts, a.last_end_ts,
@@ -96,15 +113,23 @@ class CallAttribution:
     def _decide(self, p: Proc, ev, ts: int, device: int, aggregate: bool):
         """(rule, its request or links) for a call or CallAggregate made at `ts`, or
         (None, None) when a hold rule kept it (counted when it settles)."""
+        facts, decided = self._rule(p, ev, ts, aggregate)
+        return self._held(p, facts, decided, ev, device)
+
+    def _rule(self, p: Proc, ev, ts: int, aggregate: bool) -> tuple[CallFacts, Rule]:
         unit, owner = (p.contexts.call(ev) or (None, None)) if ev.ctx else (None, None)
         facts = CallFacts(p, ev, ts, p.open_at(ts), unit, owner, self._group_requests, aggregate)
-        decided = decide(facts)
+        return facts, decide(facts)
+
+    @staticmethod
+    def _held(p: Proc, facts: CallFacts, decided: Rule, ev, device: int):
+        """`decided`'s (rule, request or links), or (None, None) once a hold rule kept `ev`."""
         target = getattr(facts, decided.gives) if decided.gives else None
         if decided.attribution is not HELD:
             return decided, target
         if p.holds.entries >= p.holds.max_held and p.holds.full():
             return HELD_FULL, target
-        p.policies[decided.holds].hold(facts, ev, device, target)
+        p.policies[decided.holds].hold(facts, (ev,), device, target)
         return None, None
 
     def _spread(self, window: ProcessWindow, target, count: int = 1) -> None:

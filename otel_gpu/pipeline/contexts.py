@@ -225,9 +225,9 @@ class ProcessContexts:
         self._cands = None
         return self.holds.bound(req, lambda g: self._owner(g.key) is req)
 
-    def hold(self, facts, ev, device: int, cands: tuple) -> None:
-        """Holds a call made in unit facts.unit while `cands` may still bind it (unit.held)."""
-        self.holds.hold(self, facts.unit, cands, cands, ev, device)
+    def hold(self, facts, calls, device: int, cands: tuple) -> None:
+        """Holds calls made in unit facts.unit while `cands` may still bind it (unit.held)."""
+        self.holds.hold(self, facts.unit, cands, cands, calls, device)
 
     def on_finish(self, group, req: Request) -> str:
         """A candidate finished without binding the group's unit: it proves nothing."""

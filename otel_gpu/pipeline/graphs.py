@@ -22,7 +22,7 @@ from collections import OrderedDict
 from typing import Optional
 
 from ..cuda_calls import BY_NAME, Category, ids_in
-from ..records import CallAggregate, GraphCall, GraphOp, KernelRollup, LaunchCall, ProcExit, Tick
+from ..records import AggregateRun, GraphCall, GraphOp, KernelRollup, LaunchCall, ProcExit, Tick
 
 log = logging.getLogger(__name__)
 
@@ -96,11 +96,15 @@ class Graphs:
                 if out is None:
                     out = records[:i]
                 continue
-            elif t is GraphCall or ((t is KernelRollup or t is CallAggregate) and r.call in _GRAPH_LAUNCHES):
+            elif t is GraphCall or (t is KernelRollup and r.call in _GRAPH_LAUNCHES):
                 if self._name_launch(r, hold=t is KernelRollup):
                     if out is None:
                         out = records[:i]
                     continue
+            elif t is AggregateRun:
+                for a in r.aggregates:
+                    if a.call in _GRAPH_LAUNCHES:
+                        self._name_launch(a, hold=False)
             elif t is ProcExit:
                 self.procs.pop(r.tgid, None)
             elif t is Tick:

@@ -99,10 +99,10 @@ class HandlerPairs:
                             self.tgid, why)
 
     # --- calls -----------------------------------------------------------------------
-    def hold(self, facts, ev, device: int, open_requests: list) -> None:
-        """Holds a call of a handler pair, (thread, context), for its stream's proof (handler.held)."""
+    def hold(self, facts, calls, device: int, open_requests: list) -> None:
+        """Holds calls of a handler pair, (thread, context), for its stream's proof (handler.held)."""
         cands = self.holds.cands(open_requests)
-        self.holds.hold(self, (ev.tid, ev.ctx), cands, cands, ev, device)
+        self.holds.hold(self, (facts.ev.tid, facts.ev.ctx), cands, cands, calls, device)
 
     # --- requests --------------------------------------------------------------------
     def on_finish(self, group, req: Request) -> str:

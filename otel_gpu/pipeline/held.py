@@ -142,9 +142,10 @@ class Holds:
                         self.proc.tgid, self.held)
         return True
 
-    def hold(self, policy, key, cands: tuple, watch, ev, device: int) -> None:
-        """Holds a call for `policy` under `key`, owned by one of `cands` once proven;
-        `watch`: the candidates whose binding or finish may settle it."""
+    def hold(self, policy, key, cands: tuple, watch, calls, device: int) -> None:
+        """Holds calls for `policy` under `key` (a streamed call, or a thread's counts of
+        one AggregateRun), owned by one of `cands` once proven; `watch`: the candidates
+        whose binding or finish may settle them."""
         k = (policy.name, key)
         g = self.last.get(k)
         if g is None or (g.cands is not cands and not _same(g.cands, cands)):
@@ -153,14 +154,15 @@ class Holds:
             self.by_policy[policy.name] = self.by_policy.get(policy.name, 0) + 1
             for c in g.watched:
                 self.index.setdefault(id(c), {})[g] = None
-        one = False
-        if ev.__class__ is not CallAggregate:
-            kept = self.kept.get(k, 0)
-            if kept < self.keep:
-                one, self.kept[k] = True, kept + 1
-        entries, calls = g.add(ev, device, one)
-        self.entries += entries
-        self.held += calls
+        for ev in calls:
+            one = False
+            if ev.__class__ is not CallAggregate:
+                kept = self.kept.get(k, 0)
+                if kept < self.keep:
+                    one, self.kept[k] = True, kept + 1
+            entries, n = g.add(ev, device, one)
+            self.entries += entries
+            self.held += n
 
     def holding(self, policy_name: str, key) -> bool:
         return (policy_name, key) in self.pending

@@ -22,7 +22,7 @@ import random
 from typing import Optional
 
 from ..ratelimit import RateLimitedLog, Stats
-from ..records import (Accept, CallAggregate, ContextCopy, CudaCall, EV_SOCK_READ, GoH2Unit, KernelRollup,
+from ..records import (Accept, AggregateRun, ContextCopy, CudaCall, EV_SOCK_READ, GoH2Unit, KernelRollup,
                        OpenSockets, ProcessGone, ProcessGroup, ProcessSeen, ProcExit, SockClose, SockIo, Tick,
                        UnitWake)
 from .attribution import CallAttribution
@@ -74,8 +74,8 @@ class Stitcher:
                 self._audit(ev, out)
             elif isinstance(ev, SockClose):
                 http.on_close(ev, out)
-            elif isinstance(ev, CallAggregate):
-                calls.on_aggregate(ev, out)
+            elif isinstance(ev, AggregateRun):
+                calls.on_run(ev, out)
             elif isinstance(ev, KernelRollup):
                 calls.on_kernel_rollup(ev, out)
             elif isinstance(ev, ProcExit):

@@ -42,11 +42,11 @@ class ThreadProof:
             if r.tid != tid:
                 self.mixed.add(id(r))
 
-    def hold(self, facts, ev, device: int, open_requests: list) -> None:
-        """Holds a call on a thread that read one open request's head (thread.held), for
+    def hold(self, facts, calls, device: int, open_requests: list) -> None:
+        """Holds calls on a thread that read one open request's head (thread.held), for
         that request's proof."""
         (req,) = facts.on_thread
-        self.holds.hold(self, id(req), self.holds.cands(open_requests), (req,), ev, device)
+        self.holds.hold(self, id(req), self.holds.cands(open_requests), (req,), calls, device)
 
     def on_finish(self, group, req: Request) -> str:
         """`req`, the group's one watched candidate, is done: proven if its thread was not mixed."""

@@ -5,7 +5,8 @@ from __future__ import annotations
 import random
 
 from otel_gpu.kernel_io.reader import AggregateReader, epoch_after
-from otel_gpu.records import EV_SOCK_READ, EV_SOCK_WRITE, Accept, CallAggregate, ContextCopy, ProcExit, SockIo
+from otel_gpu.records import (EV_SOCK_READ, EV_SOCK_WRITE, Accept, AggregateRun, CallAggregate, ContextCopy, ProcExit,
+                              SockIo)
 from otel_gpu.pipeline.model import Request
 from otel_gpu.pipeline.stitcher import Stitcher
 from otel_gpu.cuda_calls import call_id
@@ -49,6 +50,11 @@ def write(epoch, ts=0, pid=PID, tid=LOOP, ctx=0, fd=FD):
     return SockIo(EV_SOCK_WRITE, pid, tid, ts, fd, len(OK), OK, OK[-8:], ctx, epoch)
 
 
+def flat(out: list) -> list:
+    """The reader's output with each AggregateRun's counts in its place."""
+    return [a for o in out for a in (o.aggregates if o.__class__ is AggregateRun else (o,))]
+
+
 def test_epochs_wrap():
     assert epoch_after(5, 4) and not epoch_after(4, 5) and not epoch_after(4, 4)
     assert epoch_after(1, 0xFFFFFFFF)
@@ -63,7 +69,7 @@ def test_an_aggregate_goes_before_the_first_record_that_ends_its_epoch():
     batch = [read(1), "streamed call", write(2)]
     out = r.merge(batch)
     assert out[:2] == batch[:2] and out[3] is batch[2]
-    assert out[2].__class__ is CallAggregate and (out[2].epoch, out[2].count) == (1, 40)
+    assert out[2].__class__ is AggregateRun and (out[2].epoch, [a.count for a in out[2].aggregates]) == (1, [40])
     assert sorted(v[0] for v in table.values()) == [3, 7]  # not taken: their epochs run on
     assert stats.snapshot()["aggregate_records"] == 1  # records taken, for the bench's records per request
 
@@ -74,9 +80,9 @@ def test_exit_takes_everything_of_the_process_and_final_takes_all():
     table.put(PID + 1, 9, 1, MEMCPY, count=2, nbytes=64)
     r = AggregateReader(table, Stats())
     gone = ProcExit(PID, 10)
-    out = r.merge(["x", gone])
+    out = flat(r.merge(["x", gone]))
     assert [o.count for o in out if o.__class__ is CallAggregate] == [5] and out[-1] is gone
-    out = r.merge([], final=True)
+    out = flat(r.merge([], final=True))
     assert [(o.tgid, o.count, o.bytes) for o in out] == [(PID + 1, 2, 64)] and not table
 
 
@@ -85,7 +91,7 @@ def test_an_aggregate_whose_epoch_ended_in_an_earlier_batch_is_placed_first_and_
     r = AggregateReader(table, stats)
     r.merge([read(4)])
     table.put(PID, LOOP, 3, LAUNCH, count=2)  # a probe that read epoch 3 just before the bump
-    out = r.merge([write(5)])
+    out = flat(r.merge([write(5)]))
     assert out[0].__class__ is CallAggregate and out[1].epoch == 5
     assert stats.snapshot().get("aggregates_late") == 2
 
@@ -94,11 +100,16 @@ def agg(call, count, tid=LOOP, detail=0x1000, nbytes=0, duration=0, ctx=0, ts=5)
     return CallAggregate(PID, tid, 1, call, detail, ctx, count, nbytes, duration, ts, ts, ts + duration)
 
 
+def run(*aggs) -> AggregateRun:
+    a = aggs[0]
+    return AggregateRun(a.tgid, a.tid, a.epoch, a.ctx, a.http_unseen, list(aggs))
+
+
 def test_stitcher_adds_aggregates_to_the_request_exactly():
     s = Stitcher(span_budget=8, rng=random.Random(1))
     streamed = [calls.cuda(tid=LOOP, pid=PID, ts=3) for _ in range(5)]
     evs = [Accept(PID, LOOP, 1, FD, 3, "10.0.0.1", 5000), read(1, ts=2), *streamed,
-           agg(LAUNCH, 37), agg(MEMCPY, 4, detail=1, nbytes=400), agg(SYNC, 3, detail=0, duration=30),
+           run(agg(LAUNCH, 37), agg(MEMCPY, 4, detail=1, nbytes=400), agg(SYNC, 3, detail=0, duration=30)),
            write(2, ts=100)]
     (req,) = [o for o in s.process(evs) if isinstance(o, Request)]
     sm = req.sink.summary
@@ -111,7 +122,7 @@ def test_stitcher_splits_an_ambiguous_aggregate_by_count():
     s = Stitcher(span_budget=8, rng=random.Random(1))
     evs = [Accept(PID, 1, 1, FD, 3, None, None), Accept(PID, 2, 1, FD + 1, 3, None, None),
            read(1, ts=2, tid=1), read(2, ts=3, tid=2, fd=FD + 1),
-           agg(LAUNCH, 10, tid=3)]  # a third thread, two requests open
+           run(agg(LAUNCH, 10, tid=3))]  # a third thread, two requests open
     s.process(evs)
     reqs = s.procs[PID].open
     assert [r.sink.summary.ambiguous for r in reqs] == [5.0, 5.0]
@@ -125,7 +136,7 @@ def test_stitcher_holds_an_aggregate_in_a_context_until_its_request_binds():
     base, task = 0x5000, 0x7000
     evs = [Accept(PID, LOOP, 1, FD, 3, None, None), read(1, ts=2, ctx=base),
            ContextCopy(PID, LOOP, 3, task, base),
-           calls.cuda(tid=LOOP, pid=PID, ts=4, ctx=task), agg(LAUNCH, 20, ctx=task, ts=5),
+           calls.cuda(tid=LOOP, pid=PID, ts=4, ctx=task), run(agg(LAUNCH, 20, ctx=task, ts=5)),
            write(2, ts=9, ctx=task)]
     (req,) = [o for o in s.process(evs) if isinstance(o, Request)]
     assert req.sink.summary.launches == 21 and req.sink.attributed == {"task": 21}
@@ -140,13 +151,13 @@ def test_the_map_is_read_only_when_the_kernel_counted_more_or_a_waiting_epoch_en
     assert r.merge([read(1)]) == [read(1)] and table.reads == 1  # epoch 1 runs on: left
     r.merge([read(1, pid=PID + 1)])  # another process's record, nothing new counted: no read
     assert table.reads == 1
-    out = r.merge([write(2)])  # the waiting process's epoch ended: read and taken
+    out = flat(r.merge([write(2)]))  # the waiting process's epoch ended: read and taken
     assert table.reads == 2 and [o.count for o in out if o.__class__ is CallAggregate] == [4]
     r.merge([read(3)])
     assert table.reads == 2  # nothing left, nothing new
     table.put(PID, LOOP, 3, LAUNCH, count=1)
     counted[0] = 5
-    out = r.merge([write(4)])
+    out = flat(r.merge([write(4)]))
     assert table.reads == 3 and [o.count for o in out if o.__class__ is CallAggregate] == [1]
 
 
@@ -192,7 +203,7 @@ def test_placement_matches_the_scan_on_random_batches_with_epochs_out_of_order_a
             aggs.append(CallAggregate(pid, LOOP, e, LAUNCH, 0, 0, 1, 0, 0, n, n, n))
         r = AggregateReader(table, stats)
         r.epochs = dict(before)
-        out = r.merge(list(batch), final=True)
+        out = flat(r.merge(list(batch), final=True))
         want = _place_by_scan(batch, aggs, before)
         # Each aggregate's place: the number of batch records ahead of it in the output.
         got, seen = {}, 0
@@ -221,9 +232,9 @@ def test_a_context_copy_ends_an_epoch_so_a_reused_context_address_keeps_its_coun
               ContextCopy(PID, LOOP, 10, copy, task_a, 5), ContextCopy(PID, LOOP, 12, copy, task_b, 6),
               write(7, ts=20, ctx=task_a), write(8, ts=21, ctx=task_b, fd=FD + 1)]
     merged = AggregateReader(table, Stats()).merge(stream)
-    counts = [o.count for o in merged if o.__class__ is CallAggregate]
+    counts = [o.count for o in flat(merged) if o.__class__ is CallAggregate]
     assert counts == [3, 5] and not table
-    assert merged.index(stream[7]) == merged.index(next(o for o in merged if o.__class__ is CallAggregate)) + 1
+    assert merged.index(stream[7]) == merged.index(next(o for o in merged if o.__class__ is AggregateRun)) + 1
     s = Stitcher(span_budget=8, rng=random.Random(1))
     done = sorted((o for o in s.process(merged) if isinstance(o, Request)), key=lambda r: r.start_ns)
     assert [r.sink.summary.launches for r in done] == [3, 5]
