@@ -1,6 +1,7 @@
 """The benchmark's GPU HTTP service (stdlib ThreadingHTTPServer, real libcudart):
 
   GET /work        100 cudaLaunchKernel + 2 cudaMemcpy (64 KiB H2D, 4 KiB D2H)
+  GET /layers      the same, its 100 launches over 32 distinct kernels (a model's layers)
   GET /launch/<n>  n cudaLaunchKernel (n <= 100000)
   --tls CERT,KEY   HTTPS on an ssl-wrapped socket
 
@@ -17,6 +18,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from otel_gpu.demo.cuda_work import D2H, H2D, CudaWork, Dim3
 
 LAUNCHES_PER_WORK = 100
+LAYERS = 32  # distinct kernels of GET /layers (otel_gpu/demo/kernels.c layer_NN)
 MAX_LAUNCHES = 100_000
 
 
@@ -26,6 +28,7 @@ class Gpu:
         self.launch_fn = w.rt.cudaLaunchKernel
         self.memcpy_fn = w.rt.cudaMemcpy
         self.func = w.kernel_address("matmul_tile")
+        self.layer_funcs = [w.kernel_address(f"_Z8layer_{k:02d}Pf") for k in range(LAYERS)]
         self.grid, self.block = Dim3(64, 64, 1), Dim3(16, 16, 1)
         self.buf = ct.create_string_buffer(64 * 1024)
 
@@ -34,9 +37,14 @@ class Gpu:
         for _ in range(n):
             f(func, grid, block, None, 8192, None)
 
-    def work(self) -> None:
+    def work(self, layers: bool = False) -> None:
         self.memcpy_fn(self.buf, self.buf, 64 * 1024, H2D)
-        self.launches(LAUNCHES_PER_WORK)
+        if layers:  # layer after layer, as a forward pass launches them
+            f, funcs, grid, block = self.launch_fn, self.layer_funcs, self.grid, self.block
+            for i in range(LAUNCHES_PER_WORK):
+                f(funcs[i % LAYERS], grid, block, None, 8192, None)
+        else:
+            self.launches(LAUNCHES_PER_WORK)
         self.memcpy_fn(self.buf, self.buf, 4 * 1024, D2H)
 
 
@@ -53,6 +61,8 @@ class Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         if self.path == "/work":
             GPU.work()
+        elif self.path == "/layers":
+            GPU.work(layers=True)
         elif self.path.startswith("/launch/") and self.path[8:].isdigit() and int(self.path[8:]) <= MAX_LAUNCHES:
             GPU.launches(int(self.path[8:]))
         else:

@@ -1,7 +1,8 @@
 """Item 2 (and the per-request export figures of item 3): requests/s of the bench
 HTTP service (100 launches + 2 copies per request) untraced, traced with 100 %
-trace sampling, traced with 10 % (OTEL_TRACES_SAMPLER=traceidratio), untraced
-again, on one service process; each traced phase has a fresh collector exporting
+trace sampling, traced with 10 % (OTEL_TRACES_SAMPLER=traceidratio), the same with
+32 connections and with 32 distinct kernels a request (GET /layers), untraced again, on
+one service process; each traced phase has a fresh collector exporting
 OTLP/gRPC to a counting receiver (spans, and metrics every second), py-spy
 profiling it meanwhile. Per traced phase: collector CPU per 1,000 req/s, spans
 per request, requests counted in the metrics, and the delay from a request's
@@ -20,6 +21,7 @@ from ..target import Service
 
 RATIOS = ("1", "0.1")             # OTEL_TRACES_SAMPLER_ARG of the traced phases, in run order
 CONNS, MANY_CONNS = 4, 32         # the load's keep-alive connections; a last phase at 10 % with many
+LAYERS_PATH = "/layers"           # a phase at 10 % whose requests launch 32 distinct kernels (http_service.py)
 BSP_DELAY_S = 1.0                 # OTEL_BSP_SCHEDULE_DELAY left unset: the collector's default, 1000 ms
 CORES_PER_KRPS = {"1": 0.3, "0.1": 0.1}  # issue 26 targets, cores per 1,000 req/s
 DELAY_P99_S = 5.0                 # issue 26: request end to its span, and to its metrics
@@ -81,23 +83,25 @@ def metric_delays(done_at: list, exports: list, before: int) -> list:
 
 
 def _traced(svc: Service, rx: CountingReceiver, ratio: str, seconds: int, starts: list, profile_to: Path,
-            conns: int = CONNS) -> dict:
+            conns: int = CONNS, path: str = "/work") -> dict:
     """One traced phase: a fresh collector sampling `ratio` of the traces, warm-up, the
-    timed load on `conns` connections, then the drain (its backlog, the span batch
-    processor's last timer)."""
+    timed load of `path` on `conns` connections, then the drain (its backlog, the span
+    batch processor's last timer)."""
     col = Collector(otlp_endpoint=rx.endpoint, env={
         "OTEL_TRACES_SAMPLER": "traceidratio", "OTEL_TRACES_SAMPLER_ARG": ratio,
         "OTEL_BSP_SCHEDULE_DELAY": None, "OTEL_METRIC_EXPORT_INTERVAL": str(METRIC_INTERVAL_MS)})
     starts.append(col.ready_s)
-    out = {"ratio": float(ratio), "conns": conns}
+    out = {"ratio": float(ratio), "conns": conns, "path": path}
+    rx.route = path  # the requests the metrics count are this phase's, from its warm-up on
+    rx.reset()
     try:
         col.wait_traced(svc.pid)
-        warm = svc.load(2, conns=conns)  # warm-up with the probes on
+        warm = svc.load(2, conns=conns, path=path)  # warm-up with the probes on
         out["counted_before"] = before = _counted(rx, warm["ok"])
         rx.reset(since_ns=time.time_ns())  # spans of the warm-up may still sit in the batch
         cpu0, t0 = col.cpu_seconds(), time.monotonic()
         prof = Profile(col.pid, max(seconds - 2, 1), profile_to)
-        load = svc.load(seconds, conns=conns, times=True)
+        load = svc.load(seconds, conns=conns, path=path, times=True)
         out["collector_cores"] = (col.cpu_seconds() - cpu0) / (time.monotonic() - t0)
         out["profile"] = prof.result()
         out["rss_mb"] = col.rss_mb()
@@ -144,6 +148,9 @@ def run(quick: bool, starts: list, results_dir: Path, stamp: str) -> dict:
         # which every connection's records move on (docs/performance.md note 33).
         out["many_conns"] = _traced(svc, rx, "0.1", seconds, starts,
                                     results_dir / f"{stamp}-profile-http-sampled-0.1-{MANY_CONNS}-conns.txt", MANY_CONNS)
+        # How it grows with the kernels a request launches: one req_agg count per kernel.
+        out["many_kernels"] = _traced(svc, rx, "0.1", seconds, starts,
+                                      results_dir / f"{stamp}-profile-http-sampled-0.1-layers.txt", path=LAYERS_PATH)
         out["untraced_after"] = svc.load(seconds)
     finally:
         svc.stop()
@@ -190,6 +197,18 @@ def _counts(c: dict) -> str:
             f"{n.get('spans_dropped_queue_full', 0)}")
 
 
+def _many_kernels_rows(p) -> list:
+    """The phase whose requests launch 32 distinct kernels (runs before 2026-12-06 lack it)."""
+    if p is None:
+        return []
+    return [("2", f"  the same at 10 % with each request's 100 launches over 32 distinct kernels ({LAYERS_PATH}; no "
+                  f"target: how the cost grows with the kernels a request launches): cores per 1,000 req/s (while "
+                  f"the load ran), req/s, records read per request; requests with a summary / served",
+             f"{p['cores_per_krps']:.2f} ({p['load_cores_per_krps']:.2f}), {p['load']['rps']:.0f}, "
+             f"{_records(p['collector'])}; {p['summaries']} / {_served(p)}", "summaries: all",
+             p["summaries"] == _served(p))]
+
+
 def rows(r: dict) -> list:
     full, tenth = sampled = r["sampled"]["1"], r["sampled"]["0.1"]
     many = r["many_conns"]
@@ -212,6 +231,7 @@ def rows(r: dict) -> list:
               f"grows with connections): cores per 1,000 req/s (while the load ran), req/s, records read per request",
          f"{many['cores_per_krps']:.2f} ({many['load_cores_per_krps']:.2f}), {many['load']['rps']:.0f}, "
          f"{_records(many['collector'])}", "", None),
+        *_many_kernels_rows(r.get("many_kernels")),
         ("2", "  its backlog: the metrics counted every request this long after the load ended (s), 100 % ; 10 %",
          _each(r, lambda p: "never" if p["caught_up_s"] is None else f"{p['caught_up_s']:.1f}"), "", None),
         ("2", "  CUDA calls streamed one by one per request (the rest counted in the kernel; within --stream-rate), "

@@ -46,6 +46,7 @@ log = logging.getLogger(__name__)
 # histograms (5-20 µs a value), a request streaming its whole budget of launches cost
 # ~0.8 ms of collector CPU in these two alone; export/histograms.py takes ~2 µs a value.
 HISTOGRAM_SAMPLE = 8
+_LAUNCH_API = {c.id: c.api for c in BY_ID.values() if c.category is Category.LAUNCH}  # call id -> its API
 PROBE_FUNCTION = "otel_gpu.probe.function"  # label of the probe gauges: a symbol of the probe table
 PROBE_SYMBOLS = frozenset(r.symbol for r in CUDA_PROBES + PYTHON_PROBES + NCCL_STATE_PROBES)  # bounds its values
 
@@ -261,8 +262,16 @@ class GpuMetrics:
                 self._records.record(self.apis[api].block, c.block[0] * c.block[1] * c.block[2], base)
             elif category is Category.SYNC:
                 self._records.record(self.sync, duration_ns / 1e9, base)
+        bounded, known = self._bounded, self._kernels
         for agg in sink.rollups.values():
-            tally(agg.call, agg.detail, agg.count, agg.bytes, kernels=agg.kernels)
+            api = _LAUNCH_API.get(agg.call)
+            if api is None:
+                tally(agg.call, agg.detail, agg.count, agg.bytes, kernels=agg.kernels)
+                continue
+            # A launch rollup, a kernel each (a request may count dozens): tally's first branch, inline.
+            name = names.get(agg.detail) or "unknown"
+            key = (api, name if name in known else bounded(name))
+            launches[key] = launches.get(key, 0) + agg.count
         for (api, name), n in launches.items():
             self._adds.add(self.apis[api].launches, n, base + ((sc.GPU_KERNEL_NAME, name),))
         for name, n in graph_kernels.items():

@@ -88,11 +88,11 @@ class CallAttribution:
         agg = RollupAgg(a.call, a.detail, a.count, a.bytes, a.duration_ns, a.ts_ns, a.last_ts, a.last_end_ts,
                         a.kernels)
         if attribution is THREAD or attribution is TASK or attribution is PROCESS:
-            target.sink.add_rollup(agg, attribution)
+            target.sink.add_rollup(agg, attribution, True)
             target.busy.extend(device, a.ts_ns, a.last_end_ts, a.call)
             return
         window = self._window(p, attribution, a.ts_ns, device)
-        window.sink.add_rollup(agg, attribution)
+        window.sink.add_rollup(agg, attribution, True)
         window.end_ns = max(window.end_ns, a.last_end_ts)
         self._spread(window, target, a.count)
 
@@ -180,16 +180,19 @@ class CallAttribution:
                 for ev, device in o.calls:
                     r.sink.add(ev, o.attribution)
                     r.busy.add(ev, device)
-                for agg, device, end in o.folds:
-                    r.sink.add_rollup(agg, o.attribution)
-                    r.busy.extend(device, agg.first_ts, end, agg.call)
+                if o.folds:  # the hold's own folds, handed over
+                    add = r.sink.add_rollup
+                    for agg, _, _ in o.folds:
+                        add(agg, o.attribution, True)
+                    (agg, device, _), folds = o.folds[0], o.folds  # the first sets the window's device, as one by one
+                    r.busy.extend(device, min(f[0].first_ts for f in folds), max(f[2] for f in folds), agg.call)
                 continue
             w = self._window(p, o.attribution, o.start_ns)
             for ev, _ in o.calls:
                 w.sink.add(ev, o.attribution)
                 w.end_ns = max(w.end_ns, ev.ts_ns + ev.amounts()[2])
             for agg, _, _ in o.folds:
-                w.sink.add_rollup(agg, o.attribution)
+                w.sink.add_rollup(agg, o.attribution, True)
                 w.end_ns = max(w.end_ns, agg.last_end_ts)
             self._link(w, o.links)
 

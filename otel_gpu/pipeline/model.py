@@ -64,6 +64,7 @@ _SUMMARY_KIND = {c.id: c.category for c in BY_ID.values()
                  if c.category in (Category.LAUNCH, Category.GRAPH, Category.MEMCPY, Category.SYNC,
                                    Category.COLLECTIVE)}
 _SYNC_IDS = frozenset(i for i, k in _SUMMARY_KIND.items() if k is Category.SYNC)
+_LAUNCH_IDS = frozenset(i for i, k in _SUMMARY_KIND.items() if k is Category.LAUNCH)
 # Calls whose GPU work a device-clock record times (pipeline/device_times.py): kept by a sink
 # even past its budget, so that device time covers every one.
 _DEVICE_WORK_IDS = ids_in(*ACTIVITY_OF)
@@ -147,9 +148,11 @@ class CallSink:
                 agg.kernels = c.kernels
         agg.add(c, nbytes, duration_ns)
 
-    def add_rollup(self, agg: RollupAgg, attribution: str) -> None:
+    def add_rollup(self, agg: RollupAgg, attribution: str, given: bool = False) -> None:
         """Calls already folded together elsewhere (held while their request was not
-        known): merged into this sink's rollup for (call, detail)."""
+        known): merged into this sink's rollup for (call, detail). `given`: the caller
+        hands `agg` over (a settled hold's fold, made for this): kept as it is where this
+        sink has none for its key, else copied."""
         self.summary.add_many(agg.call, agg.detail, agg.count, agg.bytes, agg.duration_ns)
         if agg.call in _DEVICE_WORK_IDS:
             self.device_counted = True
@@ -158,7 +161,7 @@ class CallSink:
         self.attributed[attribution] = self.attributed.get(attribution, 0) + agg.count
         mine = self.rollups.get((agg.call, agg.detail))
         if mine is None:
-            self.rollups[(agg.call, agg.detail)] = agg.copy()
+            self.rollups[(agg.call, agg.detail)] = agg if given else agg.copy()
             return
         mine.first_ts = min(mine.first_ts, agg.first_ts) if mine.count else agg.first_ts
         mine.count += agg.count
@@ -171,20 +174,27 @@ class CallSink:
                       ts_ns: int, attribution: str, kernels: Optional[tuple] = None) -> None:
         """Calls already counted in the kernel (the BPF rollup map), read at `ts_ns`."""
         self.add_rollup(RollupAgg(call, detail, count, nbytes, duration_ns, ts_ns, ts_ns, ts_ns, kernels),
-                        attribution)
+                        attribution, True)
 
     @property
     def rolled_up(self) -> int:
         return sum(a.count for a in self.rollups.values())
 
     def kernel_funcs(self) -> set:
-        """Kernel function pointers/handles named in this sink (for symbolising)."""
-        funcs = {c.func for c, _ in self.calls if BY_ID.get(c.call) and BY_ID[c.call].category is Category.LAUNCH}
-        funcs |= {a.detail for a in self.rollups.values()
-                  if BY_ID.get(a.call) and BY_ID[a.call].category is Category.LAUNCH}
-        # A graph launch's kernels, named like launches (export: gpu.graph.kernels).
-        funcs |= {f for c, _ in self.calls if type(c) is GraphCall and c.kernels for f, _n in c.kernels}
-        funcs |= {f for a in self.rollups.values() if a.kernels for f, _n in a.kernels}
+        """Kernel function pointers/handles named in this sink (for symbolising): those
+        launched, and a graph launch's kernels, named like launches (export:
+        gpu.graph.kernels). One pass over each: a request may count dozens of kernels."""
+        funcs = set()
+        for c, _ in self.calls:
+            if c.call in _LAUNCH_IDS:
+                funcs.add(c.func)
+            elif type(c) is GraphCall and c.kernels:
+                funcs.update(f for f, _n in c.kernels)
+        for a in self.rollups.values():
+            if a.call in _LAUNCH_IDS:
+                funcs.add(a.detail)
+            if a.kernels:
+                funcs.update(f for f, _n in a.kernels)
         return funcs
 
 

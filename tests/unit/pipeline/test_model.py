@@ -23,3 +23,12 @@ def test_a_sink_keeps_its_own_rollup():
     sink.add_rollup(agg, "thread")
     sink.add_rollup(agg, "thread")
     assert agg.count == 3 and sink.rollups[(agg.call, agg.detail)].count == 6
+
+
+def test_a_sink_keeps_a_rollup_handed_over_and_merges_the_next():
+    """A settled hold's folds are handed over (given): the first of a key is kept, not
+    copied; a later one of the same key is added into it and stays the caller's."""
+    sink, first, second = CallSink(budget=0), _every_field_set(), _every_field_set()
+    sink.add_rollup(first, "thread", given=True)
+    sink.add_rollup(second, "thread", given=True)
+    assert sink.rollups[(first.call, first.detail)] is first and first.count == 6 and second.count == 3
