@@ -7,6 +7,7 @@ from __future__ import annotations
 import bisect
 import ctypes as ct
 import logging
+import threading
 from typing import Optional
 
 from ..cuda_calls import call_id
@@ -15,10 +16,15 @@ from ..records import (AggregateRun, CallAggregate, ContextCopy, GoH2Unit, Kerne
                        SockIo, UnitWake)
 from .abi import AGG_HTTP_UNSEEN, RollupKey
 from .decode import DecodeError, decode
+from .kept_counts import KeptCounts
 from .launch_slots import LaunchSlots
 
 log = logging.getLogger(__name__)
 LAUNCH_KERNEL = call_id("cudaLaunchKernel")  # the call the launch slots count
+# Counts kept in memory until the stream reaches their epoch's end (AggregateReader): four
+# times what req_agg holds (bpf/maps.h AGG_ENTRIES), 84 bytes each (22 MB); past it they
+# wait in req_agg as before, and what it cannot take is lost and counted (agg_full).
+MAX_KEPT = 262_144
 
 
 class RingReader:
@@ -120,22 +126,49 @@ class AggregateReader:
     `aggregates_late`). It goes just before that record, where its calls one by one would
     have been: the stitcher attributes it with the same open requests and contexts.
 
+    A collector behind its load reads records made a while ago, while the kernel counts
+    the calls of every request made since: the table would hold the counts of the whole
+    backlog (dozens a request where requests launch dozens of kernels) and fill. So an
+    entry whose epoch the kernel had moved past at the previous read (`kernel_epoch`, read
+    before the table: an entry is read whole only once no call adds to it) is taken then
+    and kept here (up to MAX_KEPT) until the stream reaches that epoch's end, by merge()
+    and by collect(), which a thread calls while the pipeline works through a batch
+    (kernel_io/program.py): the table holds the counts of the epochs still running. A call
+    that lands after its entry was taken makes a new one, taken the same way, and both go
+    to the same place.
+
     `table`: rows() -> [(key, value)] as tuples of abi.AggKey's and AggValue's fields, and
     delete(keys) -> [deleted?] (kernel_io/map_batch.py: the kernel's batch commands).
     `counted()`: calls the kernel counted in req_agg so far (it bumps that counter after
     the entry is written): while it has not moved and no process with entries left has a
-    new epoch, the map is not read at all."""
+    new epoch, the map is not read at all. `kernel_epoch(tgid)`: the process's epoch in
+    the kernel now (bpf/maps.h http_seq), or None."""
 
-    def __init__(self, table, stats: Stats, counted=None) -> None:
+    def __init__(self, table, stats: Stats, counted=None, kernel_epoch=None) -> None:
         self.table = table
         self.stats = stats
         self.counted = counted
+        self.kernel_epoch = kernel_epoch
         self.epochs: dict[int, int] = {}  # tgid -> latest HTTP epoch in the stream
         self._counted_seen: Optional[int] = None
         self._waiting: set = set()  # tgids whose entries were left (their epoch ran on)
+        self.kept = KeptCounts(MAX_KEPT)  # counts taken before the stream reached their epoch's end
+        self._kernel_then: dict[int, int] = {}  # tgid -> its kernel epoch at the previous read
+        self._lock = threading.Lock()  # merge() and collect() run on different threads
+
+    def collect(self) -> None:
+        """Takes every entry whose epoch the kernel has moved past, to be placed by a later
+        merge(). One whose epoch the stream had already passed (a call that landed after
+        its entry was taken) goes first in that merge's batch, counted late."""
+        with self._lock:
+            self._take({}, {}, False, keep_all=True)
 
     def merge(self, batch: list, final: bool = False) -> list:
         """`batch` with the aggregates whose epoch ended in or before it put in place."""
+        with self._lock:
+            return self._merge(batch, final)
+
+    def _merge(self, batch: list, final: bool) -> list:
         before = dict(self.epochs)
         bounds: dict[int, list] = {}  # tgid -> [(epoch, index)] of its epoch records
         exits: dict[int, int] = {}
@@ -157,6 +190,8 @@ class AggregateReader:
         if not (bounds or exits or final):
             return batch
         taken = self._take(bounds, exits, final)
+        if self.kept:
+            taken += self._due(exits, final)
         if not taken:
             return batch
         at: dict[int, list] = {}
@@ -176,36 +211,78 @@ class AggregateReader:
         out += batch[prev:]
         return out
 
-    def _take(self, bounds: dict, exits: dict, final: bool) -> list[CallAggregate]:
+    def _take(self, bounds: dict, exits: dict, final: bool, keep_all: bool = False) -> list[CallAggregate]:
+        """The entries whose epoch ended in the stream, out of the table; those whose epoch
+        ended in the kernel only go to `kept` (all of them with `keep_all`)."""
         counted = self.counted() if self.counted is not None else None
         if (counted is not None and counted == self._counted_seen and not (final or exits)
                 and self._waiting.isdisjoint(bounds)):
             return []  # nothing new counted, and no entry left behind has seen its epoch end
-        epochs, waiting, keys, values = self.epochs, set(), [], []
-        for k, v in self.table.rows():  # k: tgid, tid, epoch, call, detail, ctx (abi.AggKey)
+        epochs, waiting, now, later = self.epochs, set(), [], []
+        # The epochs each process had left in the kernel at the previous read: no call adds to
+        # an entry of those any more (but one whose probe read the epoch before it moved on and
+        # was preempted since, which then lands in a new entry: taken the same way).
+        kernel = self._kernel_then
+        if self.kernel_epoch is not None:
+            self._kernel_then = {t: e for t in epochs if (e := self.kernel_epoch(t)) is not None}
+        room = self.kept.room()
+        for row in self.table.rows():  # key: tgid, tid, epoch, call, detail, ctx (abi.AggKey)
+            k = row[0]
             tgid = k[0]
             last = epochs.get(tgid)
-            if not (final or tgid in exits or (last is not None and epoch_after(last, k[2]))):
-                waiting.add(tgid)  # its epoch is still running: calls may still be counting in it
+            if final or tgid in exits or (last is not None and epoch_after(last, k[2])):
+                now.append(row)
                 continue
-            keys.append(k)
-            values.append(v)
+            moved = kernel.get(tgid)
+            if moved is not None and epoch_after(moved, k[2]) and len(later) < room:
+                later.append(row)  # ended in the kernel, not yet in the stream: kept here until it is
+            else:
+                waiting.add(tgid)  # its epoch is still running: calls may still be counting in it
         self._counted_seen, self._waiting = counted, waiting
-        # v: count, bytes, duration_ns, first_ts, last_ts, last_end_ts (abi.AggValue)
-        taken = [CallAggregate(k[0], k[1], k[2], k[3] & ~AGG_HTTP_UNSEEN, k[4], k[5], *v,
-                               http_unseen=bool(k[3] & AGG_HTTP_UNSEEN))
-                 for k, v, gone in zip(keys, values, self.table.delete(keys)) if gone]
-        if taken:
-            self.stats.add("aggregate_records", len(taken))
+        if not (now or later):
+            return []
+        if keep_all:
+            now, later = [], now + later
+        gone = self.table.delete([k for k, _ in now] + [k for k, _ in later])
+        taken = [_aggregate(k, v) for (k, v), g in zip(now, gone) if g]
+        for (k, v), g in zip(later, gone[len(now):]):
+            if g:
+                self.kept.add(k, v)
+        n = len(taken) + sum(gone[len(now):])
+        if n:
+            self.stats.add("aggregate_records", n)
         return taken
+
+    def _due(self, exits: dict, final: bool) -> list[CallAggregate]:
+        """The kept counts whose epoch has now ended in the stream (all of a process that
+        exited; all when the collector stops)."""
+        out: list = []
+        for tgid in self.kept.tgids():
+            last = self.epochs.get(tgid)
+            if final or tgid in exits:
+                rows = self.kept.take(tgid, lambda e: True)
+            elif last is None:
+                continue
+            else:
+                rows = self.kept.take(tgid, lambda e: epoch_after(last, e))
+            out += [_aggregate(k, v) for k, v in rows]
+        return out
 
     def forget(self, tgids: set) -> None:
         for tgid in tgids:
             self.epochs.pop(tgid, None)
+            self.kept.forget(tgid)
 
 
 def _ts(a: CallAggregate) -> int:
     return a.ts_ns
+
+
+def _aggregate(k: tuple, v: tuple) -> CallAggregate:
+    """A req_agg entry as a record. v: count, bytes, duration_ns, first_ts, last_ts,
+    last_end_ts (abi.AggValue)."""
+    return CallAggregate(k[0], k[1], k[2], k[3] & ~AGG_HTTP_UNSEEN, k[4], k[5], *v,
+                         http_unseen=bool(k[3] & AGG_HTTP_UNSEEN))
 
 
 def runs(aggregates: list) -> list[AggregateRun]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 
+from otel_gpu.kernel_io import reader as reader_module
 from otel_gpu.kernel_io.reader import AggregateReader, epoch_after
 from otel_gpu.records import (EV_SOCK_READ, EV_SOCK_WRITE, Accept, AggregateRun, CallAggregate, ContextCopy, ProcExit,
                               SockIo)
@@ -239,3 +240,104 @@ def test_a_context_copy_ends_an_epoch_so_a_reused_context_address_keeps_its_coun
     done = sorted((o for o in s.process(merged) if isinstance(o, Request)), key=lambda r: r.start_ns)
     assert [r.sink.summary.launches for r in done] == [3, 5]
     assert [r.sink.attributed for r in done] == [{"task": 3}, {"task": 5}]
+
+
+def test_counts_the_kernel_moved_past_leave_the_table_and_go_where_the_stream_ends_their_epoch():
+    """A collector behind its load: the kernel is at epoch 9 while the stream has reached 0.
+    The counts of epochs 1-8 leave the table at the next read (collect(), or any merge)
+    after one that saw the kernel past them (an entry is read whole only once nothing adds
+    to it), and wait here; each is placed in the batch whose record ends its epoch, as if
+    read then."""
+    table, stats, counted = FakeReqAgg(), Stats(), [10]
+    table.put(PID, LOOP, 1, LAUNCH, count=4, ts=1)
+    table.put(PID, LOOP, 3, LAUNCH, count=6, ts=3)
+    table.put(PID, LOOP, 9, LAUNCH, count=2, ts=9)  # the epoch the kernel is in: counting still
+    r = AggregateReader(table, stats, counted=lambda: counted[0], kernel_epoch=lambda tgid: 9)
+    r.epochs[PID] = 0  # the stream has seen the process
+    r.collect()
+    assert len(table) == 3 and r.kept.n == 0  # the kernel's epoch read, before the table
+    counted[0] += 1
+    r.collect()
+    assert [v[0] for v in table.values()] == [2] and r.kept.n == 2
+    table.put(PID, LOOP, 3, LAUNCH, count=1, ts=4)  # a call that landed after its entry was taken
+    out = flat(r.merge([read(1), write(2)]))  # epoch 1 ends at the write
+    assert [o.count if o.__class__ is CallAggregate else o.epoch for o in out] == [1, 4, 2]
+    out = flat(r.merge([read(3), write(4)]))  # epoch 3 ends at the write: both of its counts
+    assert [o.count if o.__class__ is CallAggregate else o.epoch for o in out] == [3, 6, 1, 4]
+    assert r.kept.n == 0 and stats.snapshot()["aggregate_records"] == 3 and "aggregates_late" not in stats.snapshot()
+    assert [(o.epoch, o.count) for o in flat(r.merge([], final=True)) if o.__class__ is CallAggregate] == [(9, 2)]
+
+
+def test_kept_counts_are_bounded_and_the_rest_wait_in_the_table(monkeypatch):
+    monkeypatch.setattr(reader_module, "MAX_KEPT", 2)
+    table = FakeReqAgg()
+    for e in (1, 2, 3, 4):
+        table.put(PID, LOOP, e, LAUNCH, count=e, ts=e)
+    r = AggregateReader(table, Stats(), kernel_epoch=lambda tgid: 9)
+    r.epochs[PID] = 0
+    r.collect()
+    r.collect()
+    assert r.kept.n == 2 and len(table) == 2
+    out = flat(r.merge([write(e) for e in range(2, 6)]))
+    assert [o.count if o.__class__ is CallAggregate else o.epoch for o in out] == [1, 2, 2, 3, 3, 4, 4, 5]
+    assert r.kept.n == 0 and not table
+
+
+def test_placement_is_the_same_with_counts_taken_ahead_of_the_stream():
+    """Random streams read over several batches, counts made between them (some late: their
+    epoch already ended in the stream), the kernel ahead of the stream: a reader that takes
+    them as soon as the kernel moved past them, and collects between merges, puts every
+    count where one that waits for the stream does, late ones included."""
+    for trial in range(300):
+        rng = random.Random(trial)
+        epoch, stream, puts = 0, [], []
+        for _ in range(rng.randrange(1, 6)):  # batches
+            batch = []
+            for _ in range(rng.randrange(0, 12)):
+                epoch += rng.choice([1, 1, 2])
+                batch.append(read(epoch) if rng.random() < 0.5 else write(epoch))
+            made = [(rng.choice([PID, PID + 1]), max(1, epoch + rng.randrange(-3, 8))) for _ in range(rng.randrange(0, 6))]
+            stream.append((batch, made))
+        outs, lates = [], []
+        for ahead in (False, True):
+            table, stats, n = FakeReqAgg(), Stats(), 0
+            r = AggregateReader(table, stats, kernel_epoch=(lambda tgid: epoch + 9) if ahead else None)
+            out = []
+            for batch, made in stream:
+                for pid, e in made:
+                    n += 1
+                    table.put(pid, LOOP, e, LAUNCH, detail=n, count=1, ts=n)
+                if ahead and rng.random() < 0.7:
+                    r.collect()
+                out += [(o.detail,) if o.__class__ is CallAggregate else o for o in flat(r.merge(list(batch)))]
+            out += [(o.detail,) for o in flat(r.merge([], final=True))]
+            outs.append(out)
+            lates.append(stats.snapshot().get("aggregates_late", 0))
+        assert outs[0] == outs[1] and lates[0] == lates[1], trial
+
+
+def test_an_entry_is_never_taken_while_the_kernel_may_still_add_to_it():
+    """The race a live test caught: the table read (109 launches counted in epoch 21), then
+    the thread's last 34 launches added to that entry and its response moving the kernel's
+    epoch on, all before the delete. An entry is taken early only once the kernel had moved
+    past its epoch before the read began, so the 34 are never deleted unread."""
+    kernel = [21]
+
+    class Racing(FakeReqAgg):
+        def rows(self):
+            out = super().rows()
+            if kernel[0] == 21:  # after the read: the kernel goes on
+                (key,) = list(self)
+                count, *rest = self[key]
+                self[key] = (count + 34, *rest)
+                kernel[0] = 25
+            return out
+
+    table = Racing()
+    table.put(PID, LOOP, 21, LAUNCH, count=109)
+    r = AggregateReader(table, Stats(), kernel_epoch=lambda tgid: kernel[0])
+    r.epochs[PID] = 20
+    r.collect()
+    r.collect()
+    out = flat(r.merge([write(22)]))
+    assert [o.count for o in out if o.__class__ is CallAggregate] == [143] and not table

@@ -1,0 +1,33 @@
+"""kernel_io/kept_counts.py: req_agg rows kept packed until the stream reaches their epoch's end."""
+from __future__ import annotations
+
+import ctypes as ct
+
+from otel_gpu.kernel_io.abi import AggKey, AggValue
+from otel_gpu.kernel_io.kept_counts import ROW, KeptCounts
+
+
+def _row(tgid, epoch, n):
+    """Every field at a value its type can hold but a narrower one could not."""
+    key = (tgid, 0xFFFF_FFF0 + n % 8, epoch, 0x8000_0003, 0x7F12_3456_789A_BC00 + n, 0xFFFF_FFFF_FFFF_0000 + n)
+    value = (n + 1, 1 << 40, 1 << 50, 2 ** 63 + n, 2 ** 64 - 1 - n, 2 ** 62 + n)
+    return key, value
+
+
+def test_a_row_is_its_key_and_value_fields_in_order():
+    assert [f for f, _ in AggKey._fields_] == ["tgid", "tid", "epoch", "call", "detail", "ctx"]
+    assert ROW.size == 80 and ROW.size == ct.sizeof(AggKey) + ct.sizeof(AggValue)
+    assert len(AggValue._fields_) == 6
+
+
+def test_rows_come_back_exact_the_due_ones_only_in_the_order_kept():
+    kept = KeptCounts(limit=10)
+    rows = [_row(7, e, n) for n, e in enumerate((5, 3, 9, 4, 12))] + [_row(8, 2, 99)]
+    for k, v in rows:
+        kept.add(k, v)
+    assert kept.n == 6 and kept.room() == 4 and sorted(kept.tgids()) == [7, 8]
+    assert kept.take(7, lambda e: e < 6) == [rows[0], rows[1], rows[3]]
+    assert kept.n == 3 and kept.take(7, lambda e: e < 6) == []
+    assert kept.take(7, lambda e: True) == [rows[2], rows[4]] and 7 not in kept.tgids()
+    kept.forget(8)
+    assert kept.n == 0 and not kept and kept.take(8, lambda e: True) == []
