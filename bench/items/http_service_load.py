@@ -206,7 +206,10 @@ def _many_kernels_rows(p) -> list:
                   f"the load ran), req/s, records read per request; requests with a summary / served",
              f"{p['cores_per_krps']:.2f} ({p['load_cores_per_krps']:.2f}), {p['load']['rps']:.0f}, "
              f"{_records(p['collector'])}; {p['summaries']} / {_served(p)}", "summaries: all",
-             p["summaries"] == _served(p))]
+             p["summaries"] == _served(p)),
+            ("2", "  its events lost (ring buffer, or the per-request count table full: each a CUDA call whose "
+                  "request under-counts it; the collector's log says which)",
+             known(lost := Collector.lost_events(p["collector"])), "0", lost == 0)]
 
 
 def rows(r: dict) -> list:

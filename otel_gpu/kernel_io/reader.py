@@ -34,6 +34,8 @@ class RingReader:
 
     def __init__(self, bpf, ring_name: str, stats: Stats, max_batch: int = 8192) -> None:
         self.bpf = bpf
+        self._bytes = 0  # of the batch being read
+        self.unread_rate = 0.0  # bytes a ns the last batch's records were made at
         self.stats = stats
         self._log = RateLimitedLog(log, stats, interval_s=30.0)
         self._batch: list = []
@@ -55,8 +57,14 @@ class RingReader:
             if record.__class__ is ProcExit and self.first_exit < 0:
                 self.first_exit = len(self._batch)
             self._batch.append(record)
+            self._bytes += size
         # A negative return stops libbpf's consume loop after this record.
         return -1 if len(self._batch) >= self.max_batch else 0
+
+    def unread(self, newest_ns: int, now_ns: int) -> float:
+        """Bytes the ring buffer holds unread, as estimated from the last batch: full (the
+        collector is behind), its records made at `unread_rate`, the newest at newest_ns."""
+        return self.unread_rate * max(now_ns - newest_ns, 0)
 
     def poll(self, timeout_ms: int) -> tuple[list, int]:
         """(records, index of the first process exit in them or -1)."""
@@ -64,6 +72,9 @@ class RingReader:
         batch, self._batch = self._batch, []
         first_exit, self.first_exit = self.first_exit, -1
         self.full = len(batch) >= self.max_batch
+        span = getattr(batch[-1], "ts_ns", 0) - getattr(batch[0], "ts_ns", 0) if batch else 0
+        self.unread_rate = self._bytes / span if self.full and span > 0 else 0.0
+        self._bytes = 0
         if batch:
             self.stats.add("ring_records", len(batch))
         return batch, first_exit
@@ -154,6 +165,10 @@ class AggregateReader:
         self._waiting: set = set()  # tgids whose entries were left (their epoch ran on)
         self.kept = KeptCounts(MAX_KEPT)  # counts taken before the stream reached their epoch's end
         self._kernel_then: dict[int, int] = {}  # tgid -> its kernel epoch at the previous read
+        # Set while the ring buffer is half full (kernel_io/program.py poll): the collector is
+        # past its load, and what it keeps it must also place. Left in the kernel, counts fill
+        # req_agg and are shed there (counted), not the ring's room for HTTP records.
+        self.shedding = False
         self._lock = threading.Lock()  # merge() and collect() run on different threads
 
     def collect(self) -> None:
@@ -225,7 +240,7 @@ class AggregateReader:
         kernel = self._kernel_then
         if self.kernel_epoch is not None:
             self._kernel_then = {t: e for t in epochs if (e := self.kernel_epoch(t)) is not None}
-        room = self.kept.room()
+        room = 0 if self.shedding else self.kept.room()
         for row in self.table.rows():  # key: tgid, tid, epoch, call, detail, ctx (abi.AggKey)
             k = row[0]
             tgid = k[0]

@@ -341,3 +341,20 @@ def test_an_entry_is_never_taken_while_the_kernel_may_still_add_to_it():
     r.collect()
     out = flat(r.merge([write(22)]))
     assert [o.count for o in out if o.__class__ is CallAggregate] == [143] and not table
+
+
+def test_a_collector_far_behind_keeps_nothing_more_and_leaves_counts_to_the_kernel():
+    """With the ring buffer half full the collector is past its load: counts wait in req_agg
+    (and are shed there when it fills) rather than cost the pipeline the ring's room."""
+    table = FakeReqAgg()
+    for e in (1, 2):
+        table.put(PID, LOOP, e, LAUNCH, count=e, ts=e)
+    r = AggregateReader(table, Stats(), kernel_epoch=lambda tgid: 9)
+    r.epochs[PID] = 0
+    r.shedding = True
+    r.collect()
+    r.collect()
+    assert r.kept.n == 0 and len(table) == 2
+    r.shedding = False
+    r.collect()
+    assert r.kept.n == 2 and not table
