@@ -3,13 +3,15 @@ the kernel, ring buffer or other processes sharing the CPU: the stages as
 otel_gpu/wiring.py builds them (stitcher, enrich on this process's real /proc entry,
 metrics through an in-memory reader, cost, spans for an OTLP destination, which drops
 unsampled traces before they are built), fed the records of item 2's HTTP service as the
-kernel hands them: keep-alive connections, each request a head read, its 100 launches and
-2 copies counted in the kernel (CallAggregate), its response write; both socket records
-carry their thread's time sums (bpf/thread_times.c, on by default), so each request is split.
-`python -m bench.pipeline_speed [--ratio 0.1] [--requests 20000] [--in-flight 1] [--per-poll 16]
-[--gc-defaults] [--store]` (--store: the local store beside OTLP, in a temporary file) prints µs of this thread's CPU per request, best of 3 runs (the figure is noisy
-on a shared machine), with the interpreter's garbage collector set as the collector's loop
-sets it (otel_gpu/gc_policy.py) or left at CPython's thresholds."""
+kernel hands them: keep-alive connections, each request a head read, its 100 launches (over
+`--kernels` distinct kernels, one count each) and 2 copies counted in the kernel (one
+AggregateRun, as the reader places them), its response write; both socket records carry
+their thread's time sums (bpf/thread_times.c, on by default), so each request is split.
+`python -m bench.pipeline_speed [--ratio 0.1] [--requests 20000] [--in-flight 1]
+[--per-poll 16] [--kernels 1] [--gc-defaults] [--store]` (--store: the local store beside
+OTLP, in a temporary file) prints µs of this thread's CPU per request, best of 3 runs (the
+figure is noisy on a shared machine), with the interpreter's garbage collector set as the
+collector's loop sets it (otel_gpu/gc_policy.py) or left at CPython's thresholds."""
 from __future__ import annotations
 
 import argparse
@@ -59,8 +61,9 @@ def _times(i: int, conns: int, answered: int) -> tuple:
 def _counts(tid: int, epoch: int, ts: int, kernels: int) -> AggregateRun:
     """A request's counts as the reader places them: its 100 launches over `kernels`
     distinct kernels (one req_agg entry each), then its two copies."""
-    launches = [CallAggregate(PID, tid, epoch, LAUNCH, 0x1000 + 16 * k, 0, LAUNCHES // kernels + (k < LAUNCHES % kernels),
-                              0, 0, ts + 10 + k, ts + 500, ts + 500) for k in range(kernels)]
+    launches = [CallAggregate(PID, tid, epoch, LAUNCH, 0x1000 + 16 * k, 0,
+                              LAUNCHES // kernels + (k < LAUNCHES % kernels), 0, 0, ts + 10 + k, ts + 500, ts + 500)
+                for k in range(kernels)]
     copies = [CallAggregate(PID, tid, epoch, MEMCPY, H2D, 0, 1, 4096, 1000, ts + 5, ts + 5, ts + 1005),
               CallAggregate(PID, tid, epoch, MEMCPY, D2H, 0, 1, 4096, 1000, ts + 600, ts + 600, ts + 1600)]
     return AggregateRun(PID, tid, epoch, 0, False, sorted(launches + copies, key=lambda a: a.ts_ns))

@@ -12,8 +12,8 @@ from typing import Optional
 
 from ..cuda_calls import call_id
 from ..ratelimit import RateLimitedLog, Stats
-from ..records import (AggregateRun, CallAggregate, ContextCopy, GoH2Unit, KernelRollup, LibraryLoaded, ProcExit, SockClose,
-                       SockIo, UnitWake)
+from ..records import (AggregateRun, CallAggregate, ContextCopy, GoH2Unit, KernelRollup, LibraryLoaded, ProcExit,
+                       SockClose, SockIo, UnitWake)
 from .abi import AGG_HTTP_UNSEEN, RollupKey
 from .decode import DecodeError, decode
 from .kept_counts import KeptCounts
