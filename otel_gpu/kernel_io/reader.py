@@ -169,7 +169,7 @@ class AggregateReader:
         # past its load, and what it keeps it must also place. Left in the kernel, counts fill
         # req_agg and are shed there (counted), not the ring's room for HTTP records.
         self.shedding = False
-        self._lock = threading.Lock()  # merge() and collect() run on different threads
+        self._lock = threading.Lock()  # collect() runs on a thread of its own
 
     def collect(self) -> None:
         """Takes every entry whose epoch the kernel has moved past, to be placed by a later
@@ -284,9 +284,11 @@ class AggregateReader:
         return out
 
     def forget(self, tgids: set) -> None:
-        for tgid in tgids:
-            self.epochs.pop(tgid, None)
-            self.kept.forget(tgid)
+        with self._lock:  # collect() reads the epochs and the kept counts on its thread
+            for tgid in tgids:
+                self.epochs.pop(tgid, None)
+                self._kernel_then.pop(tgid, None)
+                self.kept.forget(tgid)
 
 
 def _ts(a: CallAggregate) -> int:

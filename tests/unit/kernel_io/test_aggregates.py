@@ -358,3 +358,17 @@ def test_a_collector_far_behind_keeps_nothing_more_and_leaves_counts_to_the_kern
     r.shedding = False
     r.collect()
     assert r.kept.n == 2 and not table
+
+
+def test_forgetting_a_process_drops_what_was_kept_for_it():
+    table = FakeReqAgg()
+    table.put(PID, LOOP, 1, LAUNCH, count=3, ts=1)
+    table.put(PID + 1, LOOP, 1, LAUNCH, count=4, ts=1)
+    r = AggregateReader(table, Stats(), kernel_epoch=lambda tgid: 9)
+    r.epochs.update({PID: 0, PID + 1: 0})
+    r.collect()
+    r.collect()
+    assert r.kept.n == 2
+    r.forget({PID})
+    assert r.kept.n == 1 and PID not in r.epochs
+    assert [(o.tgid, o.count) for o in flat(r.merge([], final=True)) if o.__class__ is CallAggregate] == [(PID + 1, 4)]
