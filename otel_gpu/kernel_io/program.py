@@ -93,8 +93,7 @@ class BpfProgram:
         log.info("BPF program loaded (%.1f s, %s); %d MB of compiler pages released", self.load_s, how,
                  dropped_kb // 1024)
         self._h2_walk_verifying = self._start_h2_walk()
-        self.ring = RingReader(self.bpf, "events", stats)
-        self._ring_bytes = options.map_sizes()["events"]
+        self.ring = RingReader(self.bpf, "events", stats, size=options.map_sizes()["events"])
         self._loaded_recheck = 0.0  # when loaded_pids reads the table without a cue
         self.pid_bits = pid_bits.PidBits(self.bpf["pid_bits"], options.pid_words)
         self.rollups = RollupReader(self.bpf["rollup"],
@@ -179,8 +178,7 @@ class BpfProgram:
         self._pushing.clear()
         batch, first_exit = self.ring.poll(timeout_ms)
         if batch:
-            self.aggregates.shedding = (self.ring.unread(getattr(batch[-1], "ts_ns", 0), time.monotonic_ns())
-                                        > self._ring_bytes // 2)
+            self.aggregates.shedding = self.ring.half_full(time.monotonic_ns())
         if first_exit >= 0:
             batch[first_exit:first_exit] = self.rollups.read(time.monotonic_ns())
         batch = self.aggregates.merge(batch)

@@ -32,10 +32,13 @@ class RingReader:
     the pipeline, flushes and discovery keep running and memory stays flat; the
     rest stays in the ring buffer for the next poll."""
 
-    def __init__(self, bpf, ring_name: str, stats: Stats, max_batch: int = 8192) -> None:
+    def __init__(self, bpf, ring_name: str, stats: Stats, max_batch: int = 8192, size: int = 0) -> None:
+        """`size`: the ring buffer's bytes (half_full)."""
         self.bpf = bpf
+        self.size = size
         self._bytes = 0  # of the batch being read
         self.unread_rate = 0.0  # bytes a ns the last batch's records were made at
+        self.newest_ns = 0  # the last batch's newest record
         self.stats = stats
         self._log = RateLimitedLog(log, stats, interval_s=30.0)
         self._batch: list = []
@@ -61,10 +64,13 @@ class RingReader:
         # A negative return stops libbpf's consume loop after this record.
         return -1 if len(self._batch) >= self.max_batch else 0
 
-    def unread(self, newest_ns: int, now_ns: int) -> float:
+    def unread(self, now_ns: int) -> float:
         """Bytes the ring buffer holds unread, as estimated from the last batch: full (the
         collector is behind), its records made at `unread_rate`, the newest at newest_ns."""
-        return self.unread_rate * max(now_ns - newest_ns, 0)
+        return self.unread_rate * max(now_ns - self.newest_ns, 0)
+
+    def half_full(self, now_ns: int) -> bool:
+        return self.unread(now_ns) > self.size // 2
 
     def poll(self, timeout_ms: int) -> tuple[list, int]:
         """(records, index of the first process exit in them or -1)."""
@@ -72,7 +78,9 @@ class RingReader:
         batch, self._batch = self._batch, []
         first_exit, self.first_exit = self.first_exit, -1
         self.full = len(batch) >= self.max_batch
-        span = getattr(batch[-1], "ts_ns", 0) - getattr(batch[0], "ts_ns", 0) if batch else 0
+        if batch:
+            self.newest_ns = getattr(batch[-1], "ts_ns", 0)
+        span = self.newest_ns - getattr(batch[0], "ts_ns", 0) if batch else 0
         self.unread_rate = self._bytes / span if self.full and span > 0 else 0.0
         self._bytes = 0
         if batch:
@@ -140,13 +148,13 @@ class AggregateReader:
     A collector behind its load reads records made a while ago, while the kernel counts
     the calls of every request made since: the table would hold the counts of the whole
     backlog (dozens a request where requests launch dozens of kernels) and fill. So an
-    entry whose epoch the kernel had moved past at the previous read (`kernel_epoch`, read
-    before the table: an entry is read whole only once no call adds to it) is taken then
-    and kept here (up to MAX_KEPT) until the stream reaches that epoch's end, by merge()
-    and by collect(), which a thread calls while the pipeline works through a batch
-    (kernel_io/program.py): the table holds the counts of the epochs still running. A call
-    that lands after its entry was taken makes a new one, taken the same way, and both go
-    to the same place.
+    entry whose epoch the kernel had moved past by the end of the previous read
+    (`kernel_epoch`, read then for the processes it found counting: an entry is read
+    whole only once no call adds to it) is taken and kept here (up to MAX_KEPT) until the
+    stream reaches that epoch's end, by merge() and by collect(), which a thread calls while
+    the pipeline works through a batch (kernel_io/program.py): the table holds the counts of
+    the epochs still running. A call that lands after its entry was taken makes a new one,
+    taken the same way, and both go to the same place.
 
     `table`: rows() -> [(key, value)] as tuples of abi.AggKey's and AggValue's fields, and
     delete(keys) -> [deleted?] (kernel_io/map_batch.py: the kernel's batch commands).
@@ -164,7 +172,7 @@ class AggregateReader:
         self._counted_seen: Optional[int] = None
         self._waiting: set = set()  # tgids whose entries were left (their epoch ran on)
         self.kept = KeptCounts(MAX_KEPT)  # counts taken before the stream reached their epoch's end
-        self._kernel_then: dict[int, int] = {}  # tgid -> its kernel epoch at the previous read
+        self._kernel_then: dict[int, int] = {}  # tgid -> its kernel epoch, read after the previous read
         # Set while the ring buffer is half full (kernel_io/program.py poll): the collector is
         # past its load, and what it keeps it must also place. Left in the kernel, counts fill
         # req_agg and are shed there (counted), not the ring's room for HTTP records.
@@ -233,17 +241,16 @@ class AggregateReader:
         if (counted is not None and counted == self._counted_seen and not (final or exits)
                 and self._waiting.isdisjoint(bounds)):
             return []  # nothing new counted, and no entry left behind has seen its epoch end
-        epochs, waiting, now, later = self.epochs, set(), [], []
-        # The epochs each process had left in the kernel at the previous read: no call adds to
-        # an entry of those any more (but one whose probe read the epoch before it moved on and
-        # was preempted since, which then lands in a new entry: taken the same way).
+        epochs, waiting, now, later, counting = self.epochs, set(), [], [], set()
+        # The epochs each process had left in the kernel by the previous read's end: no call
+        # adds to an entry of those any more (but one whose probe read the epoch before it
+        # moved on and was preempted since, which then lands in a new entry: taken the same way).
         kernel = self._kernel_then
-        if self.kernel_epoch is not None:
-            self._kernel_then = {t: e for t in epochs if (e := self.kernel_epoch(t)) is not None}
         room = 0 if self.shedding else self.kept.room()
         for row in self.table.rows():  # key: tgid, tid, epoch, call, detail, ctx (abi.AggKey)
             k = row[0]
             tgid = k[0]
+            counting.add(tgid)
             last = epochs.get(tgid)
             if final or tgid in exits or (last is not None and epoch_after(last, k[2])):
                 now.append(row)
@@ -254,6 +261,8 @@ class AggregateReader:
             else:
                 waiting.add(tgid)  # its epoch is still running: calls may still be counting in it
         self._counted_seen, self._waiting = counted, waiting
+        if self.kernel_epoch is not None:  # after the table: what the next read may take
+            self._kernel_then = {t: e for t in counting if t in epochs and (e := self.kernel_epoch(t)) is not None}
         if not (now or later):
             return []
         if keep_all:

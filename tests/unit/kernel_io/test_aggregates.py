@@ -255,7 +255,7 @@ def test_counts_the_kernel_moved_past_leave_the_table_and_go_where_the_stream_en
     r = AggregateReader(table, stats, counted=lambda: counted[0], kernel_epoch=lambda tgid: 9)
     r.epochs[PID] = 0  # the stream has seen the process
     r.collect()
-    assert len(table) == 3 and r.kept.n == 0  # the kernel's epoch read, before the table
+    assert len(table) == 3 and r.kept.n == 0  # the kernel's epoch read, after the table: for the next read
     counted[0] += 1
     r.collect()
     assert [v[0] for v in table.values()] == [2] and r.kept.n == 2

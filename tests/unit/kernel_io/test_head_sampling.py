@@ -91,8 +91,7 @@ def test_head_programs_wanted_mid_traffic_are_verified_beside_the_poll_loop(monk
     program = object.__new__(BpfProgram)  # no kernel: only what sample_heads and poll touch
     program.bpf, program.stats, program._heads_verifying = held_verifier({b"head_scan": 100, b"head_parent": 101}), \
         Stats(), None
-    program.ring = types.SimpleNamespace(poll=lambda timeout_ms: (["record"], -1), unread=lambda newest, now: 0.0)
-    program._ring_bytes = 1 << 23
+    program.ring = types.SimpleNamespace(poll=lambda timeout_ms: (["record"], -1), half_full=lambda now: False)
     program.aggregates = types.SimpleNamespace(merge=lambda batch: batch)
     program._pushing = threading.Event()
     program.sample_heads(7, parents=True, wait=False)
@@ -120,8 +119,7 @@ def test_h2_walk_is_verified_beside_the_poll_loop_then_switched_on(monkeypatch):
     monkeypatch.setattr(cached_bpf.os, "cpu_count", lambda: 1)  # one CPU: still on a thread
     program = object.__new__(BpfProgram)  # no kernel: only what the h2 walk's start and poll touch
     program.bpf, program.stats, program._heads_verifying = held_verifier({b"h2_walk": 200}), Stats(), None
-    program.ring = types.SimpleNamespace(poll=lambda timeout_ms: (["record"], -1), unread=lambda newest, now: 0.0)
-    program._ring_bytes = 1 << 23
+    program.ring = types.SimpleNamespace(poll=lambda timeout_ms: (["record"], -1), half_full=lambda now: False)
     program.aggregates = types.SimpleNamespace(merge=lambda batch: batch)
     program._pushing = threading.Event()
     program._h2_walk_verifying = program._start_h2_walk()

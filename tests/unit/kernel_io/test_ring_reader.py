@@ -43,6 +43,8 @@ def test_a_full_batch_tells_how_much_it_left_behind(ring):
     bpf.pending = [0, 1000, 2000, 3000, 4000, 5000]  # 400 bytes made over 3,000 ns: 2 more wait
     batch, _ = r.poll(0)
     assert [b.ts_ns for b in batch] == [0, 1000, 2000, 3000] and r.full
-    assert r.unread(3000, 33_000) == pytest.approx(4000)  # 30,000 ns since the newest at 400 / 3,000 a ns
+    assert r.unread(33_000) == pytest.approx(4000)  # 30,000 ns since the newest at 400 / 3,000 a ns
+    r.size = 8000
+    assert not r.half_full(33_000) and r.half_full(33_001)
     batch, _ = r.poll(0)
-    assert len(batch) == 2 and not r.full and r.unread(5000, 99_000) == 0  # caught up: nothing estimated
+    assert len(batch) == 2 and not r.full and r.unread(99_000) == 0  # caught up: nothing estimated
