@@ -6,6 +6,7 @@ generated #defines)."""
 from __future__ import annotations
 
 import ctypes as ct
+import struct
 
 HTTP_DATA_CAP = 1024
 H2_DIGEST_CAP = 4096  # data bytes of an HTTP/2 digest record (EV_FLAG_H2_DIGEST)
@@ -255,6 +256,16 @@ class AggKey(ct.Structure):
 class AggValue(ct.Structure):
     _fields_ = [("count", u64), ("bytes", u64), ("duration_ns", u64), ("first_ts", u64), ("last_ts", u64),
                 ("last_end_ts", u64)]
+
+
+def layout(ctype) -> struct.Struct:
+    """The `struct` layout of a mirror made of integer fields (a ctypes integer's `_type_`
+    is its struct code), as ctypes lays it out: for rows read as bytes (req_agg)."""
+    codes = "".join(t._type_ for _name, t in ctype._fields_)
+    s = struct.Struct("@" + codes)
+    if s.size != ct.sizeof(ctype):
+        raise TypeError(f"{ctype.__name__}: its struct layout is not its ctypes one")
+    return s
 
 
 class HttpSeq(ct.Structure):

@@ -1,13 +1,18 @@
 """Per-request counts taken out of req_agg before the stream of records reached the end of
-their HTTP epoch (kernel_io/reader.py AggregateReader), kept until it does: packed, 84
-bytes a count and no Python object each, so that a backlog's worth fits in memory."""
+their HTTP epoch (kernel_io/reader.py AggregateReader), kept until it does: as the kernel's
+bytes, 84 a count and no Python object each, so that a backlog's worth fits in memory."""
 from __future__ import annotations
 
 import struct
 from array import array
 from typing import Callable
 
-ROW = struct.Struct("=IIIIQQQQQQQQ")  # abi.AggKey's fields, then abi.AggValue's
+from .abi import AggKey, AggValue, layout
+
+KEY, VALUE = layout(AggKey), layout(AggValue)  # req_agg's rows, as BatchMap.packed() reads them
+ROW = struct.Struct(KEY.format + VALUE.format[1:])  # a key then its value: a kept count
+KEY_WORDS = KEY.size // 4  # a key in u32 words: the tgid is word 0, the epoch word 2
+assert ROW.size == KEY.size + VALUE.size and KEY.size % 4 == 0
 
 
 class KeptCounts:
@@ -24,20 +29,26 @@ class KeptCounts:
     def room(self) -> int:
         return self.limit - self.n
 
-    def add(self, key: tuple, value: tuple) -> None:
-        """One req_agg row (its key's and value's fields, as BatchMap.rows() gives them)."""
-        kept = self._by.get(key[0])
-        if kept is None:
-            kept = self._by[key[0]] = (array("I"), bytearray())
-        kept[0].append(key[2])
-        kept[1].extend(ROW.pack(*key, *value))
-        self.n += 1
+    def add(self, keys: bytes, values: bytes, at: list[int], tgids: list[int], epochs: list[int]) -> None:
+        """Rows `at` of a packed read of req_agg (keys and values back to back), given each
+        row's tgid and epoch (the read's columns)."""
+        ks, vs, by = KEY.size, VALUE.size, self._by
+        for i in at:
+            kept = by.get(tgids[i])
+            if kept is None:
+                kept = by[tgids[i]] = (array("I"), bytearray())
+            kept[0].append(epochs[i])
+            rows = kept[1]
+            rows += keys[i * ks:(i + 1) * ks]
+            rows += values[i * vs:(i + 1) * vs]
+        self.n += len(at)
 
     def tgids(self) -> list[int]:
         return list(self._by)
 
-    def take(self, tgid: int, ended: Callable[[int], bool]) -> list[tuple[tuple, tuple]]:
-        """The (key, value) rows of `tgid` whose epoch has `ended`, out of the store."""
+    def take(self, tgid: int, ended: Callable[[int], bool]) -> list[tuple]:
+        """The rows of `tgid` whose epoch has `ended` (each the key's fields, then the
+        value's), out of the store."""
         kept = self._by.get(tgid)
         if kept is None:
             return []
@@ -45,10 +56,7 @@ class KeptCounts:
         due = [i for i, e in enumerate(epochs) if ended(e)]
         if not due:
             return []
-        out = []
-        for i in due:
-            fields = ROW.unpack_from(rows, i * ROW.size)
-            out.append((fields[:6], fields[6:]))
+        out = [ROW.unpack_from(rows, i * ROW.size) for i in due]
         if len(due) == len(epochs):
             del self._by[tgid]
         else:

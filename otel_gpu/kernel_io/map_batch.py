@@ -8,7 +8,6 @@ from __future__ import annotations
 import ctypes as ct
 import errno
 import logging
-import struct
 from typing import Optional
 
 from bcc.libbcc import lib
@@ -29,20 +28,18 @@ class BatchMap:
         self._keys = (table.Key * self._n)()
         self._values = (table.Leaf * self._n)()
         self._batched = True
-        self._key_fmt, self._value_fmt = scalar_format(self.Key), scalar_format(self.Leaf)
 
-    def rows(self) -> list[tuple[tuple, tuple]]:
-        """items() as tuples of the fields' values, unpacked by `struct` in C rather than
-        read field by field through ctypes: for a map of integer fields read at every
-        poll whose entries mostly stay (req_agg). delete() takes these key tuples too."""
-        if self._key_fmt is None or self._value_fmt is None:
-            raise TypeError(f"{self.name}: rows() needs keys and values of integer fields")
+    def packed(self) -> tuple[bytes, bytes]:
+        """Every entry as the kernel lays it out: (keys, values), the keys back to back
+        and their values likewise. For a map read at every poll whose entries mostly stay
+        (req_agg): its reader looks at a few fields of each through a memoryview, and keeps
+        or deletes rows by their bytes, with no Python object per entry."""
         total = self._read()
         if total is None:
-            return [(self._key_fmt.unpack(bytes(k)), self._value_fmt.unpack(bytes(v))) for k, v in self.table.items()]
-        keys = ct.string_at(self._keys, total * self._key_fmt.size)
-        values = ct.string_at(self._values, total * self._value_fmt.size)
-        return list(zip(self._key_fmt.iter_unpack(keys), self._value_fmt.iter_unpack(values)))
+            entries = self.table.items()
+            return b"".join(bytes(k) for k, _ in entries), b"".join(bytes(v) for _, v in entries)
+        return (ct.string_at(self._keys, total * ct.sizeof(self.Key)),
+                ct.string_at(self._values, total * ct.sizeof(self.Leaf)))
 
     def items(self) -> list:
         """(key, value) of every entry, copies (the buffers are reused)."""
@@ -85,15 +82,15 @@ class BatchMap:
                 break
         return total
 
-    def delete(self, keys: list) -> list[bool]:
-        """Deletes `keys`; for each, whether it was there (another reader may have taken it)."""
-        n = len(keys)
+    def delete(self, keys) -> list[bool]:
+        """Deletes `keys` (Key objects, or bytes: keys back to back, as packed() gives them);
+        for each, whether it was there (another reader may have taken it)."""
+        ksz = ct.sizeof(self.Key)
+        packed = isinstance(keys, (bytes, bytearray))
+        n = len(keys) // ksz if packed else len(keys)
         done, i = [False] * n, 0
-        packed = n and type(keys[0]) is tuple  # from rows(): packed by `struct`, no ctypes object each
         if self._batched and n:
-            ksz = ct.sizeof(self.Key)
-            arr = (ct.create_string_buffer(b"".join([self._key_fmt.pack(*k) for k in keys]), n * ksz) if packed
-                   else (self.Key * n)(*keys))
+            arr = ct.create_string_buffer(bytes(keys), n * ksz) if packed else (self.Key * n)(*keys)
             while i < n:
                 count = ct.c_uint32(n - i)
                 res = lib.bpf_delete_batch(self.table.map_fd, ct.byref(arr, ksz * i), ct.byref(count))
@@ -110,23 +107,11 @@ class BatchMap:
                 i += 1  # the kernel stops at a key that is gone: skip it
             else:
                 return done
-        if packed:
-            keys = [self.Key(*k) for k in keys]
         for j in range(i, n):
+            key = self.Key.from_buffer_copy(keys, j * ksz) if packed else keys[j]
             try:
-                del self.table[keys[j]]
+                del self.table[key]
                 done[j] = True
             except KeyError:
                 pass
         return done
-
-
-def scalar_format(ctype) -> Optional[struct.Struct]:
-    """The `struct` layout of a ctypes Structure of integer fields (a ctypes integer's
-    `_type_` is its struct code), native alignment as ctypes lays it out; None for any
-    other field (then rows() refuses the map)."""
-    codes = [getattr(t, "_type_", None) for _name, t in getattr(ctype, "_fields_", ())]
-    if not codes or not all(isinstance(c, str) and c in "bBhHiIlLqQ" for c in codes):
-        return None
-    layout = struct.Struct("@" + "".join(codes))
-    return layout if layout.size == ct.sizeof(ctype) else None

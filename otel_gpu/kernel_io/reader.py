@@ -16,7 +16,7 @@ from ..records import (AggregateRun, CallAggregate, ContextCopy, GoH2Unit, Kerne
                        SockClose, SockIo, UnitWake)
 from .abi import AGG_HTTP_UNSEEN, RollupKey
 from .decode import DecodeError, decode
-from .kept_counts import KeptCounts
+from .kept_counts import KEY, KEY_WORDS, VALUE, KeptCounts
 from .launch_slots import LaunchSlots
 
 log = logging.getLogger(__name__)
@@ -131,6 +131,9 @@ class RollupReader:
         return len(self.table)
 
 
+_NOW, _KEEP, _LEAVE = 0, 1, 2  # what a read of req_agg does with a (process, epoch)'s rows
+
+
 def epoch_after(a: int, b: int) -> bool:
     """HTTP epoch `a` comes after `b` (u32 counters that wrap)."""
     return 0 < ((a - b) & 0xFFFFFFFF) < 0x80000000
@@ -156,8 +159,9 @@ class AggregateReader:
     the epochs still running. A call that lands after its entry was taken makes a new one,
     taken the same way, and both go to the same place.
 
-    `table`: rows() -> [(key, value)] as tuples of abi.AggKey's and AggValue's fields, and
-    delete(keys) -> [deleted?] (kernel_io/map_batch.py: the kernel's batch commands).
+    `table`: packed() -> (keys, values), every entry's abi.AggKey and AggValue back to back
+    as the kernel lays them out, and delete(keys) -> [deleted?] for keys packed alike
+    (kernel_io/map_batch.py: the kernel's batch commands).
     `counted()`: calls the kernel counted in req_agg so far (it bumps that counter after
     the entry is written): while it has not moved and no process with entries left has a
     new epoch, the map is not read at all. `kernel_epoch(tgid)`: the process's epoch in
@@ -241,40 +245,45 @@ class AggregateReader:
         if (counted is not None and counted == self._counted_seen and not (final or exits)
                 and self._waiting.isdisjoint(bounds)):
             return []  # nothing new counted, and no entry left behind has seen its epoch end
-        epochs, waiting, now, later, counting = self.epochs, set(), [], [], set()
-        # The epochs each process had left in the kernel by the previous read's end: no call
-        # adds to an entry of those any more (but one whose probe read the epoch before it
-        # moved on and was preempted since, which then lands in a new entry: taken the same way).
-        kernel = self._kernel_then
-        room = 0 if self.shedding else self.kept.room()
-        for row in self.table.rows():  # key: tgid, tid, epoch, call, detail, ctx (abi.AggKey)
-            k = row[0]
-            tgid = k[0]
-            counting.add(tgid)
+        keys, values = self.table.packed()
+        words = memoryview(keys).cast("I")  # the key's tgid and epoch columns, no row unpacked
+        tgids, row_epochs = words[0::KEY_WORDS].tolist(), words[2::KEY_WORDS].tolist()
+        # Each (process, epoch) decided once: taken now (its epoch ended in the stream), kept
+        # (it ended in the kernel only, by the end of the previous read: no call adds to it any
+        # more, but one whose probe read the epoch before it moved on and was preempted since,
+        # which then lands in a new entry, taken the same way), or left (still running).
+        epochs, kernel, verdicts = self.epochs, self._kernel_then, {}
+        for pair in dict.fromkeys(zip(tgids, row_epochs)):
+            tgid, epoch = pair
             last = epochs.get(tgid)
-            if final or tgid in exits or (last is not None and epoch_after(last, k[2])):
-                now.append(row)
-                continue
-            moved = kernel.get(tgid)
-            if moved is not None and epoch_after(moved, k[2]) and len(later) < room:
-                later.append(row)  # ended in the kernel, not yet in the stream: kept here until it is
+            if final or tgid in exits or (last is not None and epoch_after(last, epoch)):
+                verdicts[pair] = _NOW
             else:
-                waiting.add(tgid)  # its epoch is still running: calls may still be counting in it
-        self._counted_seen, self._waiting = counted, waiting
+                moved = kernel.get(tgid)
+                verdicts[pair] = _KEEP if moved is not None and epoch_after(moved, epoch) else _LEAVE
+        at = {_NOW: [], _KEEP: [], _LEAVE: []}
+        for i, pair in enumerate(zip(tgids, row_epochs)):
+            at[verdicts[pair]].append(i)
+        now, later = at[_NOW], at[_KEEP]
+        room = 0 if self.shedding else self.kept.room()
+        left = at[_LEAVE] + later[room:]
+        later = later[:room]
+        counting = set(tgids)
+        self._counted_seen, self._waiting = counted, {tgids[i] for i in left}
         if self.kernel_epoch is not None:  # after the table: what the next read may take
             self._kernel_then = {t: e for t in counting if t in epochs and (e := self.kernel_epoch(t)) is not None}
         if not (now or later):
             return []
         if keep_all:
             now, later = [], now + later
-        gone = self.table.delete([k for k, _ in now] + [k for k, _ in later])
-        taken = [_aggregate(k, v) for (k, v), g in zip(now, gone) if g]
-        for (k, v), g in zip(later, gone[len(now):]):
-            if g:
-                self.kept.add(k, v)
-        n = len(taken) + sum(gone[len(now):])
-        if n:
-            self.stats.add("aggregate_records", n)
+        ks, vs = KEY.size, VALUE.size
+        gone = self.table.delete(b"".join([keys[i * ks:(i + 1) * ks] for i in now + later]))
+        taken = [_aggregate(KEY.unpack_from(keys, i * ks) + VALUE.unpack_from(values, i * vs))
+                 for i, g in zip(now, gone) if g]
+        kept = [i for i, g in zip(later, gone[len(now):]) if g]
+        self.kept.add(keys, values, kept, tgids, row_epochs)
+        if taken or kept:
+            self.stats.add("aggregate_records", len(taken) + len(kept))
         return taken
 
     def _due(self, exits: dict, final: bool) -> list[CallAggregate]:
@@ -289,7 +298,7 @@ class AggregateReader:
                 continue
             else:
                 rows = self.kept.take(tgid, lambda e: epoch_after(last, e))
-            out += [_aggregate(k, v) for k, v in rows]
+            out += [_aggregate(row) for row in rows]
         return out
 
     def forget(self, tgids: set) -> None:
@@ -304,11 +313,13 @@ def _ts(a: CallAggregate) -> int:
     return a.ts_ns
 
 
-def _aggregate(k: tuple, v: tuple) -> CallAggregate:
-    """A req_agg entry as a record. v: count, bytes, duration_ns, first_ts, last_ts,
-    last_end_ts (abi.AggValue)."""
-    return CallAggregate(k[0], k[1], k[2], k[3] & ~AGG_HTTP_UNSEEN, k[4], k[5], *v,
-                         http_unseen=bool(k[3] & AGG_HTTP_UNSEEN))
+def _aggregate(f: tuple) -> CallAggregate:
+    """A req_agg row as a record. f: abi.AggKey's fields (tgid, tid, epoch, call, detail,
+    ctx), then AggValue's (count, bytes, duration_ns, first_ts, last_ts, last_end_ts): the
+    record's first fields, in its order."""
+    if f[3] & AGG_HTTP_UNSEEN:
+        return CallAggregate(f[0], f[1], f[2], f[3] & ~AGG_HTTP_UNSEEN, *f[4:], http_unseen=True)
+    return CallAggregate(*f)
 
 
 def runs(aggregates: list) -> list[AggregateRun]:

@@ -184,11 +184,15 @@ def test_the_collector_bumps_the_generation_after_each_change():
         program.close()
 
 
-def test_the_per_request_counts_are_read_as_struct_rows(probes):
-    """The reader takes req_agg at every poll: its key and value must unpack with
-    `struct` (kernel_io/map_batch.py rows()), not fall back to ctypes field reads."""
+def test_the_per_request_counts_are_read_as_the_kernels_bytes(probes):
+    """The reader takes req_agg at every poll as the kernel lays it out (kernel_io/map_batch.py
+    packed()) and reads its rows with `struct` (kernel_io/kept_counts.py KEY, VALUE): the
+    map's key and value must be those layouts' sizes."""
     from otel_gpu.kernel_io.abi import AggKey, AggValue
+    from otel_gpu.kernel_io.kept_counts import KEY, VALUE
     from otel_gpu.kernel_io.map_batch import BatchMap
     table = BatchMap(probes.bpf["req_agg"], "req_agg")
-    assert table._key_fmt is not None and table._key_fmt.size == ct.sizeof(AggKey)
-    assert table._value_fmt is not None and table._value_fmt.size == ct.sizeof(AggValue)
+    assert (ct.sizeof(table.Key), ct.sizeof(table.Leaf)) == (KEY.size, VALUE.size) == (ct.sizeof(AggKey),
+                                                                                       ct.sizeof(AggValue))
+    keys, values = table.packed()
+    assert len(keys) % KEY.size == 0 and len(keys) // KEY.size == len(values) // VALUE.size

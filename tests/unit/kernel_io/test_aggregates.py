@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 
 from otel_gpu.kernel_io import reader as reader_module
+from otel_gpu.kernel_io.kept_counts import KEY, VALUE
 from otel_gpu.kernel_io.reader import AggregateReader, epoch_after
 from otel_gpu.records import (EV_SOCK_READ, EV_SOCK_WRITE, Accept, AggregateRun, CallAggregate, ContextCopy, ProcExit,
                               SockIo)
@@ -27,20 +28,25 @@ class _Entry(tuple):
 
 class FakeReqAgg(dict):
     """Stands in for the bcc hash (the real one is exercised by tests/bpf/test_request_aggregates.py):
-    AggKey field tuples to AggValue field tuples, as kernel_io/map_batch.BatchMap.rows() gives them."""
+    AggKey field tuples to AggValue field tuples, read and deleted as the kernel's bytes, as
+    kernel_io/map_batch.BatchMap.packed() and delete() do."""
 
     def put(self, tgid, tid, epoch, call, detail=0x1000, ctx=0, count=1, nbytes=0, duration=0, ts=1):
         self[_Entry((tgid, tid, epoch, call, detail, ctx))] = (count, nbytes, duration, ts, ts, ts + duration)
 
-    def delete(self, keys):
-        """As BatchMap.delete: whether each key was still there."""
-        return [dict.pop(self, k, None) is not None for k in keys]
+    def delete(self, keys: bytes):
+        """As BatchMap.delete: whether each key was still there (equal keys: one entry each)."""
+        done = []
+        for (fields,) in zip(KEY.iter_unpack(keys)):
+            entry = next((k for k in self if tuple(k) == fields), None)
+            done.append(entry is not None and dict.pop(self, entry, None) is not None)
+        return done
 
     reads = 0
 
-    def rows(self):
+    def packed(self):
         self.reads += 1
-        return list(dict.items(self))
+        return (b"".join(KEY.pack(*k) for k in self), b"".join(VALUE.pack(*v) for v in self.values()))
 
 
 def read(epoch, ts=0, pid=PID, raw=b"GET /r HTTP/1.1\r\nHost: x\r\n\r\n", tid=LOOP, ctx=0, fd=FD):
@@ -324,8 +330,8 @@ def test_an_entry_is_never_taken_while_the_kernel_may_still_add_to_it():
     kernel = [21]
 
     class Racing(FakeReqAgg):
-        def rows(self):
-            out = super().rows()
+        def packed(self):
+            out = super().packed()
             if kernel[0] == 21:  # after the read: the kernel goes on
                 (key,) = list(self)
                 count, *rest = self[key]
@@ -372,3 +378,13 @@ def test_forgetting_a_process_drops_what_was_kept_for_it():
     r.forget({PID})
     assert r.kept.n == 1 and PID not in r.epochs
     assert [(o.tgid, o.count) for o in flat(r.merge([], final=True)) if o.__class__ is CallAggregate] == [(PID + 1, 4)]
+
+
+def test_a_row_becomes_its_record_field_by_field_the_unseen_flag_out_of_the_call():
+    from otel_gpu.kernel_io.abi import AGG_HTTP_UNSEEN
+    table = FakeReqAgg()
+    table[_Entry((PID, 7, 3, MEMCPY, 2, 0xC7))] = (5, 4096, 11, 100, 140, 151)
+    table[_Entry((PID, 8, 3, MEMCPY | AGG_HTTP_UNSEEN, 1, 0))] = (1, 64, 2, 120, 120, 122)
+    got = sorted(flat(AggregateReader(table, Stats()).merge([], final=True)), key=lambda a: a.tid)
+    assert got == [CallAggregate(PID, 7, 3, MEMCPY, 2, 0xC7, 5, 4096, 11, 100, 140, 151),
+                   CallAggregate(PID, 8, 3, MEMCPY, 1, 0, 1, 64, 2, 120, 120, 122, http_unseen=True)]
