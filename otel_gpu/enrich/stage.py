@@ -7,14 +7,11 @@ from __future__ import annotations
 
 from typing import Optional
 
-from .. import sanitize
 from .. import semconv as sc
 from ..pipeline.model import ProcessWindow, Request
 from ..records import KernelHandle, ProcessGone, ProcessSeen, RequestSummary
 from .resources import ProcessResources
 from .routes import RouteTemplater
-
-MAX_KERNEL_NAME = 4096  # demangled C++ template names run to a few KiB
 
 
 class Enrich:
@@ -22,7 +19,7 @@ class Enrich:
         self.resources = resources
         self.devices = devices  # gpu_devices.DeviceIdentities, or None: no uuid/model
         self.routes = routes
-        self.kernel_names = kernel_names  # (pid, func) -> demangled name or None; has learn(r), forget(pid)
+        self.kernel_names = kernel_names  # symbols.KernelNames: (pid, func) -> name or None
         self.handles_learned = 0
         self.unnamed = 0  # kernels a request or window launched that got no name (shown as 0x...)
 
@@ -62,9 +59,8 @@ class Enrich:
 
     def _enrich(self, r, exit_comm: Optional[str]) -> None:
         r.resource = self.resources.resource(r.tgid, exit_comm)
-        # Symbol names come from the traced process's own files: sanitised like the network's.
-        r.kernel_names = {f: sanitize.optional(self.kernel_names(r.tgid, f), MAX_KERNEL_NAME)
-                          for f in r.sink.kernel_funcs()}
+        names, tgid = self.kernel_names, r.tgid
+        r.kernel_names = {f: names(tgid, f) for f in r.sink.kernel_funcs()}
         self.unnamed += sum(1 for name in r.kernel_names.values() if name is None)
         if isinstance(r, Request):
             r.route = self.routes.route(r.head.path, str(r.resource.attributes.get(sc.SERVICE_NAME, "")))

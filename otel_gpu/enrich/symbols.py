@@ -11,6 +11,7 @@ import ctypes.util
 import logging
 from typing import Callable, Optional
 
+from .. import sanitize
 from ..records import KernelHandle
 from .code_symbols import CodeSymbols
 
@@ -105,7 +106,13 @@ def demangle(name: str) -> str:
     return _DEMANGLE(name.encode(errors="replace")) or name
 
 
+MAX_KERNEL_NAME = 4096  # demangled C++ template names run to a few KiB
+
+
 class KernelNames:
+    """(pid, func) -> the kernel's demangled name, sanitised (it comes from the traced
+    process's own files: cleaned like the network's), or None; kept once resolved."""
+
     def __init__(self, max_entries: int = 65536, handles: Optional[HandleMap] = None,
                  symbols: Optional[CodeSymbols] = None) -> None:
         self._names: dict[tuple[int, int], Optional[str]] = {}
@@ -127,7 +134,7 @@ class KernelNames:
         if name is None and addr:
             name = self.symbols.name(pid, addr)
         if name is not None:
-            name = demangle(name)
+            name = sanitize.text(demangle(name), MAX_KERNEL_NAME)
         if len(self._names) < self.max_entries:
             self._names[key] = name
         return name

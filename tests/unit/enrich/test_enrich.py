@@ -1,6 +1,7 @@
 """The enrich stage: what it writes onto requests and windows, and when it forgets."""
 from otel_gpu import semconv as sc
 from otel_gpu.enrich.stage import Enrich
+from otel_gpu.enrich.symbols import KernelNames
 from otel_gpu.pipeline.protocols.base import RequestHead
 from otel_gpu.pipeline.model import OUTSIDE, THREAD, CallSink, ProcessWindow, Request
 from otel_gpu.records import ProcessGone, ProcessSeen
@@ -74,16 +75,19 @@ def test_every_record_passes_in_order(tmp_path):
 
 def test_kernel_names_from_the_process_files_are_sanitised(tmp_path):
     """A symbol name is the traced process's own bytes: escape sequences, C1 controls and
-    surrogate-escaped bytes never reach the spans or metrics; huge names are bounded."""
+    surrogate-escaped bytes never reach the spans or metrics; huge names are bounded. The
+    namer cleans a name once, as it resolves it (enrich/symbols.py KernelNames)."""
     hostile = {0x10: "k\x1b[2J\x1b]0;t\x07", 0x20: "k\x9b31m\udcff", 0x30: "t<" + "x" * 10000 + ">"}
 
-    class HostileNames(Names):
-        def __call__(self, pid, func):
-            return hostile[func]
+    class HostileHandles:  # what a process's own KernelHandle records or symbol tables named
+        def resolve(self, pid, func):
+            return hostile[func], 0
 
     fake_proc(tmp_path, 9)
     r = request(9, "/a", [cuda(func=f, pid=9) for f in hostile])
-    stage(tmp_path, HostileNames()).process([r])
+    stage(tmp_path, KernelNames(handles=HostileHandles())).process([r])
     assert r.kernel_names[0x10] == "k\ufffd[2J\ufffd]0;t\ufffd"
     assert r.kernel_names[0x20] == "k\ufffd31m\ufffd"
     assert len(r.kernel_names[0x30]) == 4096 and r.kernel_names[0x30].endswith("…")
+
+
