@@ -65,15 +65,29 @@ class BatchedAdds:
 
     def __init__(self) -> None:
         self._sums: dict = {}
+        self._each: dict = {}  # (counter, base, label) -> label value -> n
 
     def add(self, counter, n, attributes: tuple) -> None:
         key = (counter, attributes)
         self._sums[key] = self._sums.get(key, 0) + n
 
+    def add_each(self, counter, base: tuple, label: str, counts: dict) -> None:
+        """add(counter, n, base + ((label, value),)) for each value -> n of `counts`, with
+        `base` hashed once: a request's kernels, dozens of series under its labels."""
+        per = self._each.get((counter, base, label))
+        if per is None:
+            per = self._each[(counter, base, label)] = {}
+        for value, n in counts.items():
+            per[value] = per.get(value, 0) + n
+
     def flush(self) -> None:
         sums, self._sums = self._sums, {}
+        each, self._each = self._each, {}
         for (counter, attributes), n in sums.items():
             counter.add(n, dict(attributes))
+        for (counter, base, label), per in each.items():
+            for value, n in per.items():
+                counter.add(n, dict(base + ((label, value),)))
 
 
 class BatchedRecords:

@@ -217,7 +217,7 @@ class GpuMetrics:
         pid, sink, names = record.tgid, record.sink, record.kernel_names
         for attribution, n in sink.attributed.items():
             self._attributed[attribution] += n
-        launches: dict[tuple[str, str], int] = {}  # (api, kernel) -> launches
+        launches: dict[str, dict[str, int]] = {}  # api -> kernel -> launches
         graph_kernels: dict[str, int] = {}
         graphs: dict[str, int] = {}     # api -> graph launches
         allocated: dict[str, int] = {}  # api -> bytes
@@ -228,8 +228,9 @@ class GpuMetrics:
             spec = BY_ID.get(call)
             category, api = (spec.category, spec.api) if spec else (None, API_CUDA)
             if category is Category.LAUNCH:
-                key = (api, self._bounded(names.get(detail)))
-                launches[key] = launches.get(key, 0) + count
+                by_kernel = launches.setdefault(api, {})
+                name = self._bounded(names.get(detail))
+                by_kernel[name] = by_kernel.get(name, 0) + count
             elif category is Category.GRAPH:
                 graphs[api] = graphs.get(api, 0) + count
                 for func, n in kernels or ():  # what the graph ran (pipeline/graphs.py)
@@ -270,10 +271,14 @@ class GpuMetrics:
                 continue
             # A launch rollup, a kernel each (a request may count dozens): tally's first branch, inline.
             name = names.get(agg.detail) or "unknown"
-            key = (api, name if name in known else bounded(name))
-            launches[key] = launches.get(key, 0) + agg.count
-        for (api, name), n in launches.items():
-            self._adds.add(self.apis[api].launches, n, base + ((sc.GPU_KERNEL_NAME, name),))
+            if name not in known:
+                name = bounded(name)
+            by_kernel = launches.get(api)
+            if by_kernel is None:
+                by_kernel = launches[api] = {}
+            by_kernel[name] = by_kernel.get(name, 0) + agg.count
+        for api, by_kernel in launches.items():
+            self._adds.add_each(self.apis[api].launches, base, sc.GPU_KERNEL_NAME, by_kernel)
         for name, n in graph_kernels.items():
             self._adds.add(self.graph_kernels, n, base + ((sc.GPU_KERNEL_NAME, name),))
         for api, n in graphs.items():

@@ -181,19 +181,18 @@ class CallAttribution:
                     r.sink.add(ev, o.attribution)
                     r.busy.add(ev, device)
                 if o.folds:  # the hold's own folds, handed over
-                    add = r.sink.add_rollup
-                    for agg, _, _ in o.folds:
-                        add(agg, o.attribution, True)
-                    (agg, device, _), folds = o.folds[0], o.folds  # the first sets the window's device, as one by one
+                    folds = o.folds
+                    r.sink.add_rollups([f[0] for f in folds], o.attribution, True)
+                    agg, device, _ = folds[0]  # the first sets the window's device, as one by one
                     r.busy.extend(device, min(f[0].first_ts for f in folds), max(f[2] for f in folds), agg.call)
                 continue
             w = self._window(p, o.attribution, o.start_ns)
             for ev, _ in o.calls:
                 w.sink.add(ev, o.attribution)
                 w.end_ns = max(w.end_ns, ev.ts_ns + ev.amounts()[2])
-            for agg, _, _ in o.folds:
-                w.sink.add_rollup(agg, o.attribution, True)
-                w.end_ns = max(w.end_ns, agg.last_end_ts)
+            if o.folds:
+                w.sink.add_rollups([f[0] for f in o.folds], o.attribution, True)
+                w.end_ns = max(w.end_ns, max(f[0].last_end_ts for f in o.folds))
             self._link(w, o.links)
 
     # --- windows ---------------------------------------------------------------------

@@ -77,15 +77,24 @@ class Group:
         self.count = 0
         self.first_ts = 0
 
+    def add_counts(self, aggregates, device: int) -> int:
+        """Holds CallAggregates (calls the kernel counted), a fold each; returns their calls."""
+        folds, first, n = self.folds, None, 0
+        for a in aggregates:
+            agg = RollupAgg(a.call, a.detail, a.count, a.bytes, a.duration_ns, a.ts_ns, a.last_ts, a.last_end_ts)
+            folds[(a.call, a.detail, id(agg))] = [agg, device, a.last_end_ts]
+            n += a.count
+            if first is None or a.ts_ns < first:
+                first = a.ts_ns
+        self.first_ts = first if not self.count else min(self.first_ts, first)
+        self.count += n
+        return n
+
     def add(self, ev, device: int, one_by_one: bool) -> tuple[int, int]:
-        """Holds a call (or a CallAggregate: a fold of its own); returns the entries it
-        added (0 when folded into an existing one) and the calls (a CallAggregate's count)."""
+        """Holds a call; returns the entries it added (0 when folded into an existing one)
+        and the calls (1)."""
         n, added = 1, 1
-        if ev.__class__ is CallAggregate:  # calls the kernel counted
-            n = ev.count
-            agg = RollupAgg(ev.call, ev.detail, n, ev.bytes, ev.duration_ns, ev.ts_ns, ev.last_ts, ev.last_end_ts)
-            self.folds[(ev.call, ev.detail, id(agg))] = [agg, device, ev.last_end_ts]
-        elif one_by_one:
+        if one_by_one:
             self.calls.append((ev, device))
         else:  # past what any span could show one by one: folded by (call, detail)
             detail, nbytes, duration = ev.amounts()
@@ -154,12 +163,15 @@ class Holds:
             self.by_policy[policy.name] = self.by_policy.get(policy.name, 0) + 1
             for c in g.watched:
                 self.index.setdefault(id(c), {})[g] = None
+        if calls and calls[0].__class__ is CallAggregate:  # a thread's counts (an AggregateRun's)
+            self.held += g.add_counts(calls, device)
+            self.entries += len(calls)
+            return
         for ev in calls:
-            one = False
-            if ev.__class__ is not CallAggregate:
-                kept = self.kept.get(k, 0)
-                if kept < self.keep:
-                    one, self.kept[k] = True, kept + 1
+            kept = self.kept.get(k, 0)
+            one = kept < self.keep
+            if one:
+                self.kept[k] = kept + 1
             entries, n = g.add(ev, device, one)
             self.entries += entries
             self.held += n

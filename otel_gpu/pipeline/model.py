@@ -153,22 +153,30 @@ class CallSink:
         known): merged into this sink's rollup for (call, detail). `given`: the caller
         hands `agg` over (a settled hold's fold, made for this): kept as it is where this
         sink has none for its key, else copied."""
-        self.summary.add_many(agg.call, agg.detail, agg.count, agg.bytes, agg.duration_ns)
-        if agg.call in _DEVICE_WORK_IDS:
-            self.device_counted = True
-        if agg.kernels:
-            self.summary.add_graph(agg.kernels, agg.count)
-        self.attributed[attribution] = self.attributed.get(attribution, 0) + agg.count
-        mine = self.rollups.get((agg.call, agg.detail))
-        if mine is None:
-            self.rollups[(agg.call, agg.detail)] = agg if given else agg.copy()
-            return
-        mine.first_ts = min(mine.first_ts, agg.first_ts) if mine.count else agg.first_ts
-        mine.count += agg.count
-        mine.bytes += agg.bytes
-        mine.duration_ns += agg.duration_ns
-        mine.last_ts = max(mine.last_ts, agg.last_ts)
-        mine.last_end_ts = max(mine.last_end_ts, agg.last_end_ts)
+        self.add_rollups((agg,), attribution, given)
+
+    def add_rollups(self, aggs, attribution: str, given: bool = False) -> None:
+        """add_rollup for each of `aggs`, in one pass (a settled hold's folds: a request's
+        kernels, dozens in a forward pass)."""
+        summary, rollups, n = self.summary, self.rollups, 0
+        for agg in aggs:
+            summary.add_many(agg.call, agg.detail, agg.count, agg.bytes, agg.duration_ns)
+            if agg.call in _DEVICE_WORK_IDS:
+                self.device_counted = True
+            if agg.kernels:
+                summary.add_graph(agg.kernels, agg.count)
+            n += agg.count
+            mine = rollups.get((agg.call, agg.detail))
+            if mine is None:
+                rollups[(agg.call, agg.detail)] = agg if given else agg.copy()
+                continue
+            mine.first_ts = min(mine.first_ts, agg.first_ts) if mine.count else agg.first_ts
+            mine.count += agg.count
+            mine.bytes += agg.bytes
+            mine.duration_ns += agg.duration_ns
+            mine.last_ts = max(mine.last_ts, agg.last_ts)
+            mine.last_end_ts = max(mine.last_end_ts, agg.last_end_ts)
+        self.attributed[attribution] = self.attributed.get(attribution, 0) + n
 
     def add_aggregate(self, call: int, detail: int, count: int, nbytes: int, duration_ns: int,
                       ts_ns: int, attribution: str, kernels: Optional[tuple] = None) -> None:

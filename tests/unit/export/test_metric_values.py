@@ -155,6 +155,29 @@ def test_batched_adds_make_one_add_per_series_and_batch():
     assert len(a.adds) == 2 and len(b.adds) == 1
 
 
+def test_batched_adds_by_one_more_label_sum_per_value():
+    """add_each: a request's launches by kernel, under the request's labels."""
+    class Counter:
+        def __init__(self):
+            self.adds = []
+
+        def add(self, n, attributes):
+            self.adds.append((n, attributes))
+
+    c, adds = Counter(), BatchedAdds()
+    base = (("http.route", "/x"),)
+    adds.add_each(c, base, "gpu.kernel.name", {"k1": 3, "k2": 1})
+    adds.add_each(c, base, "gpu.kernel.name", {"k1": 2})
+    adds.add_each(c, (("http.route", "/y"),), "gpu.kernel.name", {"k1": 5})
+    assert c.adds == []
+    adds.flush()
+    assert sorted(c.adds, key=lambda x: sorted(x[1].items())) == [
+        (5, {"http.route": "/x", "gpu.kernel.name": "k1"}), (5, {"http.route": "/y", "gpu.kernel.name": "k1"}),
+        (1, {"http.route": "/x", "gpu.kernel.name": "k2"})]
+    adds.flush()
+    assert len(c.adds) == 3
+
+
 def test_batched_records_record_each_value_once_at_the_batch_end():
     class Histogram:
         def __init__(self):
