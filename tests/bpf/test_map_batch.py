@@ -6,6 +6,7 @@ from __future__ import annotations
 import ctypes as ct
 import errno
 import logging
+import struct
 
 import pytest
 
@@ -44,16 +45,20 @@ def test_items_reads_every_entry_exactly(table, n):
     assert got == {(i, i * 7, i << 33): (i + 1, 2 * i) for i in range(n)}
 
 
+KEY, VALUE = struct.Struct("@IIQ"), struct.Struct("@QQ")  # PROGRAM's struct k and struct v
+
+
 @pytest.mark.parametrize("batched", [True, False])
-def test_rows_are_the_fields_as_tuples_and_delete_takes_them(table, batched):
-    """rows() unpacks with `struct` (the key has padding-free u32, u32, u64; the value
-    two u64), batched or entry by entry; its key tuples delete as ctypes keys do."""
+def test_packed_reads_the_kernels_bytes_and_delete_takes_keys_as_bytes(table, batched):
+    """packed(): every key and every value back to back as the kernel lays them out,
+    batched or entry by entry; keys packed alike delete as ctypes keys do."""
     fill(table, 300)
     bm = BatchMap(table, "m")
     bm._batched = batched
-    rows = bm.rows()
+    keys, values = bm.packed()
+    rows = list(zip(KEY.iter_unpack(keys), VALUE.iter_unpack(values)))
     assert sorted(rows) == [((i, i * 7, i << 33), (i + 1, 2 * i)) for i in range(300)]
-    assert bm.delete([k for k, _ in rows if k[0] < 100]) == [True] * 100
+    assert bm.delete(b"".join(KEY.pack(*k) for k, _ in rows if k[0] < 100)) == [True] * 100
     assert sorted(k.a for k in table.keys()) == list(range(100, 300))
 
 
@@ -95,19 +100,20 @@ def test_a_kernel_refusing_the_batch_commands_is_logged_by_map_name_and_read_ent
     monkeypatch.setattr(map_batch, "lib", Refusing)
     bm = BatchMap(table, "m")
     with caplog.at_level(logging.WARNING, logger=map_batch.__name__):
-        rows = bm.rows()
-    assert sorted(k[0] for k, _ in rows) == list(range(50)) and not bm._batched
+        keys, _values = bm.packed()
+    rows = [k for (k,) in zip(KEY.iter_unpack(keys))]
+    assert sorted(k[0] for k in rows) == list(range(50)) and not bm._batched
     assert [r.getMessage() for r in caplog.records] == ["m: batch lookup refused ([Errno 22] BPF_MAP_LOOKUP_BATCH: "
                                                         "EINVAL): reading entry by entry"]
     bm = BatchMap(table, "m")
     with caplog.at_level(logging.WARNING, logger=map_batch.__name__):
-        assert bm.delete([k for k, _ in rows if k[0] < 20]) == [True] * 20
+        assert bm.delete(b"".join(KEY.pack(*k) for k in rows if k[0] < 20)) == [True] * 20
     assert caplog.records[-1].getMessage() == "m: batch delete refused (EINVAL): deleting entry by entry"
     assert sorted(k.a for k in table.keys()) == list(range(20, 50))
 
 
 def test_items_and_delete_of_a_map_whose_key_is_not_all_integers():
-    """rows() needs integer fields; items() and delete() take any key, as ctypes keys."""
+    """items() and delete() take any key, as ctypes keys."""
     from bcc import BPF
 
     from otel_gpu.probes.source import kernel_headers_hint
