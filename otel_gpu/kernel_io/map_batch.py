@@ -16,7 +16,7 @@ log = logging.getLogger(__name__)
 
 
 class BatchMap:
-    """items(), rows() and delete(keys) of one bcc hash table; falls back to bcc's per-entry
+    """items(), packed() and delete(keys) of one bcc hash table; falls back to bcc's per-entry
     calls where the kernel refuses the batch commands (logged once)."""
 
     def __init__(self, table, name: str) -> None:
