@@ -133,14 +133,17 @@ def test_service_name_labels_are_bounded():
     assert stats.snapshot()["services_folded"] >= 40
 
 
+class Counter:
+    """What BatchedAdds calls: the SDK counter's add()."""
+
+    def __init__(self):
+        self.adds = []
+
+    def add(self, n, attributes):
+        self.adds.append((n, attributes))
+
+
 def test_batched_adds_make_one_add_per_series_and_batch():
-    class Counter:
-        def __init__(self):
-            self.adds = []
-
-        def add(self, n, attributes):
-            self.adds.append((n, attributes))
-
     a, b, adds = Counter(), Counter(), BatchedAdds()
     for route in ("/x", "/y", "/x"):
         adds.add(a, 2, (("http.route", route), ("service.name", "s")))
@@ -157,13 +160,6 @@ def test_batched_adds_make_one_add_per_series_and_batch():
 
 def test_batched_adds_by_one_more_label_sum_per_value():
     """add_each: a request's launches by kernel, under the request's labels."""
-    class Counter:
-        def __init__(self):
-            self.adds = []
-
-        def add(self, n, attributes):
-            self.adds.append((n, attributes))
-
     c, adds = Counter(), BatchedAdds()
     base = (("http.route", "/x"),)
     adds.add_each(c, base, "gpu.kernel.name", {"k1": 3, "k2": 1})
