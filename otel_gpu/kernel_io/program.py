@@ -8,7 +8,6 @@ from __future__ import annotations
 import ctypes as ct
 import itertools
 import logging
-import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Optional
@@ -24,6 +23,7 @@ from . import launch_slots
 from .abi import LIB_CUDART, LIB_DEVICE_CLOCK, LIB_DRIVER, LIB_HIP, LIB_NCCL, LIB_SSL, GoProc, PyProc, PyThreadKey
 from .connection_table import ConnectionTable
 from .kernel_counters import KernelCounters
+from .count_collector import CountCollector
 from .map_batch import BatchMap
 from .reader import AggregateReader, RingReader, RollupReader
 from .request_summaries import SummaryReader
@@ -42,7 +42,6 @@ TRACED, FOLLOW_ALL = 1, 0xFFFFFFFF
 # The `loaded` table is read when a LibraryLoaded cue says it has news, and this often all the
 # same: a cue lost with a full ring waits no longer.
 LOADED_RECHECK_S = 2.0
-COLLECT_EVERY_S = 0.05  # req_agg's ended counts taken this often (AggregateReader.collect)
 # The `loaded` table's bits (abi.LIB_*): the kind of file discovery finds once it is mapped.
 OPENED_KINDS = {LIB_CUDART: RUNTIME, LIB_DRIVER: DRIVER, LIB_NCCL: NCCL, LIB_HIP: HIP,
                 LIB_DEVICE_CLOCK: DEVICE_CLOCK, LIB_SSL: TLS}
@@ -104,9 +103,7 @@ class BpfProgram:
         self.aggregates = AggregateReader(BatchMap(self.bpf["req_agg"], "req_agg"), stats,
                                           counted=lambda: self.kernel_counters.total("aggregated"),
                                           kernel_epoch=self._kernel_epoch)
-        # While the pipeline works through a batch, a thread takes req_agg's ended counts.
-        self._pushing, self._closing = threading.Event(), threading.Event()
-        threading.Thread(target=self._collect_counts, name="req_agg", daemon=True).start()
+        self.collector = CountCollector(self.aggregates)  # req_agg's ended counts, while a batch is worked through
         self.connections = ConnectionTable(self.bpf)
         self.attacher = Attacher(self.bpf, stats, uprobes=uprobe_links.choose(self.bpf, options.uprobe_links))
         self.launch_routes = LaunchRoutes(self.attacher, self.bpf["launch_routes"], self.bpf["launch_pairs"],
@@ -116,19 +113,6 @@ class BpfProgram:
         self._py_threads: dict = {}  # pid -> {thread: state} as written to `py_threads`
         self._verdict_gens = itertools.count(1)  # next() is atomic: callers on several threads
         self._heads_verifying: Optional[tuple] = None  # (bound, parents, t0) of sample_heads(wait=False)
-
-    def _collect_counts(self) -> None:
-        """Every COLLECT_EVERY_S while the pipeline is still on the batch poll() handed it:
-        the per-request counts whose epoch ended in the kernel leave req_agg
-        (AggregateReader.collect), so the table fills only with the counts of that long,
-        not with those of the collector's backlog. Idle (no batch), it sleeps."""
-        while self._pushing.wait() and not self._closing.wait(COLLECT_EVERY_S):
-            if not self._pushing.is_set():
-                continue  # the loop is back at the ring: its merge reads the table
-            try:
-                self.aggregates.collect()
-            except Exception as e:  # never the thread's end: the next poll's merge reads the table all the same
-                log.warning("req_agg: counts not collected (%s); the next poll reads them", e)
 
     def _kernel_epoch(self, tgid: int) -> Optional[int]:
         """The process's HTTP epoch in the kernel now (http_seq), or None (no entry)."""
@@ -175,7 +159,7 @@ class BpfProgram:
             self._install_h2_walk()
         if self._heads_verifying is not None and not self.bpf.loading(HEAD_PROGRAMS):
             self._install_heads(*self._heads_verifying)
-        self._pushing.clear()
+        self.collector.idle()
         batch, first_exit = self.ring.poll(timeout_ms)
         if batch:
             self.aggregates.shedding = self.ring.half_full(time.monotonic_ns())
@@ -183,7 +167,7 @@ class BpfProgram:
             batch[first_exit:first_exit] = self.rollups.read(time.monotonic_ns())
         batch = self.aggregates.merge(batch)
         if batch:
-            self._pushing.set()  # the pipeline's now, until the next poll
+            self.collector.busy()  # the pipeline's now, until the next poll
         return batch
 
     def read_rollups(self, final: bool = False) -> list:
@@ -440,6 +424,5 @@ class BpfProgram:
     def close(self, timeout: float = 60) -> None:
         """Every probe detached (`timeout` at most for their closes), then the programs
         and maps freed."""
-        self._closing.set()
-        self._pushing.set()  # wakes the collecting thread to see it
+        self.collector.close()
         self.attacher.detach_all(timeout)

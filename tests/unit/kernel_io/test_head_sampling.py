@@ -93,7 +93,7 @@ def test_head_programs_wanted_mid_traffic_are_verified_beside_the_poll_loop(monk
         Stats(), None
     program.ring = types.SimpleNamespace(poll=lambda timeout_ms: (["record"], -1), half_full=lambda now: False)
     program.aggregates = types.SimpleNamespace(merge=lambda batch: batch)
-    program._pushing = threading.Event()
+    program.collector = types.SimpleNamespace(busy=lambda: None, idle=lambda: None)
     program.sample_heads(7, parents=True, wait=False)
     assert program.poll(0) == ["record"] and program.poll(0) == ["record"]  # the loop goes on
     assert program.bpf.tables["head_settings"] == {} and program.bpf.tables["head_scans"] == {}
@@ -121,7 +121,7 @@ def test_h2_walk_is_verified_beside_the_poll_loop_then_switched_on(monkeypatch):
     program.bpf, program.stats, program._heads_verifying = held_verifier({b"h2_walk": 200}), Stats(), None
     program.ring = types.SimpleNamespace(poll=lambda timeout_ms: (["record"], -1), half_full=lambda now: False)
     program.aggregates = types.SimpleNamespace(merge=lambda batch: batch)
-    program._pushing = threading.Event()
+    program.collector = types.SimpleNamespace(busy=lambda: None, idle=lambda: None)
     program._h2_walk_verifying = program._start_h2_walk()
     assert program._h2_walk_verifying and program.poll(0) == ["record"]  # the loop goes on
     assert program.bpf.tables["h2_walkers"] == {} and program.bpf.tables["h2_walk_on"] == {}
