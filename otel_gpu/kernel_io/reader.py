@@ -155,7 +155,7 @@ class AggregateReader:
     (`kernel_epoch`, read then for the processes it found counting: an entry is read
     whole only once no call adds to it) is taken and kept here (up to MAX_KEPT) until the
     stream reaches that epoch's end, by merge() and by collect(), which a thread calls while
-    the pipeline works through a batch (kernel_io/program.py): the table holds the counts of
+    the pipeline works through a batch (kernel_io/count_collector.py): the table holds the counts of
     the epochs still running. A call that lands after its entry was taken makes a new one,
     taken the same way, and both go to the same place.
 
