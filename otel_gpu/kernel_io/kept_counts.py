@@ -53,17 +53,20 @@ class KeptCounts:
         if kept is None:
             return []
         epochs, rows = kept
-        due = [i for i, e in enumerate(epochs) if ended(e)]
-        if not due:
+        distinct = set(epochs)  # `ended` asked once an epoch, not once a row
+        over = {e for e in distinct if ended(e)}
+        if not over:
             return []
-        out = [ROW.unpack_from(rows, i * ROW.size) for i in due]
-        if len(due) == len(epochs):
+        if len(over) == len(distinct):  # all of them: the common case, unpacked in one pass
             del self._by[tgid]
-        else:
-            gone = set(due)
-            left = [i for i in range(len(epochs)) if i not in gone]
-            self._by[tgid] = (array("I", (epochs[i] for i in left)),
-                              bytearray(b"".join(rows[i * ROW.size:(i + 1) * ROW.size] for i in left)))
+            self.n -= len(epochs)
+            return list(ROW.iter_unpack(rows))
+        due = [i for i, e in enumerate(epochs) if e in over]
+        out = [ROW.unpack_from(rows, i * ROW.size) for i in due]
+        gone = set(due)
+        left = [i for i in range(len(epochs)) if i not in gone]
+        self._by[tgid] = (array("I", (epochs[i] for i in left)),
+                          bytearray(b"".join(rows[i * ROW.size:(i + 1) * ROW.size] for i in left)))
         self.n -= len(due)
         return out
 
