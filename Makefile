@@ -17,7 +17,7 @@ test: setup
 test-unit: setup
 	$(PY) -m pytest -rs tests/unit
 
-bench: setup   # prints a table, writes bench/results/*.json (about 20 minutes on 2 cores; bench-quick at most 4; neither writes the local store)
+bench: setup   # prints a table, writes bench/results/*.json (about 20 minutes on 2 cores; bench-quick about 8; neither writes the local store)
 	$(PY) -m pip install -q py-spy
 	$(SUDO) $(PY) -m bench
 
