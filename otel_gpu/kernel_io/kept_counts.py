@@ -11,7 +11,8 @@ from .abi import AggKey, AggValue, layout
 
 KEY, VALUE = layout(AggKey), layout(AggValue)  # req_agg's rows, as BatchMap.packed() reads them
 ROW = struct.Struct(KEY.format + VALUE.format[1:])  # a key then its value: a kept count
-KEY_WORDS = KEY.size // 4  # a key in u32 words: the tgid is word 0, the epoch word 2
+# A key in u32 words, and the words of its tgid and epoch: the columns a read decides by.
+KEY_WORDS, TGID_WORD, EPOCH_WORD = KEY.size // 4, AggKey.tgid.offset // 4, AggKey.epoch.offset // 4
 assert ROW.size == KEY.size + VALUE.size and KEY.size % 4 == 0
 
 

@@ -22,8 +22,8 @@ from ..ratelimit import Stats
 from . import launch_slots
 from .abi import LIB_CUDART, LIB_DEVICE_CLOCK, LIB_DRIVER, LIB_HIP, LIB_NCCL, LIB_SSL, GoProc, PyProc, PyThreadKey
 from .connection_table import ConnectionTable
-from .kernel_counters import KernelCounters
 from .count_collector import CountCollector
+from .kernel_counters import KernelCounters
 from .map_batch import BatchMap
 from .reader import AggregateReader, RingReader, RollupReader
 from .request_summaries import SummaryReader

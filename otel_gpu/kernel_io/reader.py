@@ -16,7 +16,7 @@ from ..records import (AggregateRun, CallAggregate, ContextCopy, GoH2Unit, Kerne
                        SockClose, SockIo, UnitWake)
 from .abi import AGG_HTTP_UNSEEN, RollupKey
 from .decode import DecodeError, decode
-from .kept_counts import KEY, KEY_WORDS, VALUE, KeptCounts
+from .kept_counts import EPOCH_WORD, KEY, KEY_WORDS, TGID_WORD, VALUE, KeptCounts
 from .launch_slots import LaunchSlots
 
 log = logging.getLogger(__name__)
@@ -247,7 +247,7 @@ class AggregateReader:
             return []  # nothing new counted, and no entry left behind has seen its epoch end
         keys, values = self.table.packed()
         words = memoryview(keys).cast("I")  # the key's tgid and epoch columns, no row unpacked
-        tgids, row_epochs = words[0::KEY_WORDS].tolist(), words[2::KEY_WORDS].tolist()
+        tgids, row_epochs = words[TGID_WORD::KEY_WORDS].tolist(), words[EPOCH_WORD::KEY_WORDS].tolist()
         # Each (process, epoch) decided once: taken now (its epoch ended in the stream), kept
         # (it ended in the kernel only, by the end of the previous read: no call adds to it any
         # more, but one whose probe read the epoch before it moved on and was preempted since,

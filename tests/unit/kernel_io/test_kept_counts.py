@@ -4,7 +4,7 @@ from __future__ import annotations
 import ctypes as ct
 
 from otel_gpu.kernel_io.abi import AggKey, AggValue
-from otel_gpu.kernel_io.kept_counts import KEY, KEY_WORDS, ROW, VALUE, KeptCounts
+from otel_gpu.kernel_io.kept_counts import EPOCH_WORD, KEY, KEY_WORDS, ROW, TGID_WORD, VALUE, KeptCounts
 
 
 def _row(tgid, epoch, n):
@@ -21,6 +21,9 @@ def test_a_row_is_its_key_and_value_fields_in_order():
     assert (KEY.size, VALUE.size) == (ct.sizeof(AggKey), ct.sizeof(AggValue))
     # the reader's columns: the tgid and the epoch, u32 words 0 and 2 of each key
     assert (AggKey.tgid.offset, AggKey.epoch.offset, KEY_WORDS * 4) == (0, 8, ct.sizeof(AggKey))
+    keys = b"".join(KEY.pack(*k) for k, _ in (_row(7, 21, 0), _row(9, 0xFFFF_FFFF, 1)))
+    words = memoryview(keys).cast("I")
+    assert words[TGID_WORD::KEY_WORDS].tolist() == [7, 9] and words[EPOCH_WORD::KEY_WORDS].tolist() == [21, 0xFFFF_FFFF]
 
 
 def _keep(kept, rows):
