@@ -201,12 +201,24 @@ class Destinations:
 
     def tick(self) -> None:
         """The pipeline's Tick: destinations that write on a timer (the store's summaries)."""
+        self._each("tick")
+
+    def begin_batch(self) -> None:
+        """A pipeline batch begins: destinations that write in batches (the store) keep
+        what they are given until end_batch()."""
+        self._each("begin_batch")
+
+    def end_batch(self) -> None:
+        self._each("end_batch")
+
+    def _each(self, method: str) -> None:
+        """`method` of each destination that has it; one failing does not stop the others."""
         for name, exporter in self.exporters:
-            tick = getattr(exporter, "tick", None)
-            if tick is None:
+            call = getattr(exporter, method, None)
+            if call is None:
                 continue
             try:
-                tick()
+                call()
             except Exception as e:
                 self._log.event(f"{name}_export_errors", logging.WARNING, "%s destination failed: %s", name, e)
 

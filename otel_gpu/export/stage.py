@@ -20,18 +20,22 @@ class ExportStage:
         self.unsampled = destinations.unsampled  # the destinations are fixed at start
 
     def process(self, records: list) -> list:
-        for r in records:
-            if isinstance(r, Request) and r.records_lost:  # partial: the kernel counted it (RequestSummary)
-                if self.builder.stats is not None:
-                    self.builder.stats.add("spans_records_lost")
-            elif isinstance(r, Request) and not r.sampled and self.unsampled != WHOLE:
-                self._unsampled(r)
-            elif isinstance(r, (Request, ProcessWindow)):
-                self.destinations.export(self.builder.build(r))
-            elif isinstance(r, RequestCost):
-                self.destinations.settle_cost(r.request, self.builder.currency)
-            elif isinstance(r, Tick):
-                self.destinations.tick()
+        self.destinations.begin_batch()  # the store writes the batch in one transaction
+        try:
+            for r in records:
+                if isinstance(r, Request) and r.records_lost:  # partial: the kernel counted it (RequestSummary)
+                    if self.builder.stats is not None:
+                        self.builder.stats.add("spans_records_lost")
+                elif isinstance(r, Request) and not r.sampled and self.unsampled != WHOLE:
+                    self._unsampled(r)
+                elif isinstance(r, (Request, ProcessWindow)):
+                    self.destinations.export(self.builder.build(r))
+                elif isinstance(r, RequestCost):
+                    self.destinations.settle_cost(r.request, self.builder.currency)
+                elif isinstance(r, Tick):
+                    self.destinations.tick()
+        finally:
+            self.destinations.end_batch()
         return records
 
     def _unsampled(self, r: Request) -> None:

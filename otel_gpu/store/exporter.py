@@ -133,9 +133,24 @@ def window_rows(s: ReadableSpan) -> list[tuple]:
          for share, f in zip(rest_shares, rest_features) if share]
 
 
+class _Rows:
+    """What a pipeline batch gives the store (begin_batch .. end_batch), written in one
+    transaction at its end."""
+    __slots__ = ("spans", "requests", "windows", "costs")
+
+    def __init__(self) -> None:
+        self.spans: list[tuple] = []
+        self.requests: list[tuple] = []
+        self.windows: list[tuple] = []
+        self.costs: list[tuple] = []  # _COST_SQL's parameters: rows of this batch or earlier ones
+
+
 class StoreExporter(SpanExporter):
     """Called from the collector thread with the spans of ONE record: a request (SERVER
-    span + children) or a window (INTERNAL root + children); one transaction each.
+    span + children) or a window (INTERNAL root + children). Between begin_batch() and
+    end_batch() (export/stage.py: one pipeline batch) the rows are kept and written in
+    one transaction at its end: a transaction a request cost a sampled request ~100 µs of
+    the collector's CPU (docs/performance.md note 43). Outside a batch, one transaction each.
 
     A request summarised (`summarised`) adds to its summary in memory, written at most every
     FLUSH_S (at a write, or at the pipeline's Tick: tick()) and at shutdown.
@@ -168,6 +183,7 @@ class StoreExporter(SpanExporter):
         self._next_summary_flush = 0
         self.spans_written = self.requests_written = self.rows_pruned = self.write_errors = 0
         self.requests_summed = 0
+        self._batch: Optional[_Rows] = None  # rows kept until end_batch()
         self._last_error = ""
         if not self._transaction(lambda: None):  # apply limits to a store left by an older run
             self.shutdown()
@@ -181,23 +197,41 @@ class StoreExporter(SpanExporter):
             self._summarise(servers[0])
             return SpanExportResult.SUCCESS
         group_ts = min(s.start_time for s in (servers or spans))
-        span_rows = [span_row(s, group_ts) for s in spans]
-        request_rows = [request_row(s) for s in servers]
-        cost_rows = [row for s in spans if s.parent is None for row in window_rows(s)]
+        rows = self._batch or _Rows()
+        rows.spans += [span_row(s, group_ts) for s in spans]
+        rows.requests += [request_row(s) for s in servers]
+        rows.windows += [row for s in spans if s.parent is None for row in window_rows(s)]
+        if rows is self._batch:
+            return SpanExportResult.SUCCESS  # written at end_batch(), its failure counted there
+        return SpanExportResult.SUCCESS if self._write(rows) else SpanExportResult.FAILURE
 
+    def begin_batch(self) -> None:
+        """Keeps what the next exports and costs write, until end_batch()."""
+        self.end_batch()
+        self._batch = _Rows()
+
+    def end_batch(self) -> None:
+        """Writes what was kept since begin_batch(), in one transaction."""
+        rows, self._batch = self._batch, None
+        if rows is not None and (rows.spans or rows.costs):
+            self._write(rows)
+
+    def _write(self, rows: _Rows) -> bool:
         def insert() -> None:
-            self._conn.executemany(_SPAN_SQL, span_rows)
-            self._conn.executemany(_REQUEST_SQL, request_rows)
-            self._conn.executemany(_WINDOW_SQL, cost_rows)
-        if not self._transaction(insert, len(request_rows)):
-            # Counted per span, as every other destination's drops (one line per 30 s).
+            self._conn.executemany(_SPAN_SQL, rows.spans)
+            self._conn.executemany(_REQUEST_SQL, rows.requests)
+            self._conn.executemany(_WINDOW_SQL, rows.windows)
+            self._conn.executemany(_COST_SQL, rows.costs)  # after the inserts: a cost may be a row's of this batch
+        if not self._transaction(insert, len(rows.requests)):
+            # Counted per span and per cost, as every other destination's drops (one line per 30 s).
             self._log.event("store_write_failed", logging.WARNING,
-                            "local store %s: %d spans (%d requests) not written: %s", self.path,
-                            len(span_rows), len(request_rows), self._last_error, count=len(span_rows))
-            return SpanExportResult.FAILURE
-        self.spans_written += len(span_rows)
-        self.requests_written += len(request_rows)
-        return SpanExportResult.SUCCESS
+                            "local store %s: %d spans (%d requests) and %d costs not written: %s", self.path,
+                            len(rows.spans), len(rows.requests), len(rows.costs), self._last_error,
+                            count=len(rows.spans) + len(rows.costs))
+            return False
+        self.spans_written += len(rows.spans)
+        self.requests_written += len(rows.requests)
+        return True
 
     def _summarise(self, server: ReadableSpan) -> None:
         row = dict(zip(_REQUEST_COLUMNS, request_row(server)))
@@ -242,12 +276,10 @@ class StoreExporter(SpanExporter):
         if self._summaries.settle_cost(ids[1], gpu_seconds, cost, currency):
             self.tick()
             return
-
-        def update() -> None:
-            self._conn.execute(_COST_SQL, (gpu_seconds, cost, currency, *ids))
-        if not self._transaction(update):
-            self._log.event("store_write_failed", logging.WARNING, "local store %s: a request's cost not written: %s",
-                            self.path, self._last_error)
+        rows = self._batch or _Rows()
+        rows.costs.append((gpu_seconds, cost, currency, *ids))
+        if rows is not self._batch:
+            self._write(rows)
 
     def _transaction(self, body: Callable[[], None], new_requests: int = 0) -> bool:
         """body() and any due pruning in one transaction. Errors are kept for the caller to
@@ -297,6 +329,7 @@ class StoreExporter(SpanExporter):
 
     def shutdown(self) -> None:
         if self._conn is not None:
+            self.end_batch()
             self._write_summaries(self._now_ns())
         with self._lock:
             if self._conn is not None:

@@ -16,11 +16,15 @@ from opentelemetry.trace import SpanContext, SpanKind, TraceFlags
 
 import otel_gpu
 from otel_gpu import semconv as sc
+from otel_gpu.clock import BpfClock
 from otel_gpu.config import Config
 from otel_gpu.wiring import build_destinations
 from otel_gpu.export.console import ConsoleTreeExporter
 from otel_gpu.export.destinations import Destinations, QueuedExporter
+from otel_gpu.export.spans import SpanBuilder
+from otel_gpu.export.stage import ExportStage
 from otel_gpu.ratelimit import Stats
+from otel_gpu.records import Tick
 from otel_gpu.store.exporter import StoreExporter
 from otel_gpu.store.schema import open_reader
 
@@ -150,3 +154,37 @@ def test_no_private_sdk_fields_are_read():
     for f in PKG.rglob("*.py"):
         text = f.read_text()
         assert "_batch_processor" not in text and "._queue" not in text, f
+
+
+class Batching(Recording):
+    def __init__(self, fail: bool = False) -> None:
+        super().__init__()
+        self.calls: list[str] = []
+        self.fail_batch = fail
+
+    def begin_batch(self):
+        self.calls.append("begin")
+
+    def end_batch(self):
+        if self.fail_batch:
+            raise OSError("disk full")
+        self.calls.append("end")
+
+
+def test_a_batch_reaches_the_destinations_that_write_in_batches_and_a_failure_stays_local():
+    broken, ok, plain = Batching(fail=True), Batching(), Recording()
+    stats = Stats()
+    d = Destinations([("store", broken), ("other", ok), ("console", plain)], stats)
+    d.begin_batch()
+    d.export(record())
+    d.end_batch()
+    assert ok.calls == ["begin", "end"] and broken.calls == ["begin"] and len(plain.got) == 1
+    assert stats.snapshot() == {"store_export_errors": 1}
+
+
+def test_the_export_stage_brackets_each_batch():
+    rec = Batching()
+    stage = ExportStage(SpanBuilder(BpfClock()), Destinations([("store", rec)], Stats()))
+    stage.process([Tick(1)])
+    stage.process([])
+    assert rec.calls == ["begin", "end", "begin", "end"]

@@ -216,3 +216,42 @@ def test_fractional_ambiguous_share_is_kept(store, reader):
                             kind=spans[0].kind, start_time=T0, end_time=T0 + MS)
     store.export(spans)
     assert reader().execute("SELECT ambiguous FROM requests").fetchone()[0] == pytest.approx(2 / 3)
+
+
+def _counts(reader) -> tuple:
+    conn = reader()
+    return tuple(conn.execute(f"SELECT count(*) FROM {t}").fetchone()[0] for t in ("requests", "spans", "window_costs"))
+
+
+def test_a_batch_is_written_at_its_end_in_one_transaction(store, reader):
+    begins = []
+    store._conn.set_trace_callback(lambda sql: begins.append(sql) if sql.startswith("BEGIN") else None)
+    store.begin_batch()
+    store.export(request(1, T0, MS))
+    store.export(window(3, T0, launches=2, gpu_seconds=0.1, cost=0.001))
+    store.export(request(2, T0 + MS, MS))
+    assert _counts(reader) == (0, 0, 0) and store.requests_written == 0  # kept until the batch ends
+    store.end_batch()
+    assert _counts(reader) == (2, 2 * len(request(1, T0, MS)) + 3, 1)
+    assert len(begins) == 1 and store.requests_written == 2
+    store.export(request(4, T0, MS))  # outside a batch: written at once, as before
+    assert _counts(reader)[0] == 3 and len(begins) == 2
+
+
+def test_a_cost_settled_in_the_batch_of_its_request_updates_the_row(store, reader):
+    store.begin_batch()
+    store.export(request(1, T0, MS, route="/embed"))
+    store.settle_cost(1, 1001, 0.5, 0.004, "EUR")  # its row is not written yet: updated after the insert
+    store.end_batch()
+    store.begin_batch()
+    store.settle_cost(1, 1001, 0.75, 0.006, "EUR")  # a later batch's cost for an earlier row
+    store.end_batch()
+    assert reader().execute("SELECT gpu_seconds, cost, currency FROM requests").fetchall() == [(0.75, 0.006, "EUR")]
+
+
+def test_shutdown_writes_the_batch_left_open(db, clock, reader):
+    s = StoreExporter(db, now_ns=clock)
+    s.begin_batch()
+    s.export(request(1, T0, MS))
+    s.shutdown()
+    assert _counts(reader)[0] == 1

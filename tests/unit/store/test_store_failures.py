@@ -111,3 +111,24 @@ def test_an_unusable_store_beside_the_console_is_left_out(tmp_path):
 def test_an_unusable_store_that_is_the_only_destination_is_fatal(tmp_path):
     with pytest.raises(StoreError, match="file is not a database"):
         build_destinations(Config(store_path=_unusable(tmp_path)), Stats(), out=io.StringIO())
+
+
+def test_a_failed_batch_is_counted_per_span_and_cost_and_nothing_of_it_stays(tmp_path, caplog):
+    db, stats = str(tmp_path / "s.db"), Stats()
+    s = StoreExporter(db, stats=stats)
+    with sqlite3.connect(db) as other:
+        other.execute("CREATE TRIGGER boom BEFORE INSERT ON requests WHEN NEW.trace_id = printf('%032x', 2) "
+                      "BEGIN SELECT RAISE(ABORT, 'disk says no'); END")
+    s.begin_batch()
+    s.export(request(1, T0, MS))
+    s.export(request(2, T0, MS))  # its row fails: the whole batch rolls back
+    s.settle_cost(1, 1001, 0.5, 0.004, "EUR")
+    with caplog.at_level(logging.WARNING):
+        s.end_batch()
+    spans = len(request(1, T0, MS))
+    assert stats.snapshot() == {"store_write_failed": 2 * spans + 1}
+    assert any("2 requests" in r.getMessage() and "1 costs" in r.getMessage() and "disk says no" in r.getMessage()
+               for r in caplog.records)
+    with sqlite3.connect(db) as other:
+        assert other.execute("SELECT count(*) FROM spans").fetchone()[0] == 0
+    s.shutdown()
