@@ -284,7 +284,9 @@ class StoreExporter(SpanExporter):
     def _transaction(self, body: Callable[[], None], new_requests: int = 0) -> bool:
         """body() and any due pruning in one transaction. Errors are kept for the caller to
         count, never raised into the collector: a full disk must not stop the traces going
-        to OTLP, and the next write is tried afresh (the disk may have room again)."""
+        to OTLP, and the next write is tried afresh (the disk may have room again). A value
+        SQLite cannot bind (an integer past int64: OverflowError, not an sqlite3.Error) fails
+        its transaction the same way: left open, it failed every write after it."""
         with self._lock:
             if self._conn is None:
                 return False
@@ -296,7 +298,7 @@ class StoreExporter(SpanExporter):
                 self._conn.execute("COMMIT")
                 self._count = count
                 return True
-            except sqlite3.Error as e:
+            except (sqlite3.Error, OverflowError) as e:
                 if self._conn.in_transaction:
                     try:
                         self._conn.execute("ROLLBACK")

@@ -12,6 +12,7 @@ import stat
 import pytest
 from opentelemetry.sdk.trace.export import SpanExportResult
 
+from otel_gpu import semconv as sc
 from otel_gpu.config import Config
 from otel_gpu.wiring import build_destinations
 from otel_gpu.ratelimit import Stats
@@ -131,4 +132,17 @@ def test_a_failed_batch_is_counted_per_span_and_cost_and_nothing_of_it_stays(tmp
                for r in caplog.records)
     with sqlite3.connect(db) as other:
         assert other.execute("SELECT count(*) FROM spans").fetchone()[0] == 0
+    s.shutdown()
+
+
+def test_a_value_sqlite_cannot_bind_fails_its_write_alone(tmp_path):
+    """An integer past int64 raises OverflowError from the binding, not an sqlite3.Error:
+    its transaction is rolled back and counted, and the next write goes in (left open, it
+    failed every write after it)."""
+    stats = Stats()
+    s = StoreExporter(str(tmp_path / "s.db"), stats=stats)
+    huge = request(1, T0, MS, server_extra={sc.GPU_LAUNCHES: 2**70})
+    assert s.export(huge) == SpanExportResult.FAILURE
+    assert stats.snapshot() == {"store_write_failed": len(huge)} and s.write_errors == 1
+    assert s.export(request(2, T0, MS)) == SpanExportResult.SUCCESS and s.requests_written == 1
     s.shutdown()
