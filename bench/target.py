@@ -10,6 +10,7 @@ import urllib.request
 
 from otel_gpu.demo.runner import LineWatcher, stop_process
 
+from .cpus import on as cpus_on
 from .isolate import OwnCgroup
 
 
@@ -35,12 +36,14 @@ class Service:
             return r.status
 
     def load(self, seconds: float, conns: int = 4, max_requests: int = 500_000, path: str = "/work",
-             times: bool = False) -> dict:
-        """bench/load.py's result; times: with each request's completion time (done_at)."""
+             times: bool = False, cpus: set[int] | None = None) -> dict:
+        """bench/load.py's result; times: with each request's completion time (done_at);
+        cpus: where the load generator runs (bench/cpus.py; None: anywhere)."""
         out = subprocess.run([sys.executable, "-m", "bench.load", "--port", str(self.port), "--path", path,
                               "--conns", str(conns), "--seconds", str(seconds), "--max", str(max_requests)]
                              + (["--tls"] if self.tls else []) + (["--times"] if times else []),
-                             capture_output=True, text=True, timeout=seconds + 120, check=True)
+                             capture_output=True, text=True, timeout=seconds + 120, check=True,
+                             preexec_fn=cpus_on(cpus))
         return json.loads(out.stdout)
 
     def stop(self) -> None:

@@ -1,10 +1,11 @@
 """Item 9: what the OpenSSL probes (bpf/tls_probes.c) cost per HTTPS request. The bench
 service (stdlib ThreadingHTTPServer, real libcudart) serves GET /launch/0 (no CUDA
 call: the HTTP path alone) over HTTPS and over cleartext, one keep-alive connection,
-each without the collector, with it (default mode), and without it again. What the
-probes add to the service: its own CPU per request (utime + stime over the timed load /
-requests; the traps and programs run on its threads), traced against the mean of the two
-untraced phases; the verdict compares HTTPS's with HTTP's. Beside it, the added wall time
+each without the collector, with it (default mode), and without it again, the service
+alone on one CPU and the load generator and the collector on the others (bench/cpus.py).
+What the probes add to the service: its own CPU per request (utime + stime over the timed
+load / requests; the traps and programs run on its threads), traced against the mean of
+the two untraced phases; the verdict compares HTTPS's with HTTP's. Beside it, the added wall time
 per request, 1/rps(with) - 1/rps(without), which on a shared machine also pays for the
 collector's CPU (shown per request). HTTPS adds the SSL_read_ex/SSL_write_ex uprobes
 (entry + return) to what cleartext pays. Then the probes' cost per call alone,
@@ -21,6 +22,7 @@ from pathlib import Path
 
 from tests.support.collector_process import cpu_seconds
 
+from .. import cpus
 from ..collector import Collector
 from ..target import Service
 
@@ -35,10 +37,11 @@ def _certificate(d: Path) -> str:
     return f"{cert},{key}"
 
 
-def _load(svc: Service, seconds: float, col: Collector | None = None) -> dict:
-    """A timed load, with the service's CPU per request (and the collector's, when given)."""
+def _load(svc: Service, seconds: float, col: Collector | None = None, cpus: set[int] | None = None) -> dict:
+    """A timed load (its generator on `cpus`), with the service's CPU per request (and the
+    collector's, when given)."""
     cpu0, col0 = cpu_seconds(svc.pid), col.cpu_seconds() if col else 0.0
-    res = svc.load(seconds, conns=1, path=PATH)
+    res = svc.load(seconds, conns=1, path=PATH, cpus=cpus)
     n = max(res["ok"], 1)
     res["service_us"] = (cpu_seconds(svc.pid) - cpu0) / n * 1e6
     if col:
@@ -47,19 +50,27 @@ def _load(svc: Service, seconds: float, col: Collector | None = None) -> dict:
 
 
 def _phases(svc: Service, seconds: float, starts: list) -> dict:
-    svc.load(1, conns=1, path=PATH)  # warm-up
-    before = _load(svc, seconds)
+    """Without, with and without the collector; the service alone on a CPU, the load and the
+    collector on the others (bench/cpus.py), where there are two."""
+    own, rest = cpus.split() or (None, None)
+    if own is not None:
+        cpus.pin(svc.pid, own)
+    svc.load(1, conns=1, path=PATH, cpus=rest)  # warm-up
+    before = _load(svc, seconds, cpus=rest)
     col = Collector()
     starts.append(col.ready_s)
     try:
+        if rest is not None:
+            cpus.pin(col.pid, rest)
         col.wait_traced(svc.pid)
-        svc.load(1, conns=1, path=PATH)
-        traced = _load(svc, seconds, col)
+        svc.load(1, conns=1, path=PATH, cpus=rest)
+        traced = _load(svc, seconds, col, cpus=rest)
     finally:
         summary = col.stop()
-    after = _load(svc, seconds)
+    after = _load(svc, seconds, cpus=rest)
     base = (before["rps"] + after["rps"]) / 2
-    return {"rps_without": [before["rps"], after["rps"]], "rps_with": traced["rps"], "errors": traced["errors"],
+    return {"service_cpus": sorted(own) if own else None,
+            "rps_without": [before["rps"], after["rps"]], "rps_with": traced["rps"], "errors": traced["errors"],
             "requests_traced": summary.get("requests", 0),
             "added_us": (1 / max(traced["rps"], 1e-9) - 1 / max(base, 1e-9)) * 1e6,
             "service_us": [before["service_us"], traced["service_us"], after["service_us"]],
