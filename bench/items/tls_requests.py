@@ -49,33 +49,47 @@ def _load(svc: Service, seconds: float, col: Collector | None = None, cpus: set[
     return res
 
 
-def _phases(svc: Service, seconds: float, starts: list) -> dict:
-    """Without, with and without the collector; the service alone on a CPU, the load and the
-    collector on the others (bench/cpus.py), where there are two."""
-    own, rest = cpus.split() or (None, None)
-    if own is not None:
-        cpus.pin(svc.pid, own)
-    svc.load(1, conns=1, path=PATH, cpus=rest)  # warm-up
-    before = _load(svc, seconds, cpus=rest)
+def _traced(svc: Service, seconds: float, rest: set[int] | None, starts: list) -> tuple[dict, dict]:
+    """One traced phase: a collector started (on `rest`), then the timed load."""
     col = Collector()
     starts.append(col.ready_s)
     try:
         if rest is not None:
             cpus.pin(col.pid, rest)
         col.wait_traced(svc.pid)
-        svc.load(1, conns=1, path=PATH, cpus=rest)
-        traced = _load(svc, seconds, col, cpus=rest)
+        svc.load(1, conns=1, path=PATH, cpus=rest)  # warm-up
+        phase = _load(svc, seconds, col, cpus=rest)
     finally:
         summary = col.stop()
-    after = _load(svc, seconds, cpus=rest)
-    base = (before["rps"] + after["rps"]) / 2
-    return {"service_cpus": sorted(own) if own else None,
-            "rps_without": [before["rps"], after["rps"]], "rps_with": traced["rps"], "errors": traced["errors"],
-            "requests_traced": summary.get("requests", 0),
-            "added_us": (1 / max(traced["rps"], 1e-9) - 1 / max(base, 1e-9)) * 1e6,
-            "service_us": [before["service_us"], traced["service_us"], after["service_us"]],
-            "service_added_us": traced["service_us"] - (before["service_us"] + after["service_us"]) / 2,
-            "collector_us": traced["collector_us"]}
+    return phase, summary
+
+
+def _phases(svc: Service, seconds: float, rounds: int, starts: list) -> dict:
+    """Without the collector, then `rounds` times with it and without it again; the service
+    alone on a CPU, the load and the collector on the others (bench/cpus.py), where there are
+    two. Each traced phase is held against the untraced ones on either side of it, and the
+    figures are the medians of the rounds (one phase of 6 s read -12 to +12 µs here)."""
+    own, rest = cpus.split() or (None, None)
+    if own is not None:
+        cpus.pin(svc.pid, own)
+    svc.load(1, conns=1, path=PATH, cpus=rest)  # warm-up
+    untraced, traced, finished = [_load(svc, seconds, cpus=rest)], [], 0
+    for _ in range(rounds):
+        phase, summary = _traced(svc, seconds, rest, starts)
+        traced.append(phase)
+        finished += summary.get("requests", 0)
+        untraced.append(_load(svc, seconds, cpus=rest))
+    sides = list(zip(traced, untraced, untraced[1:]))
+    service = [t["service_us"] - (a["service_us"] + b["service_us"]) / 2 for t, a, b in sides]
+    wall = [(1 / max(t["rps"], 1e-9) - 2 / max(a["rps"] + b["rps"], 1e-9)) * 1e6 for t, a, b in sides]
+    return {"service_cpus": sorted(own) if own else None, "rounds": rounds,
+            "rps_without": [u["rps"] for u in untraced], "rps_with": [t["rps"] for t in traced],
+            "errors": sum(t["errors"] for t in traced), "requests_traced": finished,
+            "added_us": statistics.median(wall),
+            "service_us_without": [u["service_us"] for u in untraced],
+            "service_us_with": [t["service_us"] for t in traced],
+            "service_added_rounds": service, "service_added_us": statistics.median(service),
+            "collector_us": statistics.median(t["collector_us"] for t in traced)}
 
 
 def _loop(cert: str, rounds: int) -> float:
@@ -98,14 +112,14 @@ def _loop_phases(cert: str, rounds: int, starts: list) -> dict:
 
 
 def run(quick: bool, starts: list) -> dict:
-    seconds = 2 if quick else 6
+    seconds, rounds = (2, 1) if quick else (3, 3)
     out: dict = {"seconds": seconds, "path": PATH}
     with tempfile.TemporaryDirectory() as d:
         cert = _certificate(Path(d))
         for name, args in (("https", ("--tls", cert)), ("http", ())):
             svc = Service(args)
             try:
-                out[name] = _phases(svc, seconds, starts)
+                out[name] = _phases(svc, seconds, rounds, starts)
             finally:
                 svc.stop()
         out["round_trip"] = _loop_phases(cert, 5_000 if quick else 20_000, starts)
@@ -117,14 +131,16 @@ def rows(r: dict) -> list:
     out = []
     for name in ("https", "http"):
         m = r[name]
-        out.append(("9", f"{name.upper()} {r['path']}, 1 connection: req/s without/with/without the collector",
-                    f"{m['rps_without'][0]:.0f}/{m['rps_with']:.0f}/{m['rps_without'][1]:.0f}", "", None))
+        median = statistics.median
+        out.append(("9", f"{name.upper()} {r['path']}, 1 connection: req/s without/with the collector, medians of "
+                         f"{m['rounds']} rounds",
+                    f"{median(m['rps_without']):.0f}/{median(m['rps_with']):.0f}", "", None))
         out.append(("9", f"  {name.upper()}: wall us added per request; the collector's CPU us per request "
                          f"(it finished {m['requests_traced']} requests)",
                     f"{m['added_us']:+.1f}; {m['collector_us']:.1f}", "", None))
-        sv = m["service_us"]
-        out.append(("9", f"  {name.upper()}: service CPU us per request without/with/without; added",
-                    f"{sv[0]:.1f}/{sv[1]:.1f}/{sv[2]:.1f}; {m['service_added_us']:+.1f}", "", None))
+        out.append(("9", f"  {name.upper()}: service CPU us per request without/with (medians); added, by round",
+                    f"{median(m['service_us_without']):.1f}/{median(m['service_us_with']):.1f}; "
+                    f"{', '.join(f'{x:+.1f}' for x in m['service_added_rounds'])}", "", None))
     https, http = r["https"]["service_added_us"], r["http"]["service_added_us"]
     out.append(("9", "service CPU added per request: HTTPS / HTTP (us; the SSL probes' share: the difference)",
                 f"{https:+.1f} / {http:+.1f} ({r['ssl_probes_us']:+.1f})", "HTTPS <= 2x HTTP",
