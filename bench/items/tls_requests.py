@@ -1,11 +1,12 @@
 """Item 9: what the OpenSSL probes (bpf/tls_probes.c) cost per HTTPS request. The bench
 service (stdlib ThreadingHTTPServer, real libcudart) serves GET /launch/0 (no CUDA
 call: the HTTP path alone) over HTTPS and over cleartext, one keep-alive connection,
-each without the collector, with it (default mode), and without it again, the service
-alone on one CPU and the load generator and the collector on the others (bench/cpus.py).
-What the probes add to the service: its own CPU per request (utime + stime over the timed
-load / requests; the traps and programs run on its threads), traced against the mean of
-the two untraced phases; the verdict compares HTTPS's with HTTP's. Beside it, the added wall time
+without the collector, then three rounds of with it (default mode) and without it again,
+the service alone on one CPU and the load generator and the collector on the others
+(bench/cpus.py). What the probes add to the service: its own CPU per request (utime +
+stime over the timed load / requests; the traps and programs run on its threads), each
+traced phase against the mean of the untraced phases on either side, the median of the
+rounds; the verdict compares HTTPS's with HTTP's. Beside it, the added wall time
 per request, 1/rps(with) - 1/rps(without), which on a shared machine also pays for the
 collector's CPU (shown per request). HTTPS adds the SSL_read_ex/SSL_write_ex uprobes
 (entry + return) to what cleartext pays. Then the probes' cost per call alone,
