@@ -85,8 +85,7 @@ class CallAttribution:
             return  # held: counted when it settles
         self._count(decided, a.count)
         attribution = decided.attribution
-        agg = RollupAgg(a.call, a.detail, a.count, a.bytes, a.duration_ns, a.ts_ns, a.last_ts, a.last_end_ts,
-                        a.kernels)
+        agg = RollupAgg.counted(a)
         if attribution is THREAD or attribution is TASK or attribution is PROCESS:
             target.sink.add_rollup(agg, attribution, True)
             target.busy.extend(device, a.ts_ns, a.last_end_ts, a.call)

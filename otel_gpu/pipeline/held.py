@@ -81,7 +81,7 @@ class Group:
         """Holds CallAggregates (calls the kernel counted), a fold each; returns their calls."""
         folds, first, n = self.folds, None, 0
         for a in aggregates:
-            agg = RollupAgg(a.call, a.detail, a.count, a.bytes, a.duration_ns, a.ts_ns, a.last_ts, a.last_end_ts)
+            agg = RollupAgg.counted(a)
             folds[(a.call, a.detail, id(agg))] = [agg, device, a.last_end_ts]
             n += a.count
             if first is None or a.ts_ns < first:

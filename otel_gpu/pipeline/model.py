@@ -53,6 +53,12 @@ class RollupAgg:
         self.last_ts = c.ts_ns
         self.last_end_ts = max(self.last_end_ts, c.ts_ns + duration_ns)
 
+    @classmethod
+    def counted(cls, a) -> "RollupAgg":
+        """The calls of one kernel count (a CallAggregate: req_agg's entry), a graph
+        launch's kernels with them."""
+        return cls(a.call, a.detail, a.count, a.bytes, a.duration_ns, a.ts_ns, a.last_ts, a.last_end_ts, a.kernels)
+
     def copy(self) -> "RollupAgg":
         """dataclasses.replace without its field-by-field introspection: once per request."""
         return RollupAgg(self.call, self.detail, self.count, self.bytes, self.duration_ns, self.first_ts,

@@ -117,3 +117,23 @@ def test_runs_keep_every_count_once_one_key_each_in_time_order():
         assert [a.ts_ns for a in r.aggregates] == sorted(a.ts_ns for a in r.aggregates)
     firsts = [r.aggregates[0].ts_ns for r in out]
     assert firsts == sorted(firsts)
+
+
+@pytest.mark.parametrize("whole", [True, False])
+def test_a_held_graph_launch_count_keeps_the_kernels_it_ran(whole):
+    """A thread's graph launches the kernel counted (named by pipeline/graphs.py) are held
+    for its request's proof like any count, and settle with the kernels each launch ran."""
+    graph = call_id("cudaGraphLaunch")
+    head = b"GET /g HTTP/1.1\r\nHost: x\r\n\r\n"
+    aggs = [CallAggregate(PID, 1, 1, graph, 0xE0, 0, 3, 0, 0, 120, 130, 140, kernels=((0xF00, 2), (0xF10, 1))),
+            CallAggregate(PID, 1, 1, LAUNCH, 0x1000, 0, 5, 0, 0, 125, 135, 145)]
+    records = [Accept(PID, 1, 1, 11, 3, "10.0.0.1", 5001),
+               SockIo(EV_SOCK_READ, PID, 1, 100, 11, len(head), head, b"", epoch=1, req_start=True),
+               *_as([("counts", aggs)], whole),
+               SockIo(EV_SOCK_WRITE, PID, 1, 200, 11, len(OK), OK, OK[-8:], epoch=2), Tick(10_000, final=True)]
+    s = Stitcher(span_budget=8, rng=random.Random(1))
+    (req,) = [r for r in s.process(records) if isinstance(r, Request)]
+    assert s.by_rule.get("thread.one") == 8  # held, then proven its thread's
+    assert req.sink.rollups[(graph, 0xE0)].kernels == ((0xF00, 2), (0xF10, 1))
+    assert req.sink.summary.graph_kernels == 3 * (2 + 1)
+    assert req.sink.summary.kernels == {0x1000, 0xF00, 0xF10}
